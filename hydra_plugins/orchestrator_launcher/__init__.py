@@ -1,0 +1,1 @@
+"""The orchestrator's Hydra launcher plugin (``hydra/launcher: ray``)."""

@@ -1,0 +1,157 @@
+"""Conversion of a composed Hydra config into typed :class:`TrialSpec` / :class:`SweepSettings`.
+
+Two overlays are applied before validation, in this order:
+
+* ``per_platform.<platform.name>``: an experiment's scale for one platform (e.g. the CPU
+  size of a GPU lab), so one experiment file carries both;
+* ``variants.<variant>``: a named bundle of keys that a sweep selects with ``variant=NAME``
+  (e.g. ``chunking_off`` = ``engine.enable_chunked_prefill: false``).
+
+Every error names the offending key and what was expected, before anything starts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.schema import ClusterSpec, SweepSettings, TrackingSpec, TrialSpec
+
+TRIAL_KEYS = ("experiment", "variant", "seed", "engine", "model", "workload", "platform")
+SETTINGS_KEYS = ("tracking", "cluster", "dry_run")
+OVERLAY_KEYS = ("variants", "per_platform")
+META_KEYS = ("sweeps",)  # read by Hydra's sweeper through interpolation, not by trials
+TOP_LEVEL_KEYS = TRIAL_KEYS + SETTINGS_KEYS + OVERLAY_KEYS + META_KEYS
+
+
+def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``base`` with ``overlay`` merged in; nested mappings merge, other values replace."""
+    out = copy.deepcopy(dict(base))
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _to_container(cfg: Any) -> dict[str, Any]:
+    """A plain dict of the config without Hydra's own node, interpolations resolved."""
+    if isinstance(cfg, Mapping) and not hasattr(cfg, "_get_node"):
+        data = copy.deepcopy(dict(cfg))
+    else:
+        from omegaconf import OmegaConf
+
+        try:
+            data = OmegaConf.to_container(cfg, resolve=True)
+        except Exception as exc:  # omegaconf raises several types for bad interpolations
+            raise ConfigError(f"config does not resolve: {exc}") from exc
+    data.pop("hydra", None)
+    return data
+
+
+def apply_overlays(data: dict[str, Any]) -> dict[str, Any]:
+    """Apply ``per_platform`` then ``variants`` overlays; returns a new dict without them."""
+    data = dict(data)
+    per_platform = data.pop("per_platform", None) or {}
+    variants = data.pop("variants", None) or {}
+    platform_name = (data.get("platform") or {}).get("name")
+    if not isinstance(per_platform, Mapping):
+        raise ConfigError(f"per_platform: expected a mapping of platform name -> overlay, got {type(per_platform).__name__}")
+    if platform_name in per_platform and per_platform[platform_name]:
+        overlay = per_platform[platform_name]
+        _check_overlay("per_platform." + str(platform_name), overlay)
+        data = deep_merge(data, overlay)
+    variant = data.get("variant")
+    if variant is not None:
+        if variant not in variants:
+            allowed = ", ".join(sorted(variants)) or "(this experiment defines no variants)"
+            raise ConfigError(f"variant: unknown value '{variant}'; expected one of: {allowed}")
+        overlay = variants[variant] or {}
+        _check_overlay(f"variants.{variant}", overlay)
+        data = deep_merge(data, overlay)
+    return data
+
+
+def _check_overlay(where: str, overlay: Any) -> None:
+    if not isinstance(overlay, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of config keys, got {type(overlay).__name__}")
+    bad = [k for k in overlay if k not in TRIAL_KEYS + SETTINGS_KEYS or k in ("variant", "experiment")]
+    if bad:
+        raise ConfigError(
+            f"{where}: cannot set {', '.join(map(repr, bad))}; an overlay may set: "
+            + ", ".join(k for k in TRIAL_KEYS + SETTINGS_KEYS if k not in ("variant", "experiment"))
+        )
+
+
+def to_specs(cfg: Any) -> tuple[TrialSpec, SweepSettings]:
+    """Validate a composed config; raise :class:`ConfigError` naming every bad key."""
+    data = apply_overlays(_to_container(cfg))
+    unknown = sorted(k for k in data if k not in TOP_LEVEL_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_LEVEL_KEYS)}"
+        )
+    trial_data = {k: data[k] for k in TRIAL_KEYS if k in data}
+    settings_data = {k: data[k] for k in SETTINGS_KEYS if k in data}
+    trial = _validate(TrialSpec, trial_data)
+    settings = _validate(SweepSettings, settings_data)
+    return trial, settings
+
+
+def _validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(model, exc)) from None
+
+
+def format_validation_error(model: type[BaseModel], exc: ValidationError) -> str:
+    """One line per problem: ``key.path: what is wrong (allowed keys / expected values)``."""
+    lines = []
+    for err in exc.errors():
+        loc = [p for p in err["loc"] if not str(p).startswith("function-after")]
+        path = ".".join(str(p) for p in loc) or "<root>"
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(model, loc[:-1])
+            lines.append(f"{path}: unknown key; allowed keys here: {', '.join(allowed)}")
+        elif err["type"] == "missing":
+            lines.append(f"{path}: required key is missing")
+        else:
+            given = err.get("input")
+            shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
+            lines.append(f"{path}: {err['msg']}{shown}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _allowed_keys(model: type[BaseModel], loc: list[Any]) -> list[str]:
+    """Field names of the model found by walking ``loc`` from ``model``; best effort."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            current = None
+            break
+        current = _model_in(field.annotation)
+    fields = getattr(current, "model_fields", None)
+    return sorted(fields) if fields else ["(see docs/configuration.md)"]
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model class inside an annotation like ``X | None`` or ``dict[str, X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+__all__ = ["ClusterSpec", "TrackingSpec", "apply_overlays", "deep_merge", "format_validation_error", "to_specs"]

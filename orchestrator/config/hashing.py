@@ -1,0 +1,27 @@
+"""The trial hash: identity of a trial (result file name, MLflow tag, resume key)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from orchestrator.config.schema import TrialSpec
+
+# Fields that do not change what is measured: names, where the server listens, patience.
+_EXCLUDE = {
+    "experiment": True,
+    "variant": True,
+    "engine": {"host": True, "port": True, "startup_timeout_s": True, "python": True},
+    "platform": {"max_concurrent_trials": True, "monitor_interval_s": True},
+}
+
+
+def canonical_json(spec: TrialSpec) -> str:
+    """Sorted-key, compact JSON of everything in the spec that changes the measurement."""
+    data = spec.model_dump(mode="json", exclude=_EXCLUDE)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def trial_hash(spec: TrialSpec) -> str:
+    """First 16 hex digits of the SHA-256 of :func:`canonical_json`."""
+    return hashlib.sha256(canonical_json(spec).encode()).hexdigest()[:16]

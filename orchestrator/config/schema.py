@@ -1,0 +1,257 @@
+"""Typed schema of a trial and of a sweep's settings (pydantic, ``extra="forbid"``).
+
+The Hydra ``DictConfig`` is turned into these models once, in :mod:`orchestrator.config.convert`;
+everything downstream sees typed objects only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+
+class StrictModel(BaseModel):
+    """Base model: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class VLLMEngineSpec(StrictModel):
+    """Server knobs of a vLLM trial. ``None`` means "leave vLLM's default"."""
+
+    name: Literal["vllm"] = "vllm"
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535, description="None picks a free port")
+    dtype: str = "auto"
+    max_model_len: PositiveInt | None = None
+    block_size: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    enable_chunked_prefill: bool | None = None
+    max_num_seqs: PositiveInt | None = None
+    enable_prefix_caching: bool | None = None
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    tensor_parallel_size: PositiveInt = 1
+    pipeline_parallel_size: PositiveInt = 1
+    kv_cache_dtype: str | None = None
+    quantization: str | None = None
+    speculative_config: dict[str, Any] | None = None
+    seed: int | None = None
+    cpu_kvcache_space_gib: PositiveFloat | None = Field(
+        default=None, description="VLLM_CPU_KVCACHE_SPACE on the CPU build"
+    )
+    cpu_omp_threads_bind: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND")
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: PositiveFloat = 600.0
+    python: str | None = Field(default=None, description="interpreter for the server; None = this one")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+EngineSpec = VLLMEngineSpec
+
+# --------------------------------------------------------------------------- model
+
+
+class TinyModelSpec(StrictModel):
+    """Shape of the locally built random-weight Llama used on CPU machines."""
+
+    num_layers: PositiveInt = 6
+    hidden_size: PositiveInt = 512
+    num_heads: PositiveInt = 8
+    num_kv_heads: PositiveInt = 4
+    intermediate_size: PositiveInt = 1408
+    vocab_size: PositiveInt = 512
+    max_position_embeddings: PositiveInt = 4096
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelSpec:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}")
+        if self.hidden_size // self.num_heads < 64:
+            # NOTES.md: head dim 32 killed the CPU engine on short prompts.
+            raise ValueError("head dim (hidden_size / num_heads) must be >= 64 for the CPU engine")
+        return self
+
+
+class ModelSpec(StrictModel):
+    """Which model a trial serves. ``tiny_random`` is built locally on first use."""
+
+    name: str = Field(description="served model name seen by clients")
+    source: Literal["tiny_random", "path", "hub"]
+    path: str | None = Field(default=None, description="local directory (path) or hub id (hub)")
+    tokenizer: str | None = None
+    tiny: TinyModelSpec | None = None
+    cache_dir: str | None = Field(default=None, description="where tiny models are built; None = default cache")
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> ModelSpec:
+        if self.source == "tiny_random" and self.tiny is None:
+            raise ValueError("source 'tiny_random' needs the 'tiny' section")
+        if self.source in ("path", "hub") and not self.path:
+            raise ValueError(f"source '{self.source}' needs 'path'")
+        return self
+
+
+# --------------------------------------------------------------------------- workload
+
+
+class RequestClass(StrictModel):
+    """One kind of request in a workload: its prompt and output lengths.
+
+    A class with ``rate`` set is background traffic: it arrives on its own Poisson
+    process at that rate while each load point runs, whatever the point's setting.
+    """
+
+    input_tokens: PositiveInt
+    output_tokens: PositiveInt
+    range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0, description="lengths drawn in [n(1-r), n(1+r)]")
+    weight: PositiveFloat = 1.0
+    rate: PositiveFloat | None = None
+
+
+class LoadPointSpec(StrictModel):
+    """One arrival setting: closed-loop ``concurrency`` or open-loop Poisson ``rate`` (req/s)."""
+
+    concurrency: PositiveInt | None = None
+    rate: PositiveFloat | None = None
+    num_requests: PositiveInt | None = None
+    duration_s: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _one_arrival(self) -> LoadPointSpec:
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError("a load point needs exactly one of 'concurrency' or 'rate'")
+        return self
+
+    @property
+    def label(self) -> str:
+        return f"c{self.concurrency}" if self.concurrency is not None else f"r{self.rate:g}"
+
+
+class SLOSpec(StrictModel):
+    """Per-request latency objectives; a request meeting all set ones counts toward goodput."""
+
+    ttft_ms: PositiveFloat | None = None
+    tpot_ms: PositiveFloat | None = None
+    e2e_ms: PositiveFloat | None = None
+
+
+class WorkloadSpec(StrictModel):
+    """Requests and the load points they are sent at."""
+
+    name: str
+    api: Literal["completions"] = "completions"
+    classes: dict[str, RequestClass] = Field(min_length=1)
+    load_points: list[LoadPointSpec] = Field(min_length=1)
+    num_requests: PositiveInt | None = Field(default=None, description="default per load point")
+    duration_s: PositiveFloat | None = Field(default=None, description="default per load point")
+    warmup_requests: int = Field(default=2, ge=0)
+    seed: int = 0
+    ignore_eos: bool = True
+    request_timeout_s: PositiveFloat = 300.0
+    slo: SLOSpec = Field(default_factory=SLOSpec)
+
+    @model_validator(mode="after")
+    def _stops_and_classes(self) -> WorkloadSpec:
+        if not any(c.rate is None for c in self.classes.values()):
+            raise ValueError("at least one request class must follow the load point (no 'rate' of its own)")
+        for i, p in enumerate(self.load_points):
+            if (p.num_requests or self.num_requests or p.duration_s or self.duration_s) is None:
+                raise ValueError(f"load_points[{i}] has no stop: set num_requests or duration_s")
+        return self
+
+    def stop_of(self, point: LoadPointSpec) -> tuple[int | None, float | None]:
+        """(num_requests, duration_s) in force for a point."""
+        n = point.num_requests if point.num_requests is not None else self.num_requests
+        d = point.duration_s if point.duration_s is not None else self.duration_s
+        if point.num_requests is not None and point.duration_s is None:
+            d = None
+        if point.duration_s is not None and point.num_requests is None:
+            n = None
+        return n, d
+
+    def max_request_tokens(self) -> int:
+        return max(
+            int(c.input_tokens * (1 + c.range_ratio)) + int(c.output_tokens * (1 + c.range_ratio))
+            for c in self.classes.values()
+        )
+
+
+# --------------------------------------------------------------------------- platform, cluster, tracking
+
+
+class PlatformSpec(StrictModel):
+    """The kind of hardware trials run on."""
+
+    name: Literal["cpu", "gpu"]
+    device: Literal["cpu", "cuda"]
+    max_concurrent_trials: PositiveInt | None = Field(
+        default=None, description="cap on trials measured at once; 1 on CPU (they would share cores)"
+    )
+    cpus_per_trial: PositiveFloat = 1.0
+    monitor_interval_s: PositiveFloat = 0.5
+
+
+class ClusterSpec(StrictModel):
+    """Where Ray runs. ``address`` None starts a local Ray."""
+
+    address: str | None = None
+    num_cpus: PositiveInt | None = None
+    num_gpus: int | None = Field(default=None, ge=0, description="logical GPUs for a local Ray")
+    include_dashboard: bool = False
+
+
+class TrackingSpec(StrictModel):
+    """Where results go. The driver is the only writer."""
+
+    uri: str
+    experiment_name: str | None = Field(default=None, description="None = the experiment's name")
+    enabled: bool = True
+
+
+# --------------------------------------------------------------------------- trial and sweep
+
+
+class TrialSpec(StrictModel):
+    """Everything that determines one trial's measurement."""
+
+    experiment: str
+    variant: str | None = None
+    seed: int = 0
+    engine: EngineSpec
+    model: ModelSpec
+    workload: WorkloadSpec
+    platform: PlatformSpec
+
+    @model_validator(mode="after")
+    def _fits_context(self) -> TrialSpec:
+        need = self.workload.max_request_tokens()
+        limit = self.engine.max_model_len
+        if limit is None and self.model.tiny is not None:
+            limit = self.model.tiny.max_position_embeddings
+        if limit is not None and need > limit:
+            raise ValueError(
+                f"workload '{self.workload.name}' needs up to {need} tokens per request "
+                f"(input + output at the top of range_ratio) but the context is {limit} "
+                "(engine.max_model_len / model)"
+            )
+        return self
+
+
+class SweepSettings(StrictModel):
+    """Settings of a sweep that do not change a trial's measurement (not in the trial hash)."""
+
+    tracking: TrackingSpec
+    cluster: ClusterSpec
+    dry_run: bool = False

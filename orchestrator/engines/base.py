@@ -1,0 +1,83 @@
+"""What every engine adapter produces: a server launch description and a metric-name map.
+
+The rest of the orchestrator sees only :class:`ServerLaunch` (argv, env, URLs) and the
+neutral metric map; engine specifics stay in their adapter module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from orchestrator.config.secrets import REDACTED, is_secret_name, redact_text
+
+MetricKind = Literal["counter", "gauge", "histogram"]
+
+
+
+@dataclass(frozen=True)
+class EngineMetric:
+    """A neutral metric (e.g. ``prefix_cache_hits``) and the engine's Prometheus family for it."""
+
+    family: str
+    kind: MetricKind
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    """Everything needed to start one engine server and talk to it."""
+
+    name: str  # "server", or "prefill"/"decode" for multi-server topologies
+    argv: list[str]
+    env: dict[str, str]  # variables set on top of the inherited environment
+    host: str
+    port: int
+    health_path: str = "/health"
+    metrics_path: str = "/metrics"
+    startup_timeout_s: float = 600.0
+    unset_env: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.base_url + self.health_path
+
+    @property
+    def metrics_url(self) -> str:
+        return self.base_url + self.metrics_path
+
+    def redacted(self) -> dict[str, object]:
+        """argv and env for logs, params and dry runs, with secret-looking values hidden."""
+        return {
+            "name": self.name,
+            "argv": redact_argv(self.argv),
+            "env": redact_env(self.env),
+            "url": self.base_url,
+        }
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """Hide the value after flags such as ``--api-key`` / ``--hf-token`` (and ``--flag=value`` forms)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if arg.startswith("--") and is_secret_name(arg.split("=", 1)[0]):
+            if "=" in arg:
+                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(redact_text(arg))
+    return out

@@ -1,0 +1,138 @@
+"""The streaming client: one SSE/timing loop; per-API payload and delta functions.
+
+Every content chunk's arrival instant is recorded with the number of output tokens it
+carries (from the server's continuous usage stats when present, so multi-token chunks
+count right). Errors become records with ``status="error"``, never exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from orchestrator.metrics.records import STATUS_ERROR, RequestRecord
+
+now = time.perf_counter  # monotonic, high resolution
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What the load generator needs from a server: a URL and a model name. Nothing engine-specific."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None  # sent as a bearer header; never logged
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    request_id: int
+    request_class: str
+    prompt: str
+    input_tokens: int
+    output_tokens: int
+
+
+def completions_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool) -> dict[str, Any]:
+    return {
+        "model": endpoint.model,
+        "prompt": req.prompt,
+        "max_tokens": req.output_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "ignore_eos": ignore_eos,
+    }
+
+
+def completions_delta(chunk: dict[str, Any]) -> str | None:
+    """Text of a completions chunk, or None if it carries no choice (e.g. the final usage chunk)."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return None
+    return choices[0].get("text") or ""
+
+
+API_PATHS = {"completions": "/v1/completions"}
+PAYLOADS = {"completions": completions_payload}
+DELTAS = {"completions": completions_delta}
+
+
+async def stream_request(
+    session: aiohttp.ClientSession,
+    endpoint: Endpoint,
+    req: PlannedRequest,
+    record: RequestRecord,
+    api: str = "completions",
+    ignore_eos: bool = True,
+    timeout_s: float = 300.0,
+) -> RequestRecord:
+    """Send one streaming request; fill ``record`` (whose ``sent_s`` is set here) and return it."""
+    url = endpoint.base_url + API_PATHS[api]
+    payload = PAYLOADS[api](endpoint, req, ignore_eos)
+    delta_of = DELTAS[api]
+    completion_tokens = 0
+    record.sent_s = now()
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.post(url, json=payload, headers=endpoint.headers(), timeout=timeout) as resp:
+            record.http_status = resp.status
+            if resp.status != 200:
+                body = (await resp.text())[:500]
+                record.status, record.error = STATUS_ERROR, f"HTTP {resp.status}: {body}"
+                return record
+            async for raw in resp.content:
+                t = now()
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk and not chunk.get("choices"):
+                    record.status, record.error = STATUS_ERROR, str(chunk["error"])[:500]
+                    break
+                usage = chunk.get("usage") or {}
+                text = delta_of(chunk)
+                new_total = usage.get("completion_tokens")
+                if text is None:  # usage-only chunk
+                    if new_total is not None:
+                        record.output_tokens = int(new_total)
+                    if usage.get("prompt_tokens") is not None:
+                        record.prompt_tokens = int(usage["prompt_tokens"])
+                    continue
+                if new_total is not None:
+                    n = int(new_total) - completion_tokens
+                    completion_tokens = int(new_total)
+                else:
+                    n = 1 if text else 0
+                if n <= 0 and not text:
+                    continue
+                record.chunk_times_s.append(t)
+                record.chunk_tokens.append(max(n, 0))
+                if usage.get("prompt_tokens") is not None:
+                    record.prompt_tokens = int(usage["prompt_tokens"])
+            if record.output_tokens is None and completion_tokens:
+                record.output_tokens = completion_tokens
+            if not record.chunk_times_s and record.status != STATUS_ERROR:
+                record.status, record.error = STATUS_ERROR, "stream ended without any output token"
+    except asyncio.CancelledError:
+        record.status, record.error = STATUS_ERROR, "cancelled"
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, OSError) as exc:
+        record.status, record.error = STATUS_ERROR, f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        record.done_s = now()
+    return record

@@ -1,0 +1,117 @@
+"""Background sampling during a load point: memory of the server and the engine's gauges.
+
+Memory is the RSS of the server's whole process tree (CPU) or, with GPUs, the device
+memory in use read through NVML; gauges (e.g. KV-cache usage) are read from the engine's
+Prometheus endpoint. Both keep their maximum over the sampling window.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import psutil
+
+from orchestrator.metrics import prometheus
+
+log = logging.getLogger(__name__)
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """RSS of a process and all its descendants (0 if it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def gpu_used_bytes(device_indices: list[int]) -> int | None:
+    """Device memory in use on the given GPUs via NVML; None where NVML is unavailable."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            return int(sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in device_indices))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML raises its own error tree; no GPU means no number
+        return None
+
+
+class ResourceMonitor:
+    """Samples memory and gauges every ``interval_s`` in a daemon thread; keeps maxima."""
+
+    def __init__(
+        self,
+        pids: list[int],
+        metrics_url: str | None,
+        gauges: Mapping[str, Any],
+        interval_s: float = 0.5,
+        gpu_indices: list[int] | None = None,
+    ) -> None:
+        self.pids = pids
+        self.metrics_url = metrics_url
+        self.gauges = {k: v for k, v in gauges.items() if v.kind == "gauge"}
+        self.interval_s = interval_s
+        self.gpu_indices = gpu_indices or []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.peak_memory_bytes = 0
+        self.gauge_max: dict[str, float] = {}
+        self.samples = 0
+
+    def sample(self) -> None:
+        mem = gpu_used_bytes(self.gpu_indices) if self.gpu_indices else None
+        if mem is None:
+            mem = sum(tree_rss_bytes(p) for p in self.pids)
+        self.peak_memory_bytes = max(self.peak_memory_bytes, mem)
+        if self.metrics_url and self.gauges:
+            try:
+                scraped = prometheus.scrape(self.metrics_url, timeout_s=2.0)
+            except OSError as exc:
+                log.debug("gauge scrape failed: %s", exc)
+            else:
+                for name, ref in self.gauges.items():
+                    v = prometheus.gauge(scraped, ref.family)
+                    if v is not None:
+                        self.gauge_max[name] = max(self.gauge_max.get(name, v), v)
+        self.samples += 1
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception as exc:  # a sampling hiccup must not kill the measurement
+                log.debug("monitor sample failed: %s", exc)
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="resource-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, float]:
+        """Stop sampling; return ``memory_peak_gb`` and ``<gauge>_max`` metrics."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.sample()
+        out = {"memory_peak_gb": self.peak_memory_bytes / 1e9}
+        out.update({f"{k}_max": v for k, v in self.gauge_max.items()})
+        return out

@@ -1,0 +1,68 @@
+"""Prometheus scrapes of an engine's ``/metrics``: parse, then turn two scrapes into deltas.
+
+The caller passes a map from neutral names to (family, kind); nothing here knows engines.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Sample = dict[str, float]  # sample name (e.g. "vllm:x_total") -> value summed over label sets
+
+
+class MetricRef(Protocol):
+    family: str
+    kind: str
+
+
+def parse(text: str) -> Sample:
+    """Sum every sample over its label sets (one engine may expose several label sets)."""
+    out: Sample = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> Sample:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return parse(resp.read().decode("utf-8", errors="replace"))
+
+
+def _counter(sample: Sample, family: str) -> float | None:
+    for name in (family + "_total", family):
+        if name in sample:
+            return sample[name]
+    return None
+
+
+def gauge(sample: Sample, family: str) -> float | None:
+    return sample.get(family)
+
+
+def deltas(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict[str, float]:
+    """Counter deltas and histogram means between two scrapes, under neutral names.
+
+    Also derives ``prefix_cache_hit_rate`` and ``spec_decode_acceptance_rate`` when their
+    counters exist. Histograms give ``<name>_mean`` in the histogram's own unit.
+    """
+    out: dict[str, float] = {}
+    for name, ref in metric_map.items():
+        if ref.kind == "counter":
+            a, b = _counter(before, ref.family), _counter(after, ref.family)
+            if a is not None and b is not None:
+                out[name] = b - a
+        elif ref.kind == "histogram":
+            s0, s1 = before.get(ref.family + "_sum"), after.get(ref.family + "_sum")
+            c0, c1 = before.get(ref.family + "_count"), after.get(ref.family + "_count")
+            if None not in (s0, s1, c0, c1) and c1 - c0 > 0:  # type: ignore[operator]
+                out[name + "_mean"] = (s1 - s0) / (c1 - c0)  # type: ignore[operator]
+    if out.get("prefix_cache_queries"):
+        out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / out["prefix_cache_queries"]
+    if out.get("spec_decode_draft_tokens"):
+        out["spec_decode_acceptance_rate"] = out.get("spec_decode_accepted_tokens", 0.0) / out["spec_decode_draft_tokens"]
+    return out

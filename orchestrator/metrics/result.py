@@ -1,0 +1,85 @@
+"""The typed result of one trial, as returned by the worker and written to disk by the driver."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TrialStatus = Literal["FINISHED", "FAILED", "SKIPPED"]
+
+
+class PointResult(BaseModel):
+    """One load point: its setting, client-side metrics, server-side deltas, per-class latencies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    label: str
+    setting: dict[str, Any]
+    metrics: dict[str, float] = Field(default_factory=dict)
+    class_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+
+class TrialResult(BaseModel):
+    """Everything a trial produced. ``records_parquet`` holds one row per request sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial_hash: str
+    experiment: str
+    variant: str | None = None
+    overrides: list[str] = Field(default_factory=list)
+    spec: dict[str, Any]
+    status: TrialStatus
+    error: str | None = None
+    started_at: float
+    ended_at: float
+    engine_version: str | None = None
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    servers: list[dict[str, Any]] = Field(default_factory=list)
+    points: list[PointResult] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    records_parquet: bytes = b""
+    server_log: str = ""
+
+    def summary_json(self) -> dict[str, Any]:
+        """The result without its bulky payloads (records, log), for result files."""
+        return self.model_dump(mode="json", exclude={"records_parquet", "server_log"})
+
+
+RESULT_FILE = "result.json"
+RECORDS_FILE = "records.parquet"
+SERVER_LOG_FILE = "server.log"
+
+
+def save_result(result: TrialResult, trial_dir: str | os.PathLike[str]) -> Path:
+    """Write a result to ``trial_dir`` (result.json, records.parquet, server.log); atomic per file."""
+    d = Path(trial_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    if result.records_parquet:
+        _atomic_write(d / RECORDS_FILE, result.records_parquet)
+    if result.server_log:
+        _atomic_write(d / SERVER_LOG_FILE, result.server_log.encode())
+    _atomic_write(d / RESULT_FILE, json.dumps(result.summary_json(), indent=2, sort_keys=True).encode())
+    return d
+
+
+def load_result(trial_dir: str | os.PathLike[str]) -> TrialResult:
+    """Read back what :func:`save_result` wrote."""
+    d = Path(trial_dir)
+    data = json.loads((d / RESULT_FILE).read_text())
+    records = d / RECORDS_FILE
+    log_file = d / SERVER_LOG_FILE
+    data["records_parquet"] = records.read_bytes() if records.exists() else b""
+    data["server_log"] = log_file.read_text(errors="replace") if log_file.exists() else ""
+    return TrialResult.model_validate(data)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

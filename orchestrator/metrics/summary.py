@@ -1,0 +1,133 @@
+"""Derived latencies and per-load-point summaries: pure functions of request records.
+
+Definitions (all from client-side monotonic instants):
+
+* TTFT = first content chunk - sent
+* E2E  = last content chunk - sent
+* ITL  = gaps between consecutive content chunks (so ``E2E - TTFT == sum(ITL)``)
+* TPOT = (E2E - TTFT) / (output tokens - 1), for requests with more than one output token
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrator.config.schema import SLOSpec
+from orchestrator.metrics.records import RequestRecord
+
+PERCENTILES = (50, 90, 95, 99)
+LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+@dataclass(frozen=True)
+class RequestLatency:
+    """Latencies of one successful request, in milliseconds."""
+
+    ttft_ms: float
+    e2e_ms: float
+    itl_ms: tuple[float, ...]
+    tpot_ms: float | None
+    output_tokens: int
+
+
+def output_tokens_of(r: RequestRecord) -> int:
+    """Server-reported output tokens, else the tokens counted per chunk."""
+    if r.output_tokens is not None:
+        return int(r.output_tokens)
+    return int(sum(r.chunk_tokens))
+
+
+def latency_of(r: RequestRecord) -> RequestLatency | None:
+    """Latencies of a record, or ``None`` if it failed or produced no token."""
+    if not r.ok:
+        return None
+    times = r.chunk_times_s
+    ttft = (times[0] - r.sent_s) * 1e3
+    e2e = (times[-1] - r.sent_s) * 1e3
+    itl = tuple((b - a) * 1e3 for a, b in zip(times, times[1:]))
+    n_out = output_tokens_of(r)
+    tpot = (e2e - ttft) / (n_out - 1) if n_out > 1 else None
+    return RequestLatency(ttft_ms=ttft, e2e_ms=e2e, itl_ms=itl, tpot_ms=tpot, output_tokens=n_out)
+
+
+def distribution(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    """``{prefix}_mean`` and ``{prefix}_pNN`` for the standard percentiles (empty if no values)."""
+    if len(values) == 0:
+        return {}
+    arr = np.asarray(values, dtype=float)
+    out = {f"{prefix}_mean": float(arr.mean())}
+    for p, v in zip(PERCENTILES, np.percentile(arr, PERCENTILES)):
+        out[f"{prefix}_p{p}"] = float(v)
+    return out
+
+
+def meets_slo(lat: RequestLatency, slo: SLOSpec) -> bool:
+    if slo.ttft_ms is not None and lat.ttft_ms > slo.ttft_ms:
+        return False
+    if slo.tpot_ms is not None and lat.tpot_ms is not None and lat.tpot_ms > slo.tpot_ms:
+        return False
+    if slo.e2e_ms is not None and lat.e2e_ms > slo.e2e_ms:
+        return False
+    return True
+
+
+def latency_metrics(lats: Sequence[RequestLatency]) -> dict[str, float]:
+    """Distributions of TTFT, TPOT, ITL (pooled over requests) and E2E."""
+    out: dict[str, float] = {}
+    out.update(distribution("ttft_ms", [x.ttft_ms for x in lats]))
+    out.update(distribution("tpot_ms", [x.tpot_ms for x in lats if x.tpot_ms is not None]))
+    out.update(distribution("itl_ms", [v for x in lats for v in x.itl_ms]))
+    out.update(distribution("e2e_ms", [x.e2e_ms for x in lats]))
+    if "itl_ms_p50" in out and out["itl_ms_p50"] > 0:
+        out["itl_p99_over_p50"] = out["itl_ms_p99"] / out["itl_ms_p50"]
+    return out
+
+
+def summarize_point(
+    records: Sequence[RequestRecord], slo: SLOSpec | None = None, target_rate: float | None = None
+) -> dict[str, float]:
+    """Metrics of one load point, named after the workload card (``ttft_ms_p99``, ``qps``, ...)."""
+    slo = slo or SLOSpec()
+    out: dict[str, float] = {"requests": float(len(records))}
+    if not records:
+        return out
+    lats = [x for x in (latency_of(r) for r in records) if x is not None]
+    ok = [r for r in records if r.ok]
+    out["completed"] = float(len(ok))
+    out["errors"] = float(len(records) - len(ok))
+    start = min(r.sent_s for r in records)
+    end = max((r.done_s if r.done_s is not None else r.sent_s) for r in records)
+    duration = max(end - start, 1e-9)
+    out["duration_s"] = duration
+    out["qps"] = len(ok) / duration
+    out_tokens = sum(output_tokens_of(r) for r in ok)
+    in_tokens = sum(int(r.prompt_tokens or r.input_tokens_target) for r in ok)
+    out["tokens_per_second"] = out_tokens / duration
+    out["total_tokens_per_second"] = (out_tokens + in_tokens) / duration
+    out["output_tokens"] = float(out_tokens)
+    out["input_tokens"] = float(in_tokens)
+    out.update(latency_metrics(lats))
+    good = sum(1 for x in lats if meets_slo(x, slo))
+    out["goodput"] = good / duration
+    out["slo_attainment"] = good / len(records)
+    lags = [(r.sent_s - r.intended_send_s) * 1e3 for r in records]
+    out.update(distribution("send_lag_ms", lags))
+    sends = sorted(r.intended_send_s for r in records)
+    if len(sends) > 1 and sends[-1] > sends[0]:
+        out["achieved_rate"] = (len(sends) - 1) / (sends[-1] - sends[0])
+    if target_rate is not None:
+        out["target_rate"] = float(target_rate)
+    return out
+
+
+def summarize_by_class(records: Iterable[RequestRecord]) -> dict[str, dict[str, float]]:
+    """Latency distributions per request class (for workloads that mix classes)."""
+    by: dict[str, list[RequestLatency]] = {}
+    for r in records:
+        lat = latency_of(r)
+        if lat is not None:
+            by.setdefault(r.request_class, []).append(lat)
+    return {name: latency_metrics(lats) for name, lats in sorted(by.items())}

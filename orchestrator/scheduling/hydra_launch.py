@@ -1,0 +1,72 @@
+"""Glue between Hydra and the sweep runner: multirun launches and single-run mode."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.scheduling.jobs import prepare_jobs
+from orchestrator.scheduling.sweep import run_sweep
+
+log = logging.getLogger(__name__)
+
+
+def _resolved(cfg: Any) -> dict[str, Any]:
+    """The job's config as a plain dict, resolved while its HydraConfig is current."""
+    from omegaconf import OmegaConf, open_dict
+
+    from orchestrator.config import ConfigError
+
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except Exception as exc:  # bad interpolation etc.: name it before anything starts
+        raise ConfigError(f"config does not resolve: {exc}") from exc
+
+
+def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
+    """Hydra launcher body: validate all jobs, run them as one sweep, return JobReturns."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import JobReturn, JobStatus, configure_log
+    from omegaconf import open_dict
+
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    configs: list[tuple[list[str], Any]] = []
+    job_cfgs = []
+    for i, overrides in enumerate(job_overrides):
+        idx = initial_job_idx + i
+        cfg = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        with open_dict(cfg):
+            cfg.hydra.job.id = f"job{idx}"
+            cfg.hydra.job.num = idx
+        HydraConfig.instance().set_config(cfg)
+        configs.append((list(overrides), _resolved(cfg)))
+        job_cfgs.append(cfg)
+    jobs = prepare_jobs(configs, initial_job_idx)
+    sweep_params = {"sweep_overrides": list(config.hydra.overrides.task)}
+    results = run_sweep(jobs, sweep_dir, sweep_dir.name, sweep_params)
+    by_index = {r.trial_hash: r.status for r in results}
+    returns = []
+    for job, cfg in zip(jobs, job_cfgs):
+        ret = JobReturn(overrides=job.overrides, cfg=cfg, hydra_cfg=cfg, working_dir=str(sweep_dir),
+                        task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED)
+        ret.return_value = by_index.get(job.trial_hash, "DRY_RUN" if job.settings.dry_run else "NOT_RUN")
+        returns.append(ret)
+    return returns
+
+
+def run_single(cfg: Any) -> str:
+    """Single-run mode (no ``-m``): one trial, logged the same way as a sweep of one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    overrides = list(hc.overrides.task)
+    jobs = prepare_jobs([(overrides, _resolved(cfg))])
+    out_dir = Path(hc.runtime.output_dir)
+    results = run_sweep(jobs, out_dir, out_dir.name, {"sweep_overrides": overrides})
+    return results[0].status if results else "DRY_RUN"

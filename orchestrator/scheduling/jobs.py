@@ -1,0 +1,51 @@
+"""Trial jobs of a sweep: every job's config validated up front, before anything starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.config import ConfigError, SweepSettings, TrialSpec, to_specs, trial_hash
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """One trial to run: its position in the sweep, the overrides that made it, its typed spec."""
+
+    index: int
+    overrides: list[str]
+    spec: TrialSpec
+    settings: SweepSettings
+
+    @property
+    def trial_hash(self) -> str:
+        return trial_hash(self.spec)
+
+    @property
+    def label(self) -> str:
+        return self.spec.variant or ",".join(self.overrides) or self.trial_hash[:8]
+
+    @property
+    def num_gpus(self) -> int:
+        return self.spec.engine.num_gpus if self.spec.platform.device == "cuda" else 0
+
+
+def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> list[TrialJob]:
+    """Validate every job's config; one :class:`ConfigError` lists the problems of all jobs."""
+    jobs: list[TrialJob] = []
+    problems: list[str] = []
+    for i, (overrides, cfg) in enumerate(configs):
+        try:
+            spec, settings = to_specs(cfg)
+        except ConfigError as exc:
+            where = " ".join(overrides) or "(no overrides)"
+            problems.append(f"job {first_index + i} [{where}]: {exc}")
+            continue
+        jobs.append(TrialJob(first_index + i, list(overrides), spec, settings))
+    if problems:
+        # Most sweeps share one mistake: show it once when every job reports the same text.
+        bodies = {p.split("]: ", 1)[-1] for p in problems}
+        if len(bodies) == 1 and len(problems) > 1:
+            raise ConfigError(f"{bodies.pop()}\n(in all {len(problems)} jobs of the sweep)")
+        raise ConfigError("\n".join(problems))
+    return jobs

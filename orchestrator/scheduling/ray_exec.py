@@ -1,0 +1,110 @@
+"""Running trials as Ray tasks: resources per trial, a cap on concurrent trials, Ctrl-C handling."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.config.schema import ClusterSpec
+from orchestrator.metrics.result import TrialResult
+from orchestrator.scheduling.jobs import TrialJob
+
+log = logging.getLogger(__name__)
+
+
+def _run_trial_task(spec_json: str, workdir: str, overrides: list[str]) -> dict[str, Any]:
+    """Body of the Ray task (runs in a worker): the GPUs Ray assigned go to the server."""
+    import ray
+
+    from orchestrator.config.schema import TrialSpec
+    from orchestrator.trial import run_trial
+
+    gpu_ids = [int(g) for g in ray.get_gpu_ids()]
+    spec = TrialSpec.model_validate_json(spec_json)
+    return run_trial(spec, workdir, overrides, gpu_ids).model_dump()
+
+
+@dataclass
+class RayContext:
+    started_here: bool
+
+    def shutdown(self) -> None:
+        import ray
+
+        if self.started_here and ray.is_initialized():
+            ray.shutdown()
+
+
+def init_ray(cluster: ClusterSpec) -> RayContext:
+    """Connect to ``cluster.address`` or start a local Ray with the given CPUs/GPUs."""
+    import ray
+
+    if ray.is_initialized():
+        return RayContext(started_here=False)
+    kwargs: dict[str, Any] = {
+        "include_dashboard": cluster.include_dashboard,
+        "log_to_driver": True,
+        "configure_logging": True,
+        "logging_level": logging.WARNING,
+    }
+    # Workers import the orchestrator from this same environment (editable install).
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if cluster.address:
+        ray.init(address=cluster.address, **kwargs)
+    else:
+        ray.init(num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus, **kwargs)
+    return RayContext(started_here=True)
+
+
+def run_jobs(
+    jobs: list[TrialJob],
+    workdir_of: Callable[[TrialJob], str],
+    max_concurrent: int | None,
+) -> Iterator[tuple[TrialJob, TrialResult]]:
+    """Submit trials as Ray tasks (at most ``max_concurrent`` at once); yield results as they finish.
+
+    On Ctrl-C (or any exception in the caller) pending tasks are cancelled, which raises
+    KeyboardInterrupt inside each worker so its server is stopped on the way out.
+    """
+    import ray
+
+    remote = ray.remote(max_retries=0)(_run_trial_task)
+    queue = list(jobs)
+    running: dict[Any, TrialJob] = {}
+    try:
+        while queue or running:
+            while queue and (max_concurrent is None or len(running) < max_concurrent):
+                job = queue.pop(0)
+                opts: dict[str, Any] = {"num_cpus": job.spec.platform.cpus_per_trial, "num_gpus": job.num_gpus}
+                ref = remote.options(**opts, name=f"trial:{job.label}"[:100]).remote(
+                    job.spec.model_dump_json(), workdir_of(job), job.overrides
+                )
+                running[ref] = job
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                job = running.pop(ref)
+                yield job, _result_of(job, ref)
+    finally:
+        for ref in running:
+            ray.cancel(ref, force=False)
+        if running:
+            ray.wait(list(running), num_returns=len(running), timeout=30)
+
+
+def _result_of(job: TrialJob, ref: Any) -> TrialResult:
+    import time
+
+    import ray
+
+    try:
+        return TrialResult.model_validate(ray.get(ref))
+    except ray.exceptions.RayError as exc:  # worker died, task cancelled, ...
+        now = time.time()
+        return TrialResult(
+            trial_hash=job.trial_hash, experiment=job.spec.experiment, variant=job.spec.variant,
+            overrides=job.overrides, spec=job.spec.model_dump(mode="json"), status="FAILED",
+            error=f"{type(exc).__name__}: {exc}", started_at=now, ended_at=now,
+        )

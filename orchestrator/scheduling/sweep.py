@@ -1,0 +1,137 @@
+"""The driver's loop over a sweep: run trials on Ray, write each result to disk, then log it.
+
+Results reach MLflow only after they are on disk (``<sweep_dir>/trials/<hash>/``), so a
+tracking failure loses nothing. A progress line is printed per finished trial.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.errors import OrchestratorError
+from orchestrator.metrics.result import TrialResult, save_result
+from orchestrator.scheduling.jobs import TrialJob
+from orchestrator.scheduling.ray_exec import init_ray, run_jobs
+from orchestrator.tracking import MlflowTracker
+from orchestrator.trial import plan_trial
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def git_commit(root: Path = PROJECT_ROOT) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def trial_dir(sweep_dir: Path, job: TrialJob) -> Path:
+    return sweep_dir / "trials" / f"{job.index:03d}-{job.trial_hash}"
+
+
+def dry_run(jobs: list[TrialJob], progress: Progress = _print) -> list[dict[str, Any]]:
+    """One JSON line per trial: hash, overrides, feasibility, GPUs, server commands. Starts nothing."""
+    lines = []
+    for job in jobs:
+        line = {"trial_hash": job.trial_hash, "index": job.index, "variant": job.spec.variant,
+                "overrides": job.overrides, **plan_trial(job.spec)}
+        lines.append(line)
+        progress(json.dumps(line, sort_keys=True))
+    return lines
+
+
+def _point_summary(result: TrialResult) -> str:
+    if not result.points:
+        return ""
+    m = result.points[-1].metrics
+    return (f"last point {result.points[-1].label}: ttft p50 {m.get('ttft_ms_p50', float('nan')):.0f} ms, "
+            f"itl p99 {m.get('itl_ms_p99', float('nan')):.0f} ms, {m.get('tokens_per_second', 0):.0f} tok/s")
+
+
+def run_sweep(
+    jobs: list[TrialJob],
+    sweep_dir: Path,
+    sweep_name: str,
+    sweep_params: dict[str, Any] | None = None,
+    progress: Progress = _print,
+) -> list[TrialResult]:
+    """Run every job, persist and log each result; returns the results in completion order."""
+    if not jobs:
+        raise OrchestratorError("the sweep has no trials")
+    settings = jobs[0].settings
+    if settings.dry_run:
+        dry_run(jobs, progress)
+        return []
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    experiment = settings.tracking.experiment_name or jobs[0].spec.experiment
+    commit = git_commit()
+    tracker = _open_tracker(settings.tracking.uri, experiment, settings.tracking.enabled, progress)
+    if tracker is not None:
+        tracker.start_sweep(sweep_name, {"experiment": experiment, "num_trials": len(jobs), **(sweep_params or {})},
+                            {"git_commit": commit, "sweep_dir": str(sweep_dir)})
+    progress(f"sweep '{experiment}': {len(jobs)} trial(s); results in {sweep_dir}")
+    counts: Counter[str] = Counter()
+    results: list[TrialResult] = []
+    status = "FAILED"
+    t0 = time.monotonic()
+    ray_ctx = init_ray(settings.cluster)
+    try:
+        for job, result in run_jobs(jobs, lambda j: str(trial_dir(sweep_dir, j)),
+                                    jobs[0].spec.platform.max_concurrent_trials):
+            d = save_result(result, trial_dir(sweep_dir, job))
+            if tracker is not None:
+                _log_trial(tracker, result, d, commit, progress)
+            counts[result.status] += 1
+            results.append(result)
+            reason = f" ({result.error.splitlines()[0][:200]})" if result.error else ""
+            progress(f"[{len(results)}/{len(jobs)}] {job.label}: {result.status}{reason} "
+                     f"{_point_summary(result)} [{time.monotonic() - t0:.0f}s elapsed]")
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        progress("interrupted: stopping running trials (their servers are stopped)")
+        raise
+    finally:
+        ray_ctx.shutdown()
+        if tracker is not None:
+            try:
+                tracker.end_sweep(dict(counts), status)
+            except Exception as exc:  # a tracking failure must not hide the sweep's own outcome
+                progress(f"warning: could not close the MLflow sweep run: {exc}")
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    progress(f"sweep '{experiment}' done in {time.monotonic() - t0:.0f}s: {summary}")
+    if tracker is not None:
+        progress(f"MLflow: experiment '{experiment}' at {settings.tracking.uri}")
+    return results
+
+
+def _open_tracker(uri: str, experiment: str, enabled: bool, progress: Progress) -> MlflowTracker | None:
+    if not enabled:
+        return None
+    try:
+        return MlflowTracker(uri, experiment)
+    except Exception as exc:  # unreachable store: keep measuring, results stay on disk
+        progress(f"warning: MLflow at {uri} unavailable ({exc}); results are kept on disk only")
+        return None
+
+
+def _log_trial(tracker: MlflowTracker, result: TrialResult, d: Path, commit: str, progress: Progress) -> None:
+    try:
+        tracker.log_trial(result, d, {"git_commit": commit})
+    except Exception as exc:  # the result is already on disk
+        progress(f"warning: logging trial {result.trial_hash} to MLflow failed ({exc}); it is saved in {d}")

@@ -1,0 +1,173 @@
+"""MLflow logging of a sweep: one parent run per sweep, one child run per trial.
+
+Only the driver uses this (single writer). It logs from results already on disk, so a
+tracking outage loses nothing: the same call replays a saved result later.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from orchestrator.metrics.result import RECORDS_FILE, SERVER_LOG_FILE, TrialResult
+from orchestrator.tracking.params import flatten_params, sanitize_key, truncate
+
+log = logging.getLogger(__name__)
+
+MLFLOW_STATUS = {"FINISHED": "FINISHED", "FAILED": "FAILED", "SKIPPED": "KILLED"}
+_PARAM_BATCH = 100
+_METRIC_BATCH = 1000
+
+
+def default_artifact_location(uri: str, experiment: str) -> str | None:
+    """For a sqlite store, keep artifacts next to the database file (not in the cwd)."""
+    if uri.startswith("sqlite:///"):
+        db_path = Path(urlparse(uri).path)
+        if uri.startswith("sqlite:////"):
+            db_path = Path("/" + uri[len("sqlite:////"):])
+        return (db_path.parent / "mlartifacts" / sanitize_key(experiment)).resolve().as_uri()
+    return None
+
+
+class MlflowTracker:
+    """Parent/child runs of one sweep in one MLflow experiment."""
+
+    def __init__(self, uri: str, experiment: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            exp_id = self.client.create_experiment(experiment, artifact_location=default_artifact_location(uri, experiment))
+        else:
+            exp_id = exp.experiment_id
+        self.experiment_id = exp_id
+        self.experiment = experiment
+        self.parent_run_id: str | None = None
+
+    # -- sweep ----------------------------------------------------------------------
+
+    def start_sweep(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={**tags, "run_kind": "sweep"})
+        self.parent_run_id = run.info.run_id
+        self._log_params(self.parent_run_id, flatten_params(params))
+        return self.parent_run_id
+
+    def end_sweep(self, counts: Mapping[str, int], status: str = "FINISHED") -> None:
+        if self.parent_run_id is None:
+            return
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        metrics = [Metric(f"trials_{k.lower()}", float(v), ts, 0) for k, v in counts.items()]
+        self.client.log_batch(self.parent_run_id, metrics=metrics)
+        self.client.set_terminated(self.parent_run_id, status=status)
+
+    # -- trial ----------------------------------------------------------------------
+
+    def log_trial(self, result: TrialResult, trial_dir: Path, tags: Mapping[str, str] | None = None) -> str:
+        """Create the trial's child run from a saved result; returns the run id."""
+        run_tags = {
+            "trial_hash": result.trial_hash,
+            "trial_status": result.status,
+            "engine": str(result.spec.get("engine", {}).get("name", "")),
+            "engine_version": result.engine_version or "unknown",
+            "model": str(result.spec.get("model", {}).get("name", "")),
+            "platform": str(result.spec.get("platform", {}).get("name", "")),
+            "hardware": str(result.hardware.get("summary", "")),
+            "variant": result.variant or "",
+            "run_kind": "trial",
+            **(tags or {}),
+        }
+        if self.parent_run_id:
+            run_tags["mlflow.parentRunId"] = self.parent_run_id
+        if result.error:
+            run_tags["error"] = truncate(result.error, 5000)
+        name = result.variant or ",".join(result.overrides) or result.trial_hash
+        run = self.client.create_run(self.experiment_id, run_name=truncate(name, 250), tags=run_tags,
+                                     start_time=int(result.started_at * 1000))
+        run_id = run.info.run_id
+        params = flatten_params({"variant": result.variant, "overrides": result.overrides, **_trial_params(result.spec)})
+        self._log_params(run_id, params)
+        self._log_metrics(run_id, _metrics_of(result))
+        self._log_artifacts(run_id, result, trial_dir)
+        self.client.set_terminated(run_id, status=MLFLOW_STATUS[result.status], end_time=int(result.ended_at * 1000))
+        return run_id
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), _PARAM_BATCH):
+            self.client.log_batch(run_id, params=items[i : i + _PARAM_BATCH])
+
+    def _log_metrics(self, run_id: str, metrics: Iterable[tuple[str, float, int]]) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [Metric(sanitize_key(k), float(v), ts, step) for k, v, step in metrics if math.isfinite(float(v))]
+        for i in range(0, len(items), _METRIC_BATCH):
+            self.client.log_batch(run_id, metrics=items[i : i + _METRIC_BATCH])
+
+    def _log_artifacts(self, run_id: str, result: TrialResult, trial_dir: Path) -> None:
+        for name in (RECORDS_FILE, SERVER_LOG_FILE):
+            path = trial_dir / name
+            if path.exists():
+                self.client.log_artifact(run_id, str(path))
+        with tempfile.TemporaryDirectory() as tmp:
+            t = Path(tmp)
+            (t / "trial_config.json").write_text(json.dumps(result.spec, indent=2, sort_keys=True))
+            (t / "servers.json").write_text(json.dumps(result.servers, indent=2))
+            (t / "points.csv").write_text(points_csv(result))
+            (t / "result.json").write_text(json.dumps(result.summary_json(), indent=2, sort_keys=True))
+            if result.error:
+                (t / "error.txt").write_text(result.error)
+            for f in sorted(t.iterdir()):
+                self.client.log_artifact(run_id, str(f))
+
+
+def _trial_params(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: spec[k] for k in ("engine", "model", "workload", "platform", "seed") if k in spec}
+
+
+def _metrics_of(result: TrialResult) -> list[tuple[str, float, int]]:
+    """(key, value, step): per point with step = index, by point label and class, and per trial."""
+    out: list[tuple[str, float, int]] = []
+    for p in result.points:
+        for k, v in p.metrics.items():
+            out.append((k, v, p.index))
+            out.append((f"{p.label}/{k}", v, 0))
+        for cls, metrics in p.class_metrics.items():
+            for k, v in metrics.items():
+                out.append((f"{cls}/{k}", v, p.index))
+    out.extend((k, v, 0) for k, v in result.metrics.items())
+    return out
+
+
+def points_csv(result: TrialResult) -> str:
+    """The trial's points table: one row per load point, one column per metric."""
+    keys = sorted({k for p in result.points for k in p.metrics})
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["point", "label", "setting", *keys])
+    for p in result.points:
+        w.writerow([p.index, p.label, json.dumps(p.setting, sort_keys=True), *(p.metrics.get(k, "") for k in keys)])
+    return buf.getvalue()
+
+
+__all__ = ["MlflowTracker", "default_artifact_location", "points_csv"]
+
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -1,0 +1,203 @@
+"""The one function that sequences a trial: check, start server, run load points, stop.
+
+``run_trial`` never talks to MLflow; it returns a :class:`TrialResult` and the driver logs it.
+Every failure becomes a FAILED (or SKIPPED) result with the reason; the server is stopped
+on every exit path by :class:`ServerProcess`'s context manager.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from orchestrator.config.errors import ConfigError, InfeasibleConfigError, ServerCrashedError, TrialError
+from orchestrator.config.hashing import trial_hash
+from orchestrator.config.schema import LoadPointSpec, TrialSpec
+from orchestrator.engines import ServerLaunch, ServerProcess, adapter_for, free_port
+from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.metrics import hardware, prometheus
+from orchestrator.metrics.monitor import ResourceMonitor
+from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
+from orchestrator.metrics.result import PointResult, TrialResult
+from orchestrator.metrics.summary import summarize_by_class, summarize_point
+from orchestrator.models import resolve_model, resolve_tokenizer
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def check_feasible(spec: TrialSpec, gpu_ids: list[int]) -> None:
+    """Raise :class:`InfeasibleConfigError` when this trial cannot run on what it was given."""
+    need = spec.engine.num_gpus
+    if spec.platform.device == "cuda" and len(gpu_ids) < need:
+        raise InfeasibleConfigError(
+            f"needs {need} GPU(s) (tensor_parallel_size x pipeline_parallel_size) but {len(gpu_ids)} were assigned"
+        )
+
+
+def plan_trial(spec: TrialSpec, gpu_ids: list[int] | None = None) -> dict[str, Any]:
+    """What the trial would do, without starting or building anything (for dry runs)."""
+    adapter = adapter_for(spec.engine.name)
+    needs = spec.engine.num_gpus if spec.platform.device == "cuda" else 0
+    plan: dict[str, Any] = {"gpus": needs, "feasible": True, "reason": None}
+    if gpu_ids is not None:
+        try:
+            check_feasible(spec, gpu_ids)
+        except InfeasibleConfigError as exc:
+            plan.update(feasible=False, reason=str(exc))
+    launch = adapter.launch(spec, resolve_model(spec.model, build=False), spec.engine.port or 0)
+    plan["servers"] = [launch.redacted()]
+    return plan
+
+
+def server_env(launch: ServerLaunch, gpu_ids: list[int]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in launch.unset_env}
+    env.update(launch.env)
+    if gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+    return env
+
+
+class _PointHooks:
+    """Scrapes and samples around each load point; turns records into a :class:`PointResult`."""
+
+    def __init__(self, spec: TrialSpec, server: ServerProcess, launch: ServerLaunch, adapter: ModuleType,
+                 monitor: ResourceMonitor, progress: Progress, label: str) -> None:
+        self.spec, self.server, self.launch, self.adapter = spec, server, launch, adapter
+        self.monitor, self.progress, self.label = monitor, progress, label
+        self.points: list[PointResult] = []
+        self.records: list[RequestRecord] = []
+        self.crash: ServerCrashedError | None = None
+        self._before: prometheus.Sample = {}
+        self._t0 = 0.0
+
+    def _scrape(self) -> prometheus.Sample:
+        try:
+            return prometheus.scrape(self.launch.metrics_url)
+        except OSError as exc:
+            log.warning("metrics scrape failed: %s", exc)
+            return {}
+
+    def start(self, index: int, point: LoadPointSpec) -> None:
+        n = len(self.spec.workload.load_points)
+        self.progress(f"[{self.label}] point {index + 1}/{n} {point.label}: running")
+        self._before = self._scrape()
+        self.monitor.reset()
+        self.monitor.start()
+        self._t0 = time.monotonic()
+
+    def end(self, index: int, point: LoadPointSpec, records: list[RequestRecord]) -> bool:
+        resources = self.monitor.stop()
+        self.records.extend(records)
+        metrics = summarize_point(records, self.spec.workload.slo, point.rate)
+        metrics.update(resources)
+        after = self._scrape()
+        for key, value in prometheus.deltas(self._before, after, self.adapter.METRICS).items():
+            metrics[f"server_{key}"] = value
+        for key, value in resources.items():
+            if key != "memory_peak_gb":
+                metrics[f"server_{key}"] = value
+                metrics.pop(key, None)
+        classes = summarize_by_class(records) if len(self.spec.workload.classes) > 1 else {}
+        self.points.append(PointResult(index=index, label=point.label, setting=point.model_dump(exclude_none=True),
+                                       metrics=metrics, class_metrics=classes))
+        self.progress(
+            f"[{self.label}] point {index + 1}/{len(self.spec.workload.load_points)} {point.label}: "
+            f"{int(metrics.get('completed', 0))}/{len(records)} ok in {time.monotonic() - self._t0:.1f}s, "
+            f"ttft p50 {metrics.get('ttft_ms_p50', float('nan')):.1f} ms, "
+            f"itl p99 {metrics.get('itl_ms_p99', float('nan')):.1f} ms, "
+            f"{metrics.get('tokens_per_second', 0):.0f} tok/s"
+        )
+        try:
+            self.server.check_alive()
+        except ServerCrashedError as exc:
+            self.crash = exc
+            return False
+        return True
+
+
+def run_trial(
+    spec: TrialSpec,
+    workdir: str | os.PathLike[str],
+    overrides: list[str] | None = None,
+    gpu_ids: list[int] | None = None,
+    progress: Progress = _print,
+) -> TrialResult:
+    """Run one trial end to end and return its result; never raises for a trial-level failure."""
+    gpu_ids = list(gpu_ids or [])
+    h = trial_hash(spec)
+    label = spec.variant or h[:8]
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "server.log"
+    base: dict[str, Any] = dict(
+        trial_hash=h, experiment=spec.experiment, variant=spec.variant, overrides=list(overrides or []),
+        spec=spec.model_dump(mode="json"), started_at=time.time(), hardware=hardware.describe(gpu_ids),
+    )
+    adapter = adapter_for(spec.engine.name)
+    base["engine_version"] = adapter.version()
+    hooks: _PointHooks | None = None
+    launch: ServerLaunch | None = None
+    try:
+        check_feasible(spec, gpu_ids)
+        model_path = resolve_model(spec.model)
+        port = spec.engine.port or free_port(spec.engine.host)
+        launch = adapter.launch(spec, model_path, port)
+        base["servers"] = [launch.redacted()]
+        progress(f"[{label}] starting {spec.engine.name} on {launch.base_url}")
+        with ServerProcess(launch.argv, server_env(launch, gpu_ids), log_path, launch.health_url) as server:
+            startup_s = server.wait_healthy(launch.startup_timeout_s)
+            progress(f"[{label}] server healthy after {startup_s:.1f}s")
+            monitor = ResourceMonitor([server.pid or 0], launch.metrics_url, adapter.METRICS,
+                                      spec.platform.monitor_interval_s, gpu_ids)
+            hooks = _PointHooks(spec, server, launch, adapter, monitor, progress, label)
+            factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
+            endpoint = Endpoint(launch.base_url, spec.model.name)
+            run_points(endpoint, spec.workload, factory, spec.seed, hooks.start, hooks.end)
+            if hooks.crash is not None:
+                raise hooks.crash
+        status, error = "FINISHED", None
+        base["metrics"] = _trial_metrics(hooks.points, startup_s)
+    except InfeasibleConfigError as exc:
+        status, error = "SKIPPED", str(exc)
+    except (TrialError, ConfigError) as exc:
+        status, error = "FAILED", f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # an unexpected bug still yields a result with the reason
+        log.exception("trial %s failed", h)
+        status, error = "FAILED", f"{type(exc).__name__}: {exc}"
+    if hooks is not None and status == "FAILED":
+        base["metrics"] = _trial_metrics(hooks.points, None)
+    progress(f"[{label}] {status}" + (f": {error.splitlines()[0]}" if error else ""))
+    records = hooks.records if hooks else []
+    return TrialResult(
+        **base,
+        status=status,
+        error=error,
+        ended_at=time.time(),
+        points=hooks.points if hooks else [],
+        records_parquet=records_to_parquet_bytes(records) if records else b"",
+        server_log=log_path.read_text(errors="replace") if log_path.exists() else "",
+    )
+
+
+def _trial_metrics(points: list[PointResult], startup_s: float | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if startup_s is not None:
+        out["startup_s"] = startup_s
+    peaks = [p.metrics["memory_peak_gb"] for p in points if "memory_peak_gb" in p.metrics]
+    if peaks:
+        out["memory_peak_gb_max"] = max(peaks)
+    out["requests_total"] = sum(p.metrics.get("requests", 0.0) for p in points)
+    out["errors_total"] = sum(p.metrics.get("errors", 0.0) for p in points)
+    out["num_points"] = float(len(points))
+    return out
