@@ -54,13 +54,14 @@ def latency_of(r: RequestRecord) -> RequestLatency | None:
 
 
 def distribution(prefix: str, values: Sequence[float]) -> dict[str, float]:
-    """``{prefix}_mean`` and ``{prefix}_pNN`` for the standard percentiles (empty if no values)."""
+    """``{prefix}_mean``, ``{prefix}_pNN`` for the standard percentiles and ``{prefix}_max``."""
     if len(values) == 0:
         return {}
     arr = np.asarray(values, dtype=float)
     out = {f"{prefix}_mean": float(arr.mean())}
     for p, v in zip(PERCENTILES, np.percentile(arr, PERCENTILES)):
         out[f"{prefix}_p{p}"] = float(v)
+    out[f"{prefix}_max"] = float(arr.max())
     return out
 
 

@@ -23,7 +23,7 @@ class TrialJob:
 
     @property
     def label(self) -> str:
-        return self.spec.variant or ",".join(self.overrides) or self.trial_hash[:8]
+        return self.spec.variant or f"trial{self.index}-{self.trial_hash[:8]}"
 
     @property
     def num_gpus(self) -> int:
