@@ -39,19 +39,24 @@ def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def _to_container(cfg: Any) -> dict[str, Any]:
-    """A plain dict of the config without Hydra's own node, interpolations resolved."""
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain dict of the config without Hydra's own node, interpolations resolved.
+
+    Hydra's node is dropped before resolving, so this works outside a Hydra run too.
+    """
     if isinstance(cfg, Mapping) and not hasattr(cfg, "_get_node"):
         data = copy.deepcopy(dict(cfg))
-    else:
-        from omegaconf import OmegaConf
+        data.pop("hydra", None)
+        return data
+    from omegaconf import OmegaConf, open_dict
 
-        try:
-            data = OmegaConf.to_container(cfg, resolve=True)
-        except Exception as exc:  # omegaconf raises several types for bad interpolations
-            raise ConfigError(f"config does not resolve: {exc}") from exc
-    data.pop("hydra", None)
-    return data
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except Exception as exc:  # omegaconf raises several types for bad interpolations
+        raise ConfigError(f"config does not resolve: {exc}") from exc
 
 
 def apply_overlays(data: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +95,7 @@ def _check_overlay(where: str, overlay: Any) -> None:
 
 def to_specs(cfg: Any) -> tuple[TrialSpec, SweepSettings]:
     """Validate a composed config; raise :class:`ConfigError` naming every bad key."""
-    data = apply_overlays(_to_container(cfg))
+    data = apply_overlays(config_to_dict(cfg))
     unknown = sorted(k for k in data if k not in TOP_LEVEL_KEYS)
     if unknown:
         raise ConfigError(
@@ -154,4 +159,4 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
-__all__ = ["ClusterSpec", "TrackingSpec", "apply_overlays", "deep_merge", "format_validation_error", "to_specs"]
+__all__ = ["ClusterSpec", "TrackingSpec", "apply_overlays", "config_to_dict", "deep_merge", "format_validation_error", "to_specs"]

@@ -45,7 +45,7 @@ class VLLMEngineSpec(StrictModel):
         default=None, description="VLLM_CPU_KVCACHE_SPACE on the CPU build"
     )
     cpu_omp_threads_bind: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND")
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: PositiveFloat = 600.0
     python: str | None = Field(default=None, description="interpreter for the server; None = this one")

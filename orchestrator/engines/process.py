@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+import psutil
+
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
 
 log = logging.getLogger(__name__)
@@ -154,14 +156,17 @@ class ServerProcess:
         proc = self.proc
         if proc is not None:
             pgid = proc.pid  # start_new_session: the pid is the group id
-            if proc.poll() is None or _group_alive(pgid):
+            if proc.poll() is None or group_alive(pgid):
                 _signal_group(pgid, signal.SIGTERM)
                 deadline = time.monotonic() + self.stop_grace_s
-                while time.monotonic() < deadline and (proc.poll() is None or _group_alive(pgid)):
+                while time.monotonic() < deadline and (proc.poll() is None or group_alive(pgid)):
                     time.sleep(0.1)
-                if proc.poll() is None or _group_alive(pgid):
+                if proc.poll() is None or group_alive(pgid):
                     log.warning("%s did not stop after TERM; sending KILL", self.name)
                     _signal_group(pgid, signal.SIGKILL)
+                    deadline = time.monotonic() + 5
+                    while time.monotonic() < deadline and group_alive(pgid):
+                        time.sleep(0.1)
                 try:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
@@ -191,11 +196,18 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """True while any non-zombie process is in the group (zombies hold nothing; init reaps them)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False

@@ -13,6 +13,8 @@ import signal
 import sys
 import time
 
+from orchestrator.engines.process import group_alive
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -24,27 +26,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def main(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the owner's business
-    while _group_alive(pgid):
+    while group_alive(pgid):
         if not _alive(owner):
             try:
                 os.killpg(pgid, signal.SIGTERM)
             except ProcessLookupError:
                 return 0
             deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and _group_alive(pgid):
+            while time.monotonic() < deadline and group_alive(pgid):
                 time.sleep(0.2)
             try:
                 os.killpg(pgid, signal.SIGKILL)

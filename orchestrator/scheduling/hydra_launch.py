@@ -3,31 +3,35 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.convert import config_to_dict
 from orchestrator.scheduling.jobs import prepare_jobs
 from orchestrator.scheduling.sweep import run_sweep
 
 log = logging.getLogger(__name__)
 
 
-def _resolved(cfg: Any) -> dict[str, Any]:
-    """The job's config as a plain dict, resolved while its HydraConfig is current."""
-    from omegaconf import OmegaConf, open_dict
+def _exit_on_config_error(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A config mistake ends the command with one clear message and exit code 2 (no traceback)."""
 
-    from orchestrator.config import ConfigError
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from orchestrator.config import ConfigError
 
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        cfg.pop("hydra", None)
-    try:
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    except Exception as exc:  # bad interpolation etc.: name it before anything starts
-        raise ConfigError(f"config does not resolve: {exc}") from exc
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
 
 
+@_exit_on_config_error
 def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
     """Hydra launcher body: validate all jobs, run them as one sweep, return JobReturns."""
     from hydra.core.hydra_config import HydraConfig
@@ -45,7 +49,7 @@ def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Seq
             cfg.hydra.job.id = f"job{idx}"
             cfg.hydra.job.num = idx
         HydraConfig.instance().set_config(cfg)
-        configs.append((list(overrides), _resolved(cfg)))
+        configs.append((list(overrides), config_to_dict(cfg)))
         job_cfgs.append(cfg)
     jobs = prepare_jobs(configs, initial_job_idx)
     sweep_params = {"sweep_overrides": list(config.hydra.overrides.task)}
@@ -60,13 +64,14 @@ def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Seq
     return returns
 
 
+@_exit_on_config_error
 def run_single(cfg: Any) -> str:
     """Single-run mode (no ``-m``): one trial, logged the same way as a sweep of one."""
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
-    jobs = prepare_jobs([(overrides, _resolved(cfg))])
+    jobs = prepare_jobs([(overrides, config_to_dict(cfg))])
     out_dir = Path(hc.runtime.output_dir)
     results = run_sweep(jobs, out_dir, out_dir.name, {"sweep_overrides": overrides})
     return results[0].status if results else "DRY_RUN"

@@ -52,6 +52,10 @@ def init_ray(cluster: ClusterSpec) -> RayContext:
     }
     # Workers import the orchestrator from this same environment (editable install).
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # progress lines stay plain text in log files
+    # Ray starts workers at nice 15 by default; the engine server inherits it and would lose
+    # the CPU to anything else on the node. Only takes effect for a Ray started here.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if cluster.address:
         ray.init(address=cluster.address, **kwargs)
     else:

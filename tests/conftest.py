@@ -1,0 +1,53 @@
+"""Shared fixtures: config composition, the tiny model, process-table checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.resolvers import register
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+ENGINE_PATTERN = "vllm.entrypoints|VLLM::|sglang.launch_server"
+
+register()
+
+
+@pytest.fixture
+def compose():
+    """compose(overrides) -> the composed DictConfig, as `python -m orchestrator` would see it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    def _compose(overrides: list[str] | None = None):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return hydra_compose("config", overrides=overrides or [])
+
+    return _compose
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from orchestrator.config.schema import TinyModelSpec
+    from orchestrator.models.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(TinyModelSpec())
+
+
+def engine_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-fa", ENGINE_PATTERN], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line and str(os.getpid()) != line.split()[0]]
+
+
+def search_runs(store: str, experiment: str) -> list:
+    """All runs of an experiment in a tracking store, as mlflow Run objects."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no experiment {experiment!r} in {store}"
+    return list(client.search_runs([exp.experiment_id], max_results=1000))

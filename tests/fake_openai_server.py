@@ -1,0 +1,126 @@
+"""A fake OpenAI-compatible streaming server for tests: scripted TTFT/ITL, chunking, errors.
+
+It keeps the truth (how many requests were in flight at most, when each chunk was sent),
+so tests can check what the client measured against what actually happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class Script:
+    ttft_s: float = 0.02
+    itl_s: float = 0.01
+    tokens_per_chunk: int = 1
+    fail_every: int = 0  # every Nth request answers HTTP 500
+    usage: bool = True
+
+
+@dataclass
+class Truth:
+    in_flight: int = 0
+    max_in_flight: int = 0
+    requests: int = 0
+    arrivals: list[float] = field(default_factory=list)
+    chunk_sent: list[float] = field(default_factory=list)
+
+
+class FakeOpenAIServer:
+    def __init__(self, script: Script | None = None) -> None:
+        self.script = script or Script()
+        self.truth = Truth()
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        t = self.truth
+        t.requests += 1
+        t.arrivals.append(time.perf_counter())
+        if self.script.fail_every and t.requests % self.script.fail_every == 0:
+            return web.json_response({"error": {"message": "scripted failure"}}, status=500)
+        t.in_flight += 1
+        t.max_in_flight = max(t.max_in_flight, t.in_flight)
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            n = int(body.get("max_tokens", 16))
+            prompt_tokens = len(str(body.get("prompt", "")).split())
+            await asyncio.sleep(self.script.ttft_s)
+            sent = 0
+            while sent < n:
+                k = min(self.script.tokens_per_chunk, n - sent)
+                sent += k
+                chunk = {"choices": [{"index": 0, "text": "x" * k, "finish_reason": None}]}
+                if self.script.usage:
+                    chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
+                                      "total_tokens": prompt_tokens + sent}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                t.chunk_sent.append(time.perf_counter())
+                if sent < n:
+                    await asyncio.sleep(self.script.itl_s)
+            final = {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
+                                              "total_tokens": prompt_tokens + sent}}
+            await resp.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+            await resp.write_eof()
+            return resp
+        finally:
+            t.in_flight -= 1
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=f"# TYPE fake:requests counter\nfake:requests_total {self.truth.requests}\n")
+
+    def start(self) -> FakeOpenAIServer:
+        ready = threading.Event()
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            app = web.Application()
+            app.router.add_post("/v1/completions", self._completions)
+            app.router.add_get("/health", self._health)
+            app.router.add_get("/metrics", self._metrics)
+            self._runner = web.AppRunner(app, access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            self._loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)  # type: ignore[union-attr]
+        fut.result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread:
+            self._thread.join(10)
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,67 @@
+"""The whole product: `python -m orchestrator ... -m` on local Ray, real vLLM, a real sqlite MLflow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mlflow
+import pytest
+
+from tests.conftest import ROOT, engine_processes, search_runs
+
+pytestmark = pytest.mark.integration
+
+
+def test_sweep_logs_finished_and_failed_trials(tmp_path):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [
+        sys.executable, "-m", "orchestrator",
+        "engine.block_size=16,32",
+        "workload.classes={main:{input_tokens:64,output_tokens:16}}",
+        "workload.load_points=[{concurrency:2}]", "workload.num_requests=6", "engine.max_model_len=512",
+        f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/multirun", "-m",
+    ]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "[2/2]" in p.stdout and "1 FAILED, 1 FINISHED" in p.stdout
+
+    runs = search_runs(store, "default")
+    parents = [r for r in runs if r.data.tags.get("run_kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("run_kind") == "trial"]
+    assert len(parents) == 1 and len(children) == 2
+    assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
+    by_block = {c.data.params["engine.block_size"]: c for c in children}
+    ok, bad = by_block["32"], by_block["16"]
+    assert ok.info.status == "FINISHED"
+    for key in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "itl_ms_p90", "e2e_ms_p95", "qps",
+                "tokens_per_second", "total_tokens_per_second", "memory_peak_gb", "startup_s"):
+        assert key in ok.data.metrics, key
+    for tag in ("trial_hash", "engine_version", "hardware", "git_commit"):
+        assert ok.data.tags.get(tag), tag
+    client = mlflow.tracking.MlflowClient(store)
+    local = client.download_artifacts(ok.info.run_id, "records.parquet", str(tmp_path))
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(local).num_rows == 6
+    assert bad.info.status == "FAILED"
+    assert "block size" in bad.data.tags["error"].lower()
+    assert not engine_processes()
+
+
+def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
+    # No -m: one trial, logged like a sweep of one. Block size 16 is refused by the CPU backend.
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [sys.executable, "-m", "orchestrator", "engine.block_size=16", "workload.num_requests=2",
+           "workload.load_points=[{concurrency:1}]", f"tracking.uri={store}", f"hydra.run.dir={tmp_path}/run"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "FAILED" in p.stdout
+    runs = search_runs(store, "default")
+    trials = [r for r in runs if r.data.tags.get("run_kind") == "trial"]
+    assert len(trials) == 1 and trials[0].info.status == "FAILED"
+    error = trials[0].data.tags["error"]
+    assert "ServerStartError" in error and "block size" in error.lower()
+    saved = list((tmp_path / "run" / "trials").glob("*/result.json"))
+    assert len(saved) == 1, "the result is on disk too"
+    assert not engine_processes()

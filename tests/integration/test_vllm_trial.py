@@ -1,0 +1,47 @@
+"""A real trial against the real vLLM CPU server (no Ray, no MLflow): the trial layer alone."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from orchestrator.config import to_specs
+from orchestrator.metrics.records import parquet_bytes_to_table
+from orchestrator.trial import run_trial
+from tests.conftest import engine_processes
+
+pytestmark = pytest.mark.integration
+
+
+def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
+    spec, _ = to_specs(compose([
+        "workload.classes={main:{input_tokens:64,output_tokens:16}}",
+        "workload.load_points=[{concurrency:1},{concurrency:4}]",
+        "workload.num_requests=8",
+        "engine.max_model_len=512",
+    ]))
+    lines: list[str] = []
+    result = run_trial(spec, tmp_path, ["test"], progress=lines.append)
+    assert result.status == "FINISHED", result.error
+    assert result.engine_version.startswith("vllm")
+    assert result.metrics["startup_s"] > 0
+    assert [p.label for p in result.points] == ["c1", "c4"]
+    for p in result.points:
+        m = p.metrics
+        assert m["completed"] == 8 and m["errors"] == 0
+        for key in ("ttft_ms_p50", "tpot_ms_p99", "itl_ms_p95", "e2e_ms_mean", "qps", "tokens_per_second",
+                    "total_tokens_per_second", "memory_peak_gb", "server_prefix_cache_queries",
+                    "server_generation_tokens", "server_kv_cache_usage_max"):
+            assert key in m, key
+        assert m["server_generation_tokens"] == 8 * 16  # the engine's own count agrees with ours
+        assert m["output_tokens"] == 8 * 16
+        assert 0.5 < m["memory_peak_gb"] < 20
+    # batching is real: 4 concurrent streams give more tokens/s than 1
+    assert result.points[1].metrics["tokens_per_second"] > result.points[0].metrics["tokens_per_second"]
+    table = parquet_bytes_to_table(result.records_parquet)
+    assert table.num_rows == 16 and set(table.column("point").to_pylist()) == {0, 1}
+    assert set(table.column("prompt_tokens").to_pylist()) == {64}  # prompts are token-exact
+    assert "point 2/2 c4" in "\n".join(lines)
+    assert "Application startup complete" in result.server_log
+    pid_alive = [p for p in psutil.process_iter(["cmdline"]) if "api_server.entry" in " ".join(p.info["cmdline"] or [])]
+    assert not pid_alive and not engine_processes()

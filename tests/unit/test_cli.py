@@ -1,0 +1,45 @@
+"""The command line fails fast, before any server starts, naming the bad key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_typo_in_existing_group_is_rejected_by_hydra():
+    p = run("+experiment=chunked_prefill", "engine.max_num_batched_tokenz=5")
+    assert p.returncode != 0
+    assert "max_num_batched_tokenz" in p.stderr
+    assert "starting vllm" not in p.stdout
+
+
+def test_added_unknown_key_is_rejected_with_allowed_keys():
+    p = run("+experiment=chunked_prefill", "+engine.max_num_batched_tokenz=5", "-m")
+    assert p.returncode == 2, p.stderr
+    assert "engine.max_num_batched_tokenz: unknown key" in p.stderr
+    assert "max_num_batched_tokens" in p.stderr
+    assert "starting vllm" not in p.stdout
+
+
+def test_unknown_experiment():
+    p = run("+experiment=no_such_lab")
+    assert p.returncode != 0
+    assert "no_such_lab" in p.stderr
+
+
+def test_dry_run_prints_one_line_per_trial_and_starts_nothing():
+    import json
+
+    p = run("+experiment=chunked_prefill", "dry_run=true", "-m")
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    assert [x["variant"] for x in lines] == ["chunking_off", "budget_256", "budget_512", "budget_2048"]
+    assert all(x["feasible"] and x["servers"][0]["argv"][0].endswith("python") for x in lines)
+    assert "--no-enable-chunked-prefill" in lines[0]["servers"][0]["argv"]

@@ -1,0 +1,89 @@
+"""Typed config: validation errors name the key, overlays, the trial hash."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import ConfigError, to_specs, trial_hash
+from orchestrator.config.convert import apply_overlays, config_to_dict
+
+
+def test_default_config_validates(compose):
+    spec, settings = to_specs(compose())
+    assert spec.engine.name == "vllm"
+    assert spec.model.source == "tiny_random"
+    assert spec.platform.name == "cpu"
+    assert spec.engine.dtype == "float32"  # from platform=cpu
+    assert settings.tracking.uri.startswith("sqlite:///") and settings.tracking.uri.endswith("mlflow.db")
+
+
+def test_unknown_engine_key_names_key_and_allowed(compose):
+    cfg = compose(["+engine.max_num_batched_tokenz=5"])
+    with pytest.raises(ConfigError) as err:
+        to_specs(cfg)
+    msg = str(err.value)
+    assert "engine.max_num_batched_tokenz" in msg
+    assert "max_num_batched_tokens" in msg  # the allowed keys are listed
+
+
+def test_wrong_type_names_key(compose):
+    with pytest.raises(ConfigError, match=r"engine\.max_num_seqs"):
+        to_specs(compose(["engine.max_num_seqs=lots"]))
+
+
+def test_negative_rate_rejected(compose):
+    with pytest.raises(ConfigError, match=r"workload\.load_points\.0\.rate"):
+        to_specs(compose(["workload.load_points=[{rate:-1}]"]))
+
+
+def test_point_needs_one_arrival(compose):
+    with pytest.raises(ConfigError, match="exactly one of 'concurrency' or 'rate'"):
+        to_specs(compose(["workload.load_points=[{rate:1,concurrency:2}]"]))
+
+
+def test_unknown_variant_lists_choices(compose):
+    cfg = compose(["+experiment=chunked_prefill", "variant=budget_7"])
+    with pytest.raises(ConfigError, match="unknown value 'budget_7'.*budget_256"):
+        to_specs(cfg)
+
+
+def test_unknown_top_level_key(compose):
+    with pytest.raises(ConfigError, match="unknown top-level key.*bogus"):
+        to_specs(compose(["+bogus=1"]))
+
+
+def test_context_overflow_rejected(compose):
+    with pytest.raises(ConfigError, match="needs up to .* tokens"):
+        to_specs(compose(["engine.max_model_len=100"]))
+
+
+def test_overlays_per_platform_then_variant():
+    data = {
+        "platform": {"name": "cpu"},
+        "engine": {"a": 1, "b": 1},
+        "variant": "v",
+        "variants": {"v": {"engine": {"b": 3}}},
+        "per_platform": {"cpu": {"engine": {"a": 2, "b": 2}}, "gpu": {"engine": {"a": 9}}},
+    }
+    out = apply_overlays(data)
+    assert out["engine"] == {"a": 2, "b": 3}
+    assert "variants" not in out and "per_platform" not in out
+
+
+def test_overlay_may_not_rename_experiment():
+    with pytest.raises(ConfigError, match="cannot set 'experiment'"):
+        apply_overlays({"variant": "v", "variants": {"v": {"experiment": "x"}}, "platform": {"name": "cpu"}})
+
+
+def test_trial_hash_stable_and_ignores_port(compose):
+    a, _ = to_specs(compose())
+    b, _ = to_specs(compose(["engine.port=8000", "engine.startup_timeout_s=5"]))
+    c, _ = to_specs(compose(["engine.max_num_batched_tokens=512"]))
+    assert trial_hash(a) == trial_hash(b)
+    assert trial_hash(a) != trial_hash(c)
+    assert len(trial_hash(a)) == 16
+
+
+def test_config_to_dict_drops_hydra_node(compose):
+    data = config_to_dict(compose())
+    assert "hydra" not in data and data["experiment"] == "default"

@@ -1,0 +1,97 @@
+"""The load generator against the in-repo fake server: timing, concurrency, rate, errors, prompts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from orchestrator.config.schema import WorkloadSpec
+from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.metrics.summary import latency_of, summarize_point
+from tests.fake_openai_server import FakeOpenAIServer, Script
+
+
+@pytest.fixture(scope="module")
+def factory(tiny_model_dir):
+    return PromptFactory(str(tiny_model_dir))
+
+
+def workload(**kw):
+    base = {"name": "t", "classes": {"a": {"input_tokens": 32, "output_tokens": 8}},
+            "load_points": [{"concurrency": 2}], "num_requests": 6, "warmup_requests": 1}
+    base.update(kw)
+    return WorkloadSpec.model_validate(base)
+
+
+def test_prompts_have_exact_token_counts(factory):
+    rng = np.random.default_rng(0)
+    for n in (1, 7, 64, 500, 1536):
+        assert factory.count(factory.prompt(n, rng)) == n
+
+
+def test_same_seed_same_prompts(factory):
+    a = factory.prompt(50, np.random.default_rng(3))
+    b = factory.prompt(50, np.random.default_rng(3))
+    assert a == b
+
+
+def test_records_match_scripted_timing(factory):
+    with FakeOpenAIServer(Script(ttft_s=0.05, itl_s=0.02)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), workload(), factory, seed=0)
+    assert len(records) == 6 and all(r.ok for r in records)
+    for r in records:
+        lat = latency_of(r)
+        assert lat.output_tokens == 8 and len(r.chunk_times_s) == 8
+        assert 45 <= lat.ttft_ms <= 150
+        assert all(15 <= x <= 120 for x in lat.itl_ms)
+        assert lat.e2e_ms - lat.ttft_ms == pytest.approx(sum(lat.itl_ms))
+
+
+def test_closed_loop_never_exceeds_concurrency(factory):
+    with FakeOpenAIServer(Script(ttft_s=0.02, itl_s=0.005)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), workload(load_points=[{"concurrency": 3}], num_requests=12),
+                             factory, seed=0)
+        assert srv.truth.max_in_flight == 3
+    assert [r.point for r in records] == [0] * 12
+
+
+def test_multi_token_chunks_counted(factory):
+    with FakeOpenAIServer(Script(tokens_per_chunk=3)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
+    for r in records:
+        assert r.chunk_tokens == [3, 3, 2] and r.output_tokens == 8
+
+
+def test_errors_become_records(factory):
+    with FakeOpenAIServer(Script(fail_every=2)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=6, warmup_requests=0), factory, seed=0)
+    errors = [r for r in records if r.status == "error"]
+    assert len(errors) == 3 and all("HTTP 500" in (r.error or "") for r in errors)
+    assert summarize_point(records)["errors"] == 3
+
+
+def test_unreachable_server_is_error_not_exception(factory):
+    records = run_points(Endpoint("http://127.0.0.1:9", "m"), workload(num_requests=2, warmup_requests=0), factory, seed=0)
+    assert all(r.status == "error" for r in records)
+
+
+def test_poisson_point_and_background_class(factory):
+    w = workload(classes={"fg": {"input_tokens": 16, "output_tokens": 2},
+                          "bg": {"input_tokens": 64, "output_tokens": 1, "rate": 20.0}},
+                 load_points=[{"rate": 20.0}], num_requests=30, warmup_requests=0)
+    with FakeOpenAIServer(Script(ttft_s=0.005, itl_s=0.001)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=1)
+    fg = [r for r in records if r.request_class == "fg"]
+    bg = [r for r in records if r.request_class == "bg"]
+    assert len(fg) == 30 and len(bg) > 5
+    m = summarize_point(fg, target_rate=20.0)
+    assert m["achieved_rate"] == pytest.approx(20.0, rel=0.5)
+    assert m["send_lag_ms_p99"] < 50
+
+
+def test_duration_bounded_point(factory):
+    w = workload(load_points=[{"concurrency": 2, "duration_s": 0.5}], num_requests=None)
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.005)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+    assert len(records) >= 4
+    assert max(r.sent_s for r in records) - min(r.sent_s for r in records) < 0.6

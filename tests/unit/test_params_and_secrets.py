@@ -1,0 +1,43 @@
+"""MLflow params are flat, legal and free of secrets; server commands are redacted for display."""
+
+from __future__ import annotations
+
+from orchestrator.config.secrets import is_secret_name, redact_text
+from orchestrator.engines.base import ServerLaunch, redact_argv
+from orchestrator.tracking.params import flatten_params, sanitize_key
+
+
+def test_flatten_nested_and_lists():
+    out = flatten_params({"engine": {"block_size": 32, "extra_args": ["--a", "1"], "seed": None}, "x": {}})
+    assert out == {"engine.block_size": "32", "engine.extra_args": '["--a", "1"]', "engine.seed": "null", "x": "{}"}
+
+
+def test_sanitize_key():
+    assert sanitize_key("vllm:prefix_cache_hits") == "vllm_prefix_cache_hits"
+    assert len(sanitize_key("k" * 400)) == 250
+
+
+def test_secret_names():
+    for name in ("HF_TOKEN", "--hf-token", "VLLM_API_KEY", "api_key", "AWS_SECRET_ACCESS_KEY", "db_password"):
+        assert is_secret_name(name), name
+    for name in ("max_num_batched_tokens", "--max-num-batched-tokens", "output_tokens", "author", "tokenizer"):
+        assert not is_secret_name(name), name
+
+
+def test_params_hide_secrets():
+    out = flatten_params({"engine": {"env": {"HF_TOKEN": "hf_abcdefghijkl", "OTHER": "see hf_abcdefghijkl"}}})
+    assert out["engine.env.HF_TOKEN"] == "***"
+    assert "hf_abcdefghijkl" not in out["engine.env.OTHER"]
+
+
+def test_redact_argv_and_env():
+    argv = ["python", "--api-key", "sk-supersecretvalue", "--hf-token=hf_abcdefghijk", "--max-num-batched-tokens", "256"]
+    assert redact_argv(argv) == ["python", "--api-key", "***", "--hf-token=***", "--max-num-batched-tokens", "256"]
+    launch = ServerLaunch("server", argv, {"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "2"}, "127.0.0.1", 1)
+    shown = launch.redacted()
+    assert shown["env"] == {"HF_TOKEN": "***", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert "sk-supersecretvalue" not in str(shown)
+
+
+def test_redact_text():
+    assert redact_text("token hf_abcdefghijklmnop used") == "token *** used"

@@ -1,0 +1,101 @@
+"""Server process lifecycle: health wait, fail-fast start, group stop, watchdog on owner death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.config.errors import ServerCrashedError, ServerStartError
+from orchestrator.engines.process import ServerProcess, free_port, group_alive, port_is_free
+
+FAKE = str(Path(__file__).resolve().parents[1] / "fake_engine.py")
+
+
+def server(tmp_path, *flags, grace=3.0):
+    port = free_port()
+    return ServerProcess([sys.executable, FAKE, str(port), *flags], dict(os.environ), tmp_path / "server.log",
+                         f"http://127.0.0.1:{port}/health", stop_grace_s=grace)
+
+
+def test_start_healthy_and_stop_whole_group(tmp_path):
+    s = server(tmp_path, "--spawn-child")
+    with s:
+        startup = s.wait_healthy(20)
+        assert startup >= 0
+        children = psutil.Process(s.pid).children(recursive=True)
+        assert children, "the fake engine should have spawned a child"
+        pgid = s.pid
+    assert not group_alive(pgid)
+    assert all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in children)
+
+
+def test_exit_during_startup_fails_fast_with_log_tail(tmp_path):
+    s = server(tmp_path, "--exit-at-start")
+    t0 = time.monotonic()
+    with s, pytest.raises(ServerStartError) as err:
+        s.wait_healthy(120)
+    assert time.monotonic() - t0 < 10, "must not wait for the timeout"
+    assert "exited with code 3" in str(err.value)
+    assert "No common block size" in str(err.value)
+
+
+def test_startup_timeout(tmp_path):
+    s = server(tmp_path, "--start-delay", "30")
+    with s, pytest.raises(ServerStartError, match="not healthy after"):
+        s.wait_healthy(1.5)
+
+
+def test_kill_escalates_when_term_ignored(tmp_path):
+    s = server(tmp_path, "--ignore-term", "--spawn-child", grace=1.0)
+    with s:
+        s.wait_healthy(20)
+        pgid = s.pid
+    assert not group_alive(pgid)
+
+
+def test_crash_detected(tmp_path):
+    s = server(tmp_path, "--die-after", "1.0")
+    with s:
+        s.wait_healthy(20)
+        time.sleep(2.0)
+        with pytest.raises(ServerCrashedError, match="died"):
+            s.check_alive()
+
+
+def test_argv_must_be_a_list(tmp_path):
+    with pytest.raises(TypeError):
+        ServerProcess("python -m x", {}, tmp_path / "l", "http://x")
+
+
+def test_watchdog_kills_server_when_owner_is_killed(tmp_path):
+    port = free_port()
+    owner_code = textwrap.dedent(f"""
+        import os, sys, time
+        from orchestrator.engines.process import ServerProcess
+        s = ServerProcess([sys.executable, {FAKE!r}, "{port}", "--spawn-child"], dict(os.environ),
+                          __import__("pathlib").Path({str(tmp_path / 'o.log')!r}), "http://127.0.0.1:{port}/health")
+        s.start(); s.wait_healthy(20)
+        print(s.pid, flush=True)
+        time.sleep(600)
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
+    try:
+        pgid = int(owner.stdout.readline())
+        assert group_alive(pgid)
+        owner.send_signal(signal.SIGKILL)  # no cleanup runs in the owner
+        owner.wait(10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and group_alive(pgid):
+            time.sleep(0.2)
+        assert not group_alive(pgid), "watchdog did not stop the orphaned server group"
+        assert port_is_free("127.0.0.1", port)
+    finally:
+        owner.kill()

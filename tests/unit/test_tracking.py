@@ -1,0 +1,75 @@
+"""MLflow logging into a real sqlite store: parent/child runs, stepped metrics, artifacts, status."""
+
+from __future__ import annotations
+
+import time
+
+import mlflow
+import pytest
+
+from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
+from orchestrator.metrics.result import PointResult, TrialResult, load_result, save_result
+from orchestrator.tracking import MlflowTracker
+from tests.conftest import search_runs
+
+
+def result(status="FINISHED", error=None, variant="v1"):
+    recs = [RequestRecord(i, 0, "a", 0.0, 0.0, 8, 4, [0.1, 0.2], [1, 1], 0.2, 8, 2) for i in range(3)]
+    now = time.time()
+    return TrialResult(
+        trial_hash="abc123", experiment="exp", variant=variant, overrides=[f"variant={variant}"],
+        spec={"engine": {"name": "vllm", "max_num_batched_tokens": 256, "env": {"HF_TOKEN": "hf_secretsecret"}},
+              "model": {"name": "tiny"}, "platform": {"name": "cpu"}, "workload": {"name": "w"}, "seed": 0},
+        status=status, error=error, started_at=now - 5, ended_at=now, engine_version="vllm==0",
+        hardware={"summary": "cpu:2x test"},
+        points=[PointResult(index=i, label=f"c{i + 1}", setting={"concurrency": i + 1},
+                            metrics={"ttft_ms_p50": 10.0 * (i + 1), "qps": 1.0 + i}) for i in range(2)],
+        metrics={"startup_s": 30.0}, records_parquet=records_to_parquet_bytes(recs), server_log="log line\n",
+    )
+
+
+@pytest.fixture
+def store(tmp_path):
+    return f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def test_parent_and_children(tmp_path, store):
+    tracker = MlflowTracker(store, "exp")
+    parent = tracker.start_sweep("sweep1", {"num_trials": 2}, {"git_commit": "x"})
+    ok_dir = save_result(result(), tmp_path / "t0")
+    fail = result("FAILED", "ServerStartError: boom\nlast log lines", "v2")
+    fail_dir = save_result(fail, tmp_path / "t1")
+    run_ok = tracker.log_trial(load_result(ok_dir), ok_dir)
+    run_fail = tracker.log_trial(load_result(fail_dir), fail_dir)
+    tracker.end_sweep({"FINISHED": 1, "FAILED": 1})
+
+    client = mlflow.tracking.MlflowClient(store)
+    runs = search_runs(store, "exp")
+    assert len(runs) == 3
+    ok = client.get_run(run_ok)
+    assert ok.info.status == "FINISHED"
+    assert ok.data.tags["mlflow.parentRunId"] == parent
+    assert ok.data.tags["trial_hash"] == "abc123"
+    assert ok.data.params["engine.max_num_batched_tokens"] == "256"
+    assert ok.data.params["engine.env.HF_TOKEN"] == "***"
+    assert ok.data.metrics["ttft_ms_p50"] == 20.0  # latest step
+    history = client.get_metric_history(run_ok, "ttft_ms_p50")
+    assert sorted((m.step, m.value) for m in history) == [(0, 10.0), (1, 20.0)]
+    assert ok.data.metrics["c1/ttft_ms_p50"] == 10.0
+    artifacts = {a.path for a in client.list_artifacts(run_ok)}
+    assert {"records.parquet", "server.log", "points.csv", "trial_config.json", "result.json"} <= artifacts
+    bad = client.get_run(run_fail)
+    assert bad.info.status == "FAILED"
+    assert "boom" in bad.data.tags["error"]
+    assert client.get_run(parent).data.metrics["trials_failed"] == 1.0
+
+
+def test_save_and_load_roundtrip(tmp_path):
+    r = result()
+    assert load_result(save_result(r, tmp_path / "x")) == r
+
+
+def test_artifacts_next_to_sqlite_db(tmp_path, store):
+    tracker = MlflowTracker(store, "exp2")
+    exp = tracker.client.get_experiment(tracker.experiment_id)
+    assert exp.artifact_location.startswith((tmp_path / "mlartifacts").as_uri())
