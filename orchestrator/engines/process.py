@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from orchestrator.config.errors import ServerCrashedError, ServerStartError
 
 log = logging.getLogger(__name__)
 
-LOG_TAIL_LINES = 40
+LOG_TAIL_LINES = 30
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -58,6 +59,32 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(data.splitlines()[-lines:])
+
+
+# An exception line, possibly behind a log prefix like "(Worker pid=7) ERROR 11-22 09:23:13 [x.py:1] ".
+_EXC_LINE = re.compile(r"^(?:\(.*?\)\s+)?(?:[A-Z]+\s+[\d-]+\s+[\d:]+\s+\[[^\]]*\]\s+)?"
+                       r"((?:[A-Za-z_][\w.]*)?(?:Error|Exception)(?::|\s*\().*)$")
+
+
+def error_lines(path: Path, limit: int = 6) -> list[str]:
+    """Distinct exception lines (``ValueError: ...``) found anywhere in a log, in order."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    seen: dict[str, None] = {}
+    for line in text.splitlines():
+        m = _EXC_LINE.match(line.strip())
+        if m and not m.group(1).startswith("Traceback"):
+            seen.setdefault(m.group(1)[:500], None)
+    return list(seen)[:limit]
+
+
+def explain(path: Path) -> str:
+    """The errors found in a server log followed by its last lines, for error messages."""
+    errors = error_lines(path)
+    head = ("errors in the server log:\n  " + "\n  ".join(errors) + "\n") if errors else ""
+    return f"{head}last log lines:\n{tail(path)}"
 
 
 class ServerProcess:
@@ -120,14 +147,14 @@ class ServerProcess:
             code = self.proc.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"{self.name} exited with code {code} during start-up; last log lines:\n{tail(self.log_path)}"
+                    f"{self.name} exited with code {code} during start-up; {explain(self.log_path)}"
                 )
             if self.is_healthy():
                 self.startup_s = time.monotonic() - t0
                 return self.startup_s
             if time.monotonic() - t0 > timeout_s:
                 raise ServerStartError(
-                    f"{self.name} not healthy after {timeout_s:.0f} s; last log lines:\n{tail(self.log_path)}"
+                    f"{self.name} not healthy after {timeout_s:.0f} s; {explain(self.log_path)}"
                 )
             time.sleep(poll_s)
 
@@ -142,7 +169,7 @@ class ServerProcess:
         """Raise :class:`ServerCrashedError` with the log tail if the process has exited."""
         if self.proc is not None and self.proc.poll() is not None:
             raise ServerCrashedError(
-                f"{self.name} died (exit code {self.proc.returncode}); last log lines:\n{tail(self.log_path)}"
+                f"{self.name} died (exit code {self.proc.returncode}); {explain(self.log_path)}"
             )
 
     @property

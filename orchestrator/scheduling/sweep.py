@@ -6,12 +6,15 @@ tracking failure loses nothing. A progress line is printed per finished trial.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
 import subprocess
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,23 @@ def git_commit(root: Path = PROJECT_ROOT) -> str:
 
 def trial_dir(sweep_dir: Path, job: TrialJob) -> Path:
     return sweep_dir / "trials" / f"{job.index:03d}-{job.trial_hash}"
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM (``kill``, a scheduler ending the job) like Ctrl-C: trials stop cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def dry_run(jobs: list[TrialJob], progress: Progress = _print) -> list[dict[str, Any]]:
@@ -91,16 +111,17 @@ def run_sweep(
     t0 = time.monotonic()
     ray_ctx = init_ray(settings.cluster)
     try:
-        for job, result in run_jobs(jobs, lambda j: str(trial_dir(sweep_dir, j)),
-                                    jobs[0].spec.platform.max_concurrent_trials):
-            d = save_result(result, trial_dir(sweep_dir, job))
-            if tracker is not None:
-                _log_trial(tracker, result, d, commit, progress)
-            counts[result.status] += 1
-            results.append(result)
-            reason = f" ({result.error.splitlines()[0][:200]})" if result.error else ""
-            progress(f"[{len(results)}/{len(jobs)}] {job.label}: {result.status}{reason} "
-                     f"{_point_summary(result)} [{time.monotonic() - t0:.0f}s elapsed]")
+        with sigterm_as_interrupt():
+            for job, result in run_jobs(jobs, lambda j: str(trial_dir(sweep_dir, j)),
+                                        jobs[0].spec.platform.max_concurrent_trials):
+                d = save_result(result, trial_dir(sweep_dir, job))
+                if tracker is not None:
+                    _log_trial(tracker, result, d, commit, progress)
+                counts[result.status] += 1
+                results.append(result)
+                reason = f" ({result.error.splitlines()[0][:200]})" if result.error else ""
+                progress(f"[{len(results)}/{len(jobs)}] {job.label}: {result.status}{reason} "
+                         f"{_point_summary(result)} [{time.monotonic() - t0:.0f}s elapsed]")
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"

@@ -99,3 +99,21 @@ def test_watchdog_kills_server_when_owner_is_killed(tmp_path):
         assert port_is_free("127.0.0.1", port)
     finally:
         owner.kill()
+
+
+def test_error_lines_find_root_cause_above_the_tail(tmp_path):
+    from orchestrator.engines.process import error_lines, explain
+
+    log = tmp_path / "server.log"
+    lines = [
+        "(APIServer pid=1) WARNING 11-22 09:22:48 [x.py:1] failed to raise ulimit: `OSError: [Errno 24]` may follow",
+        "(Worker pid=7) ERROR 11-22 09:23:13 [multiproc_executor.py:1063] Traceback (most recent call last):",
+        "(Worker pid=7) ERROR 11-22 09:23:13 [multiproc_executor.py:1063] ValueError: No common block size for 16.",
+        *[f"  File \"x.py\", line {i}, in f" for i in range(100)],
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    assert error_lines(log) == ["ValueError: No common block size for 16.",
+                                "RuntimeError: Engine core initialization failed. See root cause above."]
+    text = explain(log)
+    assert text.index("No common block size") < text.index("last log lines")
