@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator.config.errors import ConfigError, InfeasibleConfigError, ServerCrashedError, TrialError
 from orchestrator.config.hashing import trial_hash
 from orchestrator.config.schema import LoadPointSpec, TrialSpec
+from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
 from orchestrator.engines import ServerLaunch, ServerProcess, adapter_for, free_port
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.metrics import hardware, prometheus
@@ -99,7 +100,8 @@ class _PointHooks:
     def end(self, index: int, point: LoadPointSpec, records: list[RequestRecord]) -> bool:
         resources = self.monitor.stop()
         self.records.extend(records)
-        metrics = summarize_point(records, self.spec.workload.slo, point.rate)
+        foreground = [n for n, c in self.spec.workload.classes.items() if c.rate is None]
+        metrics = summarize_point(records, self.spec.workload.slo, point.rate, foreground)
         metrics.update(resources)
         after = self._scrape()
         for key, value in prometheus.deltas(self._before, after, self.adapter.METRICS).items():
@@ -141,8 +143,9 @@ def run_trial(
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "server.log"
     base: dict[str, Any] = dict(
-        trial_hash=h, experiment=spec.experiment, variant=spec.variant, overrides=list(overrides or []),
-        spec=spec.model_dump(mode="json"), started_at=time.time(), hardware=hardware.describe(gpu_ids),
+        trial_hash=h, experiment=spec.experiment, variant=spec.variant,
+        overrides=[redact_override(o) for o in overrides or []],
+        spec=redact_mapping(spec.model_dump(mode="json")), started_at=time.time(), hardware=hardware.describe(gpu_ids),
     )
     adapter = adapter_for(spec.engine.name)
     base["engine_version"] = adapter.version()
@@ -163,7 +166,10 @@ def run_trial(
             hooks = _PointHooks(spec, server, launch, adapter, monitor, progress, label)
             factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
             endpoint = Endpoint(launch.base_url, spec.model.name)
-            run_points(endpoint, spec.workload, factory, spec.seed, hooks.start, hooks.end)
+            try:
+                run_points(endpoint, spec.workload, factory, (spec.seed, spec.workload.seed), hooks.start, hooks.end)
+            finally:
+                monitor.stop()  # idempotent; a point that raised must not leave the sampler running
             if hooks.crash is not None:
                 raise hooks.crash
         status, error = "FINISHED", None
@@ -186,7 +192,7 @@ def run_trial(
         ended_at=time.time(),
         points=hooks.points if hooks else [],
         records_parquet=records_to_parquet_bytes(records) if records else b"",
-        server_log=log_path.read_text(errors="replace") if log_path.exists() else "",
+        server_log=redact_text(log_path.read_text(errors="replace")) if log_path.exists() else "",
     )
 
 

@@ -50,6 +50,16 @@ class VLLMEngineSpec(StrictModel):
     startup_timeout_s: PositiveFloat = 600.0
     python: str | None = Field(default=None, description="interpreter for the server; None = this one")
 
+    @model_validator(mode="after")
+    def _extra_args_not_managed(self) -> VLLMEngineSpec:
+        managed = {"--model": "model", "--served-model-name": "model.name", "--host": "engine.host",
+                   "--port": "engine.port"}
+        for arg in self.extra_args:
+            flag = str(arg).split("=", 1)[0]
+            if flag in managed:
+                raise ValueError(f"extra_args may not set {flag}; use {managed[flag]} instead")
+        return self
+
     @property
     def num_gpus(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
@@ -68,7 +78,7 @@ class TinyModelSpec(StrictModel):
     num_heads: PositiveInt = 8
     num_kv_heads: PositiveInt = 4
     intermediate_size: PositiveInt = 1408
-    vocab_size: PositiveInt = 512
+    vocab_size: int = Field(default=512, ge=300, description="byte-level BPE needs 256 bytes + specials")
     max_position_embeddings: PositiveInt = 4096
     seed: int = 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from orchestrator.config.secrets import REDACTED, is_secret_name, redact_text
+from orchestrator.config.secrets import REDACTED, is_secret_name, redact_argv
 
 MetricKind = Literal["counter", "gauge", "histogram"]
 
@@ -61,23 +61,3 @@ class ServerLaunch:
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """Hide the value after flags such as ``--api-key`` / ``--hf-token`` (and ``--flag=value`` forms)."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if arg.startswith("--") and is_secret_name(arg.split("=", 1)[0]):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(redact_text(arg))
-    return out

@@ -127,13 +127,17 @@ class ServerProcess:
             )
         finally:
             log_file.close()
-        self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.engines.watchdog", str(os.getpid()), str(self.proc.pid)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        try:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.engines.watchdog", str(os.getpid()), str(self.proc.pid)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:  # no watchdog (or Ctrl-C right here): do not leave the server behind
+            self.stop()
+            raise
         log.info("%s started (pid %d): %s", self.name, self.proc.pid, " ".join(self.argv))
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:

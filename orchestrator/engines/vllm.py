@@ -86,7 +86,8 @@ def build_env(spec: TrialSpec) -> dict[str, str]:
             env["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_omp_threads_bind
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"
-    env["HF_HUB_OFFLINE"] = "1" if spec.model.source != "hub" else env.get("HF_HUB_OFFLINE", "0")
+    if spec.model.source != "hub":
+        env["HF_HUB_OFFLINE"] = "1"  # a local model never needs the hub
     env.update(engine.env)
     return env
 

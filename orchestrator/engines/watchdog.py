@@ -30,7 +30,8 @@ def main(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> i
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the owner's business
     while group_alive(pgid):
-        if not _alive(owner):
+        # Re-parented (our parent was the owner) or gone: the owner died without stopping us.
+        if os.getppid() != owner or not _alive(owner):
             try:
                 os.killpg(pgid, signal.SIGTERM)
             except ProcessLookupError:

@@ -101,6 +101,8 @@ async def stream_request(
                 if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"unexpected SSE payload: {data[:100]!r}")
                 if "error" in chunk and not chunk.get("choices"):
                     record.status, record.error = STATUS_ERROR, str(chunk["error"])[:500]
                     break
@@ -124,6 +126,9 @@ async def stream_request(
                 record.chunk_tokens.append(max(n, 0))
                 if usage.get("prompt_tokens") is not None:
                     record.prompt_tokens = int(usage["prompt_tokens"])
+            else:
+                if record.status != STATUS_ERROR:
+                    record.status, record.error = STATUS_ERROR, "stream ended without [DONE]"
             if record.output_tokens is None and completion_tokens:
                 record.output_tokens = completion_tokens
             if not record.chunk_times_s and record.status != STATUS_ERROR:
@@ -131,7 +136,7 @@ async def stream_request(
     except asyncio.CancelledError:
         record.status, record.error = STATUS_ERROR, "cancelled"
         raise
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, OSError) as exc:
+    except Exception as exc:  # any failure of one request is data about that request, never a crash
         record.status, record.error = STATUS_ERROR, f"{type(exc).__name__}: {exc}"[:500]
     finally:
         record.done_s = now()

@@ -2,14 +2,25 @@
 
 Foreground classes follow the point's arrival setting (closed-loop ``concurrency`` or
 Poisson ``rate``); background classes (with a ``rate`` of their own) arrive on their own
-Poisson process for as long as the foreground is sending. Prompts are made before the
-clock starts so the client's own work does not delay sends.
+Poisson process for as long as the foreground is sending.
+
+Two rules keep the numbers honest:
+
+* Every random draw comes from a generator seeded by (seed, point, stream), so a point's
+  requests do not depend on how earlier points went, and every variant of a sweep sees
+  the same requests.
+* Prompts and arrival times are made before the point's clock starts, so the client's
+  own tokenizer work never delays a send or the reading of a stream. Only a closed-loop
+  point bounded by duration (count unknown in advance) may run out of planned requests;
+  further ones are then made on the fly and counted in ``PointRun.late``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import math
 from collections.abc import Callable, Iterator
 
 import aiohttp
@@ -21,40 +32,55 @@ from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, stream_re
 from orchestrator.loadgen.prompts import PromptFactory
 from orchestrator.metrics.records import RequestRecord
 
-# Upper bound of requests planned ahead for duration-bounded closed-loop points.
-_MAX_PLANNED = 100_000
+log = logging.getLogger(__name__)
+
+# Background traffic is planned this far ahead when the point has no duration of its own.
+BACKGROUND_HORIZON_S = 300.0
+# Caps on requests planned ahead (a closed loop bounded by duration, or a background class).
+MAX_PLANNED = 4096
+
+FOREGROUND_PLAN, FOREGROUND_ARRIVALS = 0, 1  # stream ids; background class i uses 2 + i
+
+
+Seed = int | tuple[int, ...]
+
+
+def stream_rng(seed: Seed, point: int, stream: int) -> np.random.Generator:
+    """The generator of one stream of draws of one point (point -1 = warmup)."""
+    base = list(seed) if isinstance(seed, tuple) else [seed]
+    return np.random.default_rng([*base, point + 1, stream])
 
 
 class RequestPlanner:
-    """Draws request lengths and prompts for a workload from one seeded generator."""
+    """Draws request lengths and prompts for a workload."""
 
-    def __init__(self, workload: WorkloadSpec, factory: PromptFactory, rng: np.random.Generator) -> None:
+    def __init__(self, workload: WorkloadSpec, factory: PromptFactory) -> None:
         self.workload = workload
         self.factory = factory
-        self.rng = rng
         self._ids = itertools.count()
         self.foreground = [n for n, c in workload.classes.items() if c.rate is None]
         self.background = [n for n, c in workload.classes.items() if c.rate is not None]
 
-    def _length(self, n: int, ratio: float) -> int:
+    @staticmethod
+    def _length(n: int, ratio: float, rng: np.random.Generator) -> int:
         if ratio == 0:
             return n
         lo, hi = max(1, int(n * (1 - ratio))), max(1, int(n * (1 + ratio)))
-        return int(self.rng.integers(lo, hi + 1))
+        return int(rng.integers(lo, hi + 1))
 
-    def make(self, class_name: str) -> PlannedRequest:
+    def make(self, class_name: str, rng: np.random.Generator) -> PlannedRequest:
         c: RequestClass = self.workload.classes[class_name]
-        n_in = self._length(c.input_tokens, c.range_ratio)
-        n_out = self._length(c.output_tokens, c.range_ratio)
-        return PlannedRequest(next(self._ids), class_name, self.factory.prompt(n_in, self.rng), n_in, n_out)
+        n_in = self._length(c.input_tokens, c.range_ratio, rng)
+        n_out = self._length(c.output_tokens, c.range_ratio, rng)
+        return PlannedRequest(next(self._ids), class_name, self.factory.prompt(n_in, rng), n_in, n_out)
 
-    def foreground_batch(self, n: int) -> list[PlannedRequest]:
+    def foreground_batch(self, n: int, rng: np.random.Generator) -> list[PlannedRequest]:
         weights = [self.workload.classes[c].weight for c in self.foreground]
-        return [self.make(name) for name in weighted_choice(self.foreground, weights, self.rng, n)]
+        return [self.make(name, rng) for name in weighted_choice(self.foreground, weights, rng, n)]
 
 
 class PointRun:
-    """One load point against one endpoint."""
+    """One load point against one endpoint; everything random is planned in ``__init__``."""
 
     def __init__(
         self,
@@ -64,27 +90,57 @@ class PointRun:
         point_index: int,
         planner: RequestPlanner,
         session: aiohttp.ClientSession,
+        seed: Seed,
     ) -> None:
-        self.endpoint = endpoint
-        self.workload = workload
-        self.point = point
-        self.index = point_index
-        self.planner = planner
-        self.session = session
+        self.endpoint, self.workload, self.point, self.index = endpoint, workload, point, point_index
+        self.planner, self.session = planner, session
         self.records: list[RequestRecord] = []
+        self.late = 0
         self.num_requests, self.duration_s = workload.stop_of(point)
         self._tasks: set[asyncio.Task[RequestRecord]] = set()
         self._foreground_done = asyncio.Event()
+        self._fg_rng = stream_rng(seed, point_index, FOREGROUND_PLAN)
+        self.foreground = self._plan_foreground(seed)
+        self.background = {
+            name: self._plan_background(name, stream_rng(seed, point_index, 2 + i))
+            for i, name in enumerate(planner.background)
+        }
+
+    # -- planning (before the clock starts) ------------------------------------------
+
+    def _plan_foreground(self, seed: Seed) -> list[PlannedRequest]:
+        if self.num_requests is not None:
+            count = self.num_requests
+        elif self.point.rate is not None:
+            assert self.duration_s is not None
+            count = len(poisson_offsets(self.point.rate, stream_rng(seed, self.index, FOREGROUND_ARRIVALS),
+                                        duration_s=self.duration_s))
+        else:
+            count = min(MAX_PLANNED, 32 * (self.point.concurrency or 1))
+        return self.planner.foreground_batch(count, self._fg_rng)
+
+    def _plan_background(self, name: str, rng: np.random.Generator) -> list[tuple[float, PlannedRequest]]:
+        rate = self.workload.classes[name].rate
+        assert rate is not None
+        horizon = self.duration_s if self.duration_s is not None else BACKGROUND_HORIZON_S
+        n = min(MAX_PLANNED, math.ceil(rate * horizon * 1.5) + 4)
+        offsets = poisson_offsets(rate, rng, count=n, duration_s=horizon)[1:]  # first one after a gap
+        return [(t, self.planner.make(name, rng)) for t in offsets]
+
+    def _next_foreground(self, source: Iterator[PlannedRequest]) -> PlannedRequest | None:
+        req = next(source, None)
+        if req is None and self.num_requests is None and self.point.concurrency is not None:
+            self.late += 1  # duration-bounded closed loop outran its plan
+            req = self.planner.foreground_batch(1, self._fg_rng)[0]
+        return req
+
+    # -- sending ----------------------------------------------------------------------
 
     def _record(self, req: PlannedRequest, intended: float) -> RequestRecord:
         rec = RequestRecord(
-            request_id=req.request_id,
-            point=self.index,
-            request_class=req.request_class,
-            intended_send_s=intended,
-            sent_s=intended,
-            input_tokens_target=req.input_tokens,
-            output_tokens_target=req.output_tokens,
+            request_id=req.request_id, point=self.index, request_class=req.request_class,
+            intended_send_s=intended, sent_s=intended,
+            input_tokens_target=req.input_tokens, output_tokens_target=req.output_tokens,
         )
         self.records.append(rec)
         return rec
@@ -101,39 +157,30 @@ class PointRun:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def run(self) -> list[RequestRecord]:
-        planned = self._plan_foreground()
+    async def run(self, seed: Seed) -> list[RequestRecord]:
         start = now()
         deadline = start + self.duration_s if self.duration_s is not None else None
-        background = [asyncio.ensure_future(self._background(name, start, deadline)) for name in self.planner.background]
+        background = [asyncio.ensure_future(self._background(plan, start)) for plan in self.background.values()]
         try:
             if self.point.concurrency is not None:
-                await self._closed_loop(planned, deadline)
+                await self._closed_loop(deadline)
             else:
-                await self._open_loop(planned, start, deadline)
+                await self._open_loop(start, seed)
         finally:
             self._foreground_done.set()
             await asyncio.gather(*background, return_exceptions=True)
-            if self._tasks:
+            while self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self.late:
+            log.warning("point %d: %d requests were made during the point (plan exhausted)", self.index, self.late)
         return sorted(self.records, key=lambda r: r.intended_send_s)
 
-    def _plan_foreground(self) -> Iterator[PlannedRequest] | list[PlannedRequest]:
-        if self.num_requests is not None:
-            return self.planner.foreground_batch(self.num_requests)
-        # Duration-bounded: plan lazily (count unknown in advance).
-        return (self.planner.foreground_batch(1)[0] for _ in range(_MAX_PLANNED))
-
-    async def _closed_loop(self, planned: Iterator[PlannedRequest] | list[PlannedRequest], deadline: float | None) -> None:
-        source = iter(planned)
-        lock = asyncio.Lock()
+    async def _closed_loop(self, deadline: float | None) -> None:
+        source = iter(self.foreground)
 
         async def worker() -> None:
-            while True:
-                async with lock:
-                    if deadline is not None and now() >= deadline:
-                        return
-                    req = next(source, None)
+            while deadline is None or now() < deadline:
+                req = self._next_foreground(source)
                 if req is None:
                     return
                 await self._send(req, now())
@@ -141,39 +188,36 @@ class PointRun:
         assert self.point.concurrency is not None
         await asyncio.gather(*(worker() for _ in range(self.point.concurrency)))
 
-    async def _open_loop(
-        self, planned: Iterator[PlannedRequest] | list[PlannedRequest], start: float, deadline: float | None
-    ) -> None:
+    async def _open_loop(self, start: float, seed: Seed) -> None:
         assert self.point.rate is not None
-        count = len(planned) if isinstance(planned, list) else None
-        offsets = poisson_offsets(self.point.rate, self.planner.rng, count=count, duration_s=self.duration_s)
-        for offset, req in zip(offsets, planned):
+        offsets = poisson_offsets(self.point.rate, stream_rng(seed, self.index, FOREGROUND_ARRIVALS),
+                                  count=len(self.foreground))
+        for offset, req in zip(offsets, self.foreground):
             intended = start + offset
             delay = intended - now()
             if delay > 0:
                 await asyncio.sleep(delay)
             self._spawn(req, intended)
 
-    async def _background(self, class_name: str, start: float, deadline: float | None) -> None:
-        rate = self.workload.classes[class_name].rate
-        assert rate is not None
-        t = start
-        while not self._foreground_done.is_set():
-            t += float(self.planner.rng.exponential(1.0 / rate))
-            if deadline is not None and t >= deadline:
-                return
-            req = self.planner.make(class_name)
+    async def _background(self, plan: list[tuple[float, PlannedRequest]], start: float) -> None:
+        for offset, req in plan:
+            intended = start + offset
             try:
-                await asyncio.wait_for(self._foreground_done.wait(), timeout=max(0.0, t - now()))
+                await asyncio.wait_for(self._foreground_done.wait(), timeout=max(0.0, intended - now()))
                 return  # foreground finished first
             except asyncio.TimeoutError:
                 pass
-            self._spawn(req, t)
+            self._spawn(req, intended)
+        if plan and not self._foreground_done.is_set():
+            log.warning("point %d: background plan (%d requests, %.0f s) ran out before the foreground finished",
+                        self.index, len(plan), plan[-1][0])
 
 
-async def _warmup(endpoint: Endpoint, workload: WorkloadSpec, planner: RequestPlanner, session: aiohttp.ClientSession) -> None:
-    for req in planner.foreground_batch(workload.warmup_requests):
-        rec = RequestRecord(req.request_id, -1, req.request_class, now(), now(), req.input_tokens, req.output_tokens)
+async def _warmup(endpoint: Endpoint, workload: WorkloadSpec, planner: RequestPlanner,
+                  session: aiohttp.ClientSession, seed: Seed) -> None:
+    for req in planner.foreground_batch(workload.warmup_requests, stream_rng(seed, -1, FOREGROUND_PLAN)):
+        t = now()
+        rec = RequestRecord(req.request_id, -1, req.request_class, t, t, req.input_tokens, req.output_tokens)
         await stream_request(session, endpoint, req, rec, workload.api, workload.ignore_eos, workload.request_timeout_s)
 
 
@@ -181,7 +225,7 @@ def run_points(
     endpoint: Endpoint,
     workload: WorkloadSpec,
     factory: PromptFactory,
-    seed: int,
+    seed: Seed,
     on_point_start: Callable[[int, LoadPointSpec], None] | None = None,
     on_point_end: Callable[[int, LoadPointSpec, list[RequestRecord]], bool] | None = None,
 ) -> list[RequestRecord]:
@@ -189,18 +233,18 @@ def run_points(
 
     ``on_point_end`` may return False to stop after that point (e.g. the server died).
     """
-    rng = np.random.default_rng(seed)
-    planner = RequestPlanner(workload, factory, rng)
+    planner = RequestPlanner(workload, factory)
 
     async def main() -> list[RequestRecord]:
-        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        connector = aiohttp.TCPConnector(limit=0)
         out: list[RequestRecord] = []
         async with aiohttp.ClientSession(connector=connector) as session:
-            await _warmup(endpoint, workload, planner, session)
+            await _warmup(endpoint, workload, planner, session, seed)
             for i, point in enumerate(workload.load_points):
+                run = PointRun(endpoint, workload, point, i, planner, session, seed)  # plans before the clock
                 if on_point_start:
                     on_point_start(i, point)
-                records = await PointRun(endpoint, workload, point, i, planner, session).run()
+                records = await run.run(seed)
                 out.extend(records)
                 if on_point_end and on_point_end(i, point, records) is False:
                     break

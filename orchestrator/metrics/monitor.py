@@ -93,24 +93,29 @@ class ResourceMonitor:
                         self.gauge_max[name] = max(self.gauge_max.get(name, v), v)
         self.samples += 1
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
                 self.sample()
             except Exception as exc:  # a sampling hiccup must not kill the measurement
                 log.debug("monitor sample failed: %s", exc)
-            self._stop.wait(self.interval_s)
+            stop.wait(self.interval_s)
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="resource-monitor", daemon=True)
+        self.stop_thread()
+        self._stop = threading.Event()  # fresh per start: a slow old thread cannot be revived
+        self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="resource-monitor", daemon=True)
         self._thread.start()
 
-    def stop(self) -> dict[str, float]:
-        """Stop sampling; return ``memory_peak_gb`` and ``<gauge>_max`` metrics."""
+    def stop_thread(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            self._thread = None
+
+    def stop(self) -> dict[str, float]:
+        """Stop sampling; return ``memory_peak_gb`` and ``<gauge>_max`` metrics. Idempotent."""
+        self.stop_thread()
         self.sample()
         out = {"memory_peak_gb": self.peak_memory_bytes / 1e9}
         out.update({f"{k}_max": v for k, v in self.gauge_max.items()})

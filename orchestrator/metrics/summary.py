@@ -88,9 +88,16 @@ def latency_metrics(lats: Sequence[RequestLatency]) -> dict[str, float]:
 
 
 def summarize_point(
-    records: Sequence[RequestRecord], slo: SLOSpec | None = None, target_rate: float | None = None
+    records: Sequence[RequestRecord],
+    slo: SLOSpec | None = None,
+    target_rate: float | None = None,
+    arrival_classes: Iterable[str] | None = None,
 ) -> dict[str, float]:
-    """Metrics of one load point, named after the workload card (``ttft_ms_p99``, ``qps``, ...)."""
+    """Metrics of one load point, named after the workload card (``ttft_ms_p99``, ``qps``, ...).
+
+    ``achieved_rate`` counts the actual sends of ``arrival_classes`` (the classes that
+    follow the point's arrival setting; default all), to compare with ``target_rate``.
+    """
     slo = slo or SLOSpec()
     out: dict[str, float] = {"requests": float(len(records))}
     if not records:
@@ -116,7 +123,8 @@ def summarize_point(
     out["slo_attainment"] = good / len(records)
     lags = [(r.sent_s - r.intended_send_s) * 1e3 for r in records]
     out.update(distribution("send_lag_ms", lags))
-    sends = sorted(r.intended_send_s for r in records)
+    wanted = set(arrival_classes) if arrival_classes is not None else None
+    sends = sorted(r.sent_s for r in records if wanted is None or r.request_class in wanted)
     if len(sends) > 1 and sends[-1] > sends[0]:
         out["achieved_rate"] = (len(sends) - 1) / (sends[-1] - sends[0])
     if target_rate is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.convert import config_to_dict
+from orchestrator.config.secrets import redact_override
 from orchestrator.scheduling.jobs import prepare_jobs
 from orchestrator.scheduling.sweep import run_sweep
 
@@ -52,7 +53,7 @@ def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Seq
         configs.append((list(overrides), config_to_dict(cfg)))
         job_cfgs.append(cfg)
     jobs = prepare_jobs(configs, initial_job_idx)
-    sweep_params = {"sweep_overrides": list(config.hydra.overrides.task)}
+    sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
     results = run_sweep(jobs, sweep_dir, sweep_dir.name, sweep_params)
     by_index = {r.trial_hash: r.status for r in results}
     returns = []
@@ -73,5 +74,5 @@ def run_single(cfg: Any) -> str:
     overrides = list(hc.overrides.task)
     jobs = prepare_jobs([(overrides, config_to_dict(cfg))])
     out_dir = Path(hc.runtime.output_dir)
-    results = run_sweep(jobs, out_dir, out_dir.name, {"sweep_overrides": overrides})
+    results = run_sweep(jobs, out_dir, out_dir.name, {"sweep_overrides": [redact_override(o) for o in overrides]})
     return results[0].status if results else "DRY_RUN"

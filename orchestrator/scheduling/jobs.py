@@ -42,6 +42,8 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
             problems.append(f"job {first_index + i} [{where}]: {exc}")
             continue
         jobs.append(TrialJob(first_index + i, list(overrides), spec, settings))
+    if not problems and jobs:
+        problems += _shared_settings_problems(jobs)
     if problems:
         # Most sweeps share one mistake: show it once when every job reports the same text.
         bodies = {p.split("]: ", 1)[-1] for p in problems}
@@ -49,3 +51,22 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
             raise ConfigError(f"{bodies.pop()}\n(in all {len(problems)} jobs of the sweep)")
         raise ConfigError("\n".join(problems))
     return jobs
+
+
+def _shared_settings_problems(jobs: list[TrialJob]) -> list[str]:
+    """Settings of the sweep as a whole may not vary between its jobs."""
+    first = jobs[0]
+    shared = {
+        "tracking": lambda j: j.settings.tracking,
+        "cluster": lambda j: j.settings.cluster,
+        "dry_run": lambda j: j.settings.dry_run,
+        "experiment": lambda j: j.spec.experiment,
+        "platform.max_concurrent_trials": lambda j: j.spec.platform.max_concurrent_trials,
+    }
+    problems = []
+    for key, get in shared.items():
+        other = next((j for j in jobs[1:] if get(j) != get(first)), None)
+        if other is not None:
+            problems.append(f"{key}: must be the same for every trial of a sweep "
+                            f"(job {first.index} and job {other.index} differ)")
+    return problems

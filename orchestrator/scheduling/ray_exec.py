@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.schema import ClusterSpec
+from orchestrator.config.secrets import redact_mapping, redact_override
 from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling.jobs import TrialJob
 
@@ -109,6 +110,7 @@ def _result_of(job: TrialJob, ref: Any) -> TrialResult:
         now = time.time()
         return TrialResult(
             trial_hash=job.trial_hash, experiment=job.spec.experiment, variant=job.spec.variant,
-            overrides=job.overrides, spec=job.spec.model_dump(mode="json"), status="FAILED",
+            overrides=[redact_override(o) for o in job.overrides],
+            spec=redact_mapping(job.spec.model_dump(mode="json")), status="FAILED",
             error=f"{type(exc).__name__}: {exc}", started_at=now, ended_at=now,
         )

@@ -102,8 +102,12 @@ def run_sweep(
     commit = git_commit()
     tracker = _open_tracker(settings.tracking.uri, experiment, settings.tracking.enabled, progress)
     if tracker is not None:
-        tracker.start_sweep(sweep_name, {"experiment": experiment, "num_trials": len(jobs), **(sweep_params or {})},
-                            {"git_commit": commit, "sweep_dir": str(sweep_dir)})
+        try:
+            tracker.start_sweep(sweep_name, {"experiment": experiment, "num_trials": len(jobs), **(sweep_params or {})},
+                                {"git_commit": commit, "sweep_dir": str(sweep_dir)})
+        except Exception as exc:  # keep measuring; results stay on disk
+            progress(f"warning: could not create the MLflow sweep run ({exc}); results are kept on disk only")
+            tracker = None
     progress(f"sweep '{experiment}': {len(jobs)} trial(s); results in {sweep_dir}")
     counts: Counter[str] = Counter()
     results: list[TrialResult] = []

@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from orchestrator.metrics.result import RECORDS_FILE, SERVER_LOG_FILE, TrialResult
 from orchestrator.tracking.params import flatten_params, sanitize_key, truncate
@@ -30,13 +29,15 @@ _METRIC_BATCH = 1000
 
 
 def default_artifact_location(uri: str, experiment: str) -> str | None:
-    """For a sqlite store, keep artifacts next to the database file (not in the cwd)."""
-    if uri.startswith("sqlite:///"):
-        db_path = Path(urlparse(uri).path)
-        if uri.startswith("sqlite:////"):
-            db_path = Path("/" + uri[len("sqlite:////"):])
-        return (db_path.parent / "mlartifacts" / sanitize_key(experiment)).resolve().as_uri()
-    return None
+    """For a sqlite store, keep artifacts next to the database file (not in the cwd).
+
+    ``sqlite:///rel/path.db`` is relative to the cwd, ``sqlite:////abs/path.db`` absolute
+    (SQLAlchemy's convention, which MLflow follows).
+    """
+    if not uri.startswith("sqlite:///"):
+        return None
+    db_path = Path(uri[len("sqlite:///"):].split("?", 1)[0])
+    return (db_path.resolve().parent / "mlartifacts" / sanitize_key(experiment)).as_uri()
 
 
 class MlflowTracker:
@@ -94,7 +95,7 @@ class MlflowTracker:
             run_tags["mlflow.parentRunId"] = self.parent_run_id
         if result.error:
             run_tags["error"] = truncate(result.error, 5000)
-        name = result.variant or ",".join(result.overrides) or result.trial_hash
+        name = result.variant or f"trial-{result.trial_hash[:8]}"
         run = self.client.create_run(self.experiment_id, run_name=truncate(name, 250), tags=run_tags,
                                      start_time=int(result.started_at * 1000))
         run_id = run.info.run_id

@@ -87,3 +87,19 @@ def test_trial_hash_stable_and_ignores_port(compose):
 def test_config_to_dict_drops_hydra_node(compose):
     data = config_to_dict(compose())
     assert "hydra" not in data and data["experiment"] == "default"
+
+
+def test_extra_args_may_not_override_managed_flags(compose):
+    with pytest.raises(ConfigError, match="extra_args may not set --port; use engine.port"):
+        to_specs(compose(["engine.extra_args=[--port,9000]"]))
+
+
+def test_sweep_settings_must_not_vary_between_jobs(compose):
+    from orchestrator.config.convert import config_to_dict
+    from orchestrator.scheduling.jobs import prepare_jobs
+
+    a = config_to_dict(compose(["tracking.uri=sqlite:////tmp/a.db"]))
+    b = config_to_dict(compose(["tracking.uri=sqlite:////tmp/b.db"]))
+    with pytest.raises(ConfigError, match="tracking: must be the same for every trial"):
+        prepare_jobs([(["x"], a), (["y"], b)])
+    assert len(prepare_jobs([(["x"], a), (["y"], a)])) == 2

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.config.secrets import is_secret_name, redact_text
-from orchestrator.engines.base import ServerLaunch, redact_argv
+from orchestrator.config.secrets import is_secret_name, redact_argv, redact_mapping, redact_override, redact_text
+from orchestrator.engines.base import ServerLaunch
 from orchestrator.tracking.params import flatten_params, sanitize_key
 
 
@@ -41,3 +41,14 @@ def test_redact_argv_and_env():
 
 def test_redact_text():
     assert redact_text("token hf_abcdefghijklmnop used") == "token *** used"
+
+
+def test_redact_override_and_mapping():
+    assert redact_override("engine.env.HF_TOKEN=hf_abcdefghijkl") == "engine.env.HF_TOKEN=***"
+    assert redact_override("+engine.env.VLLM_API_KEY=x") == "+engine.env.VLLM_API_KEY=***"
+    assert redact_override("engine.max_num_batched_tokens=256") == "engine.max_num_batched_tokens=256"
+    spec = {"engine": {"env": {"HF_TOKEN": "abc", "X": "1"}, "extra_args": ["--api-key", "k", "--x", 1],
+                       "max_num_batched_tokens": 256}}
+    out = redact_mapping(spec)
+    assert out == {"engine": {"env": {"HF_TOKEN": "***", "X": "1"}, "extra_args": ["--api-key", "***", "--x", "1"],
+                              "max_num_batched_tokens": 256}}

@@ -84,6 +84,14 @@ def test_send_lag_and_achieved_rate():
     assert m["target_rate"] == 2.0
 
 
+def test_achieved_rate_uses_actual_sends_of_arrival_classes_only():
+    # the client fell behind: intended every 0.5 s, actually sent every 1 s; plus background noise
+    fg = [rec(i, float(i), [i + 0.1], intended=i * 0.5, cls="fg") for i in range(5)]
+    bg = [rec(10 + i, 0.05 + i * 0.1, [0.2 + i * 0.1], cls="bg") for i in range(20)]
+    m = summarize_point(fg + bg, target_rate=2.0, arrival_classes=["fg"])
+    assert m["achieved_rate"] == pytest.approx(1.0)
+
+
 def test_by_class():
     out = summarize_by_class([rec(0, 0, [0.1, 0.2], cls="long"), rec(1, 0, [0.01, 0.02], cls="short")])
     assert out["long"]["ttft_ms_p50"] == pytest.approx(100.0)
