@@ -25,6 +25,9 @@ def cli() -> None:
     except OrchestratorError as exc:  # config mistakes: a clear message, no traceback
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: trials and servers are already stopped
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.metrics import hardware, prometheus
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
-from orchestrator.metrics.result import PointResult, TrialResult
+from orchestrator.metrics.result import PointResult, TrialResult, save_result
 from orchestrator.metrics.summary import summarize_by_class, summarize_point
 from orchestrator.models import resolve_model, resolve_tokenizer
 
@@ -73,9 +73,11 @@ class _PointHooks:
     """Scrapes and samples around each load point; turns records into a :class:`PointResult`."""
 
     def __init__(self, spec: TrialSpec, server: ServerProcess, launch: ServerLaunch, adapter: ModuleType,
-                 monitor: ResourceMonitor, progress: Progress, label: str) -> None:
+                 monitor: ResourceMonitor, progress: Progress, label: str,
+                 checkpoint: Callable[[_PointHooks], None] = lambda hooks: None) -> None:
         self.spec, self.server, self.launch, self.adapter = spec, server, launch, adapter
         self.monitor, self.progress, self.label = monitor, progress, label
+        self.checkpoint = checkpoint
         self.points: list[PointResult] = []
         self.records: list[RequestRecord] = []
         self.crash: ServerCrashedError | None = None
@@ -120,6 +122,7 @@ class _PointHooks:
             f"itl p99 {metrics.get('itl_ms_p99', float('nan')):.1f} ms, "
             f"{metrics.get('tokens_per_second', 0):.0f} tok/s"
         )
+        self.checkpoint(self)  # measured points reach the disk now, whatever happens next
         try:
             self.server.check_alive()
         except ServerCrashedError as exc:
@@ -135,65 +138,88 @@ def run_trial(
     gpu_ids: list[int] | None = None,
     progress: Progress = _print,
 ) -> TrialResult:
-    """Run one trial end to end and return its result; never raises for a trial-level failure."""
-    gpu_ids = list(gpu_ids or [])
-    h = trial_hash(spec)
-    label = spec.variant or h[:8]
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / "server.log"
-    base: dict[str, Any] = dict(
-        trial_hash=h, experiment=spec.experiment, variant=spec.variant,
-        overrides=[redact_override(o) for o in overrides or []],
-        spec=redact_mapping(spec.model_dump(mode="json")), started_at=time.time(), hardware=hardware.describe(gpu_ids),
-    )
-    adapter = adapter_for(spec.engine.name)
-    base["engine_version"] = adapter.version()
-    hooks: _PointHooks | None = None
-    launch: ServerLaunch | None = None
+    """Run one trial end to end and return its result; never raises for a trial-level failure.
+
+    After every load point the result so far is saved in ``workdir`` (status FAILED,
+    "interrupted after N of M load points"), so a trial killed mid-way keeps its points.
+    """
+    run = _TrialRun(spec, Path(workdir), overrides or [], list(gpu_ids or []), progress)
     try:
-        check_feasible(spec, gpu_ids)
-        model_path = resolve_model(spec.model)
-        port = spec.engine.port or free_port(spec.engine.host)
-        launch = adapter.launch(spec, model_path, port)
-        base["servers"] = [launch.redacted()]
-        progress(f"[{label}] starting {spec.engine.name} on {launch.base_url}")
-        with ServerProcess(launch.argv, server_env(launch, gpu_ids), log_path, launch.health_url) as server:
-            startup_s = server.wait_healthy(launch.startup_timeout_s)
-            progress(f"[{label}] server healthy after {startup_s:.1f}s")
-            monitor = ResourceMonitor([server.pid or 0], launch.metrics_url, adapter.METRICS,
-                                      spec.platform.monitor_interval_s, gpu_ids)
-            hooks = _PointHooks(spec, server, launch, adapter, monitor, progress, label)
-            factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
-            endpoint = Endpoint(launch.base_url, spec.model.name)
-            try:
-                run_points(endpoint, spec.workload, factory, (spec.seed, spec.workload.seed), hooks.start, hooks.end)
-            finally:
-                monitor.stop()  # idempotent; a point that raised must not leave the sampler running
-            if hooks.crash is not None:
-                raise hooks.crash
+        run.measure()
         status, error = "FINISHED", None
-        base["metrics"] = _trial_metrics(hooks.points, startup_s)
     except InfeasibleConfigError as exc:
         status, error = "SKIPPED", str(exc)
     except (TrialError, ConfigError) as exc:
         status, error = "FAILED", f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # an unexpected bug still yields a result with the reason
-        log.exception("trial %s failed", h)
+        log.exception("trial %s failed", run.hash)
         status, error = "FAILED", f"{type(exc).__name__}: {exc}"
-    if hooks is not None and status == "FAILED":
-        base["metrics"] = _trial_metrics(hooks.points, None)
-    progress(f"[{label}] {status}" + (f": {error.splitlines()[0]}" if error else ""))
-    records = hooks.records if hooks else []
-    return TrialResult(
-        **base,
-        status=status,
-        error=error,
-        ended_at=time.time(),
-        points=hooks.points if hooks else [],
-        records_parquet=records_to_parquet_bytes(records) if records else b"",
-        server_log=redact_text(log_path.read_text(errors="replace")) if log_path.exists() else "",
-    )
+    progress(f"[{run.label}] {status}" + (f": {error.splitlines()[0]}" if error else ""))
+    return run.result(status, error)
+
+
+class _TrialRun:
+    """The state of one trial while it runs: what it has measured so far and how to report it."""
+
+    def __init__(self, spec: TrialSpec, workdir: Path, overrides: list[str], gpu_ids: list[int],
+                 progress: Progress) -> None:
+        self.spec, self.workdir, self.gpu_ids, self.progress = spec, workdir, gpu_ids, progress
+        self.hash = trial_hash(spec)
+        self.label = spec.variant or self.hash[:8]
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / "server.log"
+        self.adapter = adapter_for(spec.engine.name)
+        self.hooks: _PointHooks | None = None
+        self.startup_s: float | None = None
+        self.base: dict[str, Any] = dict(
+            trial_hash=self.hash, experiment=spec.experiment, variant=spec.variant,
+            overrides=[redact_override(o) for o in overrides],
+            spec=redact_mapping(spec.model_dump(mode="json")), started_at=time.time(),
+            hardware=hardware.describe(gpu_ids), engine_version=self.adapter.version(),
+        )
+
+    def measure(self) -> None:
+        spec = self.spec
+        check_feasible(spec, self.gpu_ids)
+        model_path = resolve_model(spec.model)
+        launch = self.adapter.launch(spec, model_path, spec.engine.port or free_port(spec.engine.host))
+        self.base["servers"] = [launch.redacted()]
+        self.progress(f"[{self.label}] starting {spec.engine.name} on {launch.base_url}")
+        with ServerProcess(launch.argv, server_env(launch, self.gpu_ids), self.log_path, launch.health_url) as server:
+            self.startup_s = server.wait_healthy(launch.startup_timeout_s)
+            self.progress(f"[{self.label}] server healthy after {self.startup_s:.1f}s")
+            monitor = ResourceMonitor([server.pid or 0], launch.metrics_url, self.adapter.METRICS,
+                                      spec.platform.monitor_interval_s, self.gpu_ids)
+            self.hooks = _PointHooks(spec, server, launch, self.adapter, monitor, self.progress, self.label,
+                                     self.checkpoint)
+            factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
+            endpoint = Endpoint(launch.base_url, spec.model.name)
+            try:
+                run_points(endpoint, spec.workload, factory, (spec.seed, spec.workload.seed),
+                           self.hooks.start, self.hooks.end)
+            finally:
+                monitor.stop()  # idempotent; a point that raised must not leave the sampler running
+            if self.hooks.crash is not None:
+                raise self.hooks.crash
+
+    def checkpoint(self, hooks: _PointHooks) -> None:
+        done, total = len(hooks.points), len(self.spec.workload.load_points)
+        save_result(self.result("FAILED", f"interrupted after {done} of {total} load points"), self.workdir)
+
+    def result(self, status: str, error: str | None) -> TrialResult:
+        hooks = self.hooks
+        points = list(hooks.points) if hooks else []
+        records = hooks.records if hooks else []
+        return TrialResult(
+            **self.base,
+            status=status,
+            error=error,
+            ended_at=time.time(),
+            points=points,
+            metrics=_trial_metrics(points, self.startup_s) if hooks else {},
+            records_parquet=records_to_parquet_bytes(records) if records else b"",
+            server_log=redact_text(self.log_path.read_text(errors="replace")) if self.log_path.exists() else "",
+        )
 
 
 def _trial_metrics(points: list[PointResult], startup_s: float | None) -> dict[str, float]:

@@ -41,8 +41,8 @@ class VLLMEngineSpec(StrictModel):
     quantization: str | None = None
     speculative_config: dict[str, Any] | None = None
     seed: int | None = None
-    cpu_kvcache_space_gib: PositiveFloat | None = Field(
-        default=None, description="VLLM_CPU_KVCACHE_SPACE on the CPU build"
+    cpu_kvcache_space_gib: PositiveInt | None = Field(
+        default=None, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on the CPU build"
     )
     cpu_omp_threads_bind: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND")
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")

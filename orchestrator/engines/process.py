@@ -135,6 +135,7 @@ class ServerProcess:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )
+            self._watchdog.wait(timeout=30)  # it forks a detached watcher and exits at once
         except BaseException:  # no watchdog (or Ctrl-C right here): do not leave the server behind
             self.stop()
             raise
@@ -202,13 +203,7 @@ class ServerProcess:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     log.error("%s (pid %d) did not exit after KILL", self.name, proc.pid)
-        if self._watchdog is not None and self._watchdog.poll() is None:
-            self._watchdog.terminate()
-            try:
-                self._watchdog.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._watchdog.kill()
-        self._watchdog = None
+        self._watchdog = None  # the detached watcher exits by itself once the group is gone
 
     def __enter__(self) -> ServerProcess:
         self.start()

@@ -81,7 +81,7 @@ def build_env(spec: TrialSpec) -> dict[str, str]:
     if spec.platform.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
         if engine.cpu_kvcache_space_gib is not None:
-            env["VLLM_CPU_KVCACHE_SPACE"] = f"{engine.cpu_kvcache_space_gib:g}"
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_space_gib)
         if engine.cpu_omp_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_omp_threads_bind
     env["VLLM_NO_USAGE_STATS"] = "1"

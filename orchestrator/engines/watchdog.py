@@ -1,9 +1,14 @@
 """Watchdog: ``python -m orchestrator.engines.watchdog OWNER_PID SERVER_PGID``.
 
-Runs in its own session next to an engine server. If the owner process (the one that
-started the server) disappears without stopping it, the watchdog TERMs and then KILLs the
-server's process group, so no engine is left holding cores or GPUs. Exits when the server
-group is gone or when it is told to (SIGTERM from a clean stop).
+Runs detached next to an engine server. If the owner process (the one that started the
+server) disappears without stopping it, the watchdog TERMs and then KILLs the server's
+process group, so no engine is left holding cores or GPUs. It exits by itself once the
+group is gone.
+
+It double-forks at start: a supervisor such as a Ray worker kills its *direct* children
+when it dies (and so would kill a plain child watchdog along with the server's leader,
+orphaning the engine's own worker processes). The owner is recognised by pid and
+creation time, so a recycled pid is not mistaken for it.
 """
 
 from __future__ import annotations
@@ -13,40 +18,57 @@ import signal
 import sys
 import time
 
+import psutil
+
 from orchestrator.engines.process import group_alive
 
 
-def _alive(pid: int) -> bool:
+def owner_alive(pid: int, create_time: float | None) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        proc = psutil.Process(pid)
+        if create_time is not None and abs(proc.create_time() - create_time) > 0.01:
+            return False  # the pid was recycled
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
-def main(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the owner's business
+def kill_group(pgid: int, grace_s: float) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> int:
+    try:
+        owner_created: float | None = psutil.Process(owner).create_time()
+    except psutil.Error:
+        owner_created = None
     while group_alive(pgid):
-        # Re-parented (our parent was the owner) or gone: the owner died without stopping us.
-        if os.getppid() != owner or not _alive(owner):
-            try:
-                os.killpg(pgid, signal.SIGTERM)
-            except ProcessLookupError:
-                return 0
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and group_alive(pgid):
-                time.sleep(0.2)
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if not owner_alive(owner, owner_created):
+            kill_group(pgid, grace_s)
             return 0
         time.sleep(poll_s)
     return 0
 
 
+def main(argv: list[str]) -> int:
+    owner, pgid = int(argv[1]), int(argv[2])
+    if os.fork() > 0:  # detach: the first child exits, the grandchild watches
+        os._exit(0)
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the owner's business
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    return watch(owner, pgid)
+
+
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
+    sys.exit(main(sys.argv))

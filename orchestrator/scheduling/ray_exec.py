@@ -88,15 +88,30 @@ def run_jobs(
                     job.spec.model_dump_json(), workdir_of(job), job.overrides
                 )
                 running[ref] = job
-            done, _ = ray.wait(list(running), num_returns=1)
+            # Short waits: a blocking ray.wait would keep Ctrl-C / SIGTERM from reaching Python.
+            done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:
                 job = running.pop(ref)
                 yield job, _result_of(job, ref)
     finally:
-        for ref in running:
-            ray.cancel(ref, force=False)
-        if running:
-            ray.wait(list(running), num_returns=len(running), timeout=30)
+        _stop_running(list(running))
+
+
+def _stop_running(refs: list[Any], grace_s: float = 5.0) -> None:
+    """Ask running trials to stop, then force them: a force-cancelled worker dies at once and
+    its server's watchdog stops the server. Points measured so far are already on disk."""
+    import ray
+
+    if not refs:
+        return
+    for ref in refs:
+        ray.cancel(ref, force=False)
+    done, pending = ray.wait(refs, num_returns=len(refs), timeout=grace_s)
+    for ref in pending:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception as exc:  # already finished or gone: nothing left to stop
+            log.debug("force cancel: %s", exc)
 
 
 def _result_of(job: TrialJob, ref: Any) -> TrialResult:

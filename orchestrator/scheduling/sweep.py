@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import OrchestratorError
-from orchestrator.metrics.result import TrialResult, save_result
+from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.ray_exec import init_ray, run_jobs
 from orchestrator.tracking import MlflowTracker
@@ -129,7 +129,8 @@ def run_sweep(
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
-        progress("interrupted: stopping running trials (their servers are stopped)")
+        progress("interrupted: running trials were stopped (and their servers)")
+        _log_partial_results(jobs, results, sweep_dir, tracker, commit, progress)
         raise
     finally:
         ray_ctx.shutdown()
@@ -143,6 +144,20 @@ def run_sweep(
     if tracker is not None:
         progress(f"MLflow: experiment '{experiment}' at {settings.tracking.uri}")
     return results
+
+
+def _log_partial_results(jobs: list[TrialJob], reported: list[TrialResult], sweep_dir: Path,
+                         tracker: MlflowTracker | None, commit: str, progress: Progress) -> None:
+    """Trials cut short keep the points they measured: workers save them after every point."""
+    done = {r.trial_hash for r in reported}
+    for job in jobs:
+        d = trial_dir(sweep_dir, job)
+        if job.trial_hash in done or not (d / RESULT_FILE).exists():
+            continue
+        result = load_result(d)
+        progress(f"{job.label}: kept {len(result.points)} measured load point(s) in {d}")
+        if tracker is not None:
+            _log_trial(tracker, result, d, commit, progress)
 
 
 def _open_tracker(uri: str, experiment: str, enabled: bool, progress: Progress) -> MlflowTracker | None:

@@ -75,8 +75,7 @@ def test_argv_must_be_a_list(tmp_path):
         ServerProcess("python -m x", {}, tmp_path / "l", "http://x")
 
 
-def test_watchdog_kills_server_when_owner_is_killed(tmp_path):
-    port = free_port()
+def _owner_with_server(tmp_path, port):
     owner_code = textwrap.dedent(f"""
         import os, sys, time
         from orchestrator.engines.process import ServerProcess
@@ -86,19 +85,50 @@ def test_watchdog_kills_server_when_owner_is_killed(tmp_path):
         print(s.pid, flush=True)
         time.sleep(600)
     """)
-    owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
+
+
+def _wait_group_gone(pgid, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.2)
+    return not group_alive(pgid)
+
+
+@pytest.mark.parametrize("also_kill_leader", [False, True], ids=["owner", "owner-and-leader"])
+def test_watchdog_kills_server_group_when_owner_is_killed(tmp_path, also_kill_leader):
+    """Owner SIGKILLed and not reaped (a zombie); with also_kill_leader, the server's leader is
+    SIGKILLed too, as a Ray worker's exit does to its direct children: the rest of the group
+    (here the fake engine's child; in vLLM the EngineCore) must still be stopped."""
+    port = free_port()
+    owner = _owner_with_server(tmp_path, port)
     try:
         pgid = int(owner.stdout.readline())
-        assert group_alive(pgid)
-        owner.send_signal(signal.SIGKILL)  # no cleanup runs in the owner
-        owner.wait(10)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and group_alive(pgid):
-            time.sleep(0.2)
-        assert not group_alive(pgid), "watchdog did not stop the orphaned server group"
+        members = [p.pid for p in psutil.Process(pgid).children(recursive=True)]
+        assert group_alive(pgid) and members
+        owner.send_signal(signal.SIGKILL)  # no cleanup runs in the owner; we do not reap it yet
+        if also_kill_leader:
+            os.kill(pgid, signal.SIGKILL)
+        assert _wait_group_gone(pgid), "watchdog did not stop the orphaned server group"
         assert port_is_free("127.0.0.1", port)
     finally:
         owner.kill()
+        owner.wait(10)
+
+
+def test_clean_stop_leaves_no_watchdog(tmp_path):
+    s = server(tmp_path)
+    with s:
+        s.wait_healthy(20)
+        pgid = s.pid
+    deadline = time.monotonic() + 5
+    def watchdogs():
+        return [p for p in psutil.process_iter(["cmdline"])
+                if "orchestrator.engines.watchdog" in " ".join(p.info["cmdline"] or []) and str(pgid) in
+                " ".join(p.info["cmdline"] or [])]
+    while time.monotonic() < deadline and watchdogs():
+        time.sleep(0.2)
+    assert not watchdogs()
 
 
 def test_error_lines_find_root_cause_above_the_tail(tmp_path):
