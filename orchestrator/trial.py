@@ -12,14 +12,21 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from orchestrator.config.errors import ConfigError, InfeasibleConfigError, ServerCrashedError, TrialError
 from orchestrator.config.hashing import trial_hash
-from orchestrator.config.schema import LoadPointSpec, TrialSpec
+from orchestrator.config.schema import LoadPointSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
-from orchestrator.engines import ServerLaunch, ServerProcess, adapter_for, free_port
+from orchestrator.engines import (
+    EngineMetric,
+    ExternalServer,
+    ServerLaunch,
+    ServerProcess,
+    adapter_for,
+    free_port,
+    server_for,
+)
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.metrics import hardware, prometheus
 from orchestrator.metrics.monitor import ResourceMonitor
@@ -56,9 +63,17 @@ def plan_trial(spec: TrialSpec, gpu_ids: list[int] | None = None) -> dict[str, A
             check_feasible(spec, gpu_ids)
         except InfeasibleConfigError as exc:
             plan.update(feasible=False, reason=str(exc))
-    launch = adapter.launch(spec, resolve_model(spec.model, build=False), spec.engine.port or 0)
+    launch = adapter.launch(spec, resolve_model(spec.model, build=False), getattr(spec.engine, "port", None) or 0)
     plan["servers"] = [launch.redacted()]
     return plan
+
+
+def _port_for(spec: TrialSpec) -> int:
+    """The configured port, or a free one for engines we launch (0 for external servers)."""
+    engine = spec.engine
+    if isinstance(engine, VLLMEngineSpec):
+        return engine.port or free_port(engine.host)
+    return 0
 
 
 def server_env(launch: ServerLaunch, gpu_ids: list[int]) -> dict[str, str]:
@@ -72,10 +87,11 @@ def server_env(launch: ServerLaunch, gpu_ids: list[int]) -> dict[str, str]:
 class _PointHooks:
     """Scrapes and samples around each load point; turns records into a :class:`PointResult`."""
 
-    def __init__(self, spec: TrialSpec, server: ServerProcess, launch: ServerLaunch, adapter: ModuleType,
+    def __init__(self, spec: TrialSpec, server: ServerProcess | ExternalServer, launch: ServerLaunch,
+                 engine_metrics: dict[str, EngineMetric],
                  monitor: ResourceMonitor, progress: Progress, label: str,
                  checkpoint: Callable[[_PointHooks], None] = lambda hooks: None) -> None:
-        self.spec, self.server, self.launch, self.adapter = spec, server, launch, adapter
+        self.spec, self.server, self.launch, self.engine_metrics = spec, server, launch, engine_metrics
         self.monitor, self.progress, self.label = monitor, progress, label
         self.checkpoint = checkpoint
         self.points: list[PointResult] = []
@@ -85,6 +101,8 @@ class _PointHooks:
         self._t0 = 0.0
 
     def _scrape(self) -> prometheus.Sample:
+        if not self.engine_metrics or not self.launch.metrics_path:
+            return {}
         try:
             return prometheus.scrape(self.launch.metrics_url)
         except OSError as exc:
@@ -106,7 +124,7 @@ class _PointHooks:
         metrics = summarize_point(records, self.spec.workload.slo, point.rate, foreground)
         metrics.update(resources)
         after = self._scrape()
-        for key, value in prometheus.deltas(self._before, after, self.adapter.METRICS).items():
+        for key, value in prometheus.deltas(self._before, after, self.engine_metrics).items():
             metrics[f"server_{key}"] = value
         for key, value in resources.items():
             if key != "memory_peak_gb":
@@ -182,18 +200,20 @@ class _TrialRun:
         spec = self.spec
         check_feasible(spec, self.gpu_ids)
         model_path = resolve_model(spec.model)
-        launch = self.adapter.launch(spec, model_path, spec.engine.port or free_port(spec.engine.host))
+        launch = self.adapter.launch(spec, model_path, _port_for(spec))
         self.base["servers"] = [launch.redacted()]
         self.progress(f"[{self.label}] starting {spec.engine.name} on {launch.base_url}")
-        with ServerProcess(launch.argv, server_env(launch, self.gpu_ids), self.log_path, launch.health_url) as server:
+        engine_metrics = self.adapter.metrics_for(spec)
+        with server_for(launch, server_env(launch, self.gpu_ids), self.log_path) as server:
             self.startup_s = server.wait_healthy(launch.startup_timeout_s)
             self.progress(f"[{self.label}] server healthy after {self.startup_s:.1f}s")
-            monitor = ResourceMonitor([server.pid or 0], launch.metrics_url, self.adapter.METRICS,
+            monitor = ResourceMonitor([server.pid] if server.pid else [],
+                                      launch.metrics_url if launch.metrics_path else None, engine_metrics,
                                       spec.platform.monitor_interval_s, self.gpu_ids)
-            self.hooks = _PointHooks(spec, server, launch, self.adapter, monitor, self.progress, self.label,
+            self.hooks = _PointHooks(spec, server, launch, engine_metrics, monitor, self.progress, self.label,
                                      self.checkpoint)
             factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
-            endpoint = Endpoint(launch.base_url, spec.model.name)
+            endpoint = Endpoint(launch.base_url, spec.model.name, api_key=self.adapter.api_key(spec))
             try:
                 run_points(endpoint, spec.workload, factory, (spec.seed, spec.workload.seed),
                            self.hooks.start, self.hooks.end)

@@ -31,6 +31,7 @@ class Truth:
     requests: int = 0
     arrivals: list[float] = field(default_factory=list)
     chunk_sent: list[float] = field(default_factory=list)
+    paths: set[str] = field(default_factory=set)
 
 
 class FakeOpenAIServer:
@@ -51,6 +52,8 @@ class FakeOpenAIServer:
         t = self.truth
         t.requests += 1
         t.arrivals.append(time.perf_counter())
+        t.paths.add(request.path)
+        chat = request.path.endswith("/chat/completions")
         if self.script.fail_every and t.requests % self.script.fail_every == 0:
             return web.json_response({"error": {"message": "scripted failure"}}, status=500)
         t.in_flight += 1
@@ -58,14 +61,16 @@ class FakeOpenAIServer:
         try:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            n = int(body.get("max_tokens", 16))
-            prompt_tokens = len(str(body.get("prompt", "")).split())
+            n = int(body.get("max_completion_tokens" if chat else "max_tokens", 16))
+            prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
+            prompt_tokens = len(str(prompt).split())
             await asyncio.sleep(self.script.ttft_s)
             sent = 0
             while sent < n:
                 k = min(self.script.tokens_per_chunk, n - sent)
                 sent += k
-                chunk = {"choices": [{"index": 0, "text": "x" * k, "finish_reason": None}]}
+                choice = {"index": 0, "delta": {"content": "x" * k}} if chat else {"index": 0, "text": "x" * k}
+                chunk = {"choices": [{**choice, "finish_reason": None}]}
                 if self.script.usage:
                     chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
                                       "total_tokens": prompt_tokens + sent}
@@ -95,6 +100,7 @@ class FakeOpenAIServer:
             asyncio.set_event_loop(self._loop)
             app = web.Application()
             app.router.add_post("/v1/completions", self._completions)
+            app.router.add_post("/v1/chat/completions", self._completions)
             app.router.add_get("/health", self._health)
             app.router.add_get("/metrics", self._metrics)
             self._runner = web.AppRunner(app, access_log=None)

@@ -120,43 +120,53 @@ def format_validation_error(model: type[BaseModel], exc: ValidationError) -> str
     lines = []
     for err in exc.errors():
         loc = [p for p in err["loc"] if not str(p).startswith("function-after")]
-        path = ".".join(str(p) for p in loc) or "<root>"
+        shown, parent = _walk(model, loc[:-1])
+        path = ".".join([*shown, str(loc[-1])] if loc else shown) or "<root>"
         if err["type"] == "extra_forbidden":
-            allowed = _allowed_keys(model, loc[:-1])
+            allowed = sorted(getattr(parent, "model_fields", {})) or ["(see docs/architecture.md)"]
             lines.append(f"{path}: unknown key; allowed keys here: {', '.join(allowed)}")
         elif err["type"] == "missing":
             lines.append(f"{path}: required key is missing")
         else:
             given = err.get("input")
-            shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
-            lines.append(f"{path}: {err['msg']}{shown}")
+            shown_input = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
+            lines.append(f"{path}: {err['msg']}{shown_input}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
-def _allowed_keys(model: type[BaseModel], loc: list[Any]) -> list[str]:
-    """Field names of the model found by walking ``loc`` from ``model``; best effort."""
+def _walk(model: type[BaseModel], loc: list[Any]) -> tuple[list[str], Any]:
+    """Follow ``loc`` through the models: the user-facing path (union tags such as ``vllm``
+    dropped) and the model found at its end (None if the walk leaves the models)."""
+    shown: list[str] = []
     current: Any = model
+    union: list[type[BaseModel]] = []
     for part in loc:
+        if union:  # pydantic puts the discriminator's value in the location
+            tagged = [m for m in union if m.model_fields.get("name") and m.model_fields["name"].default == part]
+            union = []
+            if tagged:
+                current = tagged[0]
+                continue
+        shown.append(str(part))
         if isinstance(part, int) or current is None:
             continue
         field = getattr(current, "model_fields", {}).get(part)
-        if field is None:
-            current = None
-            break
-        current = _model_in(field.annotation)
-    fields = getattr(current, "model_fields", None)
-    return sorted(fields) if fields else ["(see docs/configuration.md)"]
+        models = _models_in(field.annotation) if field is not None else []
+        if len(models) > 1:
+            union, current = models, None
+        else:
+            current = models[0] if models else None
+    return shown, current
 
 
-def _model_in(annotation: Any) -> Any:
-    """The pydantic model class inside an annotation like ``X | None`` or ``dict[str, X]``."""
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic model classes inside an annotation like ``X | None``, ``dict[str, X]``, ``A | B``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
+        return [annotation]
+    found: list[type[BaseModel]] = []
     for arg in getattr(annotation, "__args__", ()) or ():
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
+        found += [m for m in _models_in(arg) if m not in found]
+    return found
 
 
 __all__ = ["ClusterSpec", "TrackingSpec", "apply_overlays", "config_to_dict", "deep_merge", "format_validation_error", "to_specs"]

@@ -6,9 +6,12 @@ everything downstream sees typed objects only.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+
+ArrivalKind = Literal["poisson", "gamma", "constant"]
 
 
 class StrictModel(BaseModel):
@@ -65,7 +68,27 @@ class VLLMEngineSpec(StrictModel):
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
-EngineSpec = VLLMEngineSpec
+class ExternalEngineSpec(StrictModel):
+    """A server that is already running (started by hand, by a platform team, behind a gateway).
+
+    Nothing is launched; the trial measures ``url``. The API key, if any, is read from the
+    environment variable named by ``api_key_env`` (never written in a config).
+    """
+
+    name: Literal["external"] = "external"
+    url: str = Field(pattern=r"^https?://[^/\s]+$", description="http(s)://host:port, no path")
+    api_key_env: str | None = None
+    health_path: str | None = "/health"
+    metrics_path: str | None = "/metrics"
+    metrics: Literal["vllm", "none"] = Field(default="vllm", description="whose Prometheus names to read")
+    startup_timeout_s: PositiveFloat = 60.0
+
+    @property
+    def num_gpus(self) -> int:
+        return 0
+
+
+EngineSpec = Annotated[VLLMEngineSpec | ExternalEngineSpec, Field(discriminator="name")]
 
 # --------------------------------------------------------------------------- model
 
@@ -119,8 +142,8 @@ class ModelSpec(StrictModel):
 class RequestClass(StrictModel):
     """One kind of request in a workload: its prompt and output lengths.
 
-    A class with ``rate`` set is background traffic: it arrives on its own Poisson
-    process at that rate while each load point runs, whatever the point's setting.
+    A class with ``rate`` set is background traffic: it arrives on its own process
+    (``arrival``) at that rate while each load point runs, whatever the point's setting.
     """
 
     input_tokens: PositiveInt
@@ -128,13 +151,17 @@ class RequestClass(StrictModel):
     range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0, description="lengths drawn in [n(1-r), n(1+r)]")
     weight: PositiveFloat = 1.0
     rate: PositiveFloat | None = None
+    arrival: ArrivalKind = "poisson"
+    burstiness: PositiveFloat = Field(default=1.0, description="gamma shape; <1 burstier, >1 smoother")
 
 
 class LoadPointSpec(StrictModel):
-    """One arrival setting: closed-loop ``concurrency`` or open-loop Poisson ``rate`` (req/s)."""
+    """One arrival setting: closed-loop ``concurrency`` or open-loop ``rate`` (req/s) on ``arrival``."""
 
     concurrency: PositiveInt | None = None
     rate: PositiveFloat | None = None
+    arrival: ArrivalKind = "poisson"
+    burstiness: PositiveFloat = Field(default=1.0, description="gamma shape; <1 burstier, >1 smoother")
     num_requests: PositiveInt | None = None
     duration_s: PositiveFloat | None = None
 
@@ -161,7 +188,7 @@ class WorkloadSpec(StrictModel):
     """Requests and the load points they are sent at."""
 
     name: str
-    api: Literal["completions"] = "completions"
+    api: Literal["completions", "chat"] = "completions"
     classes: dict[str, RequestClass] = Field(min_length=1)
     load_points: list[LoadPointSpec] = Field(min_length=1)
     num_requests: PositiveInt | None = Field(default=None, description="default per load point")
@@ -211,6 +238,10 @@ class PlatformSpec(StrictModel):
     )
     cpus_per_trial: PositiveFloat = 1.0
     monitor_interval_s: PositiveFloat = 0.5
+    # Engine defaults that belong to the hardware (engine configs interpolate them).
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    cpu_kvcache_space_gib: PositiveInt | None = None
 
 
 class ClusterSpec(StrictModel):
@@ -247,7 +278,7 @@ class TrialSpec(StrictModel):
     @model_validator(mode="after")
     def _fits_context(self) -> TrialSpec:
         need = self.workload.max_request_tokens()
-        limit = self.engine.max_model_len
+        limit = getattr(self.engine, "max_model_len", None)
         if limit is None and self.model.tiny is not None:
             limit = self.model.tiny.max_position_embeddings
         if limit is not None and need > limit:

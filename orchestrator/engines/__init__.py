@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.engines import vllm
+from orchestrator.engines import external, vllm
 from orchestrator.engines.base import EngineMetric, ServerLaunch
+from orchestrator.engines.external import ExternalServer
 from orchestrator.engines.process import ServerProcess, free_port, port_is_free
 
-ADAPTERS: dict[str, ModuleType] = {"vllm": vllm}
+# Each adapter module provides: launch(spec, model_path, port) -> ServerLaunch,
+# metrics_for(spec) -> {neutral name: EngineMetric}, api_key(spec), version().
+ADAPTERS: dict[str, ModuleType] = {"vllm": vllm, "external": external}
+
+
+def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> ServerProcess | ExternalServer:
+    """A context manager that runs the launched server, or only watches an external one."""
+    if not launch.argv:
+        return ExternalServer(launch)
+    return ServerProcess(launch.argv, env, log_path, launch.health_url)
 
 
 def adapter_for(name: str) -> ModuleType:
@@ -19,4 +30,5 @@ def adapter_for(name: str) -> ModuleType:
         raise ConfigError(f"engine.name: unknown engine '{name}'; expected one of: {', '.join(ADAPTERS)}") from None
 
 
-__all__ = ["ADAPTERS", "EngineMetric", "ServerLaunch", "ServerProcess", "adapter_for", "free_port", "port_is_free"]
+__all__ = ["ADAPTERS", "EngineMetric", "ExternalServer", "ServerLaunch", "ServerProcess", "adapter_for", "free_port",
+           "port_is_free", "server_for"]

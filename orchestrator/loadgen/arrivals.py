@@ -1,30 +1,62 @@
-"""Arrival schedules: intended send offsets (seconds from the point's start) from a seeded generator."""
+"""Arrival schedules: intended send offsets (seconds from the point's start) from a seeded generator.
+
+Processes (all with mean gap ``1 / rate``):
+
+* ``poisson``: exponential gaps (coefficient of variation 1);
+* ``gamma``: gamma gaps with shape ``burstiness``; CV = 1/sqrt(burstiness), so values below 1
+  are burstier than Poisson and values above 1 smoother (``burstiness=1`` is Poisson);
+* ``constant``: evenly spaced.
+"""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
+ArrivalKind = Literal["poisson", "gamma", "constant"]
 
-def poisson_offsets(
-    rate: float, rng: np.random.Generator, count: int | None = None, duration_s: float | None = None
-) -> list[float]:
-    """Offsets of a Poisson process of ``rate`` req/s: ``count`` arrivals, or all before ``duration_s``.
 
-    The first arrival is at 0 so a point starts working at once; the rest follow exponential gaps.
-    """
+def gaps(kind: ArrivalKind, rate: float, rng: np.random.Generator, n: int, burstiness: float = 1.0) -> np.ndarray:
+    """``n`` inter-arrival gaps of the given process."""
     if rate <= 0:
         raise ValueError(f"rate must be > 0, got {rate}")
+    if kind == "poisson":
+        return rng.exponential(1.0 / rate, n)
+    if kind == "gamma":
+        if burstiness <= 0:
+            raise ValueError(f"burstiness must be > 0, got {burstiness}")
+        return rng.gamma(burstiness, 1.0 / (rate * burstiness), n)
+    if kind == "constant":
+        return np.full(n, 1.0 / rate)
+    raise ValueError(f"unknown arrival process {kind!r}; expected poisson, gamma or constant")
+
+
+def arrival_offsets(
+    rate: float,
+    rng: np.random.Generator,
+    count: int | None = None,
+    duration_s: float | None = None,
+    kind: ArrivalKind = "poisson",
+    burstiness: float = 1.0,
+) -> list[float]:
+    """Offsets of ``count`` arrivals, or of all arrivals before ``duration_s``.
+
+    The first arrival is at 0 so a point starts working at once; the rest follow the gaps.
+    """
     if count is None and duration_s is None:
-        raise ValueError("poisson_offsets needs count or duration_s")
+        raise ValueError("arrival_offsets needs count or duration_s")
     offsets = [0.0]
     t = 0.0
-    while True:
-        if count is not None and len(offsets) >= count:
-            break
-        t += float(rng.exponential(1.0 / rate))
-        if duration_s is not None and t >= duration_s:
-            break
-        offsets.append(t)
+    batch = 256
+    while count is None or len(offsets) < count:
+        for g in gaps(kind, rate, rng, batch, burstiness):
+            t += float(g)
+            if duration_s is not None and t >= duration_s:
+                return offsets
+            offsets.append(t)
+            if count is not None and len(offsets) >= count:
+                return offsets
     return offsets
 
 

@@ -64,9 +64,26 @@ def completions_delta(chunk: dict[str, Any]) -> str | None:
     return choices[0].get("text") or ""
 
 
-API_PATHS = {"completions": "/v1/completions"}
-PAYLOADS = {"completions": completions_payload}
-DELTAS = {"completions": completions_delta}
+def chat_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool) -> dict[str, Any]:
+    payload = completions_payload(endpoint, req, ignore_eos)
+    del payload["prompt"], payload["max_tokens"]
+    payload["messages"] = [{"role": "user", "content": req.prompt}]
+    payload["max_completion_tokens"] = req.output_tokens
+    return payload
+
+
+def chat_delta(chunk: dict[str, Any]) -> str | None:
+    """Content of a chat chunk's delta, or None if it carries no choice (the final usage chunk)."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return None
+    delta = choices[0].get("delta") or {}
+    return delta.get("content") or delta.get("reasoning_content") or ""
+
+
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+PAYLOADS = {"completions": completions_payload, "chat": chat_payload}
+DELTAS = {"completions": completions_delta, "chat": chat_delta}
 
 
 async def stream_request(

@@ -27,7 +27,7 @@ import aiohttp
 import numpy as np
 
 from orchestrator.config.schema import LoadPointSpec, RequestClass, WorkloadSpec
-from orchestrator.loadgen.arrivals import poisson_offsets, weighted_choice
+from orchestrator.loadgen.arrivals import arrival_offsets, weighted_choice
 from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, stream_request
 from orchestrator.loadgen.prompts import PromptFactory
 from orchestrator.metrics.records import RequestRecord
@@ -113,18 +113,22 @@ class PointRun:
             count = self.num_requests
         elif self.point.rate is not None:
             assert self.duration_s is not None
-            count = len(poisson_offsets(self.point.rate, stream_rng(seed, self.index, FOREGROUND_ARRIVALS),
-                                        duration_s=self.duration_s))
+            count = len(self._foreground_offsets(seed, duration_s=self.duration_s))
         else:
             count = min(MAX_PLANNED, 32 * (self.point.concurrency or 1))
         return self.planner.foreground_batch(count, self._fg_rng)
 
+    def _foreground_offsets(self, seed: Seed, count: int | None = None, duration_s: float | None = None) -> list[float]:
+        assert self.point.rate is not None
+        return arrival_offsets(self.point.rate, stream_rng(seed, self.index, FOREGROUND_ARRIVALS), count, duration_s,
+                               self.point.arrival, self.point.burstiness)
+
     def _plan_background(self, name: str, rng: np.random.Generator) -> list[tuple[float, PlannedRequest]]:
-        rate = self.workload.classes[name].rate
-        assert rate is not None
+        c = self.workload.classes[name]
+        assert c.rate is not None
         horizon = self.duration_s if self.duration_s is not None else BACKGROUND_HORIZON_S
-        n = min(MAX_PLANNED, math.ceil(rate * horizon * 1.5) + 4)
-        offsets = poisson_offsets(rate, rng, count=n, duration_s=horizon)[1:]  # first one after a gap
+        n = min(MAX_PLANNED, math.ceil(c.rate * horizon * 1.5) + 4)
+        offsets = arrival_offsets(c.rate, rng, n, horizon, c.arrival, c.burstiness)[1:]  # first one after a gap
         return [(t, self.planner.make(name, rng)) for t in offsets]
 
     def _next_foreground(self, source: Iterator[PlannedRequest]) -> PlannedRequest | None:
@@ -189,9 +193,7 @@ class PointRun:
         await asyncio.gather(*(worker() for _ in range(self.point.concurrency)))
 
     async def _open_loop(self, start: float, seed: Seed) -> None:
-        assert self.point.rate is not None
-        offsets = poisson_offsets(self.point.rate, stream_rng(seed, self.index, FOREGROUND_ARRIVALS),
-                                  count=len(self.foreground))
+        offsets = self._foreground_offsets(seed, count=len(self.foreground))
         for offset, req in zip(offsets, self.foreground):
             intended = start + offset
             delay = intended - now()

@@ -117,6 +117,6 @@ class ResourceMonitor:
         """Stop sampling; return ``memory_peak_gb`` and ``<gauge>_max`` metrics. Idempotent."""
         self.stop_thread()
         self.sample()
-        out = {"memory_peak_gb": self.peak_memory_bytes / 1e9}
+        out = {"memory_peak_gb": self.peak_memory_bytes / 1e9} if (self.pids or self.gpu_indices) else {}
         out.update({f"{k}_max": v for k, v in self.gauge_max.items()})
         return out

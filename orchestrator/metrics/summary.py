@@ -6,6 +6,8 @@ Definitions (all from client-side monotonic instants):
 * E2E  = last content chunk - sent
 * ITL  = gaps between consecutive content chunks (so ``E2E - TTFT == sum(ITL)``)
 * TPOT = (E2E - TTFT) / (output tokens - 1), for requests with more than one output token
+* ITL worst = the largest ITL of each request (``itl_worst_ms_p50`` = the stall a typical
+  request saw; head-of-line blocking shows here even when stalls are under 1% of all ITLs)
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ def latency_metrics(lats: Sequence[RequestLatency]) -> dict[str, float]:
     out.update(distribution("tpot_ms", [x.tpot_ms for x in lats if x.tpot_ms is not None]))
     out.update(distribution("itl_ms", [v for x in lats for v in x.itl_ms]))
     out.update(distribution("e2e_ms", [x.e2e_ms for x in lats]))
+    # The worst stall each request saw: robust to how rare stalls are among all ITLs.
+    out.update(distribution("itl_worst_ms", [max(x.itl_ms) for x in lats if x.itl_ms]))
     if "itl_ms_p50" in out and out["itl_ms_p50"] > 0:
         out["itl_p99_over_p50"] = out["itl_ms_p99"] / out["itl_ms_p50"]
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from orchestrator.config.schema import TinyModelSpec
 
-BUILD_VERSION = 1  # bump when the build recipe changes, so old caches are not reused
+BUILD_VERSION = 2  # bump when the build recipe changes, so old caches are not reused
 
 # Training text for the tokenizer: a few varied sentences are enough for a 512-token vocab.
 _CORPUS = [
@@ -35,6 +35,11 @@ _CORPUS = [
 ]
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>"]
+# A minimal chat template, so the chat-completions API works with the tiny model.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 def default_cache_dir() -> Path:
@@ -84,6 +89,7 @@ def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=1 << 20
     )
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out_dir))
 
 

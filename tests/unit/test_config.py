@@ -103,3 +103,10 @@ def test_sweep_settings_must_not_vary_between_jobs(compose):
     with pytest.raises(ConfigError, match="tracking: must be the same for every trial"):
         prepare_jobs([(["x"], a), (["y"], b)])
     assert len(prepare_jobs([(["x"], a), (["y"], a)])) == 2
+
+
+def test_unknown_key_lists_the_keys_of_the_chosen_engine(compose):
+    with pytest.raises(ConfigError) as err:
+        to_specs(compose(["engine=external", "engine.url=http://127.0.0.1:1", "+engine.block_size=32"]))
+    msg = str(err.value)
+    assert "engine.block_size: unknown key" in msg and "api_key_env" in msg and "metrics_path" in msg

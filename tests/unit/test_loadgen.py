@@ -116,3 +116,10 @@ def test_points_draw_from_their_own_streams(factory):
     assert plan(0) != plan(1)
     fg, bg = plan(1)
     assert len(fg) == 3 and len(bg) > 10  # background planned ahead for the horizon
+
+
+def test_chat_api_streams(factory):
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), workload(api="chat", num_requests=3), factory, seed=0)
+    assert all(r.ok and r.output_tokens == 8 for r in records)
+    assert srv.truth.paths == {"/v1/chat/completions"}

@@ -103,3 +103,11 @@ def test_records_roundtrip_parquet():
     table = parquet_bytes_to_table(records_to_parquet_bytes(records))
     assert table.num_rows == 2
     assert table_to_records(table) == records
+
+
+def test_worst_itl_per_request():
+    stalled = rec(0, 0.0, [0.1, 0.11, 0.61, 0.62])  # one 500 ms stall
+    smooth = rec(1, 0.0, [0.1, 0.11, 0.12, 0.13])
+    m = summarize_point([stalled, smooth])
+    assert m["itl_worst_ms_max"] == pytest.approx(500.0)
+    assert m["itl_worst_ms_p50"] == pytest.approx((500.0 + 10.0) / 2)

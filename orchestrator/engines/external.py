@@ -1,0 +1,89 @@
+"""The external "engine": a server somebody else runs. Nothing is launched or stopped.
+
+:class:`ExternalServer` has the interface of :class:`ServerProcess` that a trial uses
+(context manager, ``wait_healthy``, ``check_alive``, ``pid``), backed by HTTP checks only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.error
+import urllib.request
+from types import TracebackType
+from urllib.parse import urlparse
+
+from orchestrator.config.errors import ConfigError, ServerCrashedError, ServerStartError
+from orchestrator.config.schema import ExternalEngineSpec, TrialSpec
+from orchestrator.engines import vllm
+from orchestrator.engines.base import EngineMetric, ServerLaunch
+
+METRICS_BY_FLAVOR: dict[str, dict[str, EngineMetric]] = {"vllm": vllm.METRICS, "none": {}}
+
+
+def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
+    engine = spec.engine
+    assert isinstance(engine, ExternalEngineSpec)
+    u = urlparse(engine.url)
+    return ServerLaunch(
+        name="external", argv=[], env={}, host=u.hostname or "", port=u.port or (443 if u.scheme == "https" else 80),
+        health_path=engine.health_path or "", metrics_path=engine.metrics_path or "",
+        startup_timeout_s=engine.startup_timeout_s, scheme=u.scheme,
+    )
+
+
+def metrics_for(spec: TrialSpec) -> dict[str, EngineMetric]:
+    engine = spec.engine
+    assert isinstance(engine, ExternalEngineSpec)
+    return METRICS_BY_FLAVOR[engine.metrics] if engine.metrics_path else {}
+
+
+def api_key(spec: TrialSpec) -> str | None:
+    engine = spec.engine
+    assert isinstance(engine, ExternalEngineSpec)
+    if engine.api_key_env is None:
+        return None
+    key = os.environ.get(engine.api_key_env)
+    if not key:
+        raise ConfigError(f"engine.api_key_env: environment variable {engine.api_key_env} is not set")
+    return key
+
+
+def version() -> str:
+    return "external"
+
+
+class ExternalServer:
+    """Health checks against a running server; never starts or stops anything."""
+
+    def __init__(self, launch: ServerLaunch) -> None:
+        self.launch = launch
+        self.pid: int | None = None
+        self.startup_s: float | None = 0.0
+
+    def _healthy(self) -> bool:
+        if not self.launch.health_path:
+            return True
+        try:
+            with urllib.request.urlopen(self.launch.health_url, timeout=5) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def wait_healthy(self, timeout_s: float) -> float:
+        t0 = time.monotonic()
+        while not self._healthy():
+            if time.monotonic() - t0 > timeout_s:
+                raise ServerStartError(f"external server {self.launch.base_url} not healthy after {timeout_s:.0f} s")
+            time.sleep(1.0)
+        return 0.0  # nothing was started here
+
+    def check_alive(self) -> None:
+        if not self._healthy():
+            raise ServerCrashedError(f"external server {self.launch.base_url} stopped answering {self.launch.health_path}")
+
+    def __enter__(self) -> ExternalServer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        return None

@@ -1,0 +1,50 @@
+"""The trial layer end to end against an external server (the in-repo fake): no launch, same metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import ConfigError, to_specs
+from orchestrator.metrics.result import load_result
+from orchestrator.trial import run_trial
+from tests.fake_openai_server import FakeOpenAIServer, Script
+
+
+def external_spec(compose, url, *extra):
+    spec, _ = to_specs(compose(["engine=external", f"engine.url={url}", "engine.metrics=none",
+                                "workload.load_points=[{concurrency:2},{rate:20,num_requests:10}]",
+                                "workload.num_requests=6", *extra]))
+    return spec
+
+
+def test_external_trial_measures_without_launching(compose, tmp_path, tiny_model_dir):
+    with FakeOpenAIServer(Script(ttft_s=0.03, itl_s=0.005)) as srv:
+        result = run_trial(external_spec(compose, srv.base_url), tmp_path, progress=lambda _: None)
+    assert result.status == "FINISHED", result.error
+    assert result.servers[0]["argv"] == [] and result.engine_version == "external"
+    assert [p.label for p in result.points] == ["c2", "r20"]
+    m = result.points[1].metrics
+    assert m["completed"] == 10 and 25 <= m["ttft_ms_p50"] <= 150
+    assert "memory_peak_gb" not in m  # nothing of ours to measure
+    assert result.metrics["startup_s"] == 0.0
+    # the result saved after the last point is complete and reloadable
+    assert len(load_result(tmp_path).points) == 2
+
+
+def test_external_unreachable_fails_with_reason(compose, tmp_path, tiny_model_dir):
+    spec = external_spec(compose, "http://127.0.0.1:9", "engine.startup_timeout_s=1")
+    result = run_trial(spec, tmp_path, progress=lambda _: None)
+    assert result.status == "FAILED" and "not healthy" in result.error
+
+
+def test_external_needs_url(compose):
+    with pytest.raises(ConfigError, match="engine.url"):
+        to_specs(compose(["engine=external"]))
+
+
+def test_external_api_key_from_environment(compose, tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.delenv("LAB_TEST_KEY", raising=False)
+    with FakeOpenAIServer() as srv:
+        result = run_trial(external_spec(compose, srv.base_url, "engine.api_key_env=LAB_TEST_KEY"), tmp_path,
+                           progress=lambda _: None)
+    assert result.status == "FAILED" and "LAB_TEST_KEY is not set" in result.error
