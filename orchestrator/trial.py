@@ -28,6 +28,7 @@ from orchestrator.engines import (
     server_for,
 )
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.loadgen.datasets import load_sharegpt, load_trace
 from orchestrator.metrics import hardware, prometheus
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
@@ -66,6 +67,23 @@ def plan_trial(spec: TrialSpec, gpu_ids: list[int] | None = None) -> dict[str, A
     launch = adapter.launch(spec, resolve_model(spec.model, build=False), getattr(spec.engine, "port", None) or 0)
     plan["servers"] = [launch.redacted()]
     return plan
+
+
+def check_inputs(spec: TrialSpec) -> list[str]:
+    """Read every file the workload names (datasets, traces); raise ConfigError if one is bad.
+
+    Returns notes for the user (e.g. malformed entries skipped). Runs before anything starts.
+    """
+    notes = []
+    for name, c in spec.workload.classes.items():
+        if c.dataset == "sharegpt" and c.path:
+            data = load_sharegpt(c.path)
+            notes.append(f"workload.classes.{name}: {len(data.conversations)} conversations from {c.path}"
+                         + (f", {data.malformed} malformed entries skipped" if data.malformed else ""))
+    for i, p in enumerate(spec.workload.load_points):
+        if p.trace:
+            notes.append(f"workload.load_points.{i}: {len(load_trace(p.trace))} requests from trace {p.trace}")
+    return notes
 
 
 def _port_for(spec: TrialSpec) -> int:
@@ -120,8 +138,8 @@ class _PointHooks:
     def end(self, index: int, point: LoadPointSpec, records: list[RequestRecord]) -> bool:
         resources = self.monitor.stop()
         self.records.extend(records)
-        foreground = [n for n, c in self.spec.workload.classes.items() if c.rate is None]
-        metrics = summarize_point(records, self.spec.workload.slo, point.rate, foreground)
+        arriving = ["trace"] if point.trace else [n for n, c in self.spec.workload.classes.items() if c.rate is None]
+        metrics = summarize_point(records, self.spec.workload.slo, point.rate, arriving)
         metrics.update(resources)
         after = self._scrape()
         for key, value in prometheus.deltas(self._before, after, self.engine_metrics).items():

@@ -102,7 +102,7 @@ class TinyModelSpec(StrictModel):
     num_kv_heads: PositiveInt = 4
     intermediate_size: PositiveInt = 1408
     vocab_size: int = Field(default=512, ge=300, description="byte-level BPE needs 256 bytes + specials")
-    max_position_embeddings: PositiveInt = 4096
+    max_position_embeddings: PositiveInt = 8192
     seed: int = 0
 
     @model_validator(mode="after")
@@ -140,40 +140,90 @@ class ModelSpec(StrictModel):
 
 
 class RequestClass(StrictModel):
-    """One kind of request in a workload: its prompt and output lengths.
+    """One kind of request in a workload and where its prompts come from (``dataset``).
+
+    * ``random``: prompts of ``input_tokens`` random tokens (``range_ratio`` spreads lengths);
+    * ``shared_prefix``: one of ``num_groups`` fixed prefixes of ``prefix_tokens``, then
+      ``input_tokens`` random tokens (prefix-caching labs);
+    * ``sharegpt``: the first user turn of conversations in the ShareGPT file ``path``; output
+      length from the first reply unless ``output_tokens`` is set; prompts longer than
+      ``max_input_tokens`` are skipped.
 
     A class with ``rate`` set is background traffic: it arrives on its own process
     (``arrival``) at that rate while each load point runs, whatever the point's setting.
     """
 
-    input_tokens: PositiveInt
-    output_tokens: PositiveInt
+    dataset: Literal["random", "shared_prefix", "sharegpt"] = "random"
+    input_tokens: PositiveInt | None = None
+    output_tokens: PositiveInt | None = None
     range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0, description="lengths drawn in [n(1-r), n(1+r)]")
+    num_groups: PositiveInt | None = None
+    prefix_tokens: PositiveInt | None = None
+    path: str | None = None
+    max_input_tokens: PositiveInt = 1024
+    max_output_tokens: PositiveInt = 1024
     weight: PositiveFloat = 1.0
     rate: PositiveFloat | None = None
     arrival: ArrivalKind = "poisson"
     burstiness: PositiveFloat = Field(default=1.0, description="gamma shape; <1 burstier, >1 smoother")
 
+    @model_validator(mode="after")
+    def _dataset_fields(self) -> RequestClass:
+        need = {
+            "random": ("input_tokens", "output_tokens"),
+            "shared_prefix": ("input_tokens", "output_tokens", "num_groups", "prefix_tokens"),
+            "sharegpt": ("path",),
+        }[self.dataset]
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"dataset '{self.dataset}' needs {', '.join(missing)}")
+        return self
+
+    def max_tokens(self) -> int:
+        """Upper bound of prompt + output tokens of one request."""
+        spread = 1 + self.range_ratio
+        if self.dataset == "sharegpt":
+            return self.max_input_tokens + (int((self.output_tokens or 0) * spread) or self.max_output_tokens)
+        assert self.input_tokens is not None and self.output_tokens is not None
+        return (self.prefix_tokens or 0) + int(self.input_tokens * spread) + int(self.output_tokens * spread)
+
 
 class LoadPointSpec(StrictModel):
-    """One arrival setting: closed-loop ``concurrency`` or open-loop ``rate`` (req/s) on ``arrival``."""
+    """One arrival setting: closed-loop ``concurrency``, open-loop ``rate`` (req/s), or a ``trace``.
+
+    ``rate`` may be ``inf`` (everything at once). With ``rate``: ``arrival`` picks the process,
+    ``max_concurrency`` caps requests in flight without ever sending faster than the rate,
+    ``ramp_up_s`` raises the rate linearly from 0 over that time. A ``trace`` (JSONL/CSV of
+    timestamp, input_tokens, output_tokens) replays its own arrivals and lengths, its clock
+    stretched by ``time_scale``.
+    """
 
     concurrency: PositiveInt | None = None
     rate: PositiveFloat | None = None
+    trace: str | None = None
     arrival: ArrivalKind = "poisson"
     burstiness: PositiveFloat = Field(default=1.0, description="gamma shape; <1 burstier, >1 smoother")
+    max_concurrency: PositiveInt | None = None
+    ramp_up_s: float = Field(default=0.0, ge=0.0)
+    time_scale: PositiveFloat = 1.0
     num_requests: PositiveInt | None = None
     duration_s: PositiveFloat | None = None
 
     @model_validator(mode="after")
     def _one_arrival(self) -> LoadPointSpec:
-        if (self.concurrency is None) == (self.rate is None):
-            raise ValueError("a load point needs exactly one of 'concurrency' or 'rate'")
+        if sum(x is not None for x in (self.concurrency, self.rate, self.trace)) != 1:
+            raise ValueError("a load point needs exactly one of 'concurrency', 'rate' or 'trace'")
+        if self.rate is None and (self.max_concurrency is not None or self.ramp_up_s):
+            raise ValueError("'max_concurrency' and 'ramp_up_s' apply to 'rate' points only")
         return self
 
     @property
     def label(self) -> str:
-        return f"c{self.concurrency}" if self.concurrency is not None else f"r{self.rate:g}"
+        if self.concurrency is not None:
+            return f"c{self.concurrency}"
+        if self.trace is not None:
+            return "trace" if self.time_scale == 1 else f"trace_x{self.time_scale:g}"
+        return f"r{self.rate:g}"
 
 
 class SLOSpec(StrictModel):
@@ -204,8 +254,10 @@ class WorkloadSpec(StrictModel):
         if not any(c.rate is None for c in self.classes.values()):
             raise ValueError("at least one request class must follow the load point (no 'rate' of its own)")
         for i, p in enumerate(self.load_points):
-            if (p.num_requests or self.num_requests or p.duration_s or self.duration_s) is None:
+            if p.trace is None and (p.num_requests or self.num_requests or p.duration_s or self.duration_s) is None:
                 raise ValueError(f"load_points[{i}] has no stop: set num_requests or duration_s")
+            if p.rate == float("inf") and self.stop_of(p)[0] is None:
+                raise ValueError(f"load_points[{i}]: rate inf sends everything at once and needs num_requests")
         return self
 
     def stop_of(self, point: LoadPointSpec) -> tuple[int | None, float | None]:
@@ -219,10 +271,7 @@ class WorkloadSpec(StrictModel):
         return n, d
 
     def max_request_tokens(self) -> int:
-        return max(
-            int(c.input_tokens * (1 + c.range_ratio)) + int(c.output_tokens * (1 + c.range_ratio))
-            for c in self.classes.values()
-        )
+        return max(c.max_tokens() for c in self.classes.values())
 
 
 # --------------------------------------------------------------------------- platform, cluster, tracking

@@ -10,6 +10,7 @@ Processes (all with mean gap ``1 / rate``):
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -46,6 +47,10 @@ def arrival_offsets(
     """
     if count is None and duration_s is None:
         raise ValueError("arrival_offsets needs count or duration_s")
+    if math.isinf(rate):
+        if count is None:
+            raise ValueError("an infinite rate needs a request count")
+        return [0.0] * count
     offsets = [0.0]
     t = 0.0
     batch = 256

@@ -26,9 +26,11 @@ from collections.abc import Callable, Iterator
 import aiohttp
 import numpy as np
 
+from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import LoadPointSpec, RequestClass, WorkloadSpec
 from orchestrator.loadgen.arrivals import arrival_offsets, weighted_choice
 from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, stream_request
+from orchestrator.loadgen.datasets import TraceRow, load_sharegpt, load_trace
 from orchestrator.loadgen.prompts import PromptFactory
 from orchestrator.metrics.records import RequestRecord
 
@@ -45,6 +47,14 @@ FOREGROUND_PLAN, FOREGROUND_ARRIVALS = 0, 1  # stream ids; background class i us
 Seed = int | tuple[int, ...]
 
 
+def ramp(t: float, ramp_up_s: float) -> float:
+    """Map an offset of a constant-rate schedule onto one whose rate rises linearly from 0
+    to the full rate over ``ramp_up_s`` (the arrival count up to t is rate * t^2 / 2R there)."""
+    if t < ramp_up_s / 2:
+        return math.sqrt(2 * ramp_up_s * t)
+    return t + ramp_up_s / 2
+
+
 def stream_rng(seed: Seed, point: int, stream: int) -> np.random.Generator:
     """The generator of one stream of draws of one point (point -1 = warmup)."""
     base = list(seed) if isinstance(seed, tuple) else [seed]
@@ -52,7 +62,7 @@ def stream_rng(seed: Seed, point: int, stream: int) -> np.random.Generator:
 
 
 class RequestPlanner:
-    """Draws request lengths and prompts for a workload."""
+    """Draws request lengths and prompts for a workload, from each class's dataset."""
 
     def __init__(self, workload: WorkloadSpec, factory: PromptFactory) -> None:
         self.workload = workload
@@ -60,6 +70,7 @@ class RequestPlanner:
         self._ids = itertools.count()
         self.foreground = [n for n, c in workload.classes.items() if c.rate is None]
         self.background = [n for n, c in workload.classes.items() if c.rate is not None]
+        self._prefixes: dict[tuple[str, int], str] = {}
 
     @staticmethod
     def _length(n: int, ratio: float, rng: np.random.Generator) -> int:
@@ -70,9 +81,46 @@ class RequestPlanner:
 
     def make(self, class_name: str, rng: np.random.Generator) -> PlannedRequest:
         c: RequestClass = self.workload.classes[class_name]
-        n_in = self._length(c.input_tokens, c.range_ratio, rng)
-        n_out = self._length(c.output_tokens, c.range_ratio, rng)
+        if c.dataset == "sharegpt":
+            prompt, n_in, n_out = self._sharegpt(c, rng)
+        else:
+            assert c.input_tokens is not None and c.output_tokens is not None
+            n_in = self._length(c.input_tokens, c.range_ratio, rng)
+            n_out = self._length(c.output_tokens, c.range_ratio, rng)
+            prompt = self.factory.prompt(n_in, rng)
+            if c.dataset == "shared_prefix":
+                assert c.num_groups is not None and c.prefix_tokens is not None
+                prompt = self._prefix(class_name, c, int(rng.integers(c.num_groups))) + prompt
+                n_in += c.prefix_tokens
+        return PlannedRequest(next(self._ids), class_name, prompt, n_in, n_out)
+
+    def make_sized(self, class_name: str, n_in: int, n_out: int, rng: np.random.Generator) -> PlannedRequest:
+        """A random prompt of exactly ``n_in`` tokens (trace replay)."""
         return PlannedRequest(next(self._ids), class_name, self.factory.prompt(n_in, rng), n_in, n_out)
+
+    def _prefix(self, class_name: str, c: RequestClass, group: int) -> str:
+        """The fixed prefix of a group: the same text in every point, ending in a newline so
+        the suffix never merges into its last token."""
+        key = (class_name, group)
+        if key not in self._prefixes:
+            assert c.prefix_tokens is not None
+            rng = np.random.default_rng([self.workload.seed, 7919, group])
+            self._prefixes[key] = self.factory.prompt(max(1, c.prefix_tokens - 1), rng) + "\n"
+        return self._prefixes[key]
+
+    def _sharegpt(self, c: RequestClass, rng: np.random.Generator) -> tuple[str, int, int]:
+        assert c.path is not None
+        convs = load_sharegpt(c.path).conversations
+        for _ in range(1000):
+            conv = convs[int(rng.integers(len(convs)))]
+            n_in = self.factory.count(conv.prompt)
+            if 1 <= n_in <= c.max_input_tokens:
+                if c.output_tokens is not None:
+                    n_out = self._length(c.output_tokens, c.range_ratio, rng)
+                else:
+                    n_out = min(max(1, self.factory.count(conv.reply)), c.max_output_tokens)
+                return conv.prompt, n_in, n_out
+        raise LoadError(f"sharegpt dataset '{c.path}': no prompt of at most {c.max_input_tokens} tokens found")
 
     def foreground_batch(self, n: int, rng: np.random.Generator) -> list[PlannedRequest]:
         weights = [self.workload.classes[c].weight for c in self.foreground]
@@ -109,6 +157,9 @@ class PointRun:
     # -- planning (before the clock starts) ------------------------------------------
 
     def _plan_foreground(self, seed: Seed) -> list[PlannedRequest]:
+        if self.point.trace is not None:
+            rows = self._trace_rows()
+            return [self.planner.make_sized("trace", r.input_tokens, r.output_tokens, self._fg_rng) for r in rows]
         if self.num_requests is not None:
             count = self.num_requests
         elif self.point.rate is not None:
@@ -118,10 +169,20 @@ class PointRun:
             count = min(MAX_PLANNED, 32 * (self.point.concurrency or 1))
         return self.planner.foreground_batch(count, self._fg_rng)
 
+    def _trace_rows(self) -> list[TraceRow]:
+        assert self.point.trace is not None
+        rows = [r for r in load_trace(self.point.trace)
+                if self.duration_s is None or r.timestamp_s * self.point.time_scale < self.duration_s]
+        return rows[: self.num_requests] if self.num_requests is not None else rows
+
     def _foreground_offsets(self, seed: Seed, count: int | None = None, duration_s: float | None = None) -> list[float]:
-        assert self.point.rate is not None
-        return arrival_offsets(self.point.rate, stream_rng(seed, self.index, FOREGROUND_ARRIVALS), count, duration_s,
-                               self.point.arrival, self.point.burstiness)
+        p = self.point
+        if p.trace is not None:
+            return [r.timestamp_s * p.time_scale for r in self._trace_rows()]
+        assert p.rate is not None
+        offsets = arrival_offsets(p.rate, stream_rng(seed, self.index, FOREGROUND_ARRIVALS), count, duration_s,
+                                  p.arrival, p.burstiness)
+        return [ramp(t, p.ramp_up_s) for t in offsets] if p.ramp_up_s else offsets
 
     def _plan_background(self, name: str, rng: np.random.Generator) -> list[tuple[float, PlannedRequest]]:
         c = self.workload.classes[name]
@@ -156,8 +217,10 @@ class PointRun:
             self.workload.request_timeout_s,
         )
 
-    def _spawn(self, req: PlannedRequest, intended: float) -> None:
+    def _spawn(self, req: PlannedRequest, intended: float, slots: asyncio.Semaphore | None = None) -> None:
         task = asyncio.ensure_future(self._send(req, intended))
+        if slots is not None:
+            task.add_done_callback(lambda _: slots.release())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -194,12 +257,23 @@ class PointRun:
 
     async def _open_loop(self, start: float, seed: Seed) -> None:
         offsets = self._foreground_offsets(seed, count=len(self.foreground))
+        cap = self.point.max_concurrency
+        slots = asyncio.Semaphore(cap) if cap else None
+        min_gap = 1.0 / self.point.rate if cap and self.point.rate else 0.0
+        last_send = -math.inf
         for offset, req in zip(offsets, self.foreground):
             intended = start + offset
             delay = intended - now()
             if delay > 0:
                 await asyncio.sleep(delay)
-            self._spawn(req, intended)
+            if slots is not None:
+                await slots.acquire()
+                # Waited for a slot: catch up at the rate, never in a burst above it.
+                wait = last_send + min_gap - now()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                last_send = now()
+            self._spawn(req, intended, slots)
 
     async def _background(self, plan: list[tuple[float, PlannedRequest]], start: float) -> None:
         for offset, req in plan:

@@ -44,6 +44,8 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
         jobs.append(TrialJob(first_index + i, list(overrides), spec, settings))
     if not problems and jobs:
         problems += _shared_settings_problems(jobs)
+    if not problems:
+        problems += _input_file_problems(jobs)
     if problems:
         # Most sweeps share one mistake: show it once when every job reports the same text.
         bodies = {p.split("]: ", 1)[-1] for p in problems}
@@ -51,6 +53,22 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
             raise ConfigError(f"{bodies.pop()}\n(in all {len(problems)} jobs of the sweep)")
         raise ConfigError("\n".join(problems))
     return jobs
+
+
+def _input_file_problems(jobs: list[TrialJob]) -> list[str]:
+    """Every dataset and trace file is read once here, before any server starts."""
+    from orchestrator.trial import check_inputs
+
+    problems, seen = [], set()
+    for job in jobs:
+        try:
+            for note in check_inputs(job.spec):
+                if note not in seen:
+                    seen.add(note)
+                    print(note, flush=True)
+        except ConfigError as exc:
+            problems.append(f"job {job.index}: {exc}")
+    return problems
 
 
 def _shared_settings_problems(jobs: list[TrialJob]) -> list[str]:

@@ -43,3 +43,10 @@ def test_dry_run_prints_one_line_per_trial_and_starts_nothing():
     assert [x["variant"] for x in lines] == ["chunking_off", "budget_256", "budget_512", "budget_2048"]
     assert all(x["feasible"] and x["servers"][0]["argv"][0].endswith("python") for x in lines)
     assert "--no-enable-chunked-prefill" in lines[0]["servers"][0]["argv"]
+
+
+def test_missing_dataset_file_fails_before_launch():
+    p = run("workload=sharegpt", "workload.classes.main.path=/nope/sharegpt.json", "-m")
+    assert p.returncode == 2, p.stderr
+    assert "sharegpt dataset: file '/nope/sharegpt.json' does not exist" in p.stderr
+    assert "starting vllm" not in p.stdout

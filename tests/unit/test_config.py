@@ -37,7 +37,7 @@ def test_negative_rate_rejected(compose):
 
 
 def test_point_needs_one_arrival(compose):
-    with pytest.raises(ConfigError, match="exactly one of 'concurrency' or 'rate'"):
+    with pytest.raises(ConfigError, match="exactly one of 'concurrency', 'rate' or 'trace'"):
         to_specs(compose(["workload.load_points=[{rate:1,concurrency:2}]"]))
 
 

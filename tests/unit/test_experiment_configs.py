@@ -31,3 +31,13 @@ def test_experiment_sweep_validates(compose, experiment, platform):
         assert spec.platform.name == platform
         hashes.add(trial_hash(spec))
     assert len(hashes) == len(variants), "two variants of one sweep produce the same trial"
+
+
+WORKLOADS = sorted(p.stem for p in (CONF / "workload").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_every_workload_validates(compose, workload, platform):
+    spec, _ = to_specs(compose([f"workload={workload}", f"platform={platform}"]))
+    assert spec.workload.name == workload

@@ -123,3 +123,38 @@ def test_chat_api_streams(factory):
         records = run_points(Endpoint(srv.base_url, "m"), workload(api="chat", num_requests=3), factory, seed=0)
     assert all(r.ok and r.output_tokens == 8 for r in records)
     assert srv.truth.paths == {"/v1/chat/completions"}
+
+
+def test_trace_point_replays_timestamps(factory):
+    from tests.conftest import ROOT
+
+    w = workload(load_points=[{"trace": str(ROOT / "tests/data/trace_sample.jsonl"), "time_scale": 0.4}],
+                 warmup_requests=0, num_requests=None)
+    with FakeOpenAIServer(Script(ttft_s=0.005, itl_s=0.001)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+    assert len(records) == 12 and {r.request_class for r in records} == {"trace"}
+    t0 = records[0].intended_send_s
+    assert [round(r.intended_send_s - t0, 3) for r in records] == [round(i * 0.25 * 0.4, 3) for i in range(12)]
+    assert [r.input_tokens_target for r in records] == [16 + i for i in range(12)]
+    assert max(r.sent_s - r.intended_send_s for r in records) < 0.05
+
+
+def test_infinite_rate_sends_everything_at_once(factory):
+    w = workload(load_points=[{"rate": "inf"}], num_requests=8, warmup_requests=0)
+    with FakeOpenAIServer(Script(ttft_s=0.05, itl_s=0.001)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+        assert srv.truth.max_in_flight == 8
+    assert max(r.sent_s for r in records) - min(r.sent_s for r in records) < 0.05
+
+
+def test_rate_with_concurrency_cap_never_bursts(factory):
+    # 40 req/s but each request takes ~100 ms and only 2 may be in flight: the client must
+    # hold at most 2 and, after waiting for a slot, never send faster than 40/s.
+    w = workload(load_points=[{"rate": 40.0, "max_concurrency": 2, "arrival": "constant"}], num_requests=12,
+                 warmup_requests=0)
+    with FakeOpenAIServer(Script(ttft_s=0.1, itl_s=0.001)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+        assert srv.truth.max_in_flight <= 2
+    sends = sorted(r.sent_s for r in records)
+    assert min(b - a for a, b in zip(sends, sends[1:])) >= 1 / 40 - 0.003
+    assert summarize_point(records)["send_lag_ms_max"] > 100  # the cap shows up as send lag
