@@ -33,7 +33,7 @@ from orchestrator.metrics import hardware, prometheus
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, save_result
-from orchestrator.metrics.summary import summarize_by_class, summarize_point
+from orchestrator.metrics.summary import client_validity, summarize_by_class, summarize_point
 from orchestrator.models import resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
@@ -135,12 +135,18 @@ class _PointHooks:
         self.monitor.start()
         self._t0 = time.monotonic()
 
-    def end(self, index: int, point: LoadPointSpec, records: list[RequestRecord]) -> bool:
+    def end(self, index: int, point: LoadPointSpec, records: list[RequestRecord], client: dict[str, float]) -> bool:
         resources = self.monitor.stop()
         self.records.extend(records)
         arriving = ["trace"] if point.trace else [n for n, c in self.spec.workload.classes.items() if c.rate is None]
         metrics = summarize_point(records, self.spec.workload.slo, point.rate, arriving)
         metrics.update(resources)
+        metrics.update(client)
+        valid, reasons = client_validity(metrics, self.spec.workload.validity, capped=point.max_concurrency is not None)
+        metrics["invalid"] = 0.0 if valid else 1.0
+        if not valid:
+            self.progress(f"[{self.label}] point {point.label} INVALID (the client was the bottleneck): "
+                          + "; ".join(reasons))
         after = self._scrape()
         for key, value in prometheus.deltas(self._before, after, self.engine_metrics).items():
             metrics[f"server_{key}"] = value

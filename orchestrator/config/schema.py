@@ -234,6 +234,15 @@ class SLOSpec(StrictModel):
     e2e_ms: PositiveFloat | None = None
 
 
+class ValiditySpec(StrictModel):
+    """When a load point's numbers describe the client rather than the server (point invalid)."""
+
+    max_send_lag_ms_p99: PositiveFloat = 10.0
+    max_loop_lag_ms_p99: PositiveFloat = 10.0
+    max_client_cpu_util: PositiveFloat = 0.9
+    min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / target rate")
+
+
 class WorkloadSpec(StrictModel):
     """Requests and the load points they are sent at."""
 
@@ -248,6 +257,7 @@ class WorkloadSpec(StrictModel):
     ignore_eos: bool = True
     request_timeout_s: PositiveFloat = 300.0
     slo: SLOSpec = Field(default_factory=SLOSpec)
+    validity: ValiditySpec = Field(default_factory=ValiditySpec)
 
     @model_validator(mode="after")
     def _stops_and_classes(self) -> WorkloadSpec:

@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 
 import aiohttp
@@ -33,6 +34,7 @@ from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, stream_re
 from orchestrator.loadgen.datasets import TraceRow, load_sharegpt, load_trace
 from orchestrator.loadgen.prompts import PromptFactory
 from orchestrator.metrics.records import RequestRecord
+from orchestrator.metrics.summary import distribution
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,7 @@ class PointRun:
         self.planner, self.session = planner, session
         self.records: list[RequestRecord] = []
         self.late = 0
+        self.client_stats: dict[str, float] = {}
         self.num_requests, self.duration_s = workload.stop_of(point)
         self._tasks: set[asyncio.Task[RequestRecord]] = set()
         self._foreground_done = asyncio.Event()
@@ -224,10 +227,19 @@ class PointRun:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _watch_loop(self, lags: list[float], tick_s: float = 0.005) -> None:
+        """How late the event loop wakes up: a busy client shows here before anywhere else."""
+        while not self._foreground_done.is_set():
+            t = now()
+            await asyncio.sleep(tick_s)
+            lags.append((now() - t - tick_s) * 1e3)
+
     async def run(self, seed: Seed) -> list[RequestRecord]:
-        start = now()
+        start, cpu0 = now(), time.process_time()
         deadline = start + self.duration_s if self.duration_s is not None else None
         background = [asyncio.ensure_future(self._background(plan, start)) for plan in self.background.values()]
+        lags: list[float] = []
+        watcher = asyncio.ensure_future(self._watch_loop(lags))
         try:
             if self.point.concurrency is not None:
                 await self._closed_loop(deadline)
@@ -238,6 +250,10 @@ class PointRun:
             await asyncio.gather(*background, return_exceptions=True)
             while self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            watcher.cancel()
+        wall = max(now() - start, 1e-9)
+        self.client_stats = {"client_cpu_util": (time.process_time() - cpu0) / wall,
+                             **distribution("loop_lag_ms", lags)}
         if self.late:
             log.warning("point %d: %d requests were made during the point (plan exhausted)", self.index, self.late)
         return sorted(self.records, key=lambda r: r.intended_send_s)
@@ -303,11 +319,12 @@ def run_points(
     factory: PromptFactory,
     seed: Seed,
     on_point_start: Callable[[int, LoadPointSpec], None] | None = None,
-    on_point_end: Callable[[int, LoadPointSpec, list[RequestRecord]], bool] | None = None,
+    on_point_end: Callable[[int, LoadPointSpec, list[RequestRecord], dict[str, float]], bool] | None = None,
 ) -> list[RequestRecord]:
     """Warm up, then run every load point in order; returns all records (``point`` = index).
 
-    ``on_point_end`` may return False to stop after that point (e.g. the server died).
+    ``on_point_end`` gets the point's records and the client's own stats (CPU use, event-loop
+    lag); it may return False to stop after that point (e.g. the server died).
     """
     planner = RequestPlanner(workload, factory)
 
@@ -322,7 +339,7 @@ def run_points(
                     on_point_start(i, point)
                 records = await run.run(seed)
                 out.extend(records)
-                if on_point_end and on_point_end(i, point, records) is False:
+                if on_point_end and on_point_end(i, point, records, run.client_stats) is False:
                     break
         return out
 

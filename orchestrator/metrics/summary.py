@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.config.schema import SLOSpec
+from orchestrator.config.schema import SLOSpec, ValiditySpec
 from orchestrator.metrics.records import RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
@@ -144,3 +144,23 @@ def summarize_by_class(records: Iterable[RequestRecord]) -> dict[str, dict[str, 
         if lat is not None:
             by.setdefault(r.request_class, []).append(lat)
     return {name: latency_metrics(lats) for name, lats in sorted(by.items())}
+
+
+def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: bool = False) -> tuple[bool, list[str]]:
+    """Whether the client kept up: (valid, reasons). Reads the point's metrics.
+
+    With ``capped`` (a rate point with ``max_concurrency``) late sends and a lower achieved
+    rate are the cap working, so only the client's own CPU and event-loop lag count.
+    """
+    reasons = []
+    if not capped and metrics.get("send_lag_ms_p99", 0.0) > limits.max_send_lag_ms_p99:
+        reasons.append(f"send lag p99 {metrics['send_lag_ms_p99']:.1f} ms > {limits.max_send_lag_ms_p99:g}")
+    if metrics.get("loop_lag_ms_p99", 0.0) > limits.max_loop_lag_ms_p99:
+        reasons.append(f"event-loop lag p99 {metrics['loop_lag_ms_p99']:.1f} ms > {limits.max_loop_lag_ms_p99:g}")
+    if metrics.get("client_cpu_util", 0.0) > limits.max_client_cpu_util:
+        reasons.append(f"client CPU {metrics['client_cpu_util']:.2f} of a core > {limits.max_client_cpu_util:g}")
+    target, achieved = metrics.get("target_rate"), metrics.get("achieved_rate")
+    if (not capped and target and achieved is not None and target != float("inf")
+            and achieved < target * limits.min_rate_ratio):
+        reasons.append(f"achieved rate {achieved:.2f} < {limits.min_rate_ratio:g} x target {target:g}")
+    return not reasons, reasons

@@ -95,6 +95,9 @@ class MlflowTracker:
             run_tags["mlflow.parentRunId"] = self.parent_run_id
         if result.error:
             run_tags["error"] = truncate(result.error, 5000)
+        invalid = [p.label for p in result.points if p.metrics.get("invalid")]
+        if invalid:
+            run_tags["invalid_points"] = ",".join(invalid)  # the client, not the server, was the bottleneck
         name = result.variant or f"trial-{result.trial_hash[:8]}"
         run = self.client.create_run(self.experiment_id, run_name=truncate(name, 250), tags=run_tags,
                                      start_time=int(result.started_at * 1000))

@@ -48,3 +48,11 @@ def test_external_api_key_from_environment(compose, tmp_path, tiny_model_dir, mo
         result = run_trial(external_spec(compose, srv.base_url, "engine.api_key_env=LAB_TEST_KEY"), tmp_path,
                            progress=lambda _: None)
     assert result.status == "FAILED" and "LAB_TEST_KEY is not set" in result.error
+
+
+def test_points_carry_client_validity(compose, tmp_path, tiny_model_dir):
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
+        result = run_trial(external_spec(compose, srv.base_url), tmp_path, progress=lambda _: None)
+    m = result.points[0].metrics
+    assert m["invalid"] == 0.0
+    assert 0 <= m["client_cpu_util"] < 1.5 and m["loop_lag_ms_p50"] < 10
