@@ -1,11 +1,18 @@
-"""A fake OpenAI-compatible streaming server for tests: scripted TTFT/ITL, chunking, errors.
+"""A fake OpenAI-compatible streaming server: scripted TTFT/ITL, chunking, errors.
 
-It keeps the truth (how many requests were in flight at most, when each chunk was sent),
-so tests can check what the client measured against what actually happened.
+It keeps the truth: for every request (keyed by its ``X-Request-Id`` header) when it
+arrived and when each chunk was actually written, so tests and benchmarks can compare what
+a client measured with what happened. Use it in-process (tests) or as its own process
+(benchmarks, so it does not share a GIL with the client):
+
+    python -m tests.fake_openai_server --port 8100 --ttft 0.02 --itl 0.01
+
+``GET /truth`` returns the recorded truth as JSON; ``POST /truth/reset`` clears it.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import threading
@@ -32,13 +39,14 @@ class Truth:
     arrivals: list[float] = field(default_factory=list)
     chunk_sent: list[float] = field(default_factory=list)
     paths: set[str] = field(default_factory=set)
+    by_request: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 class FakeOpenAIServer:
-    def __init__(self, script: Script | None = None) -> None:
+    def __init__(self, script: Script | None = None, port: int = 0) -> None:
         self.script = script or Script()
         self.truth = Truth()
-        self.port = 0
+        self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -48,12 +56,16 @@ class FakeOpenAIServer:
         return f"http://127.0.0.1:{self.port}"
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        arrival = time.perf_counter()
         body = await request.json()
         t = self.truth
         t.requests += 1
-        t.arrivals.append(time.perf_counter())
+        t.arrivals.append(arrival)
         t.paths.add(request.path)
         chat = request.path.endswith("/chat/completions")
+        rid = request.headers.get("X-Request-Id", f"anon-{t.requests}")
+        chunks: list[float] = []
+        t.by_request[rid] = {"arrival": arrival, "chunks": chunks}
         if self.script.fail_every and t.requests % self.script.fail_every == 0:
             return web.json_response({"error": {"message": "scripted failure"}}, status=500)
         t.in_flight += 1
@@ -61,12 +73,17 @@ class FakeOpenAIServer:
         try:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            n = int(body.get("max_completion_tokens" if chat else "max_tokens", 16))
+            n = int(body.get("max_completion_tokens" if chat else "max_tokens", 16) or 16)
             prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
             prompt_tokens = len(str(prompt).split())
-            await asyncio.sleep(self.script.ttft_s)
+            # Deadlines from the arrival, not sleeps in a row: a late wake-up does not push
+            # every later chunk back (the truth records when chunks really went out).
+            due = arrival + self.script.ttft_s
             sent = 0
             while sent < n:
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 k = min(self.script.tokens_per_chunk, n - sent)
                 sent += k
                 choice = {"index": 0, "delta": {"content": "x" * k}} if chat else {"index": 0, "text": "x" * k}
@@ -75,9 +92,10 @@ class FakeOpenAIServer:
                     chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
                                       "total_tokens": prompt_tokens + sent}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                t.chunk_sent.append(time.perf_counter())
-                if sent < n:
-                    await asyncio.sleep(self.script.itl_s)
+                now = time.perf_counter()
+                chunks.append(now)
+                t.chunk_sent.append(now)
+                due += self.script.itl_s
             final = {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
                                               "total_tokens": prompt_tokens + sent}}
             await resp.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
@@ -92,20 +110,33 @@ class FakeOpenAIServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=f"# TYPE fake:requests counter\nfake:requests_total {self.truth.requests}\n")
 
+    async def _get_truth(self, request: web.Request) -> web.Response:
+        return web.json_response({"max_in_flight": self.truth.max_in_flight, "by_request": self.truth.by_request})
+
+    async def _reset_truth(self, request: web.Request) -> web.Response:
+        self.truth = Truth()
+        return web.Response(text="ok")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/truth", self._get_truth)
+        app.router.add_post("/truth/reset", self._reset_truth)
+        return app
+
     def start(self) -> FakeOpenAIServer:
+        """Serve from a background thread (for tests in the same process)."""
         ready = threading.Event()
 
         def run() -> None:
             self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self._loop)
-            app = web.Application()
-            app.router.add_post("/v1/completions", self._completions)
-            app.router.add_post("/v1/chat/completions", self._completions)
-            app.router.add_get("/health", self._health)
-            app.router.add_get("/metrics", self._metrics)
-            self._runner = web.AppRunner(app, access_log=None)
+            self._runner = web.AppRunner(self.app(), access_log=None)
             self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
             self._loop.run_until_complete(site.start())
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             ready.set()
@@ -130,3 +161,24 @@ class FakeOpenAIServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--ttft", type=float, default=0.02)
+    ap.add_argument("--itl", type=float, default=0.01)
+    ap.add_argument("--tokens-per-chunk", type=int, default=1)
+    a = ap.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    server = FakeOpenAIServer(Script(ttft_s=a.ttft, itl_s=a.itl, tokens_per_chunk=a.tokens_per_chunk), a.port)
+    web.run_app(server.app(), host="127.0.0.1", port=a.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

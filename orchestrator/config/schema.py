@@ -240,7 +240,7 @@ class ValiditySpec(StrictModel):
     max_send_lag_ms_p99: PositiveFloat = 10.0
     max_loop_lag_ms_p99: PositiveFloat = 10.0
     max_client_cpu_util: PositiveFloat = 0.9
-    min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / target rate")
+    min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / scheduled rate")
 
 
 class WorkloadSpec(StrictModel):

@@ -81,6 +81,36 @@ def chat_delta(chunk: dict[str, Any]) -> str | None:
     return delta.get("content") or delta.get("reasoning_content") or ""
 
 
+def trace_config() -> aiohttp.TraceConfig:
+    """Stamps ``sent_s`` when the request body has actually been written to the socket, so
+    time spent queued inside the client (serialising, waiting for the loop) is not charged
+    to the server's TTFT. It shows up as send lag instead."""
+
+    async def on_chunk_sent(session: aiohttp.ClientSession, ctx: Any, params: Any) -> None:
+        record = (ctx.trace_request_ctx or {}).get("record")
+        if record is not None:
+            record.sent_s = now()
+
+    tc = aiohttp.TraceConfig()
+    tc.on_request_chunk_sent.append(on_chunk_sent)
+    return tc
+
+
+async def prewarm(session: aiohttp.ClientSession, endpoint: Endpoint, connections: int) -> None:
+    """Open ``connections`` keep-alive connections before a point, so connection set-up is not
+    measured as TTFT. Any answer (even 404/401) leaves a pooled connection behind."""
+
+    async def one() -> None:
+        try:
+            async with session.get(endpoint.base_url + "/v1/models", headers=endpoint.headers(),
+                                   timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                await resp.read()
+        except Exception:  # best effort: a refused warm-up changes nothing about the measurement
+            pass
+
+    await asyncio.gather(*(one() for _ in range(connections)))
+
+
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 PAYLOADS = {"completions": completions_payload, "chat": chat_payload}
 DELTAS = {"completions": completions_delta, "chat": chat_delta}
@@ -95,15 +125,18 @@ async def stream_request(
     ignore_eos: bool = True,
     timeout_s: float = 300.0,
 ) -> RequestRecord:
-    """Send one streaming request; fill ``record`` (whose ``sent_s`` is set here) and return it."""
+    """Send one streaming request; fill ``record`` (``sent_s`` is set here) and return it."""
     url = endpoint.base_url + API_PATHS[api]
     payload = PAYLOADS[api](endpoint, req, ignore_eos)
     delta_of = DELTAS[api]
     completion_tokens = 0
-    record.sent_s = now()
+    body = json.dumps(payload).encode()
+    record.sent_s = now()  # refined by trace_config() once the body is on the wire
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.post(url, json=payload, headers=endpoint.headers(), timeout=timeout) as resp:
+        headers = {**endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}
+        async with session.post(url, data=body, headers=headers, timeout=timeout,
+                                trace_request_ctx={"record": record}) as resp:
             record.http_status = resp.status
             if resp.status != 200:
                 body = (await resp.text())[:500]

@@ -30,7 +30,7 @@ import numpy as np
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import LoadPointSpec, RequestClass, WorkloadSpec
 from orchestrator.loadgen.arrivals import arrival_offsets, weighted_choice
-from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, stream_request
+from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, prewarm, stream_request, trace_config
 from orchestrator.loadgen.datasets import TraceRow, load_sharegpt, load_trace
 from orchestrator.loadgen.prompts import PromptFactory
 from orchestrator.metrics.records import RequestRecord
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 BACKGROUND_HORIZON_S = 300.0
 # Caps on requests planned ahead (a closed loop bounded by duration, or a background class).
 MAX_PLANNED = 4096
+
+# Connections opened before an open-loop point (closed loops open one per stream).
+PREWARM_OPEN_LOOP = 32
 
 FOREGROUND_PLAN, FOREGROUND_ARRIVALS = 0, 1  # stream ids; background class i uses 2 + i
 
@@ -329,12 +332,13 @@ def run_points(
     planner = RequestPlanner(workload, factory)
 
     async def main() -> list[RequestRecord]:
-        connector = aiohttp.TCPConnector(limit=0)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=120)
         out: list[RequestRecord] = []
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()]) as session:
             await _warmup(endpoint, workload, planner, session, seed)
             for i, point in enumerate(workload.load_points):
                 run = PointRun(endpoint, workload, point, i, planner, session, seed)  # plans before the clock
+                await prewarm(session, endpoint, point.concurrency or point.max_concurrency or PREWARM_OPEN_LOOP)
                 if on_point_start:
                     on_point_start(i, point)
                 records = await run.run(seed)
@@ -343,4 +347,14 @@ def run_points(
                     break
         return out
 
-    return asyncio.run(main())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(main())
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed: a faster event loop means less client-side delay per chunk."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

@@ -80,7 +80,7 @@ def test_send_lag_and_achieved_rate():
     records = [rec(i, i * 0.5 + 0.002, [i * 0.5 + 0.1], intended=i * 0.5) for i in range(5)]
     m = summarize_point(records, target_rate=2.0)
     assert m["send_lag_ms_p50"] == pytest.approx(2.0)
-    assert m["achieved_rate"] == pytest.approx(2.0)
+    assert m["achieved_rate"] == pytest.approx(2.0) and m["schedule_rate"] == pytest.approx(2.0)
     assert m["target_rate"] == 2.0
 
 
@@ -118,10 +118,10 @@ def test_client_validity():
     from orchestrator.metrics.summary import client_validity
 
     ok, reasons = client_validity({"send_lag_ms_p99": 1.0, "loop_lag_ms_p99": 2.0, "client_cpu_util": 0.3,
-                                   "target_rate": 10.0, "achieved_rate": 9.9}, ValiditySpec())
+                                   "target_rate": 10.0, "schedule_rate": 11.0, "achieved_rate": 10.9}, ValiditySpec())
     assert ok and not reasons
     ok, reasons = client_validity({"send_lag_ms_p99": 50.0, "client_cpu_util": 0.99, "target_rate": 10.0,
-                                   "achieved_rate": 8.0}, ValiditySpec())
+                                   "schedule_rate": 10.0, "achieved_rate": 8.0}, ValiditySpec())
     assert not ok and len(reasons) == 3 and "send lag" in reasons[0]
 
 
@@ -129,6 +129,7 @@ def test_capped_points_are_not_blamed_for_waiting_on_the_cap():
     from orchestrator.config.schema import ValiditySpec
     from orchestrator.metrics.summary import client_validity
 
-    m = {"send_lag_ms_p99": 500.0, "target_rate": 10.0, "achieved_rate": 4.0, "client_cpu_util": 0.2}
+    m = {"send_lag_ms_p99": 500.0, "target_rate": 10.0, "schedule_rate": 10.0, "achieved_rate": 4.0,
+         "client_cpu_util": 0.2}
     assert client_validity(m, ValiditySpec(), capped=True) == (True, [])
     assert client_validity(m, ValiditySpec())[0] is False

@@ -1,0 +1,211 @@
+"""How close does our client's measurement stay to the truth, and how does vLLM's compare?
+
+    python -m benchmarks.client_fidelity                      # 64/256/512 streams + 3 rates
+    python -m benchmarks.client_fidelity --streams 64 --rates 20 --no-vllm
+
+A fake OpenAI server (``tests/fake_openai_server.py``, its own process) answers with a
+scripted TTFT and ITL and records when each request arrived and when each chunk was
+actually written. Client and server share one monotonic clock (same machine), so:
+
+* true TTFT / ITL = what the server actually did (first chunk - arrival, chunk gaps);
+* client delay per chunk = client receive time - server send time (our client only: we
+  keep per-chunk instants; vLLM's client keeps only gaps);
+* client CPU = CPU seconds of the client process per 100k streamed tokens.
+
+Prints a table; numbers are for this machine only (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestrator.config.schema import TinyModelSpec, WorkloadSpec
+from orchestrator.engines.process import free_port
+from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.metrics.summary import latency_of, summarize_point
+from orchestrator.models.tiny import ensure_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+class FakeServer:
+    def __init__(self, ttft: float, itl: float) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fake_openai_server", "--port", str(self.port), "--ttft", str(ttft),
+             "--itl", str(itl)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{self.port}"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("fake server did not start")
+
+    def reset(self) -> None:
+        urllib.request.urlopen(urllib.request.Request(self.url + "/truth/reset", method="POST"), timeout=10)
+
+    def truth(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/truth", timeout=60) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def true_latencies(truth: dict[str, Any]) -> tuple[list[float], list[float]]:
+    ttft, itl = [], []
+    for t in truth["by_request"].values():
+        chunks = t["chunks"]
+        if chunks:
+            ttft.append((chunks[0] - t["arrival"]) * 1e3)
+            itl += [(b - a) * 1e3 for a, b in zip(chunks, chunks[1:])]
+    return ttft, itl
+
+
+def run_ours(server: FakeServer, factory: PromptFactory, point: dict[str, Any], n: int, out_tokens: int) -> dict[str, Any]:
+    w = WorkloadSpec.model_validate({"name": "fidelity", "classes": {"main": {"input_tokens": 32, "output_tokens": out_tokens}},
+                                     "load_points": [point], "num_requests": n, "warmup_requests": 0})
+    server.reset()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    records = run_points(Endpoint(server.url, "tiny"), w, factory, seed=0)
+    cpu = time.process_time() - cpu0
+    truth = server.truth()
+    lats = [x for x in (latency_of(r) for r in records) if x is not None]
+    delays = []
+    for r in records:
+        sent = truth["by_request"].get(f"lab-{r.request_id}", {}).get("chunks", [])
+        delays += [(c - s) * 1e3 for c, s in zip(r.chunk_times_s, sent)]
+    tokens = sum(x.output_tokens for x in lats)
+    m = summarize_point(records, target_rate=point.get("rate"))
+    return {
+        "ttft": [x.ttft_ms for x in lats], "itl": [v for x in lats for v in x.itl_ms], "delay": delays,
+        "truth": true_latencies(truth), "cpu_per_100k": cpu / max(tokens, 1) * 1e5, "errors": m.get("errors", 0),
+        "rate_ratio": (m["achieved_rate"] / m["schedule_rate"]) if "schedule_rate" in m else None,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def run_vllm(server: FakeServer, tokenizer: str, point: dict[str, Any], n: int, out_tokens: int) -> dict[str, Any] | None:
+    try:
+        import vllm.benchmarks.serve  # noqa: F401
+    except ImportError:
+        return None
+    server.reset()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["--backend", "openai", "--base-url", server.url, "--endpoint", "/v1/completions", "--model", "tiny",
+                "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", "32",
+                "--random-output-len", str(out_tokens), "--num-prompts", str(n), "--ignore-eos", "--disable-tqdm",
+                "--save-result", "--save-detailed", "--result-dir", tmp, "--result-filename", "r.json",
+                "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99", "--ready-check-timeout-sec", "0"]
+        if "concurrency" in point:
+            args += ["--max-concurrency", str(point["concurrency"]), "--request-rate", "inf"]
+        else:
+            args += ["--request-rate", str(point["rate"])]
+        cpu, code = vllm_client_cpu(args)
+        if code != 0:
+            return None
+        result = json.loads((Path(tmp) / "r.json").read_text())
+    truth = server.truth()
+    ttft = [x * 1e3 for x in result.get("ttfts", []) if x]
+    itl = [v * 1e3 for xs in result.get("itls", []) for v in xs]
+    tokens = sum(result.get("output_lens", [])) or n * out_tokens
+    return {"ttft": ttft, "itl": itl, "delay": [], "truth": true_latencies(truth), "cpu_per_100k": cpu / tokens * 1e5,
+            "errors": result.get("failed", 0), "rate_ratio": None, "wall_s": result.get("duration")}
+
+
+# vLLM's client, timed in its own process around main() only: importing vLLM costs ~13 CPU
+# seconds that vary by more than the request work itself, so they must not be counted.
+_VLLM_CLIENT = ("import sys, time; from vllm.benchmarks.serve import add_cli_args, main;"
+                "from vllm.utils.argparse_utils import FlexibleArgumentParser as P;"
+                "p = P(); add_cli_args(p); a = p.parse_args(sys.argv[1:]);"
+                "t = time.process_time(); main(a); print('CLIENT_CPU_S', time.process_time() - t)")
+
+
+def vllm_client_cpu(args: list[str]) -> tuple[float, int]:
+    """CPU seconds vLLM's client spent in main() (all its threads), and its exit code."""
+    proc = subprocess.run([sys.executable, "-c", _VLLM_CLIENT, *args], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        print("vLLM client failed:", proc.stderr[-2000:], file=sys.stderr)
+        return float("nan"), proc.returncode
+    cpu = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("CLIENT_CPU_S")]
+    return (cpu[-1] if cpu else float("nan")), 0
+
+
+def row(client: str, setting: str, r: dict[str, Any], target_rate: float | None) -> list[str]:
+    true_ttft, true_itl = r["truth"]
+
+    def f(x: float | None) -> str:
+        return "-" if x is None or x != x else f"{x:.1f}"
+
+    rate = "-" if target_rate is None or r["rate_ratio"] is None else f"{r['rate_ratio'] * 100:.1f}%"
+    return [client, setting, f(pct(r["ttft"], 50)), f(pct(true_ttft, 50)), f(pct(r["ttft"], 99)), f(pct(true_ttft, 99)),
+            f(pct(r["itl"], 50)), f(pct(true_itl, 50)), f(pct(r["itl"], 99)), f(pct(true_itl, 99)),
+            f(pct(r["delay"], 50) if r["delay"] else None), f(pct(r["delay"], 99) if r["delay"] else None),
+            rate, f(r["cpu_per_100k"]), str(int(r["errors"]))]
+
+
+HEADER = ["client", "load", "ttft p50", "true", "ttft p99", "true", "itl p50", "true", "itl p99", "true",
+          "delay p50", "delay p99", "sent/sched", "cpu s/100k tok", "err"]
+
+
+def print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(x) for x in col) for col in zip(HEADER, *rows)]
+    for r in [HEADER, ["-" * w for w in widths], *rows]:
+        print("  ".join(x.rjust(w) for x, w in zip(r, widths)), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="client fidelity against a fake server with a known truth")
+    ap.add_argument("--streams", type=int, nargs="*", default=[64, 256, 512])
+    ap.add_argument("--rates", type=float, nargs="*", default=[10.0, 50.0, 100.0])
+    ap.add_argument("--ttft", type=float, default=0.02)
+    ap.add_argument("--itl", type=float, default=0.01)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2, help="requests per stream in concurrency points")
+    ap.add_argument("--rate-seconds", type=float, default=10.0, help="length of rate points")
+    ap.add_argument("--no-vllm", action="store_true", help="skip vLLM's client")
+    a = ap.parse_args()
+    model_dir = str(ensure_tiny_model(TinyModelSpec()))
+    factory = PromptFactory(model_dir)
+    server = FakeServer(a.ttft, a.itl)
+    print(f"fake server: true TTFT {a.ttft * 1e3:.0f} ms, ITL {a.itl * 1e3:.0f} ms, {a.output_tokens} tokens/request; "
+          f"all times in ms; 'true' = what the server actually did", flush=True)
+    rows: list[list[str]] = []
+    try:
+        points = [({"concurrency": c}, c * a.rounds, f"{c} streams", None) for c in a.streams]
+        points += [({"rate": r}, int(r * a.rate_seconds), f"{r:g} req/s", r) for r in a.rates]
+        for point, n, setting, rate in points:
+            rows.append(row("ours", setting, run_ours(server, factory, point, n, a.output_tokens), rate))
+            print_table(rows[-1:]) if len(rows) > 1 else print_table(rows)
+            if not a.no_vllm:
+                r = run_vllm(server, model_dir, point, n, a.output_tokens)
+                if r is not None:
+                    rows.append(row("vllm", setting, r, rate))
+                    print_table(rows[-1:])
+    finally:
+        server.stop()
+    print()
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
