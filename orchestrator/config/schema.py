@@ -255,6 +255,12 @@ class WorkloadSpec(StrictModel):
     warmup_requests: int = Field(default=2, ge=0)
     seed: int = 0
     ignore_eos: bool = True
+    usage_per_chunk: bool = Field(
+        default=False,
+        description="ask for usage in every chunk (vLLM's continuous_usage_stats): exact tokens per chunk "
+        "under speculative decoding, at a per-token cost on the server; otherwise a chunk counts one "
+        "token and the final usage gives the total",
+    )
     request_timeout_s: PositiveFloat = 300.0
     slo: SLOSpec = Field(default_factory=SLOSpec)
     validity: ValiditySpec = Field(default_factory=ValiditySpec)

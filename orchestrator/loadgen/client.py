@@ -44,14 +44,18 @@ class PlannedRequest:
     output_tokens: int
 
 
-def completions_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool) -> dict[str, Any]:
+def completions_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool,
+                        usage_per_chunk: bool = False) -> dict[str, Any]:
+    options: dict[str, bool] = {"include_usage": True}
+    if usage_per_chunk:  # vLLM extension; costs the server work on every token
+        options["continuous_usage_stats"] = True
     return {
         "model": endpoint.model,
         "prompt": req.prompt,
         "max_tokens": req.output_tokens,
         "temperature": 0.0,
         "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "stream_options": options,
         "ignore_eos": ignore_eos,
     }
 
@@ -64,8 +68,9 @@ def completions_delta(chunk: dict[str, Any]) -> str | None:
     return choices[0].get("text") or ""
 
 
-def chat_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool) -> dict[str, Any]:
-    payload = completions_payload(endpoint, req, ignore_eos)
+def chat_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool,
+                 usage_per_chunk: bool = False) -> dict[str, Any]:
+    payload = completions_payload(endpoint, req, ignore_eos, usage_per_chunk)
     del payload["prompt"], payload["max_tokens"]
     payload["messages"] = [{"role": "user", "content": req.prompt}]
     payload["max_completion_tokens"] = req.output_tokens
@@ -124,10 +129,11 @@ async def stream_request(
     api: str = "completions",
     ignore_eos: bool = True,
     timeout_s: float = 300.0,
+    usage_per_chunk: bool = False,
 ) -> RequestRecord:
     """Send one streaming request; fill ``record`` (``sent_s`` is set here) and return it."""
     url = endpoint.base_url + API_PATHS[api]
-    payload = PAYLOADS[api](endpoint, req, ignore_eos)
+    payload = PAYLOADS[api](endpoint, req, ignore_eos, usage_per_chunk)
     delta_of = DELTAS[api]
     completion_tokens = 0
     body = json.dumps(payload).encode()
@@ -142,20 +148,22 @@ async def stream_request(
                 body = (await resp.text())[:500]
                 record.status, record.error = STATUS_ERROR, f"HTTP {resp.status}: {body}"
                 return record
-            async for raw in resp.content:
+            saw_done = False
+            async for raw in resp.content:  # read to the end: the connection goes back to the pool
                 t = now()
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
-                    break
+                    saw_done = True
+                    continue
                 chunk = json.loads(data)
                 if not isinstance(chunk, dict):
                     raise ValueError(f"unexpected SSE payload: {data[:100]!r}")
                 if "error" in chunk and not chunk.get("choices"):
                     record.status, record.error = STATUS_ERROR, str(chunk["error"])[:500]
-                    break
+                    continue
                 usage = chunk.get("usage") or {}
                 text = delta_of(chunk)
                 new_total = usage.get("completion_tokens")
@@ -168,17 +176,21 @@ async def stream_request(
                 if new_total is not None:
                     n = int(new_total) - completion_tokens
                     completion_tokens = int(new_total)
+                    if n <= 0 and not text:
+                        continue
                 else:
-                    n = 1 if text else 0
-                if n <= 0 and not text:
-                    continue
+                    # No per-chunk usage: a chunk is one token, as vLLM's own client counts it
+                    # (text may be empty while a multi-byte character is incomplete), except an
+                    # empty closing chunk that only carries the finish reason.
+                    if not text and chunk["choices"][0].get("finish_reason"):
+                        continue
+                    n = 1
                 record.chunk_times_s.append(t)
                 record.chunk_tokens.append(max(n, 0))
                 if usage.get("prompt_tokens") is not None:
                     record.prompt_tokens = int(usage["prompt_tokens"])
-            else:
-                if record.status != STATUS_ERROR:
-                    record.status, record.error = STATUS_ERROR, "stream ended without [DONE]"
+            if not saw_done and record.status != STATUS_ERROR:
+                record.status, record.error = STATUS_ERROR, "stream ended without [DONE]"
             if record.output_tokens is None and completion_tokens:
                 record.output_tokens = completion_tokens
             if not record.chunk_times_s and record.status != STATUS_ERROR:

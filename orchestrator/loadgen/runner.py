@@ -218,10 +218,9 @@ class PointRun:
 
     async def _send(self, req: PlannedRequest, intended: float) -> RequestRecord:
         rec = self._record(req, intended)
-        return await stream_request(
-            self.session, self.endpoint, req, rec, self.workload.api, self.workload.ignore_eos,
-            self.workload.request_timeout_s,
-        )
+        w = self.workload
+        return await stream_request(self.session, self.endpoint, req, rec, w.api, w.ignore_eos, w.request_timeout_s,
+                                    w.usage_per_chunk)
 
     def _spawn(self, req: PlannedRequest, intended: float, slots: asyncio.Semaphore | None = None) -> None:
         task = asyncio.ensure_future(self._send(req, intended))
@@ -313,7 +312,8 @@ async def _warmup(endpoint: Endpoint, workload: WorkloadSpec, planner: RequestPl
     for req in planner.foreground_batch(workload.warmup_requests, stream_rng(seed, -1, FOREGROUND_PLAN)):
         t = now()
         rec = RequestRecord(req.request_id, -1, req.request_class, t, t, req.input_tokens, req.output_tokens)
-        await stream_request(session, endpoint, req, rec, workload.api, workload.ignore_eos, workload.request_timeout_s)
+        await stream_request(session, endpoint, req, rec, workload.api, workload.ignore_eos, workload.request_timeout_s,
+                             workload.usage_per_chunk)
 
 
 def run_points(
