@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -35,6 +33,8 @@ from orchestrator.engines.process import free_port
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.metrics.summary import latency_of, summarize_point
 from orchestrator.models.tiny import ensure_tiny_model
+
+from benchmarks.vllm_client import run_vllm_client
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,45 +109,25 @@ def run_vllm(server: FakeServer, tokenizer: str, point: dict[str, Any], n: int, 
     except ImportError:
         return None
     server.reset()
-    with tempfile.TemporaryDirectory() as tmp:
-        args = ["--backend", "openai", "--base-url", server.url, "--endpoint", "/v1/completions", "--model", "tiny",
-                "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", "32",
-                "--random-output-len", str(out_tokens), "--num-prompts", str(n), "--ignore-eos", "--disable-tqdm",
-                "--save-result", "--save-detailed", "--result-dir", tmp, "--result-filename", "r.json",
-                "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99", "--ready-check-timeout-sec", "0"]
-        if "concurrency" in point:
-            args += ["--max-concurrency", str(point["concurrency"]), "--request-rate", "inf"]
-        else:
-            args += ["--request-rate", str(point["rate"])]
-        cpu, code = vllm_client_cpu(args)
-        if code != 0:
-            return None
-        result = json.loads((Path(tmp) / "r.json").read_text())
+    args = ["--backend", "openai", "--base-url", server.url, "--endpoint", "/v1/completions", "--model", "tiny",
+            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", "32",
+            "--random-output-len", str(out_tokens), "--num-prompts", str(n), "--ignore-eos", "--save-detailed",
+            "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99"]
+    if "concurrency" in point:
+        args += ["--max-concurrency", str(point["concurrency"]), "--request-rate", "inf"]
+    else:
+        args += ["--request-rate", str(point["rate"])]
+    try:
+        result, cpu = run_vllm_client(args)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return None
     truth = server.truth()
     ttft = [x * 1e3 for x in result.get("ttfts", []) if x]
     itl = [v * 1e3 for xs in result.get("itls", []) for v in xs]
     tokens = sum(result.get("output_lens", [])) or n * out_tokens
     return {"ttft": ttft, "itl": itl, "delay": [], "truth": true_latencies(truth), "cpu_per_100k": cpu / tokens * 1e5,
             "errors": result.get("failed", 0), "rate_ratio": None, "wall_s": result.get("duration")}
-
-
-# vLLM's client, timed in its own process around main() only: importing vLLM costs ~13 CPU
-# seconds that vary by more than the request work itself, so they must not be counted.
-_VLLM_CLIENT = ("import sys, time; from vllm.benchmarks.serve import add_cli_args, main;"
-                "from vllm.utils.argparse_utils import FlexibleArgumentParser as P;"
-                "p = P(); add_cli_args(p); a = p.parse_args(sys.argv[1:]);"
-                "t = time.process_time(); main(a); print('CLIENT_CPU_S', time.process_time() - t)")
-
-
-def vllm_client_cpu(args: list[str]) -> tuple[float, int]:
-    """CPU seconds vLLM's client spent in main() (all its threads), and its exit code."""
-    proc = subprocess.run([sys.executable, "-c", _VLLM_CLIENT, *args], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if proc.returncode != 0:
-        print("vLLM client failed:", proc.stderr[-2000:], file=sys.stderr)
-        return float("nan"), proc.returncode
-    cpu = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("CLIENT_CPU_S")]
-    return (cpu[-1] if cpu else float("nan")), 0
 
 
 def row(client: str, setting: str, r: dict[str, Any], target_rate: float | None) -> list[str]:

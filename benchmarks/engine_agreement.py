@@ -11,10 +11,6 @@ and compares median TTFT and TPOT. Prints a table; the target is agreement withi
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from statistics import median
@@ -28,6 +24,8 @@ from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.metrics.summary import summarize_point
 from orchestrator.models import resolve_model
 from orchestrator.trial import server_env
+
+from benchmarks.vllm_client import run_vllm_client
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,20 +42,10 @@ def ours(url: str, model: str, tokenizer: str, c: int, n: int, in_len: int, out_
 
 
 def theirs(url: str, model: str, tokenizer: str, c: int, n: int, in_len: int, out_len: int, seed: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        args = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
-                "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(in_len),
-                "--random-output-len", str(out_len), "--num-prompts", str(n), "--max-concurrency", str(c),
-                "--request-rate", "inf", "--ignore-eos", "--disable-tqdm", "--seed", str(seed), "--save-result",
-                "--result-dir", tmp, "--result-filename", "r.json", "--ready-check-timeout-sec", "0"]
-        code = ("import sys; from vllm.benchmarks.serve import add_cli_args, main;"
-                "from vllm.utils.argparse_utils import FlexibleArgumentParser as P;"
-                "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
-        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-3000:])
-        r = json.loads((Path(tmp) / "r.json").read_text())
+    r, _ = run_vllm_client(["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+                            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(in_len),
+                            "--random-output-len", str(out_len), "--num-prompts", str(n), "--max-concurrency", str(c),
+                            "--request-rate", "inf", "--ignore-eos", "--seed", str(seed)])
     return {"ttft": r["median_ttft_ms"], "tpot": r["median_tpot_ms"], "tok_s": r["output_throughput"],
             "err": float(r.get("failed", 0))}
 

@@ -83,7 +83,8 @@ class ResourceMonitor:
         self.peak_memory_bytes = max(self.peak_memory_bytes, mem)
         if self.metrics_url and self.gauges:
             try:
-                scraped = prometheus.scrape(self.metrics_url, timeout_s=2.0)
+                scraped = prometheus.scrape(self.metrics_url, timeout_s=2.0,
+                                            families=[ref.family for ref in self.gauges.values()])
             except OSError as exc:
                 log.debug("gauge scrape failed: %s", exc)
             else:

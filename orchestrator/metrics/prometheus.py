@@ -6,7 +6,7 @@ The caller passes a map from neutral names to (family, kind); nothing here knows
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,9 +28,34 @@ def parse(text: str) -> Sample:
     return out
 
 
-def scrape(url: str, timeout_s: float = 5.0) -> Sample:
+def scrape(url: str, timeout_s: float = 5.0, families: Iterable[str] | None = None) -> Sample:
+    """Scrape and parse; with ``families``, only the lines of those families are parsed.
+
+    A full parse of vLLM's page (~1700 lines) takes ~55 ms of GIL-holding Python; sampling
+    it every half second during a point stalled the load generator's event loop. Filtering
+    to the few wanted families first makes periodic sampling cheap.
+    """
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        return parse(resp.read().decode("utf-8", errors="replace"))
+        text = resp.read().decode("utf-8", errors="replace")
+    if families is not None:
+        text = only_families(text, families)
+    return parse(text)
+
+
+def only_families(text: str, families: Iterable[str]) -> str:
+    """The lines of ``text`` that belong to the given metric families (samples and metadata)."""
+    wanted = tuple(families)
+    keep = []
+    for line in text.splitlines():
+        name = line.split(" ", 3)[2] if line.startswith("# ") and line.count(" ") >= 2 else line
+        if name.startswith(wanted):
+            base = name.split("{", 1)[0].split(" ", 1)[0]
+            if base in wanted or any(base == f + suffix for f in wanted for suffix in _SUFFIXES):
+                keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+_SUFFIXES = ("_total", "_created", "_count", "_sum", "_bucket")
 
 
 def _counter(sample: Sample, family: str) -> float | None:

@@ -45,3 +45,9 @@ def test_deltas_neutral_names():
 
 def test_gauge():
     assert prometheus.gauge(prometheus.parse(BEFORE), "vllm:kv_cache_usage_perc") == pytest.approx(0.1)
+
+
+def test_only_families_keeps_just_the_wanted_ones():
+    text = BEFORE + "# TYPE vllm:num_preemptions_other gauge\nvllm:num_preemptions_other 5\n"
+    kept = prometheus.parse(prometheus.only_families(text, ["vllm:kv_cache_usage_perc", "vllm:num_preemptions"]))
+    assert kept == {"vllm:kv_cache_usage_perc": 0.1, "vllm:num_preemptions_total": 1.0}
