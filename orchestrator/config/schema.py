@@ -235,10 +235,15 @@ class SLOSpec(StrictModel):
 
 
 class ValiditySpec(StrictModel):
-    """When a load point's numbers describe the client rather than the server (point invalid)."""
+    """When a load point's numbers describe the client rather than the server (point invalid).
 
-    max_send_lag_ms_p99: PositiveFloat = 10.0
-    max_loop_lag_ms_p99: PositiveFloat = 10.0
+    Lags are judged at p95: with a few dozen requests p99 is the single worst one, and one
+    late send (e.g. the machine's other processes taking the core for a moment) is a blip,
+    not a client that cannot keep up. p99 and max stay in the point's metrics.
+    """
+
+    max_send_lag_ms_p95: PositiveFloat = 10.0
+    max_loop_lag_ms_p95: PositiveFloat = 10.0
     max_client_cpu_util: PositiveFloat = 0.9
     min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / scheduled rate")
 

@@ -158,10 +158,10 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
     rate are the cap working, so only the client's own CPU and event-loop lag count.
     """
     reasons = []
-    if not capped and metrics.get("send_lag_ms_p99", 0.0) > limits.max_send_lag_ms_p99:
-        reasons.append(f"send lag p99 {metrics['send_lag_ms_p99']:.1f} ms > {limits.max_send_lag_ms_p99:g}")
-    if metrics.get("loop_lag_ms_p99", 0.0) > limits.max_loop_lag_ms_p99:
-        reasons.append(f"event-loop lag p99 {metrics['loop_lag_ms_p99']:.1f} ms > {limits.max_loop_lag_ms_p99:g}")
+    if not capped and metrics.get("send_lag_ms_p95", 0.0) > limits.max_send_lag_ms_p95:
+        reasons.append(f"send lag p95 {metrics['send_lag_ms_p95']:.1f} ms > {limits.max_send_lag_ms_p95:g}")
+    if metrics.get("loop_lag_ms_p95", 0.0) > limits.max_loop_lag_ms_p95:
+        reasons.append(f"event-loop lag p95 {metrics['loop_lag_ms_p95']:.1f} ms > {limits.max_loop_lag_ms_p95:g}")
     if metrics.get("client_cpu_util", 0.0) > limits.max_client_cpu_util:
         reasons.append(f"client CPU {metrics['client_cpu_util']:.2f} of a core > {limits.max_client_cpu_util:g}")
     schedule, achieved = metrics.get("schedule_rate"), metrics.get("achieved_rate")

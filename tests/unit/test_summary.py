@@ -117,10 +117,11 @@ def test_client_validity():
     from orchestrator.config.schema import ValiditySpec
     from orchestrator.metrics.summary import client_validity
 
-    ok, reasons = client_validity({"send_lag_ms_p99": 1.0, "loop_lag_ms_p99": 2.0, "client_cpu_util": 0.3,
+    ok, reasons = client_validity({"send_lag_ms_p95": 1.0, "send_lag_ms_p99": 80.0, "loop_lag_ms_p95": 2.0,
+                                   "client_cpu_util": 0.3,
                                    "target_rate": 10.0, "schedule_rate": 11.0, "achieved_rate": 10.9}, ValiditySpec())
     assert ok and not reasons
-    ok, reasons = client_validity({"send_lag_ms_p99": 50.0, "client_cpu_util": 0.99, "target_rate": 10.0,
+    ok, reasons = client_validity({"send_lag_ms_p95": 50.0, "client_cpu_util": 0.99, "target_rate": 10.0,
                                    "schedule_rate": 10.0, "achieved_rate": 8.0}, ValiditySpec())
     assert not ok and len(reasons) == 3 and "send lag" in reasons[0]
 
@@ -129,7 +130,7 @@ def test_capped_points_are_not_blamed_for_waiting_on_the_cap():
     from orchestrator.config.schema import ValiditySpec
     from orchestrator.metrics.summary import client_validity
 
-    m = {"send_lag_ms_p99": 500.0, "target_rate": 10.0, "schedule_rate": 10.0, "achieved_rate": 4.0,
+    m = {"send_lag_ms_p95": 500.0, "target_rate": 10.0, "schedule_rate": 10.0, "achieved_rate": 4.0,
          "client_cpu_util": 0.2}
     assert client_validity(m, ValiditySpec(), capped=True) == (True, [])
     assert client_validity(m, ValiditySpec())[0] is False
