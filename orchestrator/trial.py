@@ -33,7 +33,7 @@ from orchestrator.metrics import hardware, prometheus
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, save_result
-from orchestrator.metrics.summary import client_validity, summarize_by_class, summarize_point
+from orchestrator.metrics.summary import client_validity, summarize_by_class, summarize_point, summarize_repeats
 from orchestrator.models import resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
@@ -138,8 +138,14 @@ class _PointHooks:
     def end(self, index: int, point: LoadPointSpec, records: list[RequestRecord], client: dict[str, float]) -> bool:
         resources = self.monitor.stop()
         self.records.extend(records)
-        arriving = ["trace"] if point.trace else [n for n, c in self.spec.workload.classes.items() if c.rate is None]
-        metrics = summarize_point(records, self.spec.workload.slo, point.rate, arriving)
+        w = self.spec.workload
+        arriving = ["trace"] if point.trace else [n for n, c in w.classes.items() if c.rate is None]
+        if w.repeats > 1:
+            per_repeat = [summarize_point([x for x in records if x.repeat == r], w.slo, point.rate, arriving)
+                          for r in range(w.repeats)]
+            metrics = summarize_repeats(per_repeat, w.max_ci_rel_width)
+        else:
+            metrics = summarize_point(records, w.slo, point.rate, arriving)
         metrics.update(resources)
         metrics.update(client)
         valid, reasons = client_validity(metrics, self.spec.workload.validity, capped=point.max_concurrency is not None)

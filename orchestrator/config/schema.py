@@ -269,6 +269,10 @@ class WorkloadSpec(StrictModel):
     request_timeout_s: PositiveFloat = 300.0
     slo: SLOSpec = Field(default_factory=SLOSpec)
     validity: ValiditySpec = Field(default_factory=ValiditySpec)
+    repeats: PositiveInt = Field(default=1, description="run each load point this many times (fresh requests each)")
+    max_ci_rel_width: PositiveFloat = Field(
+        default=0.2, description="flag a repeated point whose 95% CI half-width exceeds this fraction of the mean"
+    )
 
     @model_validator(mode="after")
     def _stops_and_classes(self) -> WorkloadSpec:

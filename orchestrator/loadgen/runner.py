@@ -60,6 +60,20 @@ def ramp(t: float, ramp_up_s: float) -> float:
     return t + ramp_up_s / 2
 
 
+def repeat_seed(seed: Seed, repeat: int) -> Seed:
+    """Repeat 0 keeps the point's own draws; later repeats get fresh requests (identical
+    prompts would hit the prefix cache and measure something else)."""
+    if repeat == 0:
+        return seed
+    return (*(seed if isinstance(seed, tuple) else (seed,)), 1000 + repeat)
+
+
+def worst_client_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """The client's stats over a point's repeats: the worst value of each."""
+    keys = set().union(*stats) if stats else set()
+    return {k: max(s[k] for s in stats if k in s) for k in keys}
+
+
 def stream_rng(seed: Seed, point: int, stream: int) -> np.random.Generator:
     """The generator of one stream of draws of one point (point -1 = warmup)."""
     base = list(seed) if isinstance(seed, tuple) else [seed]
@@ -144,8 +158,10 @@ class PointRun:
         planner: RequestPlanner,
         session: aiohttp.ClientSession,
         seed: Seed,
+        repeat: int = 0,
     ) -> None:
         self.endpoint, self.workload, self.point, self.index = endpoint, workload, point, point_index
+        self.repeat = repeat
         self.planner, self.session = planner, session
         self.records: list[RequestRecord] = []
         self.late = 0
@@ -211,7 +227,7 @@ class PointRun:
         rec = RequestRecord(
             request_id=req.request_id, point=self.index, request_class=req.request_class,
             intended_send_s=intended, sent_s=intended,
-            input_tokens_target=req.input_tokens, output_tokens_target=req.output_tokens,
+            input_tokens_target=req.input_tokens, output_tokens_target=req.output_tokens, repeat=self.repeat,
         )
         self.records.append(rec)
         return rec
@@ -337,13 +353,18 @@ def run_points(
         async with aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()]) as session:
             await _warmup(endpoint, workload, planner, session, seed)
             for i, point in enumerate(workload.load_points):
-                run = PointRun(endpoint, workload, point, i, planner, session, seed)  # plans before the clock
-                await prewarm(session, endpoint, point.concurrency or point.max_concurrency or PREWARM_OPEN_LOOP)
-                if on_point_start:
-                    on_point_start(i, point)
-                records = await run.run(seed)
+                records: list[RequestRecord] = []
+                stats: list[dict[str, float]] = []
+                for r in range(workload.repeats):
+                    run_seed = repeat_seed(seed, r)
+                    run = PointRun(endpoint, workload, point, i, planner, session, run_seed, r)  # plans first
+                    await prewarm(session, endpoint, point.concurrency or point.max_concurrency or PREWARM_OPEN_LOOP)
+                    if on_point_start and r == 0:
+                        on_point_start(i, point)
+                    records += await run.run(run_seed)
+                    stats.append(run.client_stats)
                 out.extend(records)
-                if on_point_end and on_point_end(i, point, records, run.client_stats) is False:
+                if on_point_end and on_point_end(i, point, records, worst_client_stats(stats)) is False:
                     break
         return out
 

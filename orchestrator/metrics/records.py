@@ -36,6 +36,7 @@ class RequestRecord:
     status: str = STATUS_OK
     error: str | None = None
     http_status: int | None = None
+    repeat: int = 0  # which repetition of the load point (workload.repeats)
 
     @property
     def ok(self) -> bool:
@@ -59,6 +60,7 @@ ARROW_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("error", pa.string()),
         ("http_status", pa.int32()),
+        ("repeat", pa.int32()),
     ]
 )
 

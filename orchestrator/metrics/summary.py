@@ -169,3 +169,31 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
             and achieved < schedule * limits.min_rate_ratio):
         reasons.append(f"achieved rate {achieved:.2f} < {limits.min_rate_ratio:g} x schedule {schedule:.2f}")
     return not reasons, reasons
+
+
+# Two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+CI_METRICS = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "itl_ms_p50", "itl_ms_p99", "e2e_ms_p50",
+              "tokens_per_second", "qps")
+
+
+def summarize_repeats(per_repeat: Sequence[dict[str, float]], max_ci_rel_width: float) -> dict[str, float]:
+    """Means over a point's repeats, 95% confidence half-widths (``<metric>_ci95``) of the key
+    metrics, and ``ci_wide`` = 1 when one of them is wider than ``max_ci_rel_width`` of its mean."""
+    n = len(per_repeat)
+    keys = set.intersection(*(set(m) for m in per_repeat)) if per_repeat else set()
+    out = {k: float(np.mean([m[k] for m in per_repeat])) for k in sorted(keys)}
+    out["repeats"] = float(n)
+    if n < 2:
+        return out
+    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
+    wide = False
+    for k in CI_METRICS:
+        if k in keys:
+            values = np.asarray([m[k] for m in per_repeat])
+            half = float(t * values.std(ddof=1) / np.sqrt(n))
+            out[f"{k}_ci95"] = half
+            wide |= out[k] > 0 and half / out[k] > max_ci_rel_width
+    out["ci_wide"] = 1.0 if wide else 0.0
+    return out

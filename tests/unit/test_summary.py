@@ -134,3 +134,16 @@ def test_capped_points_are_not_blamed_for_waiting_on_the_cap():
          "client_cpu_util": 0.2}
     assert client_validity(m, ValiditySpec(), capped=True) == (True, [])
     assert client_validity(m, ValiditySpec())[0] is False
+
+
+def test_summarize_repeats_mean_ci_and_flag():
+    from orchestrator.metrics.summary import summarize_repeats
+
+    reps = [{"ttft_ms_p50": 10.0, "qps": 5.0}, {"ttft_ms_p50": 12.0, "qps": 5.0}, {"ttft_ms_p50": 14.0, "qps": 5.0}]
+    out = summarize_repeats(reps, max_ci_rel_width=0.2)
+    assert out["ttft_ms_p50"] == pytest.approx(12.0) and out["repeats"] == 3
+    # sd 2, n 3, t(0.975, 2 dof) = 4.303: half-width 4.303 * 2 / sqrt(3) = 4.97 -> 41% of the mean
+    assert out["ttft_ms_p50_ci95"] == pytest.approx(4.303 * 2 / 3 ** 0.5)
+    assert out["qps_ci95"] == 0.0
+    assert out["ci_wide"] == 1.0
+    assert summarize_repeats(reps, max_ci_rel_width=0.5)["ci_wide"] == 0.0

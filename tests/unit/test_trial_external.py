@@ -56,3 +56,19 @@ def test_points_carry_client_validity(compose, tmp_path, tiny_model_dir):
     m = result.points[0].metrics
     assert m["invalid"] == 0.0
     assert 0 <= m["client_cpu_util"] < 1.5 and m["loop_lag_ms_p50"] < 10
+
+
+def test_repeats_give_fresh_requests_and_confidence_intervals(compose, tmp_path, tiny_model_dir):
+    from orchestrator.metrics.records import parquet_bytes_to_table
+
+    with FakeOpenAIServer(Script(ttft_s=0.02, itl_s=0.002)) as srv:
+        spec = external_spec(compose, srv.base_url, "workload.repeats=3",
+                             "workload.load_points=[{concurrency:2}]")
+        result = run_trial(spec, tmp_path, progress=lambda _: None)
+    assert result.status == "FINISHED", result.error
+    m = result.points[0].metrics
+    assert m["repeats"] == 3 and "ttft_ms_p50_ci95" in m and m["ci_wide"] in (0.0, 1.0)
+    assert 15 < m["ttft_ms_p50"] < 100
+    table = parquet_bytes_to_table(result.records_parquet)
+    assert sorted(set(table.column("repeat").to_pylist())) == [0, 1, 2]
+    assert table.num_rows == 18  # 6 requests x 3 repeats
