@@ -34,7 +34,7 @@ from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.metrics.summary import latency_of, summarize_point
 from orchestrator.models.tiny import ensure_tiny_model
 
-from benchmarks.vllm_client import run_vllm_client
+from benchmarks.vllm_client import random_dataset_args, run_vllm_client
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,10 +109,8 @@ def run_vllm(server: FakeServer, tokenizer: str, point: dict[str, Any], n: int, 
     except ImportError:
         return None
     server.reset()
-    args = ["--backend", "openai", "--base-url", server.url, "--endpoint", "/v1/completions", "--model", "tiny",
-            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", "32",
-            "--random-output-len", str(out_tokens), "--num-prompts", str(n), "--ignore-eos", "--save-detailed",
-            "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99"]
+    args = random_dataset_args(server.url, "tiny", tokenizer, 32, out_tokens, n)
+    args += ["--save-detailed", "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99"]
     if "concurrency" in point:
         args += ["--max-concurrency", str(point["concurrency"]), "--request-rate", "inf"]
     else:

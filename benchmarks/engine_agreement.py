@@ -25,7 +25,7 @@ from orchestrator.metrics.summary import summarize_point
 from orchestrator.models import resolve_model
 from orchestrator.trial import server_env
 
-from benchmarks.vllm_client import run_vllm_client
+from benchmarks.vllm_client import random_dataset_args, run_vllm_client
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,10 +42,8 @@ def ours(url: str, model: str, tokenizer: str, c: int, n: int, in_len: int, out_
 
 
 def theirs(url: str, model: str, tokenizer: str, c: int, n: int, in_len: int, out_len: int, seed: int) -> dict[str, float]:
-    r, _ = run_vllm_client(["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
-                            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(in_len),
-                            "--random-output-len", str(out_len), "--num-prompts", str(n), "--max-concurrency", str(c),
-                            "--request-rate", "inf", "--ignore-eos", "--seed", str(seed)])
+    args = random_dataset_args(url, model, tokenizer, in_len, out_len, n)
+    r, _ = run_vllm_client([*args, "--max-concurrency", str(c), "--request-rate", "inf", "--seed", str(seed)])
     return {"ttft": r["median_ttft_ms"], "tpot": r["median_tpot_ms"], "tok_s": r["output_throughput"],
             "err": float(r.get("failed", 0))}
 

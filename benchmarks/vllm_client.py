@@ -33,3 +33,10 @@ def run_vllm_client(args: list[str]) -> tuple[dict[str, Any], float]:
         result = json.loads((Path(tmp) / "r.json").read_text())
     cpu = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("CLIENT_CPU_S")]
     return result, (cpu[-1] if cpu else float("nan"))
+
+
+def random_dataset_args(url: str, model: str, tokenizer: str, input_len: int, output_len: int, n: int) -> list[str]:
+    """Arguments for vLLM's client: ``n`` random-token completions of the given lengths at ``url``."""
+    return ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(input_len),
+            "--random-output-len", str(output_len), "--num-prompts", str(n), "--ignore-eos"]

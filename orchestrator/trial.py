@@ -64,7 +64,7 @@ def plan_trial(spec: TrialSpec, gpu_ids: list[int] | None = None) -> dict[str, A
             check_feasible(spec, gpu_ids)
         except InfeasibleConfigError as exc:
             plan.update(feasible=False, reason=str(exc))
-    launch = adapter.launch(spec, resolve_model(spec.model, build=False), getattr(spec.engine, "port", None) or 0)
+    launch = adapter.launch(spec, resolve_model(spec.model, build=False), _port_for(spec, pick_free=False))
     plan["servers"] = [launch.redacted()]
     return plan
 
@@ -86,11 +86,14 @@ def check_inputs(spec: TrialSpec) -> list[str]:
     return notes
 
 
-def _port_for(spec: TrialSpec) -> int:
-    """The configured port, or a free one for engines we launch (0 for external servers)."""
+def _port_for(spec: TrialSpec, pick_free: bool = True) -> int:
+    """The configured port, else a free one for engines we launch (0 for external servers, or
+    when ``pick_free`` is off: a plan binds nothing)."""
     engine = spec.engine
-    if isinstance(engine, VLLMEngineSpec):
-        return engine.port or free_port(engine.host)
+    if isinstance(engine, VLLMEngineSpec) and engine.port:
+        return engine.port
+    if isinstance(engine, VLLMEngineSpec) and pick_free:
+        return free_port(engine.host)
     return 0
 
 
@@ -146,7 +149,8 @@ class _PointHooks:
             metrics = summarize_repeats(per_repeat, w.max_ci_rel_width)
         else:
             metrics = summarize_point(records, w.slo, point.rate, arriving)
-        metrics.update(resources)
+        for key, value in resources.items():  # engine gauges are server-side numbers
+            metrics[key if key == "memory_peak_gb" else f"server_{key}"] = value
         metrics.update(client)
         valid, reasons = client_validity(metrics, self.spec.workload.validity, capped=point.max_concurrency is not None)
         metrics["invalid"] = 0.0 if valid else 1.0
@@ -156,10 +160,6 @@ class _PointHooks:
         after = self._scrape()
         for key, value in prometheus.deltas(self._before, after, self.engine_metrics).items():
             metrics[f"server_{key}"] = value
-        for key, value in resources.items():
-            if key != "memory_peak_gb":
-                metrics[f"server_{key}"] = value
-                metrics.pop(key, None)
         classes = summarize_by_class(records) if len(self.spec.workload.classes) > 1 else {}
         self.points.append(PointResult(index=index, label=point.label, setting=point.model_dump(exclude_none=True),
                                        metrics=metrics, class_metrics=classes))
