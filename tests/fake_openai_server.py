@@ -74,8 +74,9 @@ class FakeOpenAIServer:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             n = int(body.get("max_completion_tokens" if chat else "max_tokens", 16) or 16)
-            prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
-            prompt_tokens = len(str(prompt).split())
+            messages = body["messages"] if chat else [{"role": "user", "content": body.get("prompt", "")}]
+            t.by_request[rid]["messages"] = messages
+            prompt_tokens = sum(len(str(m["content"]).split()) for m in messages)
             # Deadlines from the arrival, not sleeps in a row: a late wake-up does not push
             # every later chunk back (the truth records when chunks really went out).
             due = arrival + self.script.ttft_s
@@ -85,8 +86,9 @@ class FakeOpenAIServer:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 k = min(self.script.tokens_per_chunk, n - sent)
+                text = "".join(f"<{rid}:{sent + j}>" for j in range(k))  # a reply tests can recognise
                 sent += k
-                choice = {"index": 0, "delta": {"content": "x" * k}} if chat else {"index": 0, "text": "x" * k}
+                choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
                 chunk = {"choices": [{**choice, "finish_reason": None}]}
                 if self.script.usage:
                     chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,

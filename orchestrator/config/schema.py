@@ -148,18 +148,24 @@ class RequestClass(StrictModel):
     * ``sharegpt``: the first user turn of conversations in the ShareGPT file ``path``; output
       length from the first reply unless ``output_tokens`` is set; prompts longer than
       ``max_input_tokens`` are skipped.
+    * ``multi_turn``: conversations of ``turns`` user turns of ``input_tokens`` random tokens
+      each; every turn after the first resends the whole conversation so far (user turns and
+      the server's actual replies), ``think_time_s`` after the previous reply ended. A load
+      point's arrivals and ``num_requests`` count conversations; each turn is one record.
 
     A class with ``rate`` set is background traffic: it arrives on its own process
     (``arrival``) at that rate while each load point runs, whatever the point's setting.
     """
 
-    dataset: Literal["random", "shared_prefix", "sharegpt"] = "random"
+    dataset: Literal["random", "shared_prefix", "sharegpt", "multi_turn"] = "random"
     input_tokens: PositiveInt | None = None
     output_tokens: PositiveInt | None = None
     range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0, description="lengths drawn in [n(1-r), n(1+r)]")
     num_groups: PositiveInt | None = None
     prefix_tokens: PositiveInt | None = None
     path: str | None = None
+    turns: PositiveInt | None = Field(default=None, description="multi_turn: user turns per conversation")
+    think_time_s: float = Field(default=0.0, ge=0.0, description="multi_turn: pause between a reply and the next turn")
     max_input_tokens: PositiveInt = 1024
     max_output_tokens: PositiveInt = 1024
     weight: PositiveFloat = 1.0
@@ -173,6 +179,7 @@ class RequestClass(StrictModel):
             "random": ("input_tokens", "output_tokens"),
             "shared_prefix": ("input_tokens", "output_tokens", "num_groups", "prefix_tokens"),
             "sharegpt": ("path",),
+            "multi_turn": ("input_tokens", "output_tokens", "turns"),
         }[self.dataset]
         missing = [k for k in need if getattr(self, k) is None]
         if missing:
@@ -185,7 +192,11 @@ class RequestClass(StrictModel):
         if self.dataset == "sharegpt":
             return self.max_input_tokens + (int((self.output_tokens or 0) * spread) or self.max_output_tokens)
         assert self.input_tokens is not None and self.output_tokens is not None
-        return (self.prefix_tokens or 0) + int(self.input_tokens * spread) + int(self.output_tokens * spread)
+        per_turn = int(self.input_tokens * spread) + int(self.output_tokens * spread)
+        if self.dataset == "multi_turn":
+            assert self.turns is not None
+            return self.turns * (per_turn + 2)  # + a separator between messages (completions API)
+        return (self.prefix_tokens or 0) + per_turn
 
 
 class LoadPointSpec(StrictModel):
@@ -267,6 +278,11 @@ class WorkloadSpec(StrictModel):
         "token and the final usage gives the total",
     )
     request_timeout_s: PositiveFloat = 300.0
+    client_processes: PositiveInt = Field(
+        default=1,
+        description="client processes sharing each point's schedule and clock (scale-out when one "
+        "process cannot keep up); their records merge into one table",
+    )
     slo: SLOSpec = Field(default_factory=SLOSpec)
     validity: ValiditySpec = Field(default_factory=ValiditySpec)
     repeats: PositiveInt = Field(default=1, description="run each load point this many times (fresh requests each)")

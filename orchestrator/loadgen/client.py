@@ -36,12 +36,39 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class Turn:
+    """A later user turn of a conversation, planned in advance (its reply is not)."""
+
+    request_id: int
+    text: str
+    input_tokens: int  # new tokens of this turn (the resent history comes on top)
+    output_tokens: int
+
+
+@dataclass(frozen=True)
 class PlannedRequest:
+    """One request, or the first turn of a conversation when ``turns`` is not empty.
+
+    ``history`` holds the (role, text) messages resent before ``prompt``: a later turn is
+    sent as the conversation so far (user turns and the server's actual replies) plus its
+    own text.
+    """
+
     request_id: int
     request_class: str
     prompt: str
     input_tokens: int
     output_tokens: int
+    turns: tuple[Turn, ...] = ()
+    think_time_s: float = 0.0
+    history: tuple[tuple[str, str], ...] = ()
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": r, "content": c} for r, c in self.history] + [{"role": "user", "content": self.prompt}]
+
+    def full_prompt(self) -> str:
+        """The completions prompt: history and this turn, one message per line."""
+        return "\n".join([c for _, c in self.history] + [self.prompt])
 
 
 def completions_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool,
@@ -51,7 +78,7 @@ def completions_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: boo
         options["continuous_usage_stats"] = True
     return {
         "model": endpoint.model,
-        "prompt": req.prompt,
+        "prompt": req.full_prompt() if req.history else req.prompt,
         "max_tokens": req.output_tokens,
         "temperature": 0.0,
         "stream": True,
@@ -72,7 +99,7 @@ def chat_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool,
                  usage_per_chunk: bool = False) -> dict[str, Any]:
     payload = completions_payload(endpoint, req, ignore_eos, usage_per_chunk)
     del payload["prompt"], payload["max_tokens"]
-    payload["messages"] = [{"role": "user", "content": req.prompt}]
+    payload["messages"] = req.messages()
     payload["max_completion_tokens"] = req.output_tokens
     return payload
 
@@ -130,8 +157,11 @@ async def stream_request(
     ignore_eos: bool = True,
     timeout_s: float = 300.0,
     usage_per_chunk: bool = False,
+    text_out: list[str] | None = None,
 ) -> RequestRecord:
-    """Send one streaming request; fill ``record`` (``sent_s`` is set here) and return it."""
+    """Send one streaming request; fill ``record`` (``sent_s`` is set here) and return it.
+
+    ``text_out``, when given, receives the streamed text (a conversation resends it)."""
     url = endpoint.base_url + API_PATHS[api]
     payload = PAYLOADS[api](endpoint, req, ignore_eos, usage_per_chunk)
     delta_of = DELTAS[api]
@@ -166,6 +196,8 @@ async def stream_request(
                     continue
                 usage = chunk.get("usage") or {}
                 text = delta_of(chunk)
+                if text and text_out is not None:
+                    text_out.append(text)
                 new_total = usage.get("completion_tokens")
                 if text is None:  # usage-only chunk
                     if new_total is not None:

@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 
 import aiohttp
 import numpy as np
@@ -30,7 +31,7 @@ import numpy as np
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import LoadPointSpec, RequestClass, WorkloadSpec
 from orchestrator.loadgen.arrivals import arrival_offsets, weighted_choice
-from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, prewarm, stream_request, trace_config
+from orchestrator.loadgen.client import Endpoint, PlannedRequest, Turn, now, prewarm, stream_request, trace_config
 from orchestrator.loadgen.datasets import TraceRow, load_sharegpt, load_trace
 from orchestrator.loadgen.prompts import PromptFactory
 from orchestrator.metrics.records import RequestRecord
@@ -111,6 +112,15 @@ class RequestPlanner:
                 assert c.num_groups is not None and c.prefix_tokens is not None
                 prompt = self._prefix(class_name, c, int(rng.integers(c.num_groups))) + prompt
                 n_in += c.prefix_tokens
+            if c.dataset == "multi_turn":
+                assert c.turns is not None
+                first = next(self._ids)
+                turns = []
+                for _ in range(c.turns - 1):
+                    t_in = self._length(c.input_tokens, c.range_ratio, rng)
+                    t_out = self._length(c.output_tokens, c.range_ratio, rng)
+                    turns.append(Turn(next(self._ids), self.factory.prompt(t_in, rng), t_in, t_out))
+                return PlannedRequest(first, class_name, prompt, n_in, n_out, tuple(turns), c.think_time_s)
         return PlannedRequest(next(self._ids), class_name, prompt, n_in, n_out)
 
     def make_sized(self, class_name: str, n_in: int, n_out: int, rng: np.random.Generator) -> PlannedRequest:
@@ -146,97 +156,166 @@ class RequestPlanner:
         return [self.make(name, rng) for name in weighted_choice(self.foreground, weights, rng, n)]
 
 
-class PointRun:
-    """One load point against one endpoint; everything random is planned in ``__init__``."""
+@dataclass
+class PointPlan:
+    """Everything one load point (one repeat) sends, drawn before its clock starts.
 
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        workload: WorkloadSpec,
-        point: LoadPointSpec,
-        point_index: int,
-        planner: RequestPlanner,
-        session: aiohttp.ClientSession,
-        seed: Seed,
-        repeat: int = 0,
-    ) -> None:
-        self.endpoint, self.workload, self.point, self.index = endpoint, workload, point, point_index
-        self.repeat = repeat
-        self.planner, self.session = planner, session
+    Plain data: it can be split into shares and pickled to client processes
+    (:meth:`split`). ``offsets`` is None for a closed loop (``concurrency`` streams).
+    """
+
+    index: int
+    repeat: int
+    foreground: list[PlannedRequest]
+    offsets: list[float] | None
+    concurrency: int | None
+    max_concurrency: int | None
+    min_gap_s: float
+    background: list[list[tuple[float, PlannedRequest]]]
+    duration_s: float | None
+    extendable: bool  # a closed loop bounded by duration may make more requests on the fly
+
+    def split(self, n: int) -> list[PointPlan]:
+        """Shares for ``n`` client processes on one clock (fewer if there are fewer streams).
+
+        Open loop: every n-th arrival of the one schedule, so together they send exactly
+        the schedule. Closed loop: streams dealt round-robin, requests dealt by stream.
+        A ``max_concurrency`` cap is divided, and each share keeps to its part of the rate.
+        """
+        if self.offsets is None:
+            assert self.concurrency is not None
+            n = max(1, min(n, self.concurrency))
+            streams = [self.concurrency // n + (1 if i < self.concurrency % n else 0) for i in range(n)]
+            fg: list[list[PlannedRequest]] = [[] for _ in range(n)]
+            for j, req in enumerate(self.foreground):
+                fg[(j % self.concurrency) % n].append(req)
+            return [replace(self, foreground=fg[i], concurrency=streams[i],
+                            background=[b[i::n] for b in self.background]) for i in range(n)]
+        cap = self.max_concurrency
+        n = max(1, min(n, cap)) if cap else n
+        return [replace(self, foreground=self.foreground[i::n], offsets=self.offsets[i::n],
+                        max_concurrency=(cap // n + (1 if i < cap % n else 0)) if cap else None,
+                        min_gap_s=self.min_gap_s * n, background=[b[i::n] for b in self.background])
+                for i in range(n)]
+
+
+def plan_point(workload: WorkloadSpec, point: LoadPointSpec, index: int, planner: RequestPlanner, seed: Seed,
+               repeat: int = 0) -> PointPlan:
+    """Draw a point's requests and arrival instants from its own seeded streams."""
+    num_requests, duration_s = workload.stop_of(point)
+    fg_rng = stream_rng(seed, index, FOREGROUND_PLAN)
+
+    def offsets(count: int | None = None, duration: float | None = None) -> list[float]:
+        if point.trace is not None:
+            return [r.timestamp_s * point.time_scale for r in _trace_rows(point, num_requests, duration_s)]
+        assert point.rate is not None
+        out = arrival_offsets(point.rate, stream_rng(seed, index, FOREGROUND_ARRIVALS), count, duration,
+                              point.arrival, point.burstiness)
+        return [ramp(t, point.ramp_up_s) for t in out] if point.ramp_up_s else out
+
+    if point.trace is not None:
+        rows = _trace_rows(point, num_requests, duration_s)
+        foreground = [planner.make_sized("trace", r.input_tokens, r.output_tokens, fg_rng) for r in rows]
+    else:
+        if num_requests is not None:
+            count = num_requests
+        elif point.rate is not None:
+            assert duration_s is not None
+            count = len(offsets(duration=duration_s))
+        else:
+            count = min(MAX_PLANNED, 32 * (point.concurrency or 1))
+        foreground = planner.foreground_batch(count, fg_rng)
+
+    background = []
+    for i, name in enumerate(planner.background):
+        c = workload.classes[name]
+        assert c.rate is not None
+        rng = stream_rng(seed, index, 2 + i)
+        horizon = duration_s if duration_s is not None else BACKGROUND_HORIZON_S
+        n = min(MAX_PLANNED, math.ceil(c.rate * horizon * 1.5) + 4)
+        bg_offsets = arrival_offsets(c.rate, rng, n, horizon, c.arrival, c.burstiness)[1:]  # first one after a gap
+        background.append([(t, planner.make(name, rng)) for t in bg_offsets])
+
+    closed = point.concurrency is not None
+    cap = point.max_concurrency
+    return PointPlan(
+        index=index, repeat=repeat, foreground=foreground,
+        offsets=None if closed else offsets(count=len(foreground)),
+        concurrency=point.concurrency, max_concurrency=cap,
+        min_gap_s=1.0 / point.rate if cap and point.rate else 0.0,
+        background=background, duration_s=duration_s,
+        extendable=closed and num_requests is None,
+    )
+
+
+def _trace_rows(point: LoadPointSpec, num_requests: int | None, duration_s: float | None) -> list[TraceRow]:
+    assert point.trace is not None
+    rows = [r for r in load_trace(point.trace)
+            if duration_s is None or r.timestamp_s * point.time_scale < duration_s]
+    return rows[:num_requests] if num_requests is not None else rows
+
+
+class PointSender:
+    """Sends one :class:`PointPlan` (or a share of one) and records what happened.
+
+    ``make_more`` makes further requests when a duration-bounded closed loop outruns its plan
+    (counted in ``late``); without it (a client process has no tokenizer) the stream stops.
+    """
+
+    def __init__(self, plan: PointPlan, endpoint: Endpoint, workload: WorkloadSpec, session: aiohttp.ClientSession,
+                 make_more: Callable[[], PlannedRequest] | None = None) -> None:
+        self.plan, self.endpoint, self.workload, self.session = plan, endpoint, workload, session
+        self.make_more = make_more
         self.records: list[RequestRecord] = []
         self.late = 0
         self.client_stats: dict[str, float] = {}
-        self.num_requests, self.duration_s = workload.stop_of(point)
-        self._tasks: set[asyncio.Task[RequestRecord]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._foreground_done = asyncio.Event()
-        self._fg_rng = stream_rng(seed, point_index, FOREGROUND_PLAN)
-        self.foreground = self._plan_foreground(seed)
-        self.background = {
-            name: self._plan_background(name, stream_rng(seed, point_index, 2 + i))
-            for i, name in enumerate(planner.background)
-        }
-
-    # -- planning (before the clock starts) ------------------------------------------
-
-    def _plan_foreground(self, seed: Seed) -> list[PlannedRequest]:
-        if self.point.trace is not None:
-            rows = self._trace_rows()
-            return [self.planner.make_sized("trace", r.input_tokens, r.output_tokens, self._fg_rng) for r in rows]
-        if self.num_requests is not None:
-            count = self.num_requests
-        elif self.point.rate is not None:
-            assert self.duration_s is not None
-            count = len(self._foreground_offsets(seed, duration_s=self.duration_s))
-        else:
-            count = min(MAX_PLANNED, 32 * (self.point.concurrency or 1))
-        return self.planner.foreground_batch(count, self._fg_rng)
-
-    def _trace_rows(self) -> list[TraceRow]:
-        assert self.point.trace is not None
-        rows = [r for r in load_trace(self.point.trace)
-                if self.duration_s is None or r.timestamp_s * self.point.time_scale < self.duration_s]
-        return rows[: self.num_requests] if self.num_requests is not None else rows
-
-    def _foreground_offsets(self, seed: Seed, count: int | None = None, duration_s: float | None = None) -> list[float]:
-        p = self.point
-        if p.trace is not None:
-            return [r.timestamp_s * p.time_scale for r in self._trace_rows()]
-        assert p.rate is not None
-        offsets = arrival_offsets(p.rate, stream_rng(seed, self.index, FOREGROUND_ARRIVALS), count, duration_s,
-                                  p.arrival, p.burstiness)
-        return [ramp(t, p.ramp_up_s) for t in offsets] if p.ramp_up_s else offsets
-
-    def _plan_background(self, name: str, rng: np.random.Generator) -> list[tuple[float, PlannedRequest]]:
-        c = self.workload.classes[name]
-        assert c.rate is not None
-        horizon = self.duration_s if self.duration_s is not None else BACKGROUND_HORIZON_S
-        n = min(MAX_PLANNED, math.ceil(c.rate * horizon * 1.5) + 4)
-        offsets = arrival_offsets(c.rate, rng, n, horizon, c.arrival, c.burstiness)[1:]  # first one after a gap
-        return [(t, self.planner.make(name, rng)) for t in offsets]
 
     def _next_foreground(self, source: Iterator[PlannedRequest]) -> PlannedRequest | None:
         req = next(source, None)
-        if req is None and self.num_requests is None and self.point.concurrency is not None:
+        if req is None and self.plan.extendable:
             self.late += 1  # duration-bounded closed loop outran its plan
-            req = self.planner.foreground_batch(1, self._fg_rng)[0]
+            if self.make_more is not None:
+                req = self.make_more()
         return req
 
-    # -- sending ----------------------------------------------------------------------
-
-    def _record(self, req: PlannedRequest, intended: float) -> RequestRecord:
+    def _record(self, req: PlannedRequest, intended: float, conversation: int | None = None,
+                turn: int = 0) -> RequestRecord:
         rec = RequestRecord(
-            request_id=req.request_id, point=self.index, request_class=req.request_class,
+            request_id=req.request_id, point=self.plan.index, request_class=req.request_class,
             intended_send_s=intended, sent_s=intended,
-            input_tokens_target=req.input_tokens, output_tokens_target=req.output_tokens, repeat=self.repeat,
+            input_tokens_target=req.input_tokens, output_tokens_target=req.output_tokens, repeat=self.plan.repeat,
+            conversation_id=conversation, turn=turn,
         )
         self.records.append(rec)
         return rec
 
-    async def _send(self, req: PlannedRequest, intended: float) -> RequestRecord:
-        rec = self._record(req, intended)
+    async def _send(self, req: PlannedRequest, intended: float) -> None:
+        """One request, or a whole conversation: each later turn resends the history with the
+        server's actual reply, ``think_time_s`` after that reply ended."""
         w = self.workload
-        return await stream_request(self.session, self.endpoint, req, rec, w.api, w.ignore_eos, w.request_timeout_s,
-                                    w.usage_per_chunk)
+        conversation = req.request_id if req.turns else None
+        reply: list[str] | None = [] if req.turns else None
+        rec = self._record(req, intended, conversation)
+        await stream_request(self.session, self.endpoint, req, rec, w.api, w.ignore_eos, w.request_timeout_s,
+                             w.usage_per_chunk, reply)
+        history = (("user", req.prompt),)
+        for k, turn in enumerate(req.turns, start=1):
+            if not rec.ok or reply is None:
+                return  # a failed turn ends its conversation
+            history += (("assistant", "".join(reply)),)
+            prior = (rec.prompt_tokens or rec.input_tokens_target) + (rec.output_tokens or 0)
+            nxt = PlannedRequest(turn.request_id, req.request_class, turn.text, prior + turn.input_tokens,
+                                 turn.output_tokens, history=history)
+            intended = now() + req.think_time_s
+            if req.think_time_s:
+                await asyncio.sleep(req.think_time_s)
+            reply = []
+            rec = self._record(nxt, intended, conversation, k)
+            await stream_request(self.session, self.endpoint, nxt, rec, w.api, w.ignore_eos, w.request_timeout_s,
+                                 w.usage_per_chunk, reply)
+            history += (("user", turn.text),)
 
     def _spawn(self, req: PlannedRequest, intended: float, slots: asyncio.Semaphore | None = None) -> None:
         task = asyncio.ensure_future(self._send(req, intended))
@@ -252,32 +331,39 @@ class PointRun:
             await asyncio.sleep(tick_s)
             lags.append((now() - t - tick_s) * 1e3)
 
-    async def run(self, seed: Seed) -> list[RequestRecord]:
-        start, cpu0 = now(), time.process_time()
-        deadline = start + self.duration_s if self.duration_s is not None else None
-        background = [asyncio.ensure_future(self._background(plan, start)) for plan in self.background.values()]
+    async def run(self, start: float | None = None) -> list[RequestRecord]:
+        """Send the plan; its clock starts at ``start`` (a ``now()`` instant shared by every
+        client process of the point) or at once."""
+        if start is not None and start > now():
+            await asyncio.sleep(start - now())
+        start, cpu0 = now() if start is None else start, time.process_time()
+        wall0 = now()
+        plan = self.plan
+        deadline = start + plan.duration_s if plan.duration_s is not None else None
+        background = [asyncio.ensure_future(self._background(b, start)) for b in plan.background]
         lags: list[float] = []
         watcher = asyncio.ensure_future(self._watch_loop(lags))
         try:
-            if self.point.concurrency is not None:
+            if plan.offsets is None:
                 await self._closed_loop(deadline)
             else:
-                await self._open_loop(start, seed)
+                await self._open_loop(start, plan.offsets)
         finally:
             self._foreground_done.set()
             await asyncio.gather(*background, return_exceptions=True)
             while self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
             watcher.cancel()
-        wall = max(now() - start, 1e-9)
+        wall = max(now() - wall0, 1e-9)
         self.client_stats = {"client_cpu_util": (time.process_time() - cpu0) / wall,
                              **distribution("loop_lag_ms", lags)}
         if self.late:
-            log.warning("point %d: %d requests were made during the point (plan exhausted)", self.index, self.late)
+            what = "made during the point" if self.make_more else "not sent (no tokenizer in a client process)"
+            log.warning("point %d: plan exhausted, %d requests %s", plan.index, self.late, what)
         return sorted(self.records, key=lambda r: r.intended_send_s)
 
     async def _closed_loop(self, deadline: float | None) -> None:
-        source = iter(self.foreground)
+        source = iter(self.plan.foreground)
 
         async def worker() -> None:
             while deadline is None or now() < deadline:
@@ -286,16 +372,15 @@ class PointRun:
                     return
                 await self._send(req, now())
 
-        assert self.point.concurrency is not None
-        await asyncio.gather(*(worker() for _ in range(self.point.concurrency)))
+        assert self.plan.concurrency is not None
+        await asyncio.gather(*(worker() for _ in range(self.plan.concurrency)))
 
-    async def _open_loop(self, start: float, seed: Seed) -> None:
-        offsets = self._foreground_offsets(seed, count=len(self.foreground))
-        cap = self.point.max_concurrency
+    async def _open_loop(self, start: float, offsets: list[float]) -> None:
+        cap = self.plan.max_concurrency
         slots = asyncio.Semaphore(cap) if cap else None
-        min_gap = 1.0 / self.point.rate if cap and self.point.rate else 0.0
+        min_gap = self.plan.min_gap_s
         last_send = -math.inf
-        for offset, req in zip(offsets, self.foreground):
+        for offset, req in zip(offsets, self.plan.foreground):
             intended = start + offset
             delay = intended - now()
             if delay > 0:
@@ -320,7 +405,7 @@ class PointRun:
             self._spawn(req, intended)
         if plan and not self._foreground_done.is_set():
             log.warning("point %d: background plan (%d requests, %.0f s) ran out before the foreground finished",
-                        self.index, len(plan), plan[-1][0])
+                        self.plan.index, len(plan), plan[-1][0])
 
 
 async def _warmup(endpoint: Endpoint, workload: WorkloadSpec, planner: RequestPlanner,
@@ -330,6 +415,16 @@ async def _warmup(endpoint: Endpoint, workload: WorkloadSpec, planner: RequestPl
         rec = RequestRecord(req.request_id, -1, req.request_class, t, t, req.input_tokens, req.output_tokens)
         await stream_request(session, endpoint, req, rec, workload.api, workload.ignore_eos, workload.request_timeout_s,
                              workload.usage_per_chunk)
+
+
+def open_session() -> aiohttp.ClientSession:
+    """The client's HTTP session: unlimited keep-alive pool, send instants stamped on the wire."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=120)
+    return aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()])
+
+
+def prewarm_count(plan: PointPlan) -> int:
+    return plan.concurrency or plan.max_concurrency or PREWARM_OPEN_LOOP
 
 
 def run_points(
@@ -342,34 +437,55 @@ def run_points(
 ) -> list[RequestRecord]:
     """Warm up, then run every load point in order; returns all records (``point`` = index).
 
-    ``on_point_end`` gets the point's records and the client's own stats (CPU use, event-loop
-    lag); it may return False to stop after that point (e.g. the server died).
+    With ``workload.client_processes`` > 1 each point's plan is split over that many client
+    processes (:mod:`orchestrator.loadgen.fleet`) that share one start instant; their
+    records merge into one list. ``on_point_end`` gets the point's records and the client's
+    own stats (CPU use, event-loop lag; the worst process's); it may return False to stop
+    after that point (e.g. the server died).
     """
+    from orchestrator.loadgen.fleet import ClientFleet  # imports this module
+
     planner = RequestPlanner(workload, factory)
+    fleet = ClientFleet(workload.client_processes, endpoint, workload) if workload.client_processes > 1 else None
+    out: list[RequestRecord] = []
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            session = runner.run(_open_session_async())
+            try:
+                runner.run(_warmup(endpoint, workload, planner, session, seed))
+                for i, point in enumerate(workload.load_points):
+                    records: list[RequestRecord] = []
+                    stats: list[dict[str, float]] = []
+                    for r in range(workload.repeats):
+                        run_seed = repeat_seed(seed, r)
+                        plan = plan_point(workload, point, i, planner, run_seed, r)  # before the clock
+                        started = (lambda: on_point_start(i, point)) if on_point_start and r == 0 else None
+                        if fleet is not None:
+                            recs, st = fleet.run(plan, started)
+                        else:
+                            fg_rng = stream_rng(run_seed, i, FOREGROUND_PLAN + 100)
+                            sender = PointSender(plan, endpoint, workload, session,
+                                                 make_more=lambda: planner.foreground_batch(1, fg_rng)[0])
+                            runner.run(prewarm(session, endpoint, prewarm_count(plan)))
+                            if started:
+                                started()
+                            recs = runner.run(sender.run())
+                            st = sender.client_stats
+                        records += recs
+                        stats.append(st)
+                    out.extend(records)
+                    if on_point_end and on_point_end(i, point, records, worst_client_stats(stats)) is False:
+                        break
+            finally:
+                runner.run(session.close())
+    finally:
+        if fleet is not None:
+            fleet.close()
+    return out
 
-    async def main() -> list[RequestRecord]:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=120)
-        out: list[RequestRecord] = []
-        async with aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()]) as session:
-            await _warmup(endpoint, workload, planner, session, seed)
-            for i, point in enumerate(workload.load_points):
-                records: list[RequestRecord] = []
-                stats: list[dict[str, float]] = []
-                for r in range(workload.repeats):
-                    run_seed = repeat_seed(seed, r)
-                    run = PointRun(endpoint, workload, point, i, planner, session, run_seed, r)  # plans first
-                    await prewarm(session, endpoint, point.concurrency or point.max_concurrency or PREWARM_OPEN_LOOP)
-                    if on_point_start and r == 0:
-                        on_point_start(i, point)
-                    records += await run.run(run_seed)
-                    stats.append(run.client_stats)
-                out.extend(records)
-                if on_point_end and on_point_end(i, point, records, worst_client_stats(stats)) is False:
-                    break
-        return out
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(main())
+async def _open_session_async() -> aiohttp.ClientSession:
+    return open_session()  # a session belongs to the loop it was made in
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

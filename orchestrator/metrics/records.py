@@ -37,6 +37,8 @@ class RequestRecord:
     error: str | None = None
     http_status: int | None = None
     repeat: int = 0  # which repetition of the load point (workload.repeats)
+    conversation_id: int | None = None  # multi-turn: request_id of the conversation's first turn
+    turn: int = 0  # multi-turn: 0 for the first user turn, 1 for the next, ...
 
     @property
     def ok(self) -> bool:
@@ -61,6 +63,8 @@ ARROW_SCHEMA = pa.schema(
         ("error", pa.string()),
         ("http_status", pa.int32()),
         ("repeat", pa.int32()),
+        ("conversation_id", pa.int64()),
+        ("turn", pa.int32()),
     ]
 )
 
@@ -71,7 +75,9 @@ def records_to_table(records: Iterable[RequestRecord]) -> pa.Table:
 
 
 def table_to_records(table: pa.Table) -> list[RequestRecord]:
-    return [RequestRecord(**row) for row in table.to_pylist()]
+    """Records of a table; columns added since it was written take their defaults."""
+    known = {f.name for f in ARROW_SCHEMA}
+    return [RequestRecord(**{k: v for k, v in row.items() if k in known}) for row in table.to_pylist()]
 
 
 def records_to_parquet_bytes(records: Sequence[RequestRecord]) -> bytes:

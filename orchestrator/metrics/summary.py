@@ -130,7 +130,8 @@ def summarize_point(
     lags = [(r.sent_s - r.intended_send_s) * 1e3 for r in records]
     out.update(distribution("send_lag_ms", lags))
     wanted = set(arrival_classes) if arrival_classes is not None else None
-    arriving = [r for r in records if wanted is None or r.request_class in wanted]
+    # Arrivals: a conversation arrives once; its later turns follow the replies, not the schedule.
+    arriving = [r for r in records if (wanted is None or r.request_class in wanted) and r.turn == 0]
     for key, instants in (("achieved_rate", [r.sent_s for r in arriving]),
                           ("schedule_rate", [r.intended_send_s for r in arriving])):
         ts = sorted(instants)
@@ -138,6 +139,11 @@ def summarize_point(
             out[key] = (len(ts) - 1) / (ts[-1] - ts[0])
     if target_rate is not None:
         out["target_rate"] = float(target_rate)
+    later = [x for r in records if r.turn > 0 and (x := latency_of(r)) is not None]
+    if later:  # multi-turn: later turns resend the history (prefix caching shows here)
+        first = [x for r in records if r.turn == 0 and (x := latency_of(r)) is not None]
+        out.update(distribution("first_turn_ttft_ms", [x.ttft_ms for x in first]))
+        out.update(distribution("later_turns_ttft_ms", [x.ttft_ms for x in later]))
     return out
 
 

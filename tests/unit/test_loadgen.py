@@ -99,17 +99,16 @@ def test_duration_bounded_point(factory):
 
 def test_points_draw_from_their_own_streams(factory):
     """A point's requests do not depend on earlier points: same seed, same second point."""
-    from orchestrator.loadgen.runner import PointRun, RequestPlanner
+    from orchestrator.loadgen.runner import RequestPlanner, plan_point
 
     w = workload(classes={"fg": {"input_tokens": 16, "output_tokens": 4, "range_ratio": 0.5},
                           "bg": {"input_tokens": 32, "output_tokens": 1, "rate": 5.0}},
                  load_points=[{"concurrency": 1}, {"concurrency": 2, "num_requests": 3}], num_requests=5)
 
     def plan(point_index):
-        run = PointRun(Endpoint("http://x", "m"), w, w.load_points[point_index], point_index,
-                       RequestPlanner(w, factory), session=None, seed=(0, 0))
+        run = plan_point(w, w.load_points[point_index], point_index, RequestPlanner(w, factory), seed=(0, 0))
         fg = [(r.request_class, r.prompt, r.output_tokens) for r in run.foreground]
-        bg = [(t, r.prompt) for t, r in run.background["bg"]]
+        bg = [(t, r.prompt) for t, r in run.background[0]]
         return fg, bg
 
     assert plan(1) == plan(1)

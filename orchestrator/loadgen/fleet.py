@@ -1,0 +1,199 @@
+"""Scale-out: several client processes send one load point's schedule on one clock.
+
+One Python process streams a few hundred concurrent responses before its own event loop
+becomes the bottleneck (the point is then flagged invalid). ``workload.client_processes``
+> 1 splits each point's plan (:meth:`PointPlan.split`) over that many processes:
+
+1. the driver of the trial plans the point (prompts and arrival instants, one seed);
+2. each process gets its share, opens and warms its connections, and says ready;
+3. the driver picks one start instant on the machine's monotonic clock
+   (``time.perf_counter`` is ``CLOCK_MONOTONIC`` on Linux, the same in every process)
+   and every process starts its share's schedule from it;
+4. records (request ids are unique across shares) and client stats come back and merge
+   into one table, as if one client had sent them.
+
+The processes are started once per trial and reused for every point. They ignore Ctrl-C
+(the driver stops them), die with their parent (``PR_SET_PDEATHSIG``), and exit when their
+pipe closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.errors import LoadError
+from orchestrator.config.schema import WorkloadSpec
+from orchestrator.loadgen.client import Endpoint, now, prewarm
+from orchestrator.loadgen.runner import (PointPlan, PointSender, _loop_factory, _open_session_async,
+                                         prewarm_count, worst_client_stats)
+from orchestrator.metrics.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+# Between "all ready" and the shared start instant: time for the "go" message to reach every process.
+START_LEAD_S = 0.05
+READY_TIMEOUT_S = 120.0
+
+
+class ClientFleet:
+    """``n`` client processes for one endpoint and workload; :meth:`run` sends one point."""
+
+    def __init__(self, n: int, endpoint: Endpoint, workload: WorkloadSpec) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.tx: list[Connection] = []
+        self.rx: list[Connection] = []
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        try:
+            for _ in range(n):
+                down_r, down_w = os.pipe()
+                up_r, up_w = os.pipe()
+                argv = [sys.executable, "-m", "orchestrator.loadgen.fleet", str(down_r), str(up_w), str(os.getpid())]
+                proc = subprocess.Popen(argv, pass_fds=(down_r, up_w), env=env, stdin=subprocess.DEVNULL)
+                os.close(down_r)
+                os.close(up_w)
+                self.procs.append(proc)
+                self.tx.append(Connection(down_w, readable=False))
+                self.rx.append(Connection(up_r, writable=False))
+            for i, tx in enumerate(self.tx):
+                tx.send((endpoint, workload))
+            for i in range(n):
+                self._expect(i, "hello", READY_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    def _expect(self, i: int, kind: str, timeout_s: float | None) -> tuple[Any, ...]:
+        """The next message of process ``i``; raises if it died, failed or timed out."""
+        waited = 0.0
+        while not self.rx[i].poll(1.0):
+            waited += 1.0
+            code = self.procs[i].poll()
+            if code is not None:
+                raise LoadError(f"client process {i} (pid {self.procs[i].pid}) exited with code {code}")
+            if timeout_s is not None and waited >= timeout_s:
+                raise LoadError(f"client process {i} sent no '{kind}' within {timeout_s:.0f} s")
+        try:
+            msg = self.rx[i].recv()
+        except EOFError:
+            raise LoadError(f"client process {i} closed its pipe (exit code {self.procs[i].wait(5)})") from None
+        if msg[0] == "error":
+            raise LoadError(f"client process {i} failed:\n{msg[1]}")
+        if msg[0] != kind:
+            raise LoadError(f"client process {i} sent '{msg[0]}', expected '{kind}'")
+        return msg
+
+    def run(self, plan: PointPlan, started: Callable[[], None] | None = None) -> tuple[list[RequestRecord],
+                                                                                          dict[str, float]]:
+        """Send ``plan`` split over the processes; returns merged records and the worst client stats."""
+        shares = plan.split(len(self.procs))
+        for i, share in enumerate(shares):
+            self.tx[i].send(("prepare", share))
+        for i in range(len(shares)):
+            self._expect(i, "ready", READY_TIMEOUT_S)
+        if started is not None:
+            started()
+        start = now() + START_LEAD_S
+        for i in range(len(shares)):
+            self.tx[i].send(("go", start))
+        records: list[RequestRecord] = []
+        stats: list[dict[str, float]] = []
+        late = 0
+        for i in range(len(shares)):
+            _, recs, st, n_late = self._expect(i, "done", None)
+            records += recs
+            stats.append(st)
+            late += n_late
+        merged = worst_client_stats(stats)
+        merged["client_processes"] = float(len(shares))
+        if late:
+            log.warning("point %d: %d requests past the plan were not sent (duration-bounded closed loop)",
+                        plan.index, late)
+        return sorted(records, key=lambda r: r.intended_send_s), merged
+
+    def close(self) -> None:
+        for tx in self.tx:
+            try:
+                tx.send(("stop",))
+                tx.close()
+            except OSError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for rx in self.rx:
+            rx.close()
+        self.procs, self.tx, self.rx = [], [], []
+
+
+# ----------------------------------------------------------------------------- client process
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:
+        sys.exit(0)  # the parent died before the hook was set
+
+
+def _serve(rx: Connection, tx: Connection) -> None:
+    endpoint, workload = rx.recv()
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        session = runner.run(_open_session_async())
+        tx.send(("hello", os.getpid()))
+        try:
+            while True:
+                try:
+                    msg = rx.recv()
+                except EOFError:
+                    return
+                if msg[0] == "stop":
+                    return
+                plan: PointPlan = msg[1]
+                sender = PointSender(plan, endpoint, workload, session)
+                runner.run(prewarm(session, endpoint, prewarm_count(plan)))
+                tx.send(("ready",))
+                go = rx.recv()
+                if go[0] != "go":
+                    return
+                records = runner.run(sender.run(go[1]))
+                tx.send(("done", records, sender.client_stats, sender.late))
+        finally:
+            runner.run(session.close())
+
+
+def main(argv: list[str]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
+    _die_with_parent(int(argv[2]))
+    rx = Connection(int(argv[0]), writable=False)
+    tx = Connection(int(argv[1]), readable=False)
+    try:
+        _serve(rx, tx)
+    except (EOFError, BrokenPipeError):
+        pass
+    except BaseException:
+        try:
+            tx.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+        raise
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,120 @@
+"""Multi-turn conversations (history resent with the server's real replies) and scale-out
+over several client processes (one schedule, one clock, one merged table)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from orchestrator.config.schema import WorkloadSpec
+from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.loadgen.runner import RequestPlanner, plan_point
+from orchestrator.metrics.records import records_to_table, table_to_records
+from orchestrator.metrics.summary import summarize_point
+from tests.fake_openai_server import FakeOpenAIServer, Script
+
+
+@pytest.fixture(scope="module")
+def factory(tiny_model_dir):
+    return PromptFactory(str(tiny_model_dir))
+
+
+def conversation_workload(api="completions", **kw):
+    base = {"name": "mt", "api": api,
+            "classes": {"chat": {"dataset": "multi_turn", "turns": 3, "input_tokens": 12, "output_tokens": 4,
+                                 "think_time_s": 0.05}},
+            "load_points": [{"concurrency": 2}], "num_requests": 4, "warmup_requests": 0}
+    base.update(kw)
+    return WorkloadSpec.model_validate(base)
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_turns_resend_history_with_actual_replies(factory, api):
+    w = conversation_workload(api)
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+        seen = srv.truth.by_request
+    assert len(records) == 4 * 3 and all(r.ok for r in records)
+    convs: dict[int, list] = {}
+    for r in records:
+        convs.setdefault(r.conversation_id, []).append(r)
+    assert len(convs) == 4
+    for cid, turns in convs.items():
+        turns.sort(key=lambda r: r.turn)
+        assert [t.turn for t in turns] == [0, 1, 2] and turns[0].request_id == cid
+        for prev, cur in zip(turns, turns[1:]):
+            # sent after the previous reply ended plus the think time
+            assert cur.sent_s >= prev.done_s + 0.05 - 1e-3
+            msgs = seen[f"lab-{cur.request_id}"]["messages"]
+            reply = "".join(f"<lab-{prev.request_id}:{i}>" for i in range(4))
+            if api == "chat":
+                assert [m["role"] for m in msgs] == ["user", "assistant"] * cur.turn + ["user"]
+                assert msgs[-2]["content"] == reply
+            else:
+                assert len(msgs) == 1 and reply in msgs[0]["content"]
+            first_prompt = seen[f"lab-{cid}"]["messages"][0]["content"]
+            assert first_prompt in (msgs[0]["content"])
+            assert cur.input_tokens_target > prev.input_tokens_target
+    # only first turns are arrivals; the record table keeps conversation and turn
+    m = summarize_point(records)
+    assert m["requests"] == 12 and m["later_turns_ttft_ms_p50"] > 0
+    back = table_to_records(records_to_table(records))
+    assert [(r.conversation_id, r.turn) for r in back] == [(r.conversation_id, r.turn) for r in records]
+
+
+def test_multi_turn_needs_turns_and_fits_context():
+    with pytest.raises(ValueError, match="needs .*turns"):
+        WorkloadSpec.model_validate({"name": "x", "classes": {"a": {"dataset": "multi_turn", "input_tokens": 4,
+                                                                    "output_tokens": 4}},
+                                     "load_points": [{"concurrency": 1}], "num_requests": 1})
+    w = conversation_workload()
+    assert w.max_request_tokens() == 3 * (12 + 4 + 2)
+
+
+def test_split_shares_one_schedule(factory):
+    w = WorkloadSpec.model_validate({"name": "r", "classes": {"a": {"input_tokens": 8, "output_tokens": 2}},
+                                     "load_points": [{"rate": 50.0, "max_concurrency": 5}, {"concurrency": 5}],
+                                     "num_requests": 40})
+    planner = RequestPlanner(w, factory)
+    open_plan = plan_point(w, w.load_points[0], 0, planner, 0)
+    shares = open_plan.split(3)
+    assert sorted(o for s in shares for o in s.offsets) == sorted(open_plan.offsets)
+    assert sorted(r.request_id for s in shares for r in s.foreground) == [r.request_id for r in open_plan.foreground]
+    assert [s.max_concurrency for s in shares] == [2, 2, 1]
+    assert all(s.min_gap_s == pytest.approx(3 / 50.0) for s in shares)
+    closed = plan_point(w, w.load_points[1], 1, planner, 0)
+    shares = closed.split(8)  # never more processes than streams
+    assert [s.concurrency for s in shares] == [1] * 5
+    assert sum(len(s.foreground) for s in shares) == 40
+
+
+def test_fleet_merges_records_on_one_clock(factory):
+    """Two client processes send one Poisson schedule: every request once, on time, and the
+    server never saw more streams than the point allows."""
+    w = WorkloadSpec.model_validate({
+        "name": "f", "client_processes": 2, "warmup_requests": 1,
+        "classes": {"a": {"input_tokens": 16, "output_tokens": 4}},
+        "load_points": [{"rate": 40.0, "arrival": "constant"}, {"concurrency": 4}], "num_requests": 40})
+    stats = {}
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0,
+                             on_point_end=lambda i, p, recs, st: stats.setdefault(i, st) and None)
+        truth = srv.truth
+    assert len(records) == 80 and all(r.ok for r in records)
+    assert len({r.request_id for r in records}) == 80
+    assert truth.max_in_flight <= 4
+    rate_point = [r for r in records if r.point == 0]
+    m = summarize_point(rate_point, target_rate=40.0)
+    assert m["achieved_rate"] == pytest.approx(m["schedule_rate"], rel=0.05)
+    assert m["send_lag_ms_p95"] < 20
+    gaps = np.diff(sorted(r.intended_send_s for r in rate_point))
+    assert gaps == pytest.approx(np.full(len(gaps), 1 / 40.0), abs=1e-6)  # one constant schedule, interleaved
+    assert stats[0]["client_processes"] == 2 and "loop_lag_ms_p95" in stats[0]
+
+
+def test_fleet_reports_unreachable_server_as_errors(factory):
+    w = WorkloadSpec.model_validate({"name": "f", "client_processes": 2, "warmup_requests": 0,
+                                     "classes": {"a": {"input_tokens": 8, "output_tokens": 2}},
+                                     "load_points": [{"concurrency": 2}], "num_requests": 4})
+    records = run_points(Endpoint("http://127.0.0.1:9", "m"), w, factory, seed=0)
+    assert len(records) == 4 and all(r.status == "error" for r in records)
