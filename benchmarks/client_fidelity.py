@@ -2,6 +2,7 @@
 
     python -m benchmarks.client_fidelity                      # 64/256/512 streams + 3 rates
     python -m benchmarks.client_fidelity --streams 64 --rates 20 --no-vllm
+    python -m benchmarks.client_fidelity --client-processes 1 2   # also scale-out over 2 processes
 
 A fake OpenAI server (``tests/fake_openai_server.py``, its own process) answers with a
 scripted TTFT and ITL and records when each request arrived and when each chunk was
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -80,13 +82,21 @@ def true_latencies(truth: dict[str, Any]) -> tuple[list[float], list[float]]:
     return ttft, itl
 
 
-def run_ours(server: FakeServer, factory: PromptFactory, point: dict[str, Any], n: int, out_tokens: int) -> dict[str, Any]:
+def children_cpu() -> float:
+    """CPU seconds of finished child processes (the client processes of a scale-out run)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_ours(server: FakeServer, factory: PromptFactory, point: dict[str, Any], n: int, out_tokens: int,
+             processes: int = 1) -> dict[str, Any]:
     w = WorkloadSpec.model_validate({"name": "fidelity", "classes": {"main": {"input_tokens": 32, "output_tokens": out_tokens}},
-                                     "load_points": [point], "num_requests": n, "warmup_requests": 0})
+                                     "load_points": [point], "num_requests": n, "warmup_requests": 0,
+                                     "client_processes": processes})
     server.reset()
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, child0, t0 = time.process_time(), children_cpu(), time.perf_counter()
     records = run_points(Endpoint(server.url, "tiny"), w, factory, seed=0)
-    cpu = time.process_time() - cpu0
+    cpu = time.process_time() - cpu0 + children_cpu() - child0  # client processes are waited for at the end
     truth = server.truth()
     lats = [x for x in (latency_of(r) for r in records) if x is not None]
     delays = []
@@ -161,6 +171,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="requests per stream in concurrency points")
     ap.add_argument("--rate-seconds", type=float, default=10.0, help="length of rate points")
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM's client")
+    ap.add_argument("--client-processes", type=int, nargs="*", default=[1],
+                    help="run our client with each of these numbers of client processes (scale-out)")
     a = ap.parse_args()
     model_dir = str(ensure_tiny_model(TinyModelSpec()))
     factory = PromptFactory(model_dir)
@@ -172,8 +184,10 @@ def main() -> None:
         points = [({"concurrency": c}, c * a.rounds, f"{c} streams", None) for c in a.streams]
         points += [({"rate": r}, int(r * a.rate_seconds), f"{r:g} req/s", r) for r in a.rates]
         for point, n, setting, rate in points:
-            rows.append(row("ours", setting, run_ours(server, factory, point, n, a.output_tokens), rate))
-            print_table(rows[-1:]) if len(rows) > 1 else print_table(rows)
+            for procs in a.client_processes:
+                name = "ours" if procs == 1 else f"ours x{procs}"
+                rows.append(row(name, setting, run_ours(server, factory, point, n, a.output_tokens, procs), rate))
+                print_table(rows[-1:]) if len(rows) > 1 else print_table(rows)
             if not a.no_vllm:
                 r = run_vllm(server, model_dir, point, n, a.output_tokens)
                 if r is not None:
