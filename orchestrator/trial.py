@@ -7,16 +7,19 @@ on every exit path by :class:`ServerProcess`'s context manager.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import ConfigError, InfeasibleConfigError, ServerCrashedError, TrialError
 from orchestrator.config.hashing import trial_hash
-from orchestrator.config.schema import LoadPointSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.config.schema import LoadPointSpec, SGLangEngineSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
 from orchestrator.engines import (
     EngineMetric,
@@ -27,6 +30,7 @@ from orchestrator.engines import (
     free_port,
     server_for,
 )
+from orchestrator.feasibility import assess, describe
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.loadgen.datasets import load_sharegpt, load_trace
 from orchestrator.metrics import hardware, prometheus
@@ -54,19 +58,26 @@ def check_feasible(spec: TrialSpec, gpu_ids: list[int]) -> None:
         )
 
 
-def plan_trial(spec: TrialSpec, gpu_ids: list[int] | None = None) -> dict[str, Any]:
+def plan_trial(spec: TrialSpec, cluster_gpus: int | None = None) -> dict[str, Any]:
     """What the trial would do, without starting or building anything (for dry runs)."""
     adapter = adapter_for(spec.engine.name)
-    needs = spec.engine.num_gpus if spec.platform.device == "cuda" else 0
-    plan: dict[str, Any] = {"gpus": needs, "feasible": True, "reason": None}
-    if gpu_ids is not None:
-        try:
-            check_feasible(spec, gpu_ids)
-        except InfeasibleConfigError as exc:
-            plan.update(feasible=False, reason=str(exc))
-    launch = adapter.launch(spec, resolve_model(spec.model, build=False), _port_for(spec, pick_free=False))
-    plan["servers"] = [launch.redacted()]
+    reason = assess(spec, cluster_gpus)
+    plan: dict[str, Any] = {"feasible": reason is None, "reason": reason, **describe(spec)}
+    model_path = resolve_model(spec.model, build=False)
+    ports = iter(range(1, 100))  # placeholders: a plan binds nothing
+    launches = adapter.launches(spec, model_path, _port_for(spec, pick_free=False), lambda: next(ports),
+                                "<trial dir>")
+    plan["servers"] = [x.redacted() for x in launches]
     return plan
+
+
+def skipped_result(spec: TrialSpec, overrides: list[str], reason: str) -> TrialResult:
+    """The result of a trial found infeasible before it was submitted."""
+    now = time.time()
+    return TrialResult(trial_hash=trial_hash(spec), experiment=spec.experiment, variant=spec.variant,
+                       overrides=[redact_override(o) for o in overrides],
+                       spec=redact_mapping(spec.model_dump(mode="json")), status="SKIPPED", error=reason,
+                       started_at=now, ended_at=now, engine_version=adapter_for(spec.engine.name).version())
 
 
 def check_inputs(spec: TrialSpec) -> list[str]:
@@ -90,39 +101,107 @@ def _port_for(spec: TrialSpec, pick_free: bool = True) -> int:
     """The configured port, else a free one for engines we launch (0 for external servers, or
     when ``pick_free`` is off: a plan binds nothing)."""
     engine = spec.engine
-    if isinstance(engine, VLLMEngineSpec) and engine.port:
+    if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and engine.port:
         return engine.port
-    if isinstance(engine, VLLMEngineSpec) and pick_free:
+    if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and pick_free:
         return free_port(engine.host)
     return 0
+
+
+def _port_picker(spec: TrialSpec, taken: set[int]) -> Callable[[], int]:
+    """Free ports for a trial's other servers (P/D, side channels), never the same one twice."""
+    host = getattr(spec.engine, "host", "127.0.0.1")
+
+    def pick() -> int:
+        for _ in range(100):
+            port = free_port(host)
+            if port not in taken:
+                taken.add(port)
+                return port
+        raise TrialError("no free port found")
+
+    return pick
+
+
+def server_gpus(launch: ServerLaunch, gpu_ids: list[int]) -> list[int]:
+    """The GPUs one server of the trial gets: its slots of the trial's assigned GPUs."""
+    if launch.gpus is None:
+        return list(gpu_ids)
+    return [gpu_ids[i] for i in launch.gpus if i < len(gpu_ids)]
 
 
 def server_env(launch: ServerLaunch, gpu_ids: list[int]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in launch.unset_env}
     env.update(launch.env)
-    if gpu_ids:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+    mine = server_gpus(launch, gpu_ids)
+    if mine:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mine)
+    elif gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a proxy/router: no GPU
     return env
+
+
+class ServerGroup:
+    """The running servers of a trial (one, or prefill + decode + proxy), front last."""
+
+    def __init__(self, launches: list[ServerLaunch], servers: list[ServerProcess | ExternalServer]) -> None:
+        self.launches, self.servers = launches, servers
+
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.servers if s.pid]
+
+    def metrics_launch(self) -> ServerLaunch | None:
+        """Whose Prometheus endpoint is scraped: the last engine server (decode under P/D)."""
+        return next((x for x in reversed(self.launches) if x.metrics_path), None)
+
+    def check_alive(self) -> None:
+        for s in self.servers:
+            s.check_alive()
 
 
 class _PointHooks:
     """Scrapes and samples around each load point; turns records into a :class:`PointResult`."""
 
-    def __init__(self, spec: TrialSpec, server: ServerProcess | ExternalServer, launch: ServerLaunch,
+    def __init__(self, spec: TrialSpec, server: ServerGroup, launch: ServerLaunch | None,
                  engine_metrics: dict[str, EngineMetric],
                  monitor: ResourceMonitor, progress: Progress, label: str,
-                 checkpoint: Callable[[_PointHooks], None] = lambda hooks: None) -> None:
+                 checkpoint: Callable[[_PointHooks], None] = lambda hooks: None,
+                 cache_reset: tuple[str, str] | None = None) -> None:
         self.spec, self.server, self.launch, self.engine_metrics = spec, server, launch, engine_metrics
         self.monitor, self.progress, self.label = monitor, progress, label
         self.checkpoint = checkpoint
+        self.cache_reset = cache_reset
         self.points: list[PointResult] = []
         self.records: list[RequestRecord] = []
         self.crash: ServerCrashedError | None = None
         self._before: prometheus.Sample = {}
         self._t0 = 0.0
 
+    def attach(self, server: ServerGroup, launch: ServerLaunch | None, monitor: ResourceMonitor) -> None:
+        """Measure the next points on restarted servers."""
+        self.server, self.launch, self.monitor = server, launch, monitor
+
+    def _reset_caches(self) -> None:
+        """Empty every engine server's prefix cache (a busy SGLang refuses: retried)."""
+        assert self.cache_reset is not None
+        method, path = self.cache_reset
+        for launch in self.server.launches:
+            if not launch.metrics_path:  # a proxy or router has no cache
+                continue
+            for attempt in range(20):
+                try:
+                    req = urllib.request.Request(launch.base_url + path, method=method)
+                    with urllib.request.urlopen(req, timeout=30):
+                        break
+                except urllib.error.HTTPError as exc:
+                    if exc.code != 400 or attempt == 19:
+                        raise TrialError(f"cache reset {method} {path} on {launch.name} failed: HTTP {exc.code}")
+                    time.sleep(0.5)
+                except OSError as exc:
+                    raise TrialError(f"cache reset {method} {path} on {launch.name} failed: {exc}") from exc
+
     def _scrape(self) -> prometheus.Sample:
-        if not self.engine_metrics or not self.launch.metrics_path:
+        if not self.engine_metrics or self.launch is None or not self.launch.metrics_path:
             return {}
         try:
             return prometheus.scrape(self.launch.metrics_url)
@@ -132,6 +211,8 @@ class _PointHooks:
 
     def start(self, index: int, point: LoadPointSpec) -> None:
         n = len(self.spec.workload.load_points)
+        if self.cache_reset is not None:
+            self._reset_caches()
         self.progress(f"[{self.label}] point {index + 1}/{n} {point.label}: running")
         self._before = self._scrape()
         self.monitor.reset()
@@ -228,29 +309,67 @@ class _TrialRun:
 
     def measure(self) -> None:
         spec = self.spec
+        reason = assess(spec)
+        if reason:
+            raise InfeasibleConfigError(reason)
         check_feasible(spec, self.gpu_ids)
         model_path = resolve_model(spec.model)
-        launch = self.adapter.launch(spec, model_path, _port_for(spec))
-        self.base["servers"] = [launch.redacted()]
-        self.progress(f"[{self.label}] starting {spec.engine.name} on {launch.base_url}")
+        factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
+        n = len(spec.workload.load_points)
+        restart = isinstance(spec.engine, VLLMEngineSpec) and spec.engine.lmcache is not None \
+            and spec.engine.lmcache.restart_between_points
+        # Cold vs warm across a restart (LMCache): a fresh server for every load point.
+        for first, last in ([(i, i + 1) for i in range(n)] if restart else [(0, n)]):
+            self._serve(model_path, factory, first, last)
+            if self.hooks is not None and self.hooks.crash is not None:
+                raise self.hooks.crash
+
+    def _serve(self, model_path: str, factory: PromptFactory, first: int, last: int) -> None:
+        """Start the trial's servers, run load points ``first..last-1`` at the front, stop them."""
+        spec = self.spec
+        port = _port_for(spec)
+        launches = self.adapter.launches(spec, model_path, port, _port_picker(spec, {port}), str(self.workdir))
+        self.base["servers"] = [x.redacted() for x in launches]
+        front = launches[-1]
         engine_metrics = self.adapter.metrics_for(spec)
-        with server_for(launch, server_env(launch, self.gpu_ids), self.log_path) as server:
-            self.startup_s = server.wait_healthy(launch.startup_timeout_s)
-            self.progress(f"[{self.label}] server healthy after {self.startup_s:.1f}s")
-            monitor = ResourceMonitor([server.pid] if server.pid else [],
-                                      launch.metrics_url if launch.metrics_path else None, engine_metrics,
+        with contextlib.ExitStack() as stack:
+            servers = []
+            t0 = time.monotonic()
+            for launch in launches:
+                for path, content in launch.files.items():
+                    Path(path).write_text(content)
+                log_path = self.log_path if len(launches) == 1 else self.workdir / f"server-{launch.name}.log"
+                self.progress(f"[{self.label}] starting {spec.engine.name} {launch.name} on {launch.base_url}")
+                server = stack.enter_context(server_for(launch, server_env(launch, self.gpu_ids), log_path))
+                healthy_after = server.wait_healthy(launch.startup_timeout_s)
+                servers.append(server)
+            # one server: its own start-up time (0 for an external one); several: until all are up
+            startup = healthy_after if len(launches) == 1 else time.monotonic() - t0
+            if self.startup_s is None:
+                self.startup_s = startup
+            self.progress(f"[{self.label}] server healthy after {startup:.1f}s")
+            group = ServerGroup(launches, servers)
+            scraped = group.metrics_launch()
+            monitor = ResourceMonitor(group.pids(), scraped.metrics_url if scraped else None, engine_metrics,
                                       spec.platform.monitor_interval_s, self.gpu_ids)
-            self.hooks = _PointHooks(spec, server, launch, engine_metrics, monitor, self.progress, self.label,
-                                     self.checkpoint)
-            factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
-            endpoint = Endpoint(launch.base_url, spec.model.name, api_key=self.adapter.api_key(spec))
+            if self.hooks is None:
+                self.hooks = _PointHooks(spec, group, scraped, engine_metrics, monitor, self.progress, self.label,
+                                         self.checkpoint, self.adapter.cache_reset(spec))
+            else:
+                self.hooks.attach(group, scraped, monitor)
+            endpoint = Endpoint(front.base_url, spec.model.name, api_key=self.adapter.api_key(spec))
+            workload = spec.workload
+            if (first, last) != (0, len(workload.load_points)):
+                workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
             try:
-                run_points(endpoint, spec.workload, factory, (spec.seed, spec.workload.seed),
-                           self.hooks.start, self.hooks.end)
+                run_points(endpoint, workload, factory, (spec.seed, spec.workload.seed),
+                           self.hooks.start, self.hooks.end, first_index=first)
             finally:
                 monitor.stop()  # idempotent; a point that raised must not leave the sampler running
-            if self.hooks.crash is not None:
-                raise self.hooks.crash
+        if len(launches) > 1:  # one log for the result: every server's, in start order
+            self.log_path.write_text("".join(
+                f"===== {x.name} =====\n" + p.read_text(errors="replace")
+                for x in launches if (p := self.workdir / f"server-{x.name}.log").exists()))
 
     def checkpoint(self, hooks: _PointHooks) -> None:
         done, total = len(hooks.points), len(self.spec.workload.load_points)

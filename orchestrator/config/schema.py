@@ -23,6 +23,35 @@ class StrictModel(BaseModel):
 # --------------------------------------------------------------------------- engine
 
 
+class DisaggregationSpec(StrictModel):
+    """Prefill/decode disaggregation: one prefill and one decode server with their own GPUs,
+    a KV connector between them and a proxy/router in front (the trial is measured there).
+
+    ``connector`` is vLLM's KV connector (``NixlConnector``, ``P2pNcclConnector``) or
+    SGLang's transfer backend (``mooncake``, ``nixl``).
+    """
+
+    connector: str
+    prefill_tp: PositiveInt = 1
+    decode_tp: PositiveInt = 1
+
+    @property
+    def num_gpus(self) -> int:
+        return self.prefill_tp + self.decode_tp
+
+
+class LMCacheSpec(StrictModel):
+    """LMCache behind vLLM (``LMCacheConnectorV1``): its config file is rendered per trial."""
+
+    chunk_size: PositiveInt = 256
+    local_cpu: bool = True
+    max_local_cpu_size_gb: PositiveFloat = 5.0
+    local_disk: str | None = Field(default=None, description="directory of the disk tier; None = no disk tier")
+    max_local_disk_size_gb: PositiveFloat = 20.0
+    restart_between_points: bool = Field(
+        default=False, description="restart the server between load points (cold vs warm across a restart)")
+
+
 class VLLMEngineSpec(StrictModel):
     """Server knobs of a vLLM trial. ``None`` means "leave vLLM's default"."""
 
@@ -43,6 +72,12 @@ class VLLMEngineSpec(StrictModel):
     kv_cache_dtype: str | None = None
     quantization: str | None = None
     speculative_config: dict[str, Any] | None = None
+    kv_transfer_config: dict[str, Any] | None = Field(default=None, description="set by hand; P/D and LMCache set it")
+    disaggregation: DisaggregationSpec | None = None
+    lmcache: LMCacheSpec | None = None
+    reset_cache_between_points: bool = Field(
+        default=False, description="POST /reset_prefix_cache before each load point (needs VLLM_SERVER_DEV_MODE=1, "
+        "which the adapter sets)")
     seed: int | None = None
     cpu_kvcache_space_gib: PositiveInt | None = Field(
         default=None, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on the CPU build"
@@ -61,11 +96,78 @@ class VLLMEngineSpec(StrictModel):
             flag = str(arg).split("=", 1)[0]
             if flag in managed:
                 raise ValueError(f"extra_args may not set {flag}; use {managed[flag]} instead")
+        if sum(x is not None for x in (self.kv_transfer_config, self.disaggregation, self.lmcache)) > 1:
+            raise ValueError("set at most one of kv_transfer_config, disaggregation and lmcache")
+        if self.disaggregation is not None and self.tensor_parallel_size != 1:
+            raise ValueError("with disaggregation, set disaggregation.prefill_tp / decode_tp, not tensor_parallel_size")
         return self
 
     @property
     def num_gpus(self) -> int:
+        if self.disaggregation is not None:
+            return self.disaggregation.num_gpus
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class SGLangEngineSpec(StrictModel):
+    """Server knobs of an SGLang trial (``python -m sglang.launch_server``). ``None`` = SGLang's default."""
+
+    name: Literal["sglang"] = "sglang"
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535, description="None picks a free port")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    context_length: PositiveInt | None = None
+    tensor_parallel_size: PositiveInt = 1
+    chunked_prefill_size: int | None = Field(default=None, ge=-1, description="-1 disables chunked prefill")
+    schedule_policy: Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "priority"] | None = None
+    disable_radix_cache: bool = False
+    page_size: PositiveInt | None = None
+    speculative_algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"] | None = None
+    speculative_num_steps: PositiveInt | None = None
+    speculative_eagle_topk: PositiveInt | None = None
+    speculative_num_draft_tokens: PositiveInt | None = None
+    speculative_draft_model_path: str | None = None
+    quantization: str | None = None
+    kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"] | None = None
+    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
+    max_running_requests: PositiveInt | None = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: PositiveInt | None = None
+    random_seed: int | None = None
+    disaggregation: DisaggregationSpec | None = None
+    reset_cache_between_points: bool = Field(default=False, description="POST /flush_cache before each load point")
+    extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: PositiveFloat = 900.0
+    python: str | None = Field(default=None, description="interpreter for the server; None = this one")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SGLangEngineSpec:
+        managed = {"--model-path": "model", "--model": "model", "--served-model-name": "model.name",
+                   "--host": "engine.host", "--port": "engine.port", "--tp-size": "engine.tensor_parallel_size"}
+        for arg in self.extra_args:
+            flag = str(arg).split("=", 1)[0]
+            if flag in managed:
+                raise ValueError(f"extra_args may not set {flag}; use {managed[flag]} instead")
+        spec_knobs = (self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens)
+        if any(k is not None for k in spec_knobs) and self.speculative_algorithm is None:
+            raise ValueError("speculative_num_steps/eagle_topk/num_draft_tokens need speculative_algorithm")
+        if self.speculative_num_steps is not None and None in spec_knobs:
+            # SGLang asserts this at start: steps, top-k and draft tokens are set together.
+            raise ValueError("speculative_num_steps needs speculative_eagle_topk and speculative_num_draft_tokens too")
+        if self.speculative_algorithm == "STANDALONE" and not self.speculative_draft_model_path:
+            raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
+        if (self.page_size and self.chunked_prefill_size and self.chunked_prefill_size > 0
+                and self.chunked_prefill_size % self.page_size):
+            raise ValueError(f"chunked_prefill_size {self.chunked_prefill_size} must be divisible by "
+                             f"page_size {self.page_size}")
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        if self.disaggregation is not None:
+            return self.disaggregation.num_gpus
+        return self.tensor_parallel_size
 
 
 class ExternalEngineSpec(StrictModel):
@@ -88,7 +190,7 @@ class ExternalEngineSpec(StrictModel):
         return 0
 
 
-EngineSpec = Annotated[VLLMEngineSpec | ExternalEngineSpec, Field(discriminator="name")]
+EngineSpec = Annotated[VLLMEngineSpec | SGLangEngineSpec | ExternalEngineSpec, Field(discriminator="name")]
 
 # --------------------------------------------------------------------------- model
 
@@ -117,6 +219,22 @@ class TinyModelSpec(StrictModel):
         return self
 
 
+class ModelArch(StrictModel):
+    """What feasibility needs to know of a model it cannot read here (hub models on GPUs).
+
+    ``params_b`` counts every weight (all experts of a MoE); ``active_params_b`` those used
+    per token (roofline), when different.
+    """
+
+    num_layers: PositiveInt
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    params_b: PositiveFloat
+    active_params_b: PositiveFloat | None = None
+    weight_bytes_per_param: PositiveFloat = Field(default=2.0, description="2 bf16/fp16, 1 fp8, 0.5 int4")
+
+
 class ModelSpec(StrictModel):
     """Which model a trial serves. ``tiny_random`` is built locally on first use."""
 
@@ -125,6 +243,7 @@ class ModelSpec(StrictModel):
     path: str | None = Field(default=None, description="local directory (path) or hub id (hub)")
     tokenizer: str | None = None
     tiny: TinyModelSpec | None = None
+    arch: ModelArch | None = Field(default=None, description="shape for feasibility checks (GPU models)")
     cache_dir: str | None = Field(default=None, description="where tiny models are built; None = default cache")
 
     @model_validator(mode="after")
@@ -328,6 +447,8 @@ class PlatformSpec(StrictModel):
     )
     cpus_per_trial: PositiveFloat = 1.0
     monitor_interval_s: PositiveFloat = 0.5
+    gpu_name: str | None = Field(default=None, description="a key of orchestrator/models/gpus.py, e.g. A100-80GB")
+    gpu_memory_gb: PositiveFloat | None = Field(default=None, description="None = from gpu_name")
     # Engine defaults that belong to the hardware (engine configs interpolate them).
     dtype: str = "auto"
     enforce_eager: bool = False
@@ -368,7 +489,7 @@ class TrialSpec(StrictModel):
     @model_validator(mode="after")
     def _fits_context(self) -> TrialSpec:
         need = self.workload.max_request_tokens()
-        limit = getattr(self.engine, "max_model_len", None)
+        limit = getattr(self.engine, "max_model_len", None) or getattr(self.engine, "context_length", None)
         if limit is None and self.model.tiny is not None:
             limit = self.model.tiny.max_position_embeddings
         if limit is not None and need > limit:

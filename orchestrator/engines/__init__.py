@@ -6,14 +6,17 @@ from pathlib import Path
 from types import ModuleType
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.engines import external, vllm
+from orchestrator.engines import external, sglang, vllm
 from orchestrator.engines.base import EngineMetric, ServerLaunch
 from orchestrator.engines.external import ExternalServer
 from orchestrator.engines.process import ServerProcess, free_port, port_is_free
 
-# Each adapter module provides: launch(spec, model_path, port) -> ServerLaunch,
-# metrics_for(spec) -> {neutral name: EngineMetric}, api_key(spec), version().
-ADAPTERS: dict[str, ModuleType] = {"vllm": vllm, "external": external}
+# Each adapter module provides:
+#   launches(spec, model_path, port, next_port, workdir) -> [ServerLaunch, ...], the measured front last
+#   unsupported(spec) -> reason the platform cannot run it, or None (the trial is SKIPPED)
+#   cache_reset(spec) -> (method, path) to empty the prefix cache before each load point, or None
+#   metrics_for(spec) -> {neutral name: EngineMetric}, api_key(spec), version()
+ADAPTERS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "external": external}
 
 
 def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> ServerProcess | ExternalServer:

@@ -37,6 +37,9 @@ class ServerLaunch:
     startup_timeout_s: float = 600.0
     unset_env: tuple[str, ...] = field(default_factory=tuple)
     scheme: str = "http"
+    # Which of the trial's assigned GPUs this server gets (indexes into that list); None = all.
+    gpus: tuple[int, ...] | None = None
+    files: dict[str, str] = field(default_factory=dict)  # path -> content, written before start (configs)
 
     @property
     def base_url(self) -> str:
@@ -52,12 +55,17 @@ class ServerLaunch:
 
     def redacted(self) -> dict[str, object]:
         """argv and env for logs, params and dry runs, with secret-looking values hidden."""
-        return {
+        out: dict[str, object] = {
             "name": self.name,
             "argv": redact_argv(self.argv),
             "env": redact_env(self.env),
             "url": self.base_url,
         }
+        if self.gpus is not None:
+            out["gpu_slots"] = list(self.gpus)
+        if self.files:
+            out["files"] = dict(self.files)
+        return out
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +31,19 @@ def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
         health_path=engine.health_path or "", metrics_path=engine.metrics_path or "",
         startup_timeout_s=engine.startup_timeout_s, scheme=u.scheme,
     )
+
+
+def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int],
+             workdir: str) -> list[ServerLaunch]:
+    return [launch(spec, model_path, port)]
+
+
+def unsupported(spec: TrialSpec) -> str | None:
+    return None
+
+
+def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:
+    return None
 
 
 def metrics_for(spec: TrialSpec) -> dict[str, EngineMetric]:

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from importlib import metadata
 
-from orchestrator.config.schema import TrialSpec, VLLMEngineSpec
+from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.engines.base import EngineMetric, ServerLaunch
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+PROXY_MODULE = "orchestrator.engines.pd_proxy"
+# KV connectors our P/D proxy speaks (the two-step NIXL protocol of vLLM's toy proxy).
+PD_CONNECTORS = ("NixlConnector",)
+# Speculative methods the CPU build runs (NOTES.md: ngram seen working).
+CPU_SPEC_METHODS = ("ngram",)
 
 # Neutral name -> vLLM Prometheus family (names as of vLLM 0.32, v1 engine).
 METRICS: dict[str, EngineMetric] = {
@@ -43,7 +49,8 @@ def _opt(name: str, value: object) -> list[str]:
     return [] if value is None else [f"--{name}", str(value)]
 
 
-def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: int, python: str | None = None) -> list[str]:
+def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: int, python: str | None = None,
+               tp: int | None = None, kv_transfer_config: dict[str, object] | None = None) -> list[str]:
     """The server command line as an argv list (never a shell string)."""
     argv = [python or engine.python or sys.executable, "-m", SERVER_MODULE]
     argv += ["--model", model_path, "--served-model-name", served_name]
@@ -58,17 +65,21 @@ def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: 
     if engine.enforce_eager:
         argv.append("--enforce-eager")
     argv += _opt("gpu-memory-utilization", engine.gpu_memory_utilization)
-    if engine.tensor_parallel_size > 1:
-        argv += ["--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    tp = tp or engine.tensor_parallel_size
+    if tp > 1:
+        argv += ["--tensor-parallel-size", str(tp)]
     if engine.pipeline_parallel_size > 1:
         argv += ["--pipeline-parallel-size", str(engine.pipeline_parallel_size)]
-    if engine.num_gpus > 1:
+    if tp * engine.pipeline_parallel_size > 1:
         # Inside a Ray task: keep vLLM's workers out of the outer Ray cluster.
         argv += ["--distributed-executor-backend", "mp"]
     argv += _opt("kv-cache-dtype", engine.kv_cache_dtype)
     argv += _opt("quantization", engine.quantization)
     if engine.speculative_config is not None:
         argv += ["--speculative-config", json.dumps(engine.speculative_config, sort_keys=True)]
+    kv = kv_transfer_config if kv_transfer_config is not None else engine.kv_transfer_config
+    if kv is not None:
+        argv += ["--kv-transfer-config", json.dumps(kv, sort_keys=True)]
     argv += _opt("seed", engine.seed)
     argv += [str(a) for a in engine.extra_args]
     return argv
@@ -84,6 +95,8 @@ def build_env(spec: TrialSpec) -> dict[str, str]:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_space_gib)
         if engine.cpu_omp_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_omp_threads_bind
+    if engine.reset_cache_between_points:
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes POST /reset_prefix_cache
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"
     if spec.model.source != "hub":
@@ -92,18 +105,95 @@ def build_env(spec: TrialSpec) -> dict[str, str]:
     return env
 
 
+def _engine(spec: TrialSpec) -> VLLMEngineSpec:
+    assert isinstance(spec.engine, VLLMEngineSpec)
+    return spec.engine
+
+
 def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
-    engine = spec.engine
-    return ServerLaunch(
-        name="server",
-        argv=build_argv(engine, model_path, spec.model.name, port),
-        env=build_env(spec),
-        host=engine.host,
-        port=port,
-        startup_timeout_s=engine.startup_timeout_s,
-        # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
-        unset_env=("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else (),
-    )
+    """The single-server launch (no LMCache file, no P/D)."""
+    return launches(spec, model_path, port, lambda: 0, "")[0]
+
+
+def render_lmcache(c: LMCacheSpec) -> str:
+    """LMCache's config file (YAML keys of LMCache's ``LMCACHE_CONFIG_FILE``)."""
+    lines = [f"chunk_size: {c.chunk_size}", f"local_cpu: {str(c.local_cpu).lower()}",
+             f"max_local_cpu_size: {c.max_local_cpu_size_gb:g}"]
+    if c.local_disk:
+        lines += [f"local_disk: {json.dumps('file://' + c.local_disk)}", f"max_local_disk_size: {c.max_local_disk_size_gb:g}"]
+    return "\n".join(lines) + "\n"
+
+
+def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int],
+             workdir: str) -> list[ServerLaunch]:
+    """Every server of the trial, the measured front last.
+
+    * one server (optionally with LMCache: its config file rendered into ``workdir``);
+    * P/D: a prefill and a decode server on disjoint GPUs with the KV connector, and our
+      proxy (:mod:`orchestrator.engines.pd_proxy`) in front.
+    """
+    engine = _engine(spec)
+    env = build_env(spec)
+    common = {"host": engine.host, "startup_timeout_s": engine.startup_timeout_s,
+              "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else ()}
+    # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
+    if engine.lmcache is not None:
+        path = f"{workdir}/lmcache.yaml"
+        kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+        return [ServerLaunch(name="server", port=port, env={**env, "LMCACHE_CONFIG_FILE": path},
+                             argv=build_argv(engine, model_path, spec.model.name, port, kv_transfer_config=kv),
+                             gpus=tuple(range(engine.num_gpus)), files={path: render_lmcache(engine.lmcache)},
+                             **common)]
+    pd = engine.disaggregation
+    if pd is None:
+        return [ServerLaunch(name="server", port=port, env=env,
+                             argv=build_argv(engine, model_path, spec.model.name, port),
+                             gpus=tuple(range(engine.num_gpus)), **common)]
+    kv = {"kv_connector": pd.connector, "kv_role": "kv_both"}
+    servers = []
+    for name, tp, first in (("prefill", pd.prefill_tp, 0), ("decode", pd.decode_tp, pd.prefill_tp)):
+        p = next_port()
+        side = next_port()  # NIXL's handshake port: unique per server on a host
+        servers.append(ServerLaunch(
+            name=name, port=p, env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
+            argv=build_argv(engine, model_path, spec.model.name, p, tp=tp, kv_transfer_config=kv),
+            gpus=tuple(range(first, first + tp)), **common))
+    python = engine.python or sys.executable
+    proxy = ServerLaunch(
+        name="proxy", port=port, env={}, host=engine.host, startup_timeout_s=60.0, gpus=(), metrics_path="",
+        argv=[python, "-m", PROXY_MODULE, "--prefill", servers[0].base_url, "--decode", servers[1].base_url,
+              "--host", engine.host, "--port", str(port)])
+    return [*servers, proxy]
+
+
+def unsupported(spec: TrialSpec) -> str | None:
+    """Why vLLM cannot run this trial on its platform, or None."""
+    engine = _engine(spec)
+    if engine.disaggregation is not None and engine.disaggregation.connector not in PD_CONNECTORS:
+        return (f"engine.disaggregation.connector '{engine.disaggregation.connector}': the P/D proxy supports "
+                f"{', '.join(PD_CONNECTORS)}")
+    if spec.platform.device != "cpu":
+        return None
+    if engine.disaggregation is not None:
+        return "prefill/decode disaggregation needs GPUs (KV connectors move GPU memory); platform is cpu"
+    if engine.lmcache is not None or engine.kv_transfer_config is not None:
+        return "LMCache / KV connectors are not supported by vLLM's CPU build"
+    if engine.quantization is not None:
+        return f"quantization '{engine.quantization}' needs GPU kernels; the CPU build has none for it"
+    method = (engine.speculative_config or {}).get("method")
+    if engine.speculative_config is not None and method not in CPU_SPEC_METHODS:
+        return f"speculative method '{method}' is not supported by the CPU build (supported: ngram)"
+    if engine.block_size is not None and engine.block_size % 32:
+        return f"block_size {engine.block_size}: the CPU attention backend needs a multiple of 32"
+    if engine.num_gpus > 1 and not engine.cpu_omp_threads_bind:
+        return ("tensor/pipeline parallel on CPU needs engine.cpu_omp_threads_bind (one core set per rank, "
+                "e.g. '0|1')")
+    return None
+
+
+def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:
+    """(method, path) that empties the prefix cache between load points, when asked for."""
+    return ("POST", "/reset_prefix_cache") if _engine(spec).reset_cache_between_points else None
 
 
 def metrics_for(spec: TrialSpec) -> dict[str, EngineMetric]:

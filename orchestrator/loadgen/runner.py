@@ -434,8 +434,12 @@ def run_points(
     seed: Seed,
     on_point_start: Callable[[int, LoadPointSpec], None] | None = None,
     on_point_end: Callable[[int, LoadPointSpec, list[RequestRecord], dict[str, float]], bool] | None = None,
+    first_index: int = 0,
 ) -> list[RequestRecord]:
     """Warm up, then run every load point in order; returns all records (``point`` = index).
+
+    ``first_index`` numbers the points from there (a trial that restarts its server between
+    points runs them one call at a time; each point keeps its own seeded draws).
 
     With ``workload.client_processes`` > 1 each point's plan is split over that many client
     processes (:mod:`orchestrator.loadgen.fleet`) that share one start instant; their
@@ -453,7 +457,7 @@ def run_points(
             session = runner.run(_open_session_async())
             try:
                 runner.run(_warmup(endpoint, workload, planner, session, seed))
-                for i, point in enumerate(workload.load_points):
+                for i, point in enumerate(workload.load_points, start=first_index):
                     records: list[RequestRecord] = []
                     stats: list[dict[str, float]] = []
                     for r in range(workload.repeats):

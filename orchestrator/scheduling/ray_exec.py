@@ -64,6 +64,13 @@ def init_ray(cluster: ClusterSpec) -> RayContext:
     return RayContext(started_here=True)
 
 
+def cluster_gpus() -> int:
+    """GPUs the connected Ray cluster has in total (logical GPUs for a local Ray)."""
+    import ray
+
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
 def run_jobs(
     jobs: list[TrialJob],
     workdir_of: Callable[[TrialJob], str],

@@ -21,9 +21,11 @@ from typing import Any
 from orchestrator.config.errors import OrchestratorError
 from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
 from orchestrator.scheduling.jobs import TrialJob
-from orchestrator.scheduling.ray_exec import init_ray, run_jobs
+from orchestrator.config.secrets import redact_override
+from orchestrator.feasibility import assess
+from orchestrator.scheduling.ray_exec import cluster_gpus, init_ray, run_jobs
 from orchestrator.tracking import MlflowTracker
-from orchestrator.trial import plan_trial
+from orchestrator.trial import plan_trial, skipped_result
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +67,24 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def dry_run(jobs: list[TrialJob], progress: Progress = _print) -> list[dict[str, Any]]:
-    """One JSON line per trial: hash, overrides, feasibility, GPUs, server commands. Starts nothing."""
+    """One JSON line per trial: hash, overrides, ``feasible`` or ``skipped`` with the reason,
+    GPUs, every server command (argv + env). Starts nothing, not even Ray: the cluster's GPUs
+    are ``cluster.num_gpus`` when set (0 on the CPU platform), else unknown."""
     lines = []
     for job in jobs:
+        plan = plan_trial(job.spec, _known_gpus(job))
         line = {"trial_hash": job.trial_hash, "index": job.index, "variant": job.spec.variant,
-                "overrides": job.overrides, **plan_trial(job.spec)}
+                "overrides": [redact_override(o) for o in job.overrides],
+                "status": "feasible" if plan["feasible"] else "skipped", **plan}
         lines.append(line)
         progress(json.dumps(line, sort_keys=True))
     return lines
+
+
+def _known_gpus(job: TrialJob) -> int | None:
+    if job.settings.cluster.num_gpus is not None:
+        return job.settings.cluster.num_gpus
+    return 0 if job.spec.platform.device == "cpu" and job.settings.cluster.address is None else None
 
 
 def _point_summary(result: TrialResult) -> str:
@@ -116,7 +128,21 @@ def run_sweep(
     ray_ctx = init_ray(settings.cluster)
     try:
         with sigterm_as_interrupt():
-            for job, result in run_jobs(jobs, lambda j: str(trial_dir(sweep_dir, j)),
+            gpus = cluster_gpus()
+            runnable = []
+            for job in jobs:  # infeasible trials are SKIPPED here, never submitted (Ray would wait forever)
+                reason = assess(job.spec, gpus)
+                if reason is None:
+                    runnable.append(job)
+                    continue
+                result = skipped_result(job.spec, job.overrides, reason)
+                d = save_result(result, trial_dir(sweep_dir, job))
+                if tracker is not None:
+                    _log_trial(tracker, result, d, commit, progress)
+                counts[result.status] += 1
+                results.append(result)
+                progress(f"[{len(results)}/{len(jobs)}] {job.label}: SKIPPED ({reason})")
+            for job, result in run_jobs(runnable, lambda j: str(trial_dir(sweep_dir, j)),
                                         jobs[0].spec.platform.max_concurrent_trials):
                 d = save_result(result, trial_dir(sweep_dir, job))
                 if tracker is not None:

@@ -67,13 +67,3 @@ def test_cpu_env_and_unset_omp(compose):
     assert "OMP_NUM_THREADS" in launch.unset_env
 
 
-def test_every_experiment_variant_parses(vllm_parser, compose):
-    for path in sorted((CONF / "experiment").glob("*.yaml")):
-        for platform in ("cpu", "gpu"):
-            base = compose([f"+experiment={path.stem}", f"platform={platform}"])
-            for variant in str((base.get("sweeps") or {}).get(platform, "")).split(","):
-                overrides = [f"+experiment={path.stem}", f"platform={platform}"]
-                if variant:
-                    overrides.append(f"variant={variant.strip()}")
-                spec, _ = to_specs(compose(overrides))
-                parse(vllm_parser, vllm_adapter.launch(spec, "/m", 9000).argv)

@@ -1,0 +1,159 @@
+"""The SGLang adapter: trial spec -> ``python -m sglang.launch_server`` argv/env, SGLang's
+Prometheus names -> neutral names, and the P/D topology (prefill + decode + router).
+
+SGLang's wheels are CUDA-only: on the CPU platform its trials are SKIPPED before launch
+(:func:`unsupported`); the command lines are still generated for dry runs and checked
+against SGLang's own ``ServerArgs`` parser in the tests.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from importlib import metadata
+
+from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
+from orchestrator.engines.base import EngineMetric, ServerLaunch
+
+SERVER_MODULE = "sglang.launch_server"
+ROUTER_MODULE = "sglang_router.launch_router"
+
+# Neutral name -> SGLang Prometheus family (with --enable-metrics; SGLang 0.5).
+METRICS: dict[str, EngineMetric] = {
+    "prompt_tokens": EngineMetric("sglang:prompt_tokens_total", "counter"),
+    "generation_tokens": EngineMetric("sglang:generation_tokens_total", "counter"),
+    "cached_tokens": EngineMetric("sglang:cached_tokens_total", "counter"),
+    "cache_hit_rate": EngineMetric("sglang:cache_hit_rate", "gauge"),
+    "kv_cache_usage": EngineMetric("sglang:token_usage", "gauge"),
+    "requests_running": EngineMetric("sglang:num_running_reqs", "gauge"),
+    "requests_waiting": EngineMetric("sglang:num_queue_reqs", "gauge"),
+    "spec_decode_accept_length": EngineMetric("sglang:spec_accept_length", "gauge"),
+    "retractions": EngineMetric("sglang:num_retracted_reqs", "gauge"),
+}
+
+# Where each server's GPUs come from within the trial's assigned list.
+BOOTSTRAP_PORT_OFFSET = 1000
+
+
+def _opt(name: str, value: object) -> list[str]:
+    return [] if value is None else [f"--{name}", str(value)]
+
+
+def build_argv(engine: SGLangEngineSpec, model_path: str, served_name: str, port: int, *,
+               tp: int | None = None, mode: str | None = None, bootstrap_port: int | None = None,
+               python: str | None = None) -> list[str]:
+    """One SGLang server's command line as an argv list (never a shell string)."""
+    argv = [python or engine.python or sys.executable, "-m", SERVER_MODULE]
+    argv += ["--model-path", model_path, "--served-model-name", served_name]
+    argv += ["--host", engine.host, "--port", str(port)]
+    argv += ["--dtype", engine.dtype]
+    argv += ["--tp-size", str(tp or engine.tensor_parallel_size)]
+    argv += ["--enable-metrics"]
+    argv += _opt("context-length", engine.context_length)
+    argv += _opt("chunked-prefill-size", engine.chunked_prefill_size)
+    argv += _opt("schedule-policy", engine.schedule_policy)
+    if engine.disable_radix_cache:
+        argv.append("--disable-radix-cache")
+    argv += _opt("page-size", engine.page_size)
+    argv += _opt("speculative-algorithm", engine.speculative_algorithm)
+    argv += _opt("speculative-draft-model-path", engine.speculative_draft_model_path)
+    argv += _opt("speculative-num-steps", engine.speculative_num_steps)
+    argv += _opt("speculative-eagle-topk", engine.speculative_eagle_topk)
+    argv += _opt("speculative-num-draft-tokens", engine.speculative_num_draft_tokens)
+    argv += _opt("quantization", engine.quantization)
+    argv += _opt("kv-cache-dtype", engine.kv_cache_dtype)
+    argv += _opt("mem-fraction-static", engine.mem_fraction_static)
+    argv += _opt("max-running-requests", engine.max_running_requests)
+    if engine.disable_cuda_graph:
+        argv.append("--disable-cuda-graph")
+    argv += _opt("cuda-graph-max-bs", engine.cuda_graph_max_bs)
+    argv += _opt("random-seed", engine.random_seed)
+    if mode is not None:
+        assert engine.disaggregation is not None
+        argv += ["--disaggregation-mode", mode,
+                 "--disaggregation-transfer-backend", engine.disaggregation.connector]
+        argv += _opt("disaggregation-bootstrap-port", bootstrap_port)
+    argv += [str(a) for a in engine.extra_args]
+    return argv
+
+
+def build_env(spec: TrialSpec) -> dict[str, str]:
+    env = {"SGLANG_DISABLE_REQUEST_LOGGING": "1", "DO_NOT_TRACK": "1"}
+    if spec.model.source != "hub":
+        env["HF_HUB_OFFLINE"] = "1"
+    env.update(spec.engine.env)
+    return env
+
+
+def _spec(spec: TrialSpec) -> SGLangEngineSpec:
+    assert isinstance(spec.engine, SGLangEngineSpec)
+    return spec.engine
+
+
+def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
+    engine = _spec(spec)
+    return ServerLaunch(
+        name="server", argv=build_argv(engine, model_path, spec.model.name, port), env=build_env(spec),
+        host=engine.host, port=port, startup_timeout_s=engine.startup_timeout_s,
+        gpus=tuple(range(engine.tensor_parallel_size)),
+    )
+
+
+def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int],
+             workdir: str) -> list[ServerLaunch]:
+    """Every server of the trial, the measured front last: one server, or prefill + decode +
+    the SGLang router (``--pd-disaggregation``) with disjoint GPUs."""
+    engine = _spec(spec)
+    pd = engine.disaggregation
+    if pd is None:
+        return [launch(spec, model_path, port)]
+    env = build_env(spec)
+    p_port, d_port = next_port(), next_port()
+    bootstrap = next_port()
+    prefill = ServerLaunch(
+        name="prefill", env=env, host=engine.host, port=p_port, startup_timeout_s=engine.startup_timeout_s,
+        argv=build_argv(engine, model_path, spec.model.name, p_port, tp=pd.prefill_tp, mode="prefill",
+                        bootstrap_port=bootstrap),
+        gpus=tuple(range(pd.prefill_tp)),
+    )
+    decode = ServerLaunch(
+        name="decode", env=env, host=engine.host, port=d_port, startup_timeout_s=engine.startup_timeout_s,
+        argv=build_argv(engine, model_path, spec.model.name, d_port, tp=pd.decode_tp, mode="decode"),
+        gpus=tuple(range(pd.prefill_tp, pd.prefill_tp + pd.decode_tp)),
+    )
+    python = engine.python or sys.executable
+    router = ServerLaunch(
+        name="router", env={}, host=engine.host, port=port, startup_timeout_s=120.0, gpus=(),
+        argv=[python, "-m", ROUTER_MODULE, "--pd-disaggregation",
+              "--prefill", prefill.base_url, str(bootstrap), "--decode", decode.base_url,
+              "--host", engine.host, "--port", str(port)],
+        metrics_path="",
+    )
+    return [prefill, decode, router]
+
+
+def unsupported(spec: TrialSpec) -> str | None:
+    """Why this trial cannot run on its platform, or None."""
+    if spec.platform.device == "cpu":
+        return "SGLang needs CUDA GPUs (its wheels are CUDA-only); platform is cpu"
+    return None
+
+
+def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:
+    """(method, path) that empties the prefix cache between load points (fails while busy)."""
+    return ("POST", "/flush_cache")
+
+
+def metrics_for(spec: TrialSpec) -> dict[str, EngineMetric]:
+    return METRICS
+
+
+def api_key(spec: TrialSpec) -> str | None:
+    return None
+
+
+def version() -> str:
+    try:
+        return f"sglang=={metadata.version('sglang')}"
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,98 @@
+"""Can a trial run, and on what? Decided before launch, from the spec alone.
+
+A trial is SKIPPED (never started, never a crash) with the reason when:
+
+* its engine or a feature it asks for does not exist on the platform (the adapter's
+  ``unsupported``: SGLang, P/D, LMCache, quantized kernels on vLLM's CPU build, ...);
+* it needs more GPUs than the cluster has;
+* tensor parallelism does not divide the model's attention heads;
+* on GPUs, the weights leave no room for the KV cache, or the KV cache cannot hold one
+  request of the workload (weights and KV bytes per token from the model's shape:
+  :mod:`orchestrator.models.capacity`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.config.schema import SGLangEngineSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.engines import adapter_for
+from orchestrator.models.capacity import Capacity, arch_of, kv_capacity
+from orchestrator.models.gpus import gpu_spec
+
+# Memory share the engines take for weights + KV when not configured (vLLM / SGLang defaults).
+DEFAULT_UTILIZATION = {"vllm": 0.9, "sglang": 0.88}
+
+
+def gpus_needed(spec: TrialSpec) -> int:
+    return spec.engine.num_gpus if spec.platform.device == "cuda" else 0
+
+
+def _tp_sizes(spec: TrialSpec) -> list[int]:
+    e = spec.engine
+    if isinstance(e, (VLLMEngineSpec, SGLangEngineSpec)):
+        if e.disaggregation is not None:
+            return [e.disaggregation.prefill_tp, e.disaggregation.decode_tp]
+        return [e.tensor_parallel_size]
+    return []
+
+
+def gpu_memory_gb(spec: TrialSpec) -> float | None:
+    p = spec.platform
+    if p.gpu_memory_gb is not None:
+        return p.gpu_memory_gb
+    return gpu_spec(p.gpu_name).memory_gb if p.gpu_name else None
+
+
+def capacity(spec: TrialSpec) -> Capacity | None:
+    """KV capacity of the trial's (smallest) TP group on its GPUs, when the shape and memory are known."""
+    arch, mem = arch_of(spec.model), gpu_memory_gb(spec)
+    e = spec.engine
+    if spec.platform.device != "cuda" or arch is None or mem is None or not isinstance(e, (VLLMEngineSpec,
+                                                                                            SGLangEngineSpec)):
+        return None
+    if isinstance(e, VLLMEngineSpec):
+        util = e.gpu_memory_utilization or DEFAULT_UTILIZATION["vllm"]
+        kv_dtype = e.kv_cache_dtype
+    else:
+        util = e.mem_fraction_static or DEFAULT_UTILIZATION["sglang"]
+        kv_dtype = e.kv_cache_dtype
+    return kv_capacity(arch, mem, util, min(_tp_sizes(spec)), kv_dtype, e.quantization)
+
+
+def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
+    """Why the trial cannot run (it is then SKIPPED), or None. ``cluster_gpus`` None = unknown."""
+    reason = adapter_for(spec.engine.name).unsupported(spec)
+    if reason:
+        return reason
+    need = gpus_needed(spec)
+    if need and cluster_gpus is not None and need > cluster_gpus:
+        return f"needs {need} GPU(s) but the cluster has {cluster_gpus}"
+    arch = arch_of(spec.model)
+    if arch is not None:
+        for tp in _tp_sizes(spec):
+            if arch.num_heads % tp or (arch.num_kv_heads % tp and tp % arch.num_kv_heads):
+                return (f"tensor parallel size {tp} does not divide the model's {arch.num_heads} attention heads "
+                        f"/ {arch.num_kv_heads} KV heads")
+    cap = capacity(spec)
+    if cap is not None:
+        if cap.tokens == 0:
+            return (f"weights take {cap.weights_gib_per_gpu:.1f} GiB per GPU and leave no room for the KV cache "
+                    f"({gpu_memory_gb(spec):g} GB GPUs)")
+        limit = getattr(spec.engine, "max_model_len", None) or getattr(spec.engine, "context_length", None)
+        needed = max(spec.workload.max_request_tokens(), limit or 0)
+        if cap.tokens < needed:
+            return (f"the KV cache holds {cap.tokens} tokens ({cap.kv_budget_gib_per_gpu:.1f} GiB per GPU at "
+                    f"{cap.kv_bytes_per_token / 1024:.0f} KiB/token) but one request needs up to {needed}")
+    return None
+
+
+def describe(spec: TrialSpec) -> dict[str, Any]:
+    """Numbers behind the decision, for dry runs."""
+    out: dict[str, Any] = {"gpus": gpus_needed(spec)}
+    cap = capacity(spec)
+    if cap is not None:
+        out["kv_capacity_tokens"] = cap.tokens
+        out["weights_gib_per_gpu"] = round(cap.weights_gib_per_gpu, 2)
+        out["kv_bytes_per_token"] = int(cap.kv_bytes_per_token)
+    return out

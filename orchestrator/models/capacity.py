@@ -1,0 +1,65 @@
+"""KV-cache and weight arithmetic (the KV-capacity worksheet of the course, as functions).
+
+KV bytes per token = layers x 2 (K and V) x KV heads x head dim x bytes per value.
+Weights = parameters x bytes per parameter. Per GPU under tensor parallelism both divide
+by TP. Capacity in tokens = (GPU memory x utilisation - weights per GPU) / KV bytes per
+token per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.config.schema import ModelArch, ModelSpec
+
+GIB = 1024**3
+
+# Bytes per KV value for an engine's kv_cache_dtype ("auto" = the model's 16-bit dtype).
+KV_DTYPE_BYTES = {"auto": 2.0, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "half": 2.0, "float32": 4.0,
+                  "float": 4.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
+# Bytes per weight for a quantization method (None = the checkpoint's own, ModelArch.weight_bytes_per_param).
+QUANT_BYTES = {"fp8": 1.0, "awq": 0.5, "awq_marlin": 0.5, "gptq": 0.5, "gptq_marlin": 0.5, "bitsandbytes": 0.5,
+               "w8a8_int8": 1.0, "w8a8_fp8": 1.0, "modelopt_fp4": 0.5}
+
+
+def arch_of(model: ModelSpec) -> ModelArch | None:
+    """The model's shape: declared, or derived from the tiny model's config."""
+    if model.arch is not None:
+        return model.arch
+    if model.tiny is not None:
+        t = model.tiny
+        head_dim = t.hidden_size // t.num_heads
+        per_layer = (t.hidden_size * head_dim * (t.num_heads + 2 * t.num_kv_heads)  # q, k, v
+                     + t.hidden_size * t.hidden_size  # o
+                     + 3 * t.hidden_size * t.intermediate_size)  # gate, up, down
+        params = t.num_layers * per_layer + 2 * t.vocab_size * t.hidden_size
+        return ModelArch(num_layers=t.num_layers, num_heads=t.num_heads, num_kv_heads=t.num_kv_heads,
+                         head_dim=head_dim, params_b=params / 1e9)
+    return None
+
+
+def kv_bytes_per_token(arch: ModelArch, kv_dtype: str | None = None) -> float:
+    return arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * KV_DTYPE_BYTES.get(kv_dtype or "auto", 2.0)
+
+
+def weight_bytes(arch: ModelArch, quantization: str | None = None) -> float:
+    per_param = QUANT_BYTES.get(quantization or "", arch.weight_bytes_per_param)
+    return arch.params_b * 1e9 * per_param
+
+
+@dataclass(frozen=True)
+class Capacity:
+    weights_gib_per_gpu: float
+    kv_bytes_per_token: float
+    kv_budget_gib_per_gpu: float
+    tokens: int  # concurrent tokens the KV cache holds across the TP group
+
+
+def kv_capacity(arch: ModelArch, gpu_memory_gb: float, utilization: float, tp: int = 1,
+                kv_dtype: str | None = None, quantization: str | None = None) -> Capacity:
+    """How many tokens fit in the KV cache of a TP group (activations and graphs not counted)."""
+    weights = weight_bytes(arch, quantization) / tp
+    kv_token = kv_bytes_per_token(arch, kv_dtype) / tp
+    budget = gpu_memory_gb * 1e9 * utilization - weights
+    tokens = int(budget // kv_token) if budget > 0 else 0
+    return Capacity(weights / GIB, kv_token * tp, max(budget, 0) / GIB, tokens)

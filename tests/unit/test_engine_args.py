@@ -1,0 +1,197 @@
+"""Every server command we generate, for every engine and topology, is accepted by that
+engine's own argument parser: vLLM's, SGLang's ``ServerArgs`` (installed with --no-deps,
+see the Makefile), and our P/D proxy's. No GPU is needed to parse."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from orchestrator.config import to_specs
+from orchestrator.engines import adapter_for
+from orchestrator.engines import pd_proxy
+from orchestrator.engines import sglang as sglang_adapter
+from orchestrator.engines import vllm as vllm_adapter
+from orchestrator.feasibility import assess
+from tests.conftest import CONF
+
+
+@pytest.fixture(scope="module")
+def vllm_parser():
+    pytest.importorskip("vllm")
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+@pytest.fixture(scope="module")
+def sglang_parser():
+    server_args = pytest.importorskip("sglang.srt.server_args")
+    parser = argparse.ArgumentParser()
+    server_args.ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def proxy_parser_args(argv):
+    """Parse our proxy's argv with its own parser (main() would serve)."""
+    captured = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_app(app, host, port, **kw):
+        captured.update(host=host, port=port)
+        raise Stop
+
+    import aiohttp.web
+
+    orig = aiohttp.web.run_app
+    pd_proxy.web.run_app = fake_run_app
+    try:
+        with pytest.raises(Stop):
+            pd_proxy.main(argv)
+    finally:
+        pd_proxy.web.run_app = orig
+    return captured
+
+
+def parse_launch(launch, vllm_parser, sglang_parser):
+    argv = launch.argv
+    module = argv[2]
+    if module == vllm_adapter.SERVER_MODULE:
+        return vllm_parser.parse_args(argv[3:])
+    if module == sglang_adapter.SERVER_MODULE:
+        ns = sglang_parser.parse_args(argv[3:])
+        return ns
+    if module == vllm_adapter.PROXY_MODULE:
+        return proxy_parser_args(argv[3:])
+    if module == sglang_adapter.ROUTER_MODULE:
+        assert "--pd-disaggregation" in argv and "--prefill" in argv and "--decode" in argv
+        return None
+    raise AssertionError(f"unknown server module {module}")
+
+
+SGLANG_CASES = [
+    ["engine=sglang"],
+    ["engine=sglang", "engine.tensor_parallel_size=2", "engine.chunked_prefill_size=512", "engine.schedule_policy=lpm",
+     "engine.page_size=16"],
+    ["engine=sglang", "engine.disable_radix_cache=true", "engine.schedule_policy=dfs-weight"],
+    ["engine=sglang", "engine.speculative_algorithm=EAGLE", "engine.speculative_num_steps=3",
+     "engine.speculative_eagle_topk=4", "engine.speculative_num_draft_tokens=8",
+     "engine.speculative_draft_model_path=/models/eagle"],
+    ["engine=sglang", "engine.quantization=fp8", "engine.kv_cache_dtype=fp8_e5m2", "engine.mem_fraction_static=0.8",
+     "engine.max_running_requests=64", "engine.disable_cuda_graph=true", "engine.random_seed=1"],
+    ["engine=sglang", "engine.disaggregation={connector:mooncake,prefill_tp:1,decode_tp:2}"],
+]
+
+
+@pytest.mark.parametrize("overrides", SGLANG_CASES, ids=lambda o: " ".join(o[1:]) or "defaults")
+def test_sglang_commands_parse(sglang_parser, vllm_parser, compose, overrides):
+    spec, _ = to_specs(compose(["platform=gpu", *overrides]))
+    e = spec.engine
+    launches = sglang_adapter.launches(spec, "/models/x", 30000, iter(range(31000, 31100)).__next__, "/tmp/t")
+    servers = [x for x in launches if x.argv[2] == sglang_adapter.SERVER_MODULE]
+    for launch in servers:
+        ns = parse_launch(launch, vllm_parser, sglang_parser)
+        assert ns.model_path == "/models/x" and ns.host == "127.0.0.1" and ns.enable_metrics
+        assert ns.served_model_name == spec.model.name
+        if e.chunked_prefill_size is not None:
+            assert ns.chunked_prefill_size == e.chunked_prefill_size
+        if e.schedule_policy is not None:
+            assert ns.schedule_policy == e.schedule_policy
+        assert ns.disable_radix_cache is e.disable_radix_cache
+        if e.speculative_algorithm:
+            assert ns.speculative_algorithm == e.speculative_algorithm
+            assert int(ns.speculative_num_draft_tokens) == e.speculative_num_draft_tokens
+    if e.disaggregation is None:
+        assert len(launches) == 1 and int(parse_launch(launches[0], vllm_parser, sglang_parser).tp_size) == \
+            e.tensor_parallel_size
+    else:
+        prefill, decode, router = launches
+        p = parse_launch(prefill, vllm_parser, sglang_parser)
+        d = parse_launch(decode, vllm_parser, sglang_parser)
+        assert (p.disaggregation_mode, d.disaggregation_mode) == ("prefill", "decode")
+        assert p.disaggregation_transfer_backend == "mooncake" and int(d.tp_size) == 2
+        assert prefill.gpus == (0,) and decode.gpus == (1, 2) and router.gpus == ()
+        assert router.port == 30000 and prefill.base_url in router.argv and decode.base_url in router.argv
+        assert str(p.disaggregation_bootstrap_port) in router.argv
+        assert len({prefill.port, decode.port, router.port}) == 3
+
+
+def test_sglang_is_skipped_on_cpu(compose):
+    spec, _ = to_specs(compose(["engine=sglang"]))
+    assert "CUDA" in assess(spec)
+
+
+def test_sglang_rejects_half_set_speculation(compose):
+    from orchestrator.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="speculative_num_steps needs"):
+        to_specs(compose(["engine=sglang", "platform=gpu", "engine.speculative_algorithm=EAGLE",
+                          "engine.speculative_num_steps=3"]))
+
+
+def test_vllm_pd_topology(vllm_parser, sglang_parser, compose):
+    spec, _ = to_specs(compose(["platform=gpu", "engine.disaggregation={connector:NixlConnector,prefill_tp:2,decode_tp:1}"]))
+    launches = vllm_adapter.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/tmp/t")
+    prefill, decode, proxy = launches
+    for launch in (prefill, decode):
+        ns = parse_launch(launch, vllm_parser, sglang_parser)
+        kv = ns.kv_transfer_config
+        assert kv.kv_connector == "NixlConnector" and kv.kv_role == "kv_both"
+    assert prefill.gpus == (0, 1) and decode.gpus == (2,) and proxy.gpus == ()
+    assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+    assert parse_launch(prefill, vllm_parser, sglang_parser).tensor_parallel_size == 2
+    assert parse_launch(proxy, vllm_parser, sglang_parser) == {"host": "127.0.0.1", "port": 8000}
+    assert spec.engine.num_gpus == 3
+    assert "GPUs" in assess(to_specs(compose(["engine.disaggregation={connector:NixlConnector}"]))[0])
+
+
+def test_vllm_lmcache_renders_config(vllm_parser, sglang_parser, compose):
+    spec, _ = to_specs(compose(["platform=gpu", "engine.lmcache={chunk_size:512,local_disk:/tmp/lmc}"]))
+    (launch,) = vllm_adapter.launches(spec, "/models/x", 8000, lambda: 0, "/tmp/trial")
+    ns = parse_launch(launch, vllm_parser, sglang_parser)
+    assert ns.kv_transfer_config.kv_connector == "LMCacheConnectorV1"
+    assert launch.env["LMCACHE_CONFIG_FILE"] == "/tmp/trial/lmcache.yaml"
+    text = launch.files["/tmp/trial/lmcache.yaml"]
+    assert "chunk_size: 512" in text and 'local_disk: "file:///tmp/lmc"' in text
+
+
+def test_vllm_speculative_forms_parse(vllm_parser, sglang_parser, compose):
+    for cfg in ({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
+                {"model": "/models/draft", "num_speculative_tokens": 3},
+                {"method": "eagle", "model": "/models/eagle", "num_speculative_tokens": 3}):
+        hydra_dict = "{" + ",".join(f"{k}:{json.dumps(v) if isinstance(v, str) else v}" for k, v in cfg.items()) + "}"
+        spec, _ = to_specs(compose(["platform=gpu", f"engine.speculative_config={hydra_dict}"]))
+        (launch,) = vllm_adapter.launches(spec, "/m", 1, lambda: 0, "/t")
+        ns = parse_launch(launch, vllm_parser, sglang_parser)
+        assert ns.speculative_config["num_speculative_tokens"] == cfg["num_speculative_tokens"]
+
+
+def test_cache_reset_switches_dev_mode(compose):
+    spec, _ = to_specs(compose(["engine.reset_cache_between_points=true"]))
+    (launch,) = vllm_adapter.launches(spec, "/m", 1, lambda: 0, "/t")
+    assert launch.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert vllm_adapter.cache_reset(spec) == ("POST", "/reset_prefix_cache")
+
+
+def test_every_experiment_command_parses(vllm_parser, sglang_parser, compose):
+    """Every trial of every experiment, on both platforms: every server's argv parses."""
+    count = 0
+    for path in sorted((CONF / "experiment").glob("*.yaml")):
+        for platform in ("cpu", "gpu"):
+            base = compose([f"+experiment={path.stem}", f"platform={platform}"])
+            for variant in str((base.get("sweeps") or {}).get(platform, "")).split(","):
+                overrides = [f"+experiment={path.stem}", f"platform={platform}"]
+                if variant.strip():
+                    overrides.append(f"variant={variant.strip()}")
+                spec, _ = to_specs(compose(overrides))
+                adapter = adapter_for(spec.engine.name)
+                for launch in adapter.launches(spec, "/m", 9000, iter(range(9100, 9200)).__next__, "/t"):
+                    if launch.argv:
+                        parse_launch(launch, vllm_parser, sglang_parser)
+                        count += 1
+    assert count > 0
