@@ -13,6 +13,7 @@ A trial is SKIPPED (never started, never a crash) with the reason when:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec, VLLMEngineSpec
@@ -22,6 +23,13 @@ from orchestrator.models.gpus import gpu_spec
 
 # Memory share the engines take for weights + KV when not configured (vLLM / SGLang defaults).
 DEFAULT_UTILIZATION = {"vllm": 0.9, "sglang": 0.88}
+
+
+def host_memory_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def gpus_needed(spec: TrialSpec) -> int:
@@ -62,13 +70,19 @@ def capacity(spec: TrialSpec) -> Capacity | None:
 
 def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
     """Why the trial cannot run (it is then SKIPPED), or None. ``cluster_gpus`` None = unknown."""
+    arch = arch_of(spec.model)
+    if spec.platform.device == "cpu" and arch is not None and spec.model.tiny is None:
+        dtype_bytes = 4.0 if str(getattr(spec.engine, "dtype", "")) in ("float32", "float") else 2.0
+        need_gb, have_gb = arch.params_b * dtype_bytes, host_memory_gb()
+        if have_gb is not None and need_gb > have_gb:
+            return (f"model {spec.model.name} needs ~{need_gb:.0f} GB for its weights on the CPU platform; "
+                    f"this host has {have_gb:.0f} GB")
     reason = adapter_for(spec.engine.name).unsupported(spec)
     if reason:
         return reason
     need = gpus_needed(spec)
     if need and cluster_gpus is not None and need > cluster_gpus:
         return f"needs {need} GPU(s) but the cluster has {cluster_gpus}"
-    arch = arch_of(spec.model)
     if arch is not None:
         for tp in _tp_sizes(spec):
             if arch.num_heads % tp or (arch.num_kv_heads % tp and tp % arch.num_kv_heads):

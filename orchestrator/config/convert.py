@@ -28,11 +28,21 @@ META_KEYS = ("sweeps",)  # read by Hydra's sweeper through interpolation, not by
 TOP_LEVEL_KEYS = TRIAL_KEYS + SETTINGS_KEYS + OVERLAY_KEYS + META_KEYS
 
 
+REPLACE = "_replace_"
+
+
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    """Return ``base`` with ``overlay`` merged in; nested mappings merge, other values replace."""
+    """Return ``base`` with ``overlay`` merged in; nested mappings merge, other values replace.
+
+    A mapping with ``_replace_: true`` replaces the node instead of merging into it (a
+    variant that switches engine, e.g. ``engine: {_replace_: true, name: sglang}``, must not
+    inherit the other engine's keys).
+    """
     out = copy.deepcopy(dict(base))
     for key, value in overlay.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+        if isinstance(value, Mapping) and value.get(REPLACE):
+            out[key] = {k: copy.deepcopy(v) for k, v in value.items() if k != REPLACE}
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
             out[key] = deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)

@@ -280,6 +280,9 @@ class RequestClass(StrictModel):
     input_tokens: PositiveInt | None = None
     output_tokens: PositiveInt | None = None
     range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0, description="lengths drawn in [n(1-r), n(1+r)]")
+    output_tokens_choices: list[PositiveInt] | None = Field(
+        default=None, description="output lengths drawn uniformly from this list (week 7); "
+        "output_tokens must be their maximum")
     num_groups: PositiveInt | None = None
     prefix_tokens: PositiveInt | None = None
     path: str | None = None
@@ -303,6 +306,12 @@ class RequestClass(StrictModel):
         missing = [k for k in need if getattr(self, k) is None]
         if missing:
             raise ValueError(f"dataset '{self.dataset}' needs {', '.join(missing)}")
+        if self.output_tokens_choices is not None:
+            if not self.output_tokens_choices:
+                raise ValueError("output_tokens_choices: expected a non-empty list")
+            if self.output_tokens != max(self.output_tokens_choices):
+                raise ValueError(f"output_tokens must be max(output_tokens_choices) = "
+                                 f"{max(self.output_tokens_choices)} (it bounds the context)")
         return self
 
     def max_tokens(self) -> int:

@@ -8,6 +8,7 @@ flags as ``vllm serve``).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from importlib import metadata
@@ -185,6 +186,9 @@ def unsupported(spec: TrialSpec) -> str | None:
         return f"speculative method '{method}' is not supported by the CPU build (supported: ngram)"
     if engine.block_size is not None and engine.block_size % 32:
         return f"block_size {engine.block_size}: the CPU attention backend needs a multiple of 32"
+    cores = os.cpu_count() or 1
+    if engine.num_gpus > cores:
+        return f"{engine.num_gpus} CPU ranks (TP x PP) need one core each; this host has {cores}"
     if engine.num_gpus > 1 and not engine.cpu_omp_threads_bind:
         return ("tensor/pipeline parallel on CPU needs engine.cpu_omp_threads_bind (one core set per rank, "
                 "e.g. '0|1')")

@@ -106,7 +106,10 @@ class RequestPlanner:
         else:
             assert c.input_tokens is not None and c.output_tokens is not None
             n_in = self._length(c.input_tokens, c.range_ratio, rng)
-            n_out = self._length(c.output_tokens, c.range_ratio, rng)
+            if c.output_tokens_choices:
+                n_out = int(c.output_tokens_choices[int(rng.integers(len(c.output_tokens_choices)))])
+            else:
+                n_out = self._length(c.output_tokens, c.range_ratio, rng)
             prompt = self.factory.prompt(n_in, rng)
             if c.dataset == "shared_prefix":
                 assert c.num_groups is not None and c.prefix_tokens is not None

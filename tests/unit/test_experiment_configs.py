@@ -41,3 +41,54 @@ WORKLOADS = sorted(p.stem for p in (CONF / "workload").glob("*.yaml"))
 def test_every_workload_validates(compose, workload, platform):
     spec, _ = to_specs(compose([f"workload={workload}", f"platform={platform}"]))
     assert spec.workload.name == workload
+
+
+# The 16 labs of the course (../shared/seeds/003_*) and the workload card (000_*).
+LABS = ["first_serving", "offline_throughput", "roofline", "paged_attention", "prefix_caching", "radix_attention",
+        "continuous_batching", "chunked_prefill", "scheduling_policies", "cuda_graphs", "speculative_decoding",
+        "quantization", "tensor_parallel", "moe", "lmcache", "disaggregated_pd", "serving_workloads"]
+GPU_ONLY = {"radix_attention", "scheduling_policies", "quantization", "moe", "lmcache", "disaggregated_pd"}
+
+
+def test_every_lab_has_an_experiment():
+    assert set(LABS) <= set(EXPERIMENTS)
+
+
+def _sweep_specs(compose, experiment, platform):
+    base = compose([f"+experiment={experiment}", f"platform={platform}"])
+    for variant in str(base["sweeps"][platform]).split(","):
+        yield to_specs(compose([f"+experiment={experiment}", f"platform={platform}", f"variant={variant.strip()}"]))[0]
+
+
+@pytest.mark.parametrize("experiment", LABS)
+def test_cpu_feasibility_per_lab(compose, experiment):
+    """GPU-only labs: every CPU trial is SKIPPED with a reason; the others run on the CPU build."""
+    from orchestrator.feasibility import assess
+
+    reasons = [assess(spec, cluster_gpus=0) for spec in _sweep_specs(compose, experiment, "cpu")]
+    if experiment in GPU_ONLY:
+        assert all(reasons), reasons
+    else:
+        assert reasons == [None] * len(reasons)
+
+
+@pytest.mark.parametrize("experiment", LABS)
+def test_gpu_scale_is_feasible_on_the_course_hardware(compose, experiment):
+    """On the course's A100-80GB with enough GPUs, every GPU trial passes feasibility."""
+    from orchestrator.feasibility import assess
+
+    for spec in _sweep_specs(compose, experiment, "gpu"):
+        assert assess(spec, cluster_gpus=4) is None, spec.variant
+
+
+def test_infeasible_gpu_trials_say_why(compose):
+    from orchestrator.feasibility import assess
+
+    tp4 = to_specs(compose(["+experiment=tensor_parallel", "platform=gpu", "variant=tp4"]))[0]
+    assert "needs 4 GPU(s) but the cluster has 2" in assess(tp4, cluster_gpus=2)
+    tp3 = to_specs(compose(["platform=gpu", "engine.tensor_parallel_size=3"]))[0]
+    assert "does not divide" in assess(tp3, cluster_gpus=4)
+    small = to_specs(compose(["platform=gpu", "platform.gpu_memory_gb=16"]))[0]
+    assert "leave no room for the KV cache" in assess(small, cluster_gpus=1)
+    tight = to_specs(compose(["platform=gpu", "platform.gpu_memory_gb=24", "engine.max_model_len=131072"]))[0]
+    assert "the KV cache holds" in assess(tight, cluster_gpus=1)
