@@ -130,6 +130,12 @@ def server_gpus(launch: ServerLaunch, gpu_ids: list[int]) -> list[int]:
     return [gpu_ids[i] for i in launch.gpus if i < len(gpu_ids)]
 
 
+def describe_servers(launches: list[ServerLaunch], gpu_ids: list[int]) -> list[dict[str, Any]]:
+    """Each server's redacted command and the GPUs it is given (for results, logs and tests)."""
+    return [{**x.redacted(), "cuda_visible_devices": ",".join(str(g) for g in server_gpus(x, gpu_ids))}
+            for x in launches]
+
+
 def server_env(launch: ServerLaunch, gpu_ids: list[int]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in launch.unset_env}
     env.update(launch.env)
@@ -329,7 +335,7 @@ class _TrialRun:
         spec = self.spec
         port = _port_for(spec)
         launches = self.adapter.launches(spec, model_path, port, _port_picker(spec, {port}), str(self.workdir))
-        self.base["servers"] = [x.redacted() for x in launches]
+        self.base["servers"] = describe_servers(launches, self.gpu_ids)
         front = launches[-1]
         engine_metrics = self.adapter.metrics_for(spec)
         with contextlib.ExitStack() as stack:

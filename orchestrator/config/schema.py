@@ -17,7 +17,8 @@ ArrivalKind = Literal["poisson", "gamma", "constant"]
 class StrictModel(BaseModel):
     """Base model: unknown keys are errors, instances are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf (rate: inf) must survive JSON (Ray ships specs as JSON): "Infinity", not null.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 
 # --------------------------------------------------------------------------- engine

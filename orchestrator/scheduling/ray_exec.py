@@ -75,15 +75,19 @@ def run_jobs(
     jobs: list[TrialJob],
     workdir_of: Callable[[TrialJob], str],
     max_concurrent: int | None,
+    task: Callable[[str, str, list[str]], dict[str, Any]] = _run_trial_task,
 ) -> Iterator[tuple[TrialJob, TrialResult]]:
     """Submit trials as Ray tasks (at most ``max_concurrent`` at once); yield results as they finish.
+
+    Each task asks Ray for the trial's GPUs (``num_gpus``) and CPUs; ``task`` is the body
+    run in the worker (the real trial; tests put a probe of the same placement there).
 
     On Ctrl-C (or any exception in the caller) pending tasks are cancelled, which raises
     KeyboardInterrupt inside each worker so its server is stopped on the way out.
     """
     import ray
 
-    remote = ray.remote(max_retries=0)(_run_trial_task)
+    remote = ray.remote(max_retries=0)(task)
     queue = list(jobs)
     running: dict[Any, TrialJob] = {}
     try:

@@ -110,3 +110,12 @@ def test_unknown_key_lists_the_keys_of_the_chosen_engine(compose):
         to_specs(compose(["engine=external", "engine.url=http://127.0.0.1:1", "+engine.block_size=32"]))
     msg = str(err.value)
     assert "engine.block_size: unknown key" in msg and "api_key_env" in msg and "metrics_path" in msg
+
+
+def test_rate_inf_survives_the_json_trip_to_ray_workers(compose):
+    """Ray ships specs as JSON; pydantic's default wrote inf as null and the worker rejected it."""
+    from orchestrator.config.schema import TrialSpec
+
+    spec, _ = to_specs(compose(["workload.load_points=[{rate:inf}]", "workload.num_requests=4"]))
+    back = TrialSpec.model_validate_json(spec.model_dump_json())
+    assert back.workload.load_points[0].rate == float("inf") and back == spec

@@ -6,7 +6,6 @@ import pytest
 
 from orchestrator.config import to_specs
 from orchestrator.engines import vllm as vllm_adapter
-from tests.conftest import CONF
 
 
 @pytest.fixture(scope="module")
