@@ -68,6 +68,17 @@ class FakeOpenAIServer:
         t.by_request[rid] = {"arrival": arrival, "chunks": chunks}
         if self.script.fail_every and t.requests % self.script.fail_every == 0:
             return web.json_response({"error": {"message": "scripted failure"}}, status=500)
+        t.by_request[rid]["kv_transfer_params"] = body.get("kv_transfer_params")
+        t.by_request[rid]["stream"] = body.get("stream", False)
+        if not body.get("stream", False):  # a non-streaming answer (a P/D proxy's prefill leg)
+            await asyncio.sleep(self.script.ttft_s)
+            answer: dict[str, object] = {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
+                answer["kv_transfer_params"] = {"do_remote_prefill": True, "remote_engine_id": f"fake-{self.port}",
+                                                "remote_block_ids": [0, 1], "remote_host": "127.0.0.1",
+                                                "remote_port": self.port}
+            return web.json_response(answer)
         t.in_flight += 1
         t.max_in_flight = max(t.max_in_flight, t.in_flight)
         try:

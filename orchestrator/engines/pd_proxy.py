@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-FORWARDED_HEADERS = ("Authorization", "X-Request-Id", "Content-Type")
+FORWARDED_HEADERS = ("Authorization", "X-Request-Id")
 
 
 def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +63,7 @@ class PDProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self.session is not None
         body = await request.json()
-        headers = {k: v for k, v in request.headers.items() if k in FORWARDED_HEADERS}
+        headers = {k: request.headers[k] for k in FORWARDED_HEADERS if k in request.headers}  # case-insensitive
         async with self.session.post(self.prefill + request.path, json=prefill_request(body), headers=headers) as r:
             if r.status != 200:
                 return web.Response(status=r.status, body=await r.read(), content_type="application/json")
