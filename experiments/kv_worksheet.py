@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.roofline import load_model
-from orchestrator.models.capacity import GIB, arch_of, kv_capacity
+from experiments.roofline import load_arch
+from orchestrator.models.capacity import GIB, kv_capacity
 from orchestrator.models.gpus import GPUS, gpu_spec
 
 
@@ -35,10 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--output-p50", type=int, default=128)
     ap.add_argument("--output-p95", type=int, default=512)
     a = ap.parse_args(argv)
-    model = load_model(a.model)
-    arch = arch_of(model)
-    if arch is None:
-        raise SystemExit(f"model {a.model} has no 'arch' section")
+    model, arch = load_arch(a.model)
     gpu = gpu_spec(a.gpu)
     cap = kv_capacity(arch, gpu.memory_gb, a.util, a.tp, a.kv_cache_dtype, a.quantization)
     per_token = cap.kv_bytes_per_token

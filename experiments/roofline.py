@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.config.schema import ModelSpec
+from orchestrator.config.schema import ModelArch, ModelSpec
 from orchestrator.models.capacity import arch_of
 from orchestrator.models.gpus import GPUS, gpu_spec
 from orchestrator.models.roofline import decode_floor
@@ -36,6 +36,14 @@ def load_model(name: str) -> ModelSpec:
     return ModelSpec.model_validate(data)
 
 
+def load_arch(name: str) -> tuple[ModelSpec, ModelArch]:
+    model = load_model(name)
+    arch = arch_of(model)
+    if arch is None:
+        raise SystemExit(f"model {name} has no 'arch' section")
+    return model, arch
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama31_8b", help="a conf/model/ name")
@@ -46,10 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quantization", default=None, help="fp8, awq, gptq, ... (weight bytes)")
     ap.add_argument("--kv-cache-dtype", default=None, help="fp8 halves KV bytes")
     a = ap.parse_args(argv)
-    model = load_model(a.model)
-    arch = arch_of(model)
-    if arch is None:
-        raise SystemExit(f"model {a.model} has no 'arch' section")
+    model, arch = load_arch(a.model)
     gpu = gpu_spec(a.gpu)
     print(f"{model.name} on {a.tp}x {gpu.name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.bf16_tflops:g} TFLOP/s bf16, "
           f"ridge {gpu.ridge_flop_per_byte:.0f} FLOP/byte; context {a.context} tokens")

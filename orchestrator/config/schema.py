@@ -24,6 +24,14 @@ class StrictModel(BaseModel):
 # --------------------------------------------------------------------------- engine
 
 
+def _check_extra_args(extra_args: list[str | int | float], managed: dict[str, str]) -> None:
+    """Flags the orchestrator sets itself may not come in through ``extra_args``."""
+    for arg in extra_args:
+        flag = str(arg).split("=", 1)[0]
+        if flag in managed:
+            raise ValueError(f"extra_args may not set {flag}; use {managed[flag]} instead")
+
+
 class DisaggregationSpec(StrictModel):
     """Prefill/decode disaggregation: one prefill and one decode server with their own GPUs,
     a KV connector between them and a proxy/router in front (the trial is measured there).
@@ -91,12 +99,8 @@ class VLLMEngineSpec(StrictModel):
 
     @model_validator(mode="after")
     def _extra_args_not_managed(self) -> VLLMEngineSpec:
-        managed = {"--model": "model", "--served-model-name": "model.name", "--host": "engine.host",
-                   "--port": "engine.port"}
-        for arg in self.extra_args:
-            flag = str(arg).split("=", 1)[0]
-            if flag in managed:
-                raise ValueError(f"extra_args may not set {flag}; use {managed[flag]} instead")
+        _check_extra_args(self.extra_args, {"--model": "model", "--served-model-name": "model.name",
+                                            "--host": "engine.host", "--port": "engine.port"})
         if sum(x is not None for x in (self.kv_transfer_config, self.disaggregation, self.lmcache)) > 1:
             raise ValueError("set at most one of kv_transfer_config, disaggregation and lmcache")
         if self.disaggregation is not None and self.tensor_parallel_size != 1:
@@ -144,12 +148,9 @@ class SGLangEngineSpec(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SGLangEngineSpec:
-        managed = {"--model-path": "model", "--model": "model", "--served-model-name": "model.name",
-                   "--host": "engine.host", "--port": "engine.port", "--tp-size": "engine.tensor_parallel_size"}
-        for arg in self.extra_args:
-            flag = str(arg).split("=", 1)[0]
-            if flag in managed:
-                raise ValueError(f"extra_args may not set {flag}; use {managed[flag]} instead")
+        _check_extra_args(self.extra_args, {"--model-path": "model", "--model": "model",
+                                            "--served-model-name": "model.name", "--host": "engine.host",
+                                            "--port": "engine.port", "--tp-size": "engine.tensor_parallel_size"})
         spec_knobs = (self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens)
         if any(k is not None for k in spec_knobs) and self.speculative_algorithm is None:
             raise ValueError("speculative_num_steps/eagle_topk/num_draft_tokens need speculative_algorithm")
@@ -517,3 +518,4 @@ class SweepSettings(StrictModel):
     tracking: TrackingSpec
     cluster: ClusterSpec
     dry_run: bool = False
+    resume: bool = Field(default=True, description="skip trials whose hash already has a FINISHED run")

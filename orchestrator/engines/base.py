@@ -68,5 +68,10 @@ class ServerLaunch:
         return out
 
 
+def opt(name: str, value: object) -> list[str]:
+    """``--name value`` for a set knob, nothing for ``None`` (the engine's own default)."""
+    return [] if value is None else [f"--{name}", str(value)]
+
+
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from importlib import metadata
 
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
-from orchestrator.engines.base import EngineMetric, ServerLaunch
+from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
 
 SERVER_MODULE = "sglang.launch_server"
 ROUTER_MODULE = "sglang_router.launch_router"
@@ -35,9 +35,6 @@ METRICS: dict[str, EngineMetric] = {
 BOOTSTRAP_PORT_OFFSET = 1000
 
 
-def _opt(name: str, value: object) -> list[str]:
-    return [] if value is None else [f"--{name}", str(value)]
-
 
 def build_argv(engine: SGLangEngineSpec, model_path: str, served_name: str, port: int, *,
                tp: int | None = None, mode: str | None = None, bootstrap_port: int | None = None,
@@ -49,30 +46,30 @@ def build_argv(engine: SGLangEngineSpec, model_path: str, served_name: str, port
     argv += ["--dtype", engine.dtype]
     argv += ["--tp-size", str(tp or engine.tensor_parallel_size)]
     argv += ["--enable-metrics"]
-    argv += _opt("context-length", engine.context_length)
-    argv += _opt("chunked-prefill-size", engine.chunked_prefill_size)
-    argv += _opt("schedule-policy", engine.schedule_policy)
+    argv += opt("context-length", engine.context_length)
+    argv += opt("chunked-prefill-size", engine.chunked_prefill_size)
+    argv += opt("schedule-policy", engine.schedule_policy)
     if engine.disable_radix_cache:
         argv.append("--disable-radix-cache")
-    argv += _opt("page-size", engine.page_size)
-    argv += _opt("speculative-algorithm", engine.speculative_algorithm)
-    argv += _opt("speculative-draft-model-path", engine.speculative_draft_model_path)
-    argv += _opt("speculative-num-steps", engine.speculative_num_steps)
-    argv += _opt("speculative-eagle-topk", engine.speculative_eagle_topk)
-    argv += _opt("speculative-num-draft-tokens", engine.speculative_num_draft_tokens)
-    argv += _opt("quantization", engine.quantization)
-    argv += _opt("kv-cache-dtype", engine.kv_cache_dtype)
-    argv += _opt("mem-fraction-static", engine.mem_fraction_static)
-    argv += _opt("max-running-requests", engine.max_running_requests)
+    argv += opt("page-size", engine.page_size)
+    argv += opt("speculative-algorithm", engine.speculative_algorithm)
+    argv += opt("speculative-draft-model-path", engine.speculative_draft_model_path)
+    argv += opt("speculative-num-steps", engine.speculative_num_steps)
+    argv += opt("speculative-eagle-topk", engine.speculative_eagle_topk)
+    argv += opt("speculative-num-draft-tokens", engine.speculative_num_draft_tokens)
+    argv += opt("quantization", engine.quantization)
+    argv += opt("kv-cache-dtype", engine.kv_cache_dtype)
+    argv += opt("mem-fraction-static", engine.mem_fraction_static)
+    argv += opt("max-running-requests", engine.max_running_requests)
     if engine.disable_cuda_graph:
         argv.append("--disable-cuda-graph")
-    argv += _opt("cuda-graph-max-bs", engine.cuda_graph_max_bs)
-    argv += _opt("random-seed", engine.random_seed)
+    argv += opt("cuda-graph-max-bs", engine.cuda_graph_max_bs)
+    argv += opt("random-seed", engine.random_seed)
     if mode is not None:
         assert engine.disaggregation is not None
         argv += ["--disaggregation-mode", mode,
                  "--disaggregation-transfer-backend", engine.disaggregation.connector]
-        argv += _opt("disaggregation-bootstrap-port", bootstrap_port)
+        argv += opt("disaggregation-bootstrap-port", bootstrap_port)
     argv += [str(a) for a in engine.extra_args]
     return argv
 

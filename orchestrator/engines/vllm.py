@@ -14,7 +14,7 @@ from collections.abc import Callable
 from importlib import metadata
 
 from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
-from orchestrator.engines.base import EngineMetric, ServerLaunch
+from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 PROXY_MODULE = "orchestrator.engines.pd_proxy"
@@ -46,9 +46,6 @@ def _bool_flag(name: str, value: bool | None) -> list[str]:
     return [f"--{name}"] if value else [f"--no-{name}"]
 
 
-def _opt(name: str, value: object) -> list[str]:
-    return [] if value is None else [f"--{name}", str(value)]
-
 
 def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: int, python: str | None = None,
                tp: int | None = None, kv_transfer_config: dict[str, object] | None = None) -> list[str]:
@@ -57,15 +54,15 @@ def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: 
     argv += ["--model", model_path, "--served-model-name", served_name]
     argv += ["--host", engine.host, "--port", str(port)]
     argv += ["--dtype", engine.dtype]
-    argv += _opt("max-model-len", engine.max_model_len)
-    argv += _opt("block-size", engine.block_size)
-    argv += _opt("max-num-batched-tokens", engine.max_num_batched_tokens)
+    argv += opt("max-model-len", engine.max_model_len)
+    argv += opt("block-size", engine.block_size)
+    argv += opt("max-num-batched-tokens", engine.max_num_batched_tokens)
     argv += _bool_flag("enable-chunked-prefill", engine.enable_chunked_prefill)
-    argv += _opt("max-num-seqs", engine.max_num_seqs)
+    argv += opt("max-num-seqs", engine.max_num_seqs)
     argv += _bool_flag("enable-prefix-caching", engine.enable_prefix_caching)
     if engine.enforce_eager:
         argv.append("--enforce-eager")
-    argv += _opt("gpu-memory-utilization", engine.gpu_memory_utilization)
+    argv += opt("gpu-memory-utilization", engine.gpu_memory_utilization)
     tp = tp or engine.tensor_parallel_size
     if tp > 1:
         argv += ["--tensor-parallel-size", str(tp)]
@@ -74,14 +71,14 @@ def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: 
     if tp * engine.pipeline_parallel_size > 1:
         # Inside a Ray task: keep vLLM's workers out of the outer Ray cluster.
         argv += ["--distributed-executor-backend", "mp"]
-    argv += _opt("kv-cache-dtype", engine.kv_cache_dtype)
-    argv += _opt("quantization", engine.quantization)
+    argv += opt("kv-cache-dtype", engine.kv_cache_dtype)
+    argv += opt("quantization", engine.quantization)
     if engine.speculative_config is not None:
         argv += ["--speculative-config", json.dumps(engine.speculative_config, sort_keys=True)]
     kv = kv_transfer_config if kv_transfer_config is not None else engine.kv_transfer_config
     if kv is not None:
         argv += ["--kv-transfer-config", json.dumps(kv, sort_keys=True)]
-    argv += _opt("seed", engine.seed)
+    argv += opt("seed", engine.seed)
     argv += [str(a) for a in engine.extra_args]
     return argv
 

@@ -78,6 +78,7 @@ def _shared_settings_problems(jobs: list[TrialJob]) -> list[str]:
         "tracking": lambda j: j.settings.tracking,
         "cluster": lambda j: j.settings.cluster,
         "dry_run": lambda j: j.settings.dry_run,
+        "resume": lambda j: j.settings.resume,
         "experiment": lambda j: j.spec.experiment,
         "platform.max_concurrent_trials": lambda j: j.spec.platform.max_concurrent_trials,
     }

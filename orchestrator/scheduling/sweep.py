@@ -113,6 +113,11 @@ def run_sweep(
     experiment = settings.tracking.experiment_name or jobs[0].spec.experiment
     commit = git_commit()
     tracker = _open_tracker(settings.tracking.uri, experiment, settings.tracking.enabled, progress)
+    done = _already_finished(jobs, tracker, settings.resume, progress)
+    if len(done) == len(jobs):
+        progress(f"sweep '{experiment}': all {len(jobs)} trial(s) already FINISHED; nothing to run "
+                 "(resume=false runs them again)")
+        return []
     if tracker is not None:
         try:
             tracker.start_sweep(sweep_name, {"experiment": experiment, "num_trials": len(jobs), **(sweep_params or {})},
@@ -129,8 +134,12 @@ def run_sweep(
     try:
         with sigterm_as_interrupt():
             gpus = cluster_gpus()
+            total = len(jobs) - len(done)
             runnable = []
             for job in jobs:  # infeasible trials are SKIPPED here, never submitted (Ray would wait forever)
+                if job.trial_hash in done:
+                    counts["ALREADY_FINISHED"] += 1
+                    continue
                 reason = assess(job.spec, gpus)
                 if reason is None:
                     runnable.append(job)
@@ -141,7 +150,7 @@ def run_sweep(
                     _log_trial(tracker, result, d, commit, progress)
                 counts[result.status] += 1
                 results.append(result)
-                progress(f"[{len(results)}/{len(jobs)}] {job.label}: SKIPPED ({reason})")
+                progress(f"[{len(results)}/{total}] {job.label}: SKIPPED ({reason})")
             for job, result in run_jobs(runnable, lambda j: str(trial_dir(sweep_dir, j)),
                                         jobs[0].spec.platform.max_concurrent_trials):
                 d = save_result(result, trial_dir(sweep_dir, job))
@@ -150,7 +159,7 @@ def run_sweep(
                 counts[result.status] += 1
                 results.append(result)
                 reason = f" ({result.error.splitlines()[0][:200]})" if result.error else ""
-                progress(f"[{len(results)}/{len(jobs)}] {job.label}: {result.status}{reason} "
+                progress(f"[{len(results)}/{total}] {job.label}: {result.status}{reason} "
                          f"{_point_summary(result)} [{time.monotonic() - t0:.0f}s elapsed]")
         status = "FINISHED"
     except KeyboardInterrupt:
@@ -170,6 +179,22 @@ def run_sweep(
     if tracker is not None:
         progress(f"MLflow: experiment '{experiment}' at {settings.tracking.uri}")
     return results
+
+
+def _already_finished(jobs: list[TrialJob], tracker: MlflowTracker | None, resume: bool,
+                      progress: Progress) -> dict[str, str]:
+    """Trials of this sweep that already have a FINISHED run (resume): they are not run again."""
+    if not resume or tracker is None:
+        return {}
+    try:
+        done = tracker.finished_trials(j.trial_hash for j in jobs)
+    except Exception as exc:  # cannot tell: run everything rather than guess
+        progress(f"warning: could not look up finished trials in MLflow ({exc}); running every trial")
+        return {}
+    for job in jobs:
+        if job.trial_hash in done:
+            progress(f"{job.label}: already FINISHED (run {done[job.trial_hash]}); skipped (resume=false re-runs it)")
+    return done
 
 
 def _log_partial_results(jobs: list[TrialJob], reported: list[TrialResult], sweep_dir: Path,

@@ -57,6 +57,22 @@ class MlflowTracker:
         self.experiment = experiment
         self.parent_run_id: str | None = None
 
+    def finished_trials(self, hashes: Iterable[str]) -> dict[str, str]:
+        """trial hash -> run id of a FINISHED trial run already in this experiment (for resume)."""
+        wanted = set(hashes)
+        found: dict[str, str] = {}
+        token = None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filter_string="tags.trial_status = 'FINISHED'",
+                                           max_results=1000, page_token=token)
+            for run in page:
+                h = run.data.tags.get("trial_hash")
+                if h in wanted and run.data.tags.get("run_kind", "trial") == "trial":
+                    found.setdefault(h, run.info.run_id)
+            token = page.token
+            if not token:
+                return found
+
     # -- sweep ----------------------------------------------------------------------
 
     def start_sweep(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:

@@ -49,6 +49,14 @@ def test_sweep_logs_finished_and_skipped_trials(tmp_path):
     assert "multiple of 32" in bad.data.tags["error"]
     assert not engine_processes()
 
+    # Resume: the same finished trial again starts no server and logs no run.
+    again = [c for c in cmd if not c.startswith("engine.block_size")] + ["engine.block_size=32"]
+    p = subprocess.run(again, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "already FINISHED" in p.stdout and "nothing to run" in p.stdout
+    assert "starting vllm" not in p.stdout
+    assert len(search_runs(store, "default")) == len(runs)
+
 
 def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
     # No -m: one trial, logged like a sweep of one. vLLM itself refuses a step budget below the

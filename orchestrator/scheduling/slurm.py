@@ -1,0 +1,127 @@
+"""SLURM submissions: a Ray cluster inside an allocation, one sweep on it.
+
+    python -m orchestrator.scheduling.slurm --nodes 2 --gpus-per-node 4 --partition gpu \\
+        --time 04:00:00 --activate "source ~/venvs/lab/bin/activate" \\
+        -- +experiment=chunked_prefill platform=gpu            # prints the sbatch script
+    python -m orchestrator.scheduling.slurm ... --submit -- +experiment=NAME platform=gpu   # and sbatch's it
+
+:func:`render_sbatch` is a pure function of :class:`SlurmParams` (unknown parameters are
+rejected with the valid list) and the sweep's Hydra overrides; the template is
+``slurm/sweep.sbatch.tmpl``. Every value that reaches the script is checked against a
+strict pattern or shell-quoted (``shlex.quote``), so a config value can never become shell
+code. ``--submit`` runs ``sbatch`` with an argv list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from string import Template
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+
+from orchestrator.config.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "slurm" / "sweep.sbatch.tmpl"
+SAFE = re.compile(r"^[A-Za-z0-9_.:@+=/-]+$")  # partition, account, time, mem, names, paths
+
+
+class SlurmParams(BaseModel):
+    """Parameters of one sweep submission."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_name: str = "inference-lab"
+    nodes: PositiveInt = 1
+    gpus_per_node: int = Field(default=1, ge=0)
+    cpus_per_node: PositiveInt = 8
+    mem: str = "64G"
+    time: str = Field(default="04:00:00", pattern=r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$")
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    activate: str | None = Field(default=None, description="a shell line run first, e.g. 'source VENV/bin/activate'")
+    workdir: str = str(ROOT)
+    log_dir: str = "slurm-logs"
+    ray_port: int = Field(default=6379, ge=1024, le=65535)
+    head_wait_s: PositiveInt = 15
+    join_timeout_s: PositiveInt = 300
+
+    @field_validator("job_name", "mem", "partition", "account", "qos", "workdir", "log_dir")
+    @classmethod
+    def _safe(cls, v: str | None) -> str | None:
+        if v is not None and not SAFE.match(v):
+            raise ValueError(f"{v!r} has characters outside [A-Za-z0-9_.:@+=/-]")
+        return v
+
+
+def params_from(values: dict[str, object]) -> SlurmParams:
+    """Validated parameters; an unknown one is an error listing the valid ones."""
+    unknown = sorted(set(values) - set(SlurmParams.model_fields))
+    if unknown:
+        raise ConfigError(f"slurm: unknown parameter(s) {', '.join(unknown)}; valid: "
+                          + ", ".join(SlurmParams.model_fields))
+    try:
+        return SlurmParams.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"slurm: {problems}") from None
+
+
+def render_sbatch(params: SlurmParams, overrides: list[str], template: str | None = None) -> str:
+    """The sbatch script for a sweep with these Hydra overrides (``-m`` and the cluster
+    address are added by the script)."""
+    extra = []
+    if params.gpus_per_node:
+        extra.append(f"#SBATCH --gpus-per-node={params.gpus_per_node}")
+    for key in ("partition", "account", "qos"):
+        value = getattr(params, key)
+        if value:
+            extra.append(f"#SBATCH --{key}={value}")
+    bad = [o for o in overrides if o in ("-m", "--multirun") or o.startswith("cluster.address")]
+    if bad:
+        raise ConfigError(f"slurm: overrides may not contain {', '.join(bad)} (the script adds them)")
+    text = template if template is not None else TEMPLATE.read_text()
+    return Template(text).substitute(
+        job_name=params.job_name, nodes=params.nodes, gpus_per_node=params.gpus_per_node,
+        cpus_per_node=params.cpus_per_node, mem=params.mem, time=params.time, log_dir=params.log_dir,
+        sbatch_extra="\n".join(extra), activate=params.activate or "# (no environment activation)",
+        workdir=shlex.quote(params.workdir), ray_port=params.ray_port, head_wait_s=params.head_wait_s,
+        join_timeout_s=params.join_timeout_s, overrides=" ".join(shlex.quote(o) for o in overrides),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="render (and submit) the sbatch script of a sweep")
+    for name, field in SlurmParams.model_fields.items():
+        ap.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=field.description)
+    ap.add_argument("--out", help="write the script here instead of printing it")
+    ap.add_argument("--submit", action="store_true", help="submit it with sbatch")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of the sweep, after --")
+    a = ap.parse_args(argv)
+    values = {k: getattr(a, k) for k in SlurmParams.model_fields if getattr(a, k) is not None}
+    try:
+        script = render_sbatch(params_from(values), a.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if a.out or a.submit:
+        out = Path(a.out or f"{values.get('log_dir', 'slurm-logs')}/sweep.sbatch")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(script)
+        print(f"wrote {out}")
+        if a.submit:
+            Path(values.get("log_dir", "slurm-logs")).mkdir(parents=True, exist_ok=True)
+            return subprocess.run(["sbatch", str(out)], check=False).returncode
+        return 0
+    print(script)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

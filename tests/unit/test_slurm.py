@@ -1,0 +1,62 @@
+"""The sbatch script of a sweep: a pure function of its parameters (golden file), strict
+about what reaches the shell."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.scheduling.slurm import main, params_from, render_sbatch
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "slurm_golden.sbatch"
+PARAMS = {"job_name": "cp-sweep", "nodes": 2, "gpus_per_node": 4, "cpus_per_node": 32, "mem": "256G",
+          "time": "08:00:00", "partition": "gpu", "account": "lab42", "workdir": "/work/lab",
+          "activate": "source /work/lab/.venv/bin/activate", "log_dir": "logs"}
+OVERRIDES = ["+experiment=chunked_prefill", "platform=gpu", "tracking.uri=http://mlflow.internal:5000",
+             "workload.classes.main.path=/data/share gpt.json"]
+
+
+def test_golden_file():
+    script = render_sbatch(params_from(PARAMS), OVERRIDES)
+    if not GOLDEN.exists():  # first run writes it; review and commit it
+        GOLDEN.write_text(script)
+    assert script == GOLDEN.read_text()
+
+
+def test_script_is_valid_bash_and_quotes_overrides(tmp_path):
+    script = render_sbatch(params_from(PARAMS), OVERRIDES)
+    path = tmp_path / "s.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    assert "'workload.classes.main.path=/data/share gpt.json'" in script
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=4" in script
+    assert "#SBATCH --partition=gpu" in script and "#SBATCH --account=lab42" in script
+    assert 'cluster.address="$address" -m' in script
+
+
+def test_unknown_parameter_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match="unknown parameter.*gpu_per_node.*valid: job_name, nodes, gpus_per_node"):
+        params_from({"gpu_per_node": 4})
+
+
+@pytest.mark.parametrize("bad", [{"partition": "gpu; rm -rf /"}, {"time": "8h"}, {"account": "$(id)"},
+                                 {"nodes": 0}])
+def test_unsafe_or_bad_values_are_rejected(bad):
+    with pytest.raises(ConfigError, match="slurm: "):
+        params_from(bad)
+
+
+def test_overrides_may_not_set_what_the_script_sets():
+    with pytest.raises(ConfigError, match="may not contain -m"):
+        render_sbatch(params_from({}), ["+experiment=x", "-m"])
+
+
+def test_cli_prints_and_rejects(capsys):
+    assert main(["--nodes", "1", "--gpus-per-node", "0", "+experiment=first_serving"]) == 0
+    out = capsys.readouterr().out
+    assert "--gpus-per-node" not in out.split("set -euo")[0] and "orchestrator +experiment=first_serving cluster.address" in out
+    assert main(["--time", "soon", "+experiment=x"]) == 2
+    assert "slurm: time" in capsys.readouterr().err
