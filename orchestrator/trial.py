@@ -306,11 +306,14 @@ class _TrialRun:
         self.adapter = adapter_for(spec.engine.name)
         self.hooks: _PointHooks | None = None
         self.startup_s: float | None = None
+        self.starts: list[float] = []  # start-up seconds of every server (group) start
+        self.server_logs: list[tuple[str, Path]] = []
+        self.held: dict[str, float] = {}
         self.base: dict[str, Any] = dict(
             trial_hash=self.hash, experiment=spec.experiment, variant=spec.variant,
             overrides=[redact_override(o) for o in overrides],
             spec=redact_mapping(spec.model_dump(mode="json")), started_at=time.time(),
-            hardware=hardware.describe(gpu_ids), engine_version=self.adapter.version(),
+            hardware={**hardware.describe(gpu_ids), "gpu_ids": gpu_ids}, engine_version=self.adapter.version(),
         )
 
     def measure(self) -> None:
@@ -319,22 +322,26 @@ class _TrialRun:
         if reason:
             raise InfeasibleConfigError(reason)
         check_feasible(spec, self.gpu_ids)
+        if hasattr(self.adapter, "hold"):  # a trial kind without a server (sleep)
+            self.held = self.adapter.hold(spec)
+            return
         model_path = resolve_model(spec.model)
         factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
         n = len(spec.workload.load_points)
-        restart = isinstance(spec.engine, VLLMEngineSpec) and spec.engine.lmcache is not None \
-            and spec.engine.lmcache.restart_between_points
-        # Cold vs warm across a restart (LMCache): a fresh server for every load point.
-        for first, last in ([(i, i + 1) for i in range(n)] if restart else [(0, n)]):
-            self._serve(model_path, factory, first, last)
+        restart = bool(getattr(spec.engine, "restart_between_points", False))
+        # Cold vs warm across a restart (LMCache's disk tier survives it): a fresh server per point.
+        for start_no, (first, last) in enumerate([(i, i + 1) for i in range(n)] if restart else [(0, n)]):
+            self._serve(model_path, factory, first, last, start_no if restart else None)
             if self.hooks is not None and self.hooks.crash is not None:
                 raise self.hooks.crash
 
-    def _serve(self, model_path: str, factory: PromptFactory, first: int, last: int) -> None:
-        """Start the trial's servers, run load points ``first..last-1`` at the front, stop them."""
+    def _serve(self, model_path: str, factory: PromptFactory, first: int, last: int, start_no: int | None) -> None:
+        """Start the trial's servers, run load points ``first..last-1`` at the front, stop them.
+        ``start_no`` numbers the starts of a trial that restarts its servers between points."""
         spec = self.spec
         port = _port_for(spec)
         launches = self.adapter.launches(spec, model_path, port, _port_picker(spec, {port}), str(self.workdir))
+        own_logs = len(launches) > 1 or start_no is not None
         self.base["servers"] = describe_servers(launches, self.gpu_ids)
         front = launches[-1]
         engine_metrics = self.adapter.metrics_for(spec)
@@ -344,7 +351,11 @@ class _TrialRun:
             for launch in launches:
                 for path, content in launch.files.items():
                     Path(path).write_text(content)
-                log_path = self.log_path if len(launches) == 1 else self.workdir / f"server-{launch.name}.log"
+                log_path = self.log_path
+                if own_logs:
+                    log_path = self.workdir / f"server-{launch.name}{'' if start_no is None else f'-{start_no}'}.log"
+                self.server_logs.append((f"{launch.name}" + ("" if start_no is None else f" (start {start_no})"),
+                                         log_path))
                 self.progress(f"[{self.label}] starting {spec.engine.name} {launch.name} on {launch.base_url}")
                 server = stack.enter_context(server_for(launch, server_env(launch, self.gpu_ids), log_path))
                 healthy_after = server.wait_healthy(launch.startup_timeout_s)
@@ -353,6 +364,7 @@ class _TrialRun:
             startup = healthy_after if len(launches) == 1 else time.monotonic() - t0
             if self.startup_s is None:
                 self.startup_s = startup
+            self.starts.append(startup)
             self.progress(f"[{self.label}] server healthy after {startup:.1f}s")
             group = ServerGroup(launches, servers)
             scraped = group.metrics_launch()
@@ -372,10 +384,13 @@ class _TrialRun:
                            self.hooks.start, self.hooks.end, first_index=first)
             finally:
                 monitor.stop()  # idempotent; a point that raised must not leave the sampler running
-        if len(launches) > 1:  # one log for the result: every server's, in start order
-            self.log_path.write_text("".join(
-                f"===== {x.name} =====\n" + p.read_text(errors="replace")
-                for x in launches if (p := self.workdir / f"server-{x.name}.log").exists()))
+
+    def server_log(self) -> str:
+        """Every server's log of the trial, in start order (one server: its log as is)."""
+        logs = [(name, p) for name, p in self.server_logs if p.exists()]
+        if len(logs) == 1:
+            return logs[0][1].read_text(errors="replace")
+        return "".join(f"===== {name} =====\n" + p.read_text(errors="replace") for name, p in logs)
 
     def checkpoint(self, hooks: _PointHooks) -> None:
         done, total = len(hooks.points), len(self.spec.workload.load_points)
@@ -391,9 +406,10 @@ class _TrialRun:
             error=error,
             ended_at=time.time(),
             points=points,
-            metrics=_trial_metrics(points, self.startup_s) if hooks else {},
+            metrics={**_trial_metrics(points, self.startup_s), "server_starts": float(len(self.starts))}
+            if hooks else dict(self.held),
             records_parquet=records_to_parquet_bytes(records) if records else b"",
-            server_log=redact_text(self.log_path.read_text(errors="replace")) if self.log_path.exists() else "",
+            server_log=redact_text(self.server_log()),
         )
 
 

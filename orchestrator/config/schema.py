@@ -57,8 +57,6 @@ class LMCacheSpec(StrictModel):
     max_local_cpu_size_gb: PositiveFloat = 5.0
     local_disk: str | None = Field(default=None, description="directory of the disk tier; None = no disk tier")
     max_local_disk_size_gb: PositiveFloat = 20.0
-    restart_between_points: bool = Field(
-        default=False, description="restart the server between load points (cold vs warm across a restart)")
 
 
 class VLLMEngineSpec(StrictModel):
@@ -87,6 +85,8 @@ class VLLMEngineSpec(StrictModel):
     reset_cache_between_points: bool = Field(
         default=False, description="POST /reset_prefix_cache before each load point (needs VLLM_SERVER_DEV_MODE=1, "
         "which the adapter sets)")
+    restart_between_points: bool = Field(
+        default=False, description="a fresh server for every load point (cold vs warm across a restart, LMCache)")
     seed: int | None = None
     cpu_kvcache_space_gib: PositiveInt | None = Field(
         default=None, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on the CPU build"
@@ -141,6 +141,7 @@ class SGLangEngineSpec(StrictModel):
     random_seed: int | None = None
     disaggregation: DisaggregationSpec | None = None
     reset_cache_between_points: bool = Field(default=False, description="POST /flush_cache before each load point")
+    restart_between_points: bool = Field(default=False, description="a fresh server for every load point")
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: PositiveFloat = 900.0
@@ -192,7 +193,21 @@ class ExternalEngineSpec(StrictModel):
         return 0
 
 
-EngineSpec = Annotated[VLLMEngineSpec | SGLangEngineSpec | ExternalEngineSpec, Field(discriminator="name")]
+class SleepEngineSpec(StrictModel):
+    """A trial that starts no server and only holds its resources for ``seconds``: cluster
+    smoke tests (do GPUs get placed?) and the packing benchmark."""
+
+    name: Literal["sleep"] = "sleep"
+    gpus: int = Field(default=0, ge=0)
+    seconds: float = Field(default=1.0, ge=0)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus
+
+
+EngineSpec = Annotated[VLLMEngineSpec | SGLangEngineSpec | ExternalEngineSpec | SleepEngineSpec,
+                       Field(discriminator="name")]
 
 # --------------------------------------------------------------------------- model
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from types import ModuleType
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.engines import external, sglang, vllm
+from orchestrator.engines import external, sglang, sleep, vllm
 from orchestrator.engines.base import EngineMetric, ServerLaunch
 from orchestrator.engines.external import ExternalServer
 from orchestrator.engines.process import ServerProcess, free_port, port_is_free
@@ -16,7 +16,8 @@ from orchestrator.engines.process import ServerProcess, free_port, port_is_free
 #   unsupported(spec) -> reason the platform cannot run it, or None (the trial is SKIPPED)
 #   cache_reset(spec) -> (method, path) to empty the prefix cache before each load point, or None
 #   metrics_for(spec) -> {neutral name: EngineMetric}, api_key(spec), version()
-ADAPTERS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "external": external}
+#   hold(spec) -> metrics: only for adapters whose launches() is empty (the sleep trial kind)
+ADAPTERS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "external": external, "sleep": sleep}
 
 
 def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> ServerProcess | ExternalServer:

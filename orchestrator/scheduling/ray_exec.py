@@ -88,7 +88,9 @@ def run_jobs(
     import ray
 
     remote = ray.remote(max_retries=0)(task)
-    queue = list(jobs)
+    # Largest trials first (stable otherwise): small trials submitted ahead of a 4-GPU one
+    # would take every GPU as it frees and starve it, stretching the sweep.
+    queue = sorted(jobs, key=lambda j: -j.num_gpus)
     running: dict[Any, TrialJob] = {}
     try:
         while queue or running:

@@ -45,3 +45,24 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
     assert "Application startup complete" in result.server_log
     pid_alive = [p for p in psutil.process_iter(["cmdline"]) if "api_server.entry" in " ".join(p.info["cmdline"] or [])]
     assert not pid_alive and not engine_processes()
+
+
+def test_restart_between_points_and_cache_reset(compose, tmp_path, tiny_model_dir):
+    """Cold vs warm across a restart: a fresh server per load point, both points measured, both
+    servers' logs kept; the prefix-cache reset before each point is accepted by vLLM."""
+    spec, _ = to_specs(compose([
+        "workload.classes={main:{input_tokens:64,output_tokens:8}}",
+        "workload.load_points=[{concurrency:2},{concurrency:2}]",
+        "workload.num_requests=4", "workload.warmup_requests=0",
+        "engine.max_model_len=256", "engine.restart_between_points=true", "engine.reset_cache_between_points=true",
+    ]))
+    lines: list[str] = []
+    result = run_trial(spec, tmp_path, ["test"], progress=lines.append)
+    assert result.status == "FINISHED", result.error
+    assert result.metrics["server_starts"] == 2
+    assert [p.label for p in result.points] == ["c2", "c2"] and [p.index for p in result.points] == [0, 1]
+    assert all(p.metrics["completed"] == 4 for p in result.points)
+    assert sum("server healthy" in line for line in lines) == 2
+    assert result.server_log.count("===== server (start") == 2
+    assert "reset_prefix_cache" in result.server_log
+    assert not engine_processes()

@@ -50,3 +50,21 @@ def test_missing_dataset_file_fails_before_launch():
     assert p.returncode == 2, p.stderr
     assert "sharegpt dataset: file '/nope/sharegpt.json' does not exist" in p.stderr
     assert "starting vllm" not in p.stdout
+
+
+def test_dry_run_of_a_gpu_lab_shows_every_server_and_skips_on_cpu():
+    import json
+
+    p = run("+experiment=disaggregated_pd", "platform=gpu", "dry_run=true", "-m")
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    pd = next(x for x in lines if x["variant"] == "pd_vllm_in1024")
+    assert pd["status"] == "feasible" and pd["gpus"] == 2 and pd["kv_capacity_tokens"] > 100_000
+    names = [s["name"] for s in pd["servers"]]
+    assert names == ["prefill", "decode", "proxy"]
+    assert [s["gpu_slots"] for s in pd["servers"]] == [[0], [1], []]
+    assert "--kv-transfer-config" in pd["servers"][0]["argv"]
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" in pd["servers"][1]["env"]
+    p = run("+experiment=disaggregated_pd", "dry_run=true", "-m")  # the CPU platform
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    assert lines and all(x["status"] == "skipped" and x["reason"] for x in lines)

@@ -98,3 +98,25 @@ def test_tp_and_pd_trials_get_distinct_gpus(fake_gpu_ray, compose, tmp_path):
                 assert not set(a.hardware["gpu_ids"]) & set(b.hardware["gpu_ids"])
     assert any(a.started_at < b.ended_at and b.started_at < a.ended_at for a in items for b in items if a is not b), \
         "the probe should have run some trials concurrently"
+
+
+def test_sleep_trials_of_mixed_sizes_never_share_a_gpu(fake_gpu_ray, compose, tmp_path):
+    """The sleep trial kind through the real trial body: 1-, 2- and 4-GPU trials on 4 GPUs."""
+    from orchestrator.scheduling.jobs import TrialJob
+    from orchestrator.scheduling.ray_exec import run_jobs
+
+    jobs = []
+    for i, gpus in enumerate([1, 2, 4, 1, 2, 1, 1, 4, 2, 1]):
+        overrides = ["engine=sleep", f"engine.gpus={gpus}", "engine.seconds=0.6", "platform=gpu",
+                     "platform.cpus_per_trial=0.5", f"seed={i}"]
+        spec, settings = to_specs(compose(overrides))
+        jobs.append(TrialJob(i, overrides, spec, settings))
+    results = [r for _, r in run_jobs(jobs, lambda j: str(tmp_path / str(j.index)), None)]
+    assert len(results) == 10 and all(r.status == "FINISHED" for r in results), [r.error for r in results]
+    for r in results:
+        assert len(r.hardware["gpu_ids"]) == r.spec["engine"]["gpus"]
+        assert r.metrics["held_s"] >= 0.6
+    for a in results:
+        for b in results:
+            if a is not b and a.started_at < b.ended_at and b.started_at < a.ended_at:
+                assert not set(a.hardware["gpu_ids"]) & set(b.hardware["gpu_ids"])

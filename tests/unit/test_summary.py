@@ -147,3 +147,12 @@ def test_summarize_repeats_mean_ci_and_flag():
     assert out["qps_ci95"] == 0.0
     assert out["ci_wide"] == 1.0
     assert summarize_repeats(reps, max_ci_rel_width=0.5)["ci_wide"] == 0.0
+
+
+def test_rate_inf_burst_is_not_judged_on_send_lag():
+    from orchestrator.config.schema import ValiditySpec
+    from orchestrator.metrics.summary import client_validity
+
+    m = {"send_lag_ms_p95": 25.0, "target_rate": float("inf"), "loop_lag_ms_p95": 1.0, "client_cpu_util": 0.3}
+    assert client_validity(m, ValiditySpec()) == (True, [])
+    assert client_validity({**m, "loop_lag_ms_p95": 40.0}, ValiditySpec())[0] is False
