@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: install
-	$(PY) -m orchestrator +experiment=chunked_prefill -m
+	$(PY) -m orchestrator +experiment=chunked_prefill $(DEMO_ARGS) -m
 	@echo
 	@echo "Open the results:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000"
 	@echo "then browse http://127.0.0.1:5000 (experiment 'chunked_prefill')."

@@ -1,0 +1,66 @@
+"""The lab tools of experiments/: the static-batching baseline, the roofline and the KV worksheet."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config.schema import ModelArch
+from orchestrator.models.capacity import kv_bytes_per_token, kv_capacity
+from orchestrator.models.roofline import decode_floor
+
+LLAMA_8B = ModelArch(num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, params_b=8.03)
+
+
+def test_kv_arithmetic_matches_the_course():
+    # seeds/001: 32 layers x 8192 tokens x 2 x 32 heads x 128 dim x 2 bytes = 4 GiB (MHA)
+    mha = LLAMA_8B.model_copy(update={"num_kv_heads": 32})
+    assert kv_bytes_per_token(mha) * 8192 == 4 * 1024**3
+    assert kv_bytes_per_token(LLAMA_8B) == 128 * 1024  # GQA: 8 KV heads
+    assert kv_bytes_per_token(LLAMA_8B, "fp8") == 64 * 1024
+    cap = kv_capacity(LLAMA_8B, 80, 0.9)
+    assert 400_000 < cap.tokens < 450_000
+    assert kv_capacity(LLAMA_8B, 80, 0.9, tp=2).tokens > 2 * cap.tokens  # weights split too
+
+
+def test_decode_floor_is_memory_bound_at_batch_1():
+    # seeds/003 week 3: "16 GB model / 2 TB/s = 8 ms"
+    f = decode_floor(LLAMA_8B, 2039, 312, batch=1)
+    assert f.bound == "memory" and f.floor_ms == pytest.approx(7.9, abs=0.1)
+    assert f.arithmetic_intensity == pytest.approx(1.0, abs=0.01)
+    big = decode_floor(LLAMA_8B, 2039, 312, batch=1024)
+    assert big.bound == "compute" and big.arithmetic_intensity > 153
+
+
+def test_roofline_and_worksheet_cli(capsys):
+    from experiments import kv_worksheet, roofline
+
+    roofline.main(["--batch", "1", "256"])
+    out = capsys.readouterr().out
+    assert "memory" in out and "ridge 153 FLOP/byte" in out
+    kv_worksheet.main(["--gpu", "L4-24GB", "--max-model-len", "131072"])
+    out = capsys.readouterr().out
+    assert "128 KiB" in out and "NO:" in out
+    with pytest.raises(SystemExit):
+        roofline.main(["--model", "nope"])
+
+
+def test_static_baseline_times_every_token(tiny_model_dir):
+    from experiments.static_baseline import run_static
+    from orchestrator.loadgen.client import PlannedRequest
+    from orchestrator.loadgen.prompts import PromptFactory
+    from orchestrator.metrics.summary import summarize_point
+
+    import numpy as np
+
+    factory = PromptFactory(str(tiny_model_dir))
+    rng = np.random.default_rng(0)
+    reqs = [PlannedRequest(i, "main", factory.prompt(n_in, rng), n_in, n_out)
+            for i, (n_in, n_out) in enumerate([(16, 4), (24, 12), (16, 8), (8, 2)])]
+    records, extra = run_static(str(tiny_model_dir), str(tiny_model_dir), reqs, batch_size=2)
+    assert [len(r.chunk_times_s) for r in records] == [4, 12, 8, 2]
+    # a static batch decodes until its longest member: (12 + 12 + 8 + 8) steps for 26 useful tokens
+    assert extra["padding_waste"] == pytest.approx(1 - 26 / 40)
+    later = records[2]
+    assert later.chunk_times_s[0] > records[1].chunk_times_s[-1]  # the second batch waits for the first
+    m = summarize_point(records)
+    assert m["completed"] == 4 and m["output_tokens"] == 26 and m["tokens_per_second"] > 0
