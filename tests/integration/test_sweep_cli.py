@@ -50,7 +50,7 @@ def test_sweep_logs_finished_and_skipped_trials(tmp_path):
     assert not engine_processes()
 
     # Resume: the same finished trial again starts no server and logs no run.
-    again = [c for c in cmd if not c.startswith("engine.block_size")] + ["engine.block_size=32"]
+    again = [c for c in cmd if not c.startswith("engine.block_size") and c != "-m"] + ["engine.block_size=32", "-m"]
     p = subprocess.run(again, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "already FINISHED" in p.stdout and "nothing to run" in p.stdout
