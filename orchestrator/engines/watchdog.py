@@ -23,10 +23,23 @@ import psutil
 from orchestrator.engines.process import group_alive
 
 
+def started_at(proc: psutil.Process) -> float:
+    """When the process started, in seconds since boot: unlike ``create_time()`` (boot time
+    + that, with boot time re-read from the wall clock) it does not move when the clock is
+    stepped. A VM restore stepped the clock here, the owner looked like a recycled pid, and
+    the watchdog killed a healthy server mid-start."""
+    try:
+        return proc.create_time(monotonic=True)  # psutil >= 7
+    except TypeError:
+        with open(f"/proc/{proc.pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
 def owner_alive(pid: int, create_time: float | None) -> bool:
     try:
         proc = psutil.Process(pid)
-        if create_time is not None and abs(proc.create_time() - create_time) > 0.01:
+        if create_time is not None and abs(started_at(proc) - create_time) > 0.01:
             return False  # the pid was recycled
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -49,7 +62,7 @@ def kill_group(pgid: int, grace_s: float) -> None:
 
 def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> int:
     try:
-        owner_created: float | None = psutil.Process(owner).create_time()
+        owner_created: float | None = started_at(psutil.Process(owner))
     except psutil.Error:
         owner_created = None
     while group_alive(pgid):

@@ -25,7 +25,9 @@ def _run_trial_task(spec_json: str, workdir: str, overrides: list[str]) -> dict[
 
     gpu_ids = [int(g) for g in ray.get_gpu_ids()]
     spec = TrialSpec.model_validate_json(spec_json)
-    return run_trial(spec, workdir, overrides, gpu_ids).model_dump()
+    result = run_trial(spec, workdir, overrides, gpu_ids)
+    result.hardware["ray_node_id"] = ray.get_runtime_context().get_node_id()  # where it ran
+    return result.model_dump()
 
 
 @dataclass

@@ -147,3 +147,21 @@ def test_error_lines_find_root_cause_above_the_tail(tmp_path):
                                 "RuntimeError: Engine core initialization failed. See root cause above."]
     text = explain(log)
     assert text.index("No common block size") < text.index("last log lines")
+
+
+def test_watchdog_owner_check_survives_a_clock_step(monkeypatch):
+    """A stepped wall clock (VM restore, NTP) moves psutil's boot time; the owner must still
+    be recognised, or the watchdog kills a healthy server (seen here mid-start)."""
+    import os
+
+    import psutil
+    import psutil._pslinux as pslinux
+
+    from orchestrator.engines.watchdog import owner_alive, started_at
+
+    me = psutil.Process(os.getpid())
+    t0 = started_at(me)
+    real = pslinux.boot_time
+    monkeypatch.setattr(pslinux, "boot_time", lambda: real() + 7.0)
+    assert owner_alive(os.getpid(), t0)
+    assert not owner_alive(os.getpid(), t0 + 1.0)  # a recycled pid still is not the owner
