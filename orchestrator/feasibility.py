@@ -110,3 +110,31 @@ def describe(spec: TrialSpec) -> dict[str, Any]:
         out["weights_gib_per_gpu"] = round(cap.weights_gib_per_gpu, 2)
         out["kv_bytes_per_token"] = int(cap.kv_bytes_per_token)
     return out
+
+
+# Rough planning figures when a trial has no FINISHED run to go by (measured on the
+# project's CPU machine with the tiny model; a GPU guess for an 8B model on one A100).
+STARTUP_S = {"cpu": 40.0, "cuda": 120.0}
+OUTPUT_TOKENS_PER_S = {"cpu": 250.0, "cuda": 3000.0}
+
+
+def estimate_seconds(spec: TrialSpec) -> float:
+    """A rough duration of the trial: start-up plus each load point (scheduled time for rate
+    and trace points, output tokens at a platform throughput for closed loops and bursts)."""
+    if spec.engine.name == "sleep":
+        return float(getattr(spec.engine, "seconds", 0.0))
+    device = spec.platform.device
+    w = spec.workload
+    total = STARTUP_S[device] if spec.engine.name != "external" else 0.0
+    out_tokens = sum(c.output_tokens or 256 for c in w.classes.values()) / len(w.classes)
+    turns = max(c.turns or 1 for c in w.classes.values())
+    for p in w.load_points:
+        n, d = w.stop_of(p)
+        if d is not None:
+            point = d
+        elif p.rate is not None and p.rate != float("inf") and n is not None:
+            point = n / p.rate
+        else:
+            point = (n or 100) * out_tokens * turns / OUTPUT_TOKENS_PER_S[device]
+        total += (point + 2.0) * w.repeats
+    return total

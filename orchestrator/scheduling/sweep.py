@@ -22,7 +22,7 @@ from orchestrator.config.errors import OrchestratorError
 from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.config.secrets import redact_override
-from orchestrator.feasibility import assess
+from orchestrator.feasibility import assess, estimate_seconds
 from orchestrator.scheduling.ray_exec import cluster_gpus, init_ray, run_jobs
 from orchestrator.tracking import MlflowTracker
 from orchestrator.trial import plan_trial, skipped_result
@@ -78,7 +78,52 @@ def dry_run(jobs: list[TrialJob], progress: Progress = _print) -> list[dict[str,
                 "status": "feasible" if plan["feasible"] else "skipped", **plan}
         lines.append(line)
         progress(json.dumps(line, sort_keys=True))
+    progress(json.dumps({"plan": plan_summary(jobs, lines, _history(jobs))}, sort_keys=True))
     return lines
+
+
+def plan_summary(jobs: list[TrialJob], lines: list[dict[str, Any]], history: dict[str, float]) -> dict[str, Any]:
+    """The whole sweep at a glance: trials, GPUs, an estimated duration and GPU-hours.
+
+    A trial's duration is that of its last FINISHED run when MLflow has one (same trial
+    hash), else a rough estimate (``feasibility.estimate_seconds``). Wall time assumes the
+    cluster's GPUs (or ``platform.max_concurrent_trials``) are kept busy.
+    """
+    feasible = [(job, line) for job, line in zip(jobs, lines) if line["feasible"]]
+    est = {job.trial_hash: history.get(job.trial_hash, estimate_seconds(job.spec)) for job, _ in feasible}
+    serial_s = sum(est.values())
+    gpu_s = sum(line["gpus"] * est[job.trial_hash] for job, line in feasible)
+    wall_s = serial_s
+    cap = jobs[0].spec.platform.max_concurrent_trials if jobs else None
+    gpus = _known_gpus(jobs[0]) if jobs else None
+    if gpus and gpu_s:
+        wall_s = max(gpu_s / gpus, max(est.values()))
+    elif cap and cap > 1:
+        wall_s = serial_s / cap
+    return {"trials": len(jobs), "feasible": len(feasible), "skipped": len(jobs) - len(feasible),
+            "gpus_per_trial": sorted({line["gpus"] for _, line in feasible}),
+            "estimated_s": round(wall_s), "estimated_serial_s": round(serial_s),
+            "gpu_hours": round(gpu_s / 3600, 2), "from_history": sum(h in history for h in est)}
+
+
+def _history(jobs: list[TrialJob]) -> dict[str, float]:
+    """Durations of FINISHED runs of these trials in MLflow (read only; empty if unreachable)."""
+    if not jobs or not jobs[0].settings.tracking.enabled:
+        return {}
+    settings = jobs[0].settings
+    uri = settings.tracking.uri
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        return {}  # a dry run creates no store
+    try:
+        from mlflow.tracking import MlflowClient
+
+        name = settings.tracking.experiment_name or jobs[0].spec.experiment
+        if MlflowClient(tracking_uri=uri).get_experiment_by_name(name) is None:
+            return {}
+        return MlflowTracker(uri, name).finished_durations(j.trial_hash for j in jobs)
+    except Exception as exc:  # a plan without history is still a plan
+        log.debug("no MLflow history for the plan: %s", exc)
+        return {}
 
 
 def _known_gpus(job: TrialJob) -> int | None:

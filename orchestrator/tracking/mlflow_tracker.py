@@ -57,21 +57,30 @@ class MlflowTracker:
         self.experiment = experiment
         self.parent_run_id: str | None = None
 
-    def finished_trials(self, hashes: Iterable[str]) -> dict[str, str]:
-        """trial hash -> run id of a FINISHED trial run already in this experiment (for resume)."""
+    def _finished_runs(self, hashes: Iterable[str]) -> dict[str, Any]:
+        """trial hash -> the latest FINISHED trial run of it in this experiment."""
         wanted = set(hashes)
-        found: dict[str, str] = {}
+        found: dict[str, Any] = {}
         token = None
         while True:
             page = self.client.search_runs([self.experiment_id], filter_string="tags.trial_status = 'FINISHED'",
-                                           max_results=1000, page_token=token)
+                                           max_results=1000, page_token=token, order_by=["attributes.start_time DESC"])
             for run in page:
                 h = run.data.tags.get("trial_hash")
                 if h in wanted and run.data.tags.get("run_kind", "trial") == "trial":
-                    found.setdefault(h, run.info.run_id)
+                    found.setdefault(h, run)
             token = page.token
             if not token:
                 return found
+
+    def finished_trials(self, hashes: Iterable[str]) -> dict[str, str]:
+        """trial hash -> run id of a FINISHED trial run already in this experiment (for resume)."""
+        return {h: run.info.run_id for h, run in self._finished_runs(hashes).items()}
+
+    def finished_durations(self, hashes: Iterable[str]) -> dict[str, float]:
+        """trial hash -> seconds its last FINISHED run took (for sweep plans)."""
+        return {h: (run.info.end_time - run.info.start_time) / 1000 for h, run in self._finished_runs(hashes).items()
+                if run.info.end_time and run.info.start_time}
 
     # -- sweep ----------------------------------------------------------------------
 

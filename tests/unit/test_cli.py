@@ -39,7 +39,7 @@ def test_dry_run_prints_one_line_per_trial_and_starts_nothing():
 
     p = run("+experiment=chunked_prefill", "dry_run=true", "-m")
     assert p.returncode == 0, p.stderr
-    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    lines = [x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x]
     assert [x["variant"] for x in lines] == ["chunking_off", "budget_256", "budget_512", "budget_2048"]
     assert all(x["feasible"] and x["servers"][0]["argv"][0].endswith("python") for x in lines)
     assert "--no-enable-chunked-prefill" in lines[0]["servers"][0]["argv"]
@@ -57,7 +57,7 @@ def test_dry_run_of_a_gpu_lab_shows_every_server_and_skips_on_cpu():
 
     p = run("+experiment=disaggregated_pd", "platform=gpu", "dry_run=true", "-m")
     assert p.returncode == 0, p.stderr
-    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    lines = [x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x]
     pd = next(x for x in lines if x["variant"] == "pd_vllm_in1024")
     assert pd["status"] == "feasible" and pd["gpus"] == 2 and pd["kv_capacity_tokens"] > 100_000
     names = [s["name"] for s in pd["servers"]]
@@ -66,5 +66,21 @@ def test_dry_run_of_a_gpu_lab_shows_every_server_and_skips_on_cpu():
     assert "--kv-transfer-config" in pd["servers"][0]["argv"]
     assert "VLLM_NIXL_SIDE_CHANNEL_PORT" in pd["servers"][1]["env"]
     p = run("+experiment=disaggregated_pd", "dry_run=true", "-m")  # the CPU platform
-    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    lines = [x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x]
     assert lines and all(x["status"] == "skipped" and x["reason"] for x in lines)
+
+
+def test_dry_run_ends_with_a_plan_of_the_whole_sweep():
+    import json
+
+    p = run("+experiment=tensor_parallel", "platform=gpu", "cluster.num_gpus=4", "dry_run=true", "-m")
+    assert p.returncode == 0, p.stderr
+    plan = [json.loads(x)["plan"] for x in p.stdout.splitlines() if x.startswith('{"plan"')]
+    assert len(plan) == 1
+    plan = plan[0]
+    assert plan["trials"] == 3 and plan["feasible"] == 3 and plan["gpus_per_trial"] == [1, 2, 4]
+    assert plan["estimated_s"] > 0 and plan["gpu_hours"] > 0
+    assert plan["estimated_s"] <= plan["estimated_serial_s"]
+    p = run("+experiment=tensor_parallel", "platform=gpu", "cluster.num_gpus=2", "dry_run=true", "-m")
+    plan = [json.loads(x)["plan"] for x in p.stdout.splitlines() if x.startswith('{"plan"')][0]
+    assert plan["skipped"] == 1  # TP 4 on a 2-GPU cluster
