@@ -59,13 +59,9 @@ def capacity(spec: TrialSpec) -> Capacity | None:
     if spec.platform.device != "cuda" or arch is None or mem is None or not isinstance(e, (VLLMEngineSpec,
                                                                                             SGLangEngineSpec)):
         return None
-    if isinstance(e, VLLMEngineSpec):
-        util = e.gpu_memory_utilization or DEFAULT_UTILIZATION["vllm"]
-        kv_dtype = e.kv_cache_dtype
-    else:
-        util = e.mem_fraction_static or DEFAULT_UTILIZATION["sglang"]
-        kv_dtype = e.kv_cache_dtype
-    return kv_capacity(arch, mem, util, min(_tp_sizes(spec)), kv_dtype, e.quantization)
+    share = e.gpu_memory_utilization if isinstance(e, VLLMEngineSpec) else e.mem_fraction_static
+    util = share or DEFAULT_UTILIZATION[e.name]
+    return kv_capacity(arch, mem, util, min(_tp_sizes(spec)), e.kv_cache_dtype, e.quantization)
 
 
 def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:

@@ -305,8 +305,7 @@ class _TrialRun:
         self.log_path = workdir / "server.log"
         self.adapter = adapter_for(spec.engine.name)
         self.hooks: _PointHooks | None = None
-        self.startup_s: float | None = None
-        self.starts: list[float] = []  # start-up seconds of every server (group) start
+        self.starts: list[float] = []  # start-up seconds of every server (group) start; the first is startup_s
         self.server_logs: list[tuple[str, Path]] = []
         self.held: dict[str, float] = {}
         self.base: dict[str, Any] = dict(
@@ -362,8 +361,6 @@ class _TrialRun:
                 servers.append(server)
             # one server: its own start-up time (0 for an external one); several: until all are up
             startup = healthy_after if len(launches) == 1 else time.monotonic() - t0
-            if self.startup_s is None:
-                self.startup_s = startup
             self.starts.append(startup)
             self.progress(f"[{self.label}] server healthy after {startup:.1f}s")
             group = ServerGroup(launches, servers)
@@ -406,7 +403,8 @@ class _TrialRun:
             error=error,
             ended_at=time.time(),
             points=points,
-            metrics={**_trial_metrics(points, self.startup_s), "server_starts": float(len(self.starts))}
+            metrics={**_trial_metrics(points, self.starts[0] if self.starts else None),
+                     "server_starts": float(len(self.starts))}
             if hooks else dict(self.held),
             records_parquet=records_to_parquet_bytes(records) if records else b"",
             server_log=redact_text(self.server_log()),

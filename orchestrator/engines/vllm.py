@@ -132,21 +132,21 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
     """
     engine = _engine(spec)
     env = build_env(spec)
+    # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
     common = {"host": engine.host, "startup_timeout_s": engine.startup_timeout_s,
               "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else ()}
-    # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
-    if engine.lmcache is not None:
-        path = f"{workdir}/lmcache.yaml"
-        kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-        return [ServerLaunch(name="server", port=port, env={**env, "LMCACHE_CONFIG_FILE": path},
-                             argv=build_argv(engine, model_path, spec.model.name, port, kv_transfer_config=kv),
-                             gpus=tuple(range(engine.num_gpus)), files={path: render_lmcache(engine.lmcache)},
-                             **common)]
     pd = engine.disaggregation
     if pd is None:
-        return [ServerLaunch(name="server", port=port, env=env,
-                             argv=build_argv(engine, model_path, spec.model.name, port),
-                             gpus=tuple(range(engine.num_gpus)), **common)]
+        files: dict[str, str] = {}
+        kv: dict[str, object] | None = None  # None: engine.kv_transfer_config as configured
+        if engine.lmcache is not None:
+            path = f"{workdir}/lmcache.yaml"
+            env = {**env, "LMCACHE_CONFIG_FILE": path}
+            files = {path: render_lmcache(engine.lmcache)}
+            kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+        return [ServerLaunch(name="server", port=port, env=env, files=files, gpus=tuple(range(engine.num_gpus)),
+                             argv=build_argv(engine, model_path, spec.model.name, port, kv_transfer_config=kv),
+                             **common)]
     kv = {"kv_connector": pd.connector, "kv_role": "kv_both"}
     servers = []
     for name, tp, first in (("prefill", pd.prefill_tp, 0), ("decode", pd.decode_tp, pd.prefill_tp)):

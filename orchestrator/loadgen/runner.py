@@ -12,7 +12,7 @@ Two rules keep the numbers honest:
 * Prompts and arrival times are made before the point's clock starts, so the client's
   own tokenizer work never delays a send or the reading of a stream. Only a closed-loop
   point bounded by duration (count unknown in advance) may run out of planned requests;
-  further ones are then made on the fly and counted in ``PointRun.late``.
+  further ones are then made on the fly and counted in ``PointSender.late``.
 """
 
 from __future__ import annotations
@@ -207,26 +207,20 @@ def plan_point(workload: WorkloadSpec, point: LoadPointSpec, index: int, planner
     """Draw a point's requests and arrival instants from its own seeded streams."""
     num_requests, duration_s = workload.stop_of(point)
     fg_rng = stream_rng(seed, index, FOREGROUND_PLAN)
-
-    def offsets(count: int | None = None, duration: float | None = None) -> list[float]:
-        if point.trace is not None:
-            return [r.timestamp_s * point.time_scale for r in _trace_rows(point, num_requests, duration_s)]
-        assert point.rate is not None
-        out = arrival_offsets(point.rate, stream_rng(seed, index, FOREGROUND_ARRIVALS), count, duration,
-                              point.arrival, point.burstiness)
-        return [ramp(t, point.ramp_up_s) for t in out] if point.ramp_up_s else out
-
+    offsets: list[float] | None = None  # None: closed loop
     if point.trace is not None:
         rows = _trace_rows(point, num_requests, duration_s)
         foreground = [planner.make_sized("trace", r.input_tokens, r.output_tokens, fg_rng) for r in rows]
+        offsets = [r.timestamp_s * point.time_scale for r in rows]
+    elif point.rate is not None:
+        # num_requests arrivals, or every arrival before duration_s (the plan's length follows)
+        offsets = arrival_offsets(point.rate, stream_rng(seed, index, FOREGROUND_ARRIVALS), num_requests,
+                                  duration_s if num_requests is None else None, point.arrival, point.burstiness)
+        if point.ramp_up_s:
+            offsets = [ramp(t, point.ramp_up_s) for t in offsets]
+        foreground = planner.foreground_batch(len(offsets), fg_rng)
     else:
-        if num_requests is not None:
-            count = num_requests
-        elif point.rate is not None:
-            assert duration_s is not None
-            count = len(offsets(duration=duration_s))
-        else:
-            count = min(MAX_PLANNED, 32 * (point.concurrency or 1))
+        count = num_requests if num_requests is not None else min(MAX_PLANNED, 32 * (point.concurrency or 1))
         foreground = planner.foreground_batch(count, fg_rng)
 
     background = []
@@ -239,15 +233,13 @@ def plan_point(workload: WorkloadSpec, point: LoadPointSpec, index: int, planner
         bg_offsets = arrival_offsets(c.rate, rng, n, horizon, c.arrival, c.burstiness)[1:]  # first one after a gap
         background.append([(t, planner.make(name, rng)) for t in bg_offsets])
 
-    closed = point.concurrency is not None
     cap = point.max_concurrency
     return PointPlan(
-        index=index, repeat=repeat, foreground=foreground,
-        offsets=None if closed else offsets(count=len(foreground)),
+        index=index, repeat=repeat, foreground=foreground, offsets=offsets,
         concurrency=point.concurrency, max_concurrency=cap,
         min_gap_s=1.0 / point.rate if cap and point.rate else 0.0,
         background=background, duration_s=duration_s,
-        extendable=closed and num_requests is None,
+        extendable=point.concurrency is not None and num_requests is None,
     )
 
 

@@ -175,11 +175,22 @@ def run_sweep(
     results: list[TrialResult] = []
     status = "FAILED"
     t0 = time.monotonic()
+
+    def finish(job: TrialJob, result: TrialResult) -> None:
+        """Disk first, then MLflow, then a progress line."""
+        d = save_result(result, trial_dir(sweep_dir, job))
+        if tracker is not None:
+            _log_trial(tracker, result, d, commit, progress)
+        counts[result.status] += 1
+        results.append(result)
+        reason = f" ({result.error.splitlines()[0][:200]})" if result.error else ""
+        progress(f"[{len(results)}/{len(jobs) - len(done)}] {job.label}: {result.status}{reason} "
+                 f"{_point_summary(result)} [{time.monotonic() - t0:.0f}s elapsed]")
+
     ray_ctx = init_ray(settings.cluster)
     try:
         with sigterm_as_interrupt():
             gpus = cluster_gpus()
-            total = len(jobs) - len(done)
             runnable = []
             for job in jobs:  # infeasible trials are SKIPPED here, never submitted (Ray would wait forever)
                 if job.trial_hash in done:
@@ -189,23 +200,10 @@ def run_sweep(
                 if reason is None:
                     runnable.append(job)
                     continue
-                result = skipped_result(job.spec, job.overrides, reason)
-                d = save_result(result, trial_dir(sweep_dir, job))
-                if tracker is not None:
-                    _log_trial(tracker, result, d, commit, progress)
-                counts[result.status] += 1
-                results.append(result)
-                progress(f"[{len(results)}/{total}] {job.label}: SKIPPED ({reason})")
+                finish(job, skipped_result(job.spec, job.overrides, reason))
             for job, result in run_jobs(runnable, lambda j: str(trial_dir(sweep_dir, j)),
                                         jobs[0].spec.platform.max_concurrent_trials):
-                d = save_result(result, trial_dir(sweep_dir, job))
-                if tracker is not None:
-                    _log_trial(tracker, result, d, commit, progress)
-                counts[result.status] += 1
-                results.append(result)
-                reason = f" ({result.error.splitlines()[0][:200]})" if result.error else ""
-                progress(f"[{len(results)}/{total}] {job.label}: {result.status}{reason} "
-                         f"{_point_summary(result)} [{time.monotonic() - t0:.0f}s elapsed]")
+                finish(job, result)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
