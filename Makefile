@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-integration lint ui clean
+.PHONY: install demo test test-unit test-slurm slurm-deps lint ui clean
 
 install: $(STAMP)
 
@@ -32,10 +32,19 @@ demo: install
 
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -m "not slurm"
+
+# A real one-node SLURM on localhost (root only): Debian's slurm-wlm and munge, started by
+# slurm/local-cluster.sh inside the test, which submits a tiny sweep with sbatch.
+slurm-deps:
+	@command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
+
+test-slurm: install slurm-deps
+	$(PY) -m pytest tests -m slurm
 
 test-unit: install
-	$(PY) -m pytest tests -m "not integration"
+	$(PY) -m pytest tests -m "not integration and not slurm"
 
 ui: install
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

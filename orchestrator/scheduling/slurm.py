@@ -52,6 +52,14 @@ class SlurmParams(BaseModel):
     head_wait_s: PositiveInt = 15
     join_timeout_s: PositiveInt = 300
 
+    @field_validator("ray_port")
+    @classmethod
+    def _outside_ray_ranges(cls, v: int) -> int:
+        # Ray's own defaults: client server 10001, worker ports 10002-19999, dashboard 8265.
+        if 10001 <= v <= 19999 or v == 8265:
+            raise ValueError(f"{v} collides with Ray's default ports (8265, 10001-19999)")
+        return v
+
     @field_validator("job_name", "mem", "partition", "account", "qos", "workdir", "log_dir")
     @classmethod
     def _safe(cls, v: str | None) -> str | None:

@@ -60,3 +60,9 @@ def test_cli_prints_and_rejects(capsys):
     assert "--gpus-per-node" not in out.split("set -euo")[0] and "orchestrator +experiment=first_serving cluster.address" in out
     assert main(["--time", "soon", "+experiment=x"]) == 2
     assert "slurm: time" in capsys.readouterr().err
+
+
+def test_ray_port_must_avoid_rays_own_ranges():
+    # Found on a real SLURM: --port 16380 collides with Ray's worker ports (10002-19999).
+    with pytest.raises(ConfigError, match="ray_port.*collides with Ray"):
+        params_from({"ray_port": 16380})
