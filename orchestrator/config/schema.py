@@ -488,6 +488,7 @@ class ClusterSpec(StrictModel):
     num_cpus: PositiveInt | None = None
     num_gpus: int | None = Field(default=None, ge=0, description="logical GPUs for a local Ray")
     include_dashboard: bool = False
+    max_attempts: PositiveInt = Field(default=3, description="attempts of a trial lost with its Ray worker or node")
 
 
 class TrackingSpec(StrictModel):

@@ -43,6 +43,7 @@ class TrialResult(BaseModel):
     servers: list[dict[str, Any]] = Field(default_factory=list)
     points: list[PointResult] = Field(default_factory=list)
     metrics: dict[str, float] = Field(default_factory=dict)
+    attempts: list[dict[str, Any]] = Field(default_factory=list, description="one entry per Ray attempt")
     records_parquet: bytes = b""
     server_log: str = ""
 

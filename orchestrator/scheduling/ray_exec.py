@@ -1,11 +1,16 @@
-"""Running trials as Ray tasks: resources per trial, a cap on concurrent trials, Ctrl-C handling."""
+"""Running trials as Ray tasks: resources per trial, a cap on concurrent trials, retries of
+trials lost with their worker or node, Ctrl-C handling."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from orchestrator.config.schema import ClusterSpec
@@ -24,10 +29,70 @@ def _run_trial_task(spec_json: str, workdir: str, overrides: list[str]) -> dict[
     from orchestrator.trial import run_trial
 
     gpu_ids = [int(g) for g in ray.get_gpu_ids()]
+    note_attempt(workdir, ray.get_runtime_context().get_node_id())
     spec = TrialSpec.model_validate_json(spec_json)
     result = run_trial(spec, workdir, overrides, gpu_ids)
     result.hardware["ray_node_id"] = ray.get_runtime_context().get_node_id()  # where it ran
     return result.model_dump()
+
+
+ATTEMPTS_FILE = "attempts.jsonl"
+# The worker process or its node went away: the trial itself did not fail, so it is run again
+# (on another node when the node is gone). Anything else (an exception in the trial body,
+# a server that exits at start, a cancelled task) is deterministic or wanted: not retried.
+LOST = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "OwnerDiedError", "ObjectLostError",
+        "OutOfMemoryError")
+
+
+def note_attempt(workdir: str, node_id: str) -> None:
+    """The worker's first act: where this attempt runs (read by the driver if it is lost)."""
+    d = Path(workdir)
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ATTEMPTS_FILE, "a") as f:
+        f.write(json.dumps({"node_id": node_id, "pid": os.getpid(), "started_at": time.time()}) + "\n")
+
+
+@dataclass
+class _Attempts:
+    """What happened to each attempt of one trial, for its result."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def lost(self, workdir: str, error: str) -> None:
+        n = len(self.history) + 1
+        started = _last_attempt_note(workdir)
+        self.history.append({"attempt": n, "outcome": "LOST", "error": error, "node_id": started.get("node_id"),
+                             "started_at": started.get("started_at"), "ended_at": time.time(),
+                             "kept_in": _set_aside(workdir, n)})
+
+    def final(self, result: TrialResult) -> TrialResult:
+        self.history.append({"attempt": len(self.history) + 1, "outcome": result.status,
+                             "node_id": result.hardware.get("ray_node_id"), "started_at": result.started_at,
+                             "ended_at": result.ended_at})
+        result.attempts = self.history
+        return result
+
+
+def _last_attempt_note(workdir: str) -> dict[str, Any]:
+    try:
+        return json.loads((Path(workdir) / ATTEMPTS_FILE).read_text().splitlines()[-1])
+    except (OSError, IndexError, ValueError):  # the worker died before writing it, or no shared disk
+        return {}
+
+
+def _set_aside(workdir: str, n: int) -> str | None:
+    """Move what a lost attempt wrote (points measured so far, server logs) to attempt-N/, so
+    the next attempt starts clean and nothing measured is lost."""
+    d = Path(workdir)
+    entries = [e for e in d.glob("*") if e.name != ATTEMPTS_FILE and not e.name.startswith("attempt-")] \
+        if d.is_dir() else []
+    if not entries:
+        return None
+    keep = d / f"attempt-{n}"
+    keep.mkdir(exist_ok=True)
+    for e in entries:
+        shutil.move(str(e), keep / e.name)
+    return str(keep)
 
 
 @dataclass
@@ -78,11 +143,18 @@ def run_jobs(
     workdir_of: Callable[[TrialJob], str],
     max_concurrent: int | None,
     task: Callable[[str, str, list[str]], dict[str, Any]] = _run_trial_task,
+    max_attempts: int = 1,
+    progress: Callable[[str], None] = print,
 ) -> Iterator[tuple[TrialJob, TrialResult]]:
     """Submit trials as Ray tasks (at most ``max_concurrent`` at once); yield results as they finish.
 
     Each task asks Ray for the trial's GPUs (``num_gpus``) and CPUs; ``task`` is the body
     run in the worker (the real trial; tests put a probe of the same placement there).
+
+    A trial lost with its worker or node (:data:`LOST`) is submitted again, up to
+    ``max_attempts`` in all; each attempt is listed in the result's ``attempts`` and what a
+    lost attempt wrote is kept in ``attempt-N/`` of its folder. Trials that fail by
+    themselves are not retried.
 
     On Ctrl-C (or any exception in the caller) pending tasks are cancelled, which raises
     KeyboardInterrupt inside each worker so its server is stopped on the way out.
@@ -94,6 +166,7 @@ def run_jobs(
     # would take every GPU as it frees and starve it, stretching the sweep.
     queue = sorted(jobs, key=lambda j: -j.num_gpus)
     running: dict[Any, TrialJob] = {}
+    attempts: dict[int, _Attempts] = {job.index: _Attempts() for job in jobs}
     try:
         while queue or running:
             while queue and (max_concurrent is None or len(running) < max_concurrent):
@@ -107,7 +180,15 @@ def run_jobs(
             done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:
                 job = running.pop(ref)
-                yield job, _result_of(job, ref)
+                lost = _lost_error(ref)
+                tries = attempts[job.index]
+                if lost is not None and len(tries.history) + 1 < max_attempts:
+                    tries.lost(workdir_of(job), lost)
+                    progress(f"{job.label}: attempt {len(tries.history)} lost ({lost.splitlines()[0][:160]}); "
+                             f"running it again ({len(tries.history) + 1}/{max_attempts})")
+                    queue.insert(0, job)
+                    continue
+                yield job, tries.final(_result_of(job, ref))
     finally:
         _stop_running(list(running))
 
@@ -127,6 +208,20 @@ def _stop_running(refs: list[Any], grace_s: float = 5.0) -> None:
             ray.cancel(ref, force=True)
         except Exception as exc:  # already finished or gone: nothing left to stop
             log.debug("force cancel: %s", exc)
+
+
+def _lost_error(ref: Any) -> str | None:
+    """The error text if this task's worker or node was lost, else None."""
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayError as exc:
+        if type(exc).__name__ in LOST:
+            return f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - reported by _result_of
+        pass
+    return None
 
 
 def _result_of(job: TrialJob, ref: Any) -> TrialResult:

@@ -202,7 +202,8 @@ def run_sweep(
                     continue
                 finish(job, skipped_result(job.spec, job.overrides, reason))
             for job, result in run_jobs(runnable, lambda j: str(trial_dir(sweep_dir, j)),
-                                        jobs[0].spec.platform.max_concurrent_trials):
+                                        jobs[0].spec.platform.max_concurrent_trials,
+                                        max_attempts=settings.cluster.max_attempts, progress=progress):
                 finish(job, result)
         status = "FINISHED"
     except KeyboardInterrupt:

@@ -120,6 +120,11 @@ class MlflowTracker:
             run_tags["mlflow.parentRunId"] = self.parent_run_id
         if result.error:
             run_tags["error"] = truncate(result.error, 5000)
+        lost = [a for a in result.attempts if a.get("outcome") == "LOST"]
+        if lost:  # the trial was run again after losing its worker/node: say where and why
+            run_tags["lost_attempts"] = truncate("; ".join(
+                f"#{a['attempt']} node {str(a.get('node_id'))[:12]}: {str(a.get('error')).splitlines()[0][:200]}"
+                for a in lost), 5000)
         invalid = [p.label for p in result.points if p.metrics.get("invalid")]
         if invalid:
             run_tags["invalid_points"] = ",".join(invalid)  # the client, not the server, was the bottleneck
@@ -183,6 +188,8 @@ def _metrics_of(result: TrialResult) -> list[tuple[str, float, int]]:
             for k, v in metrics.items():
                 out.append((f"{cls}/{k}", v, p.index))
     out.extend((k, v, 0) for k, v in result.metrics.items())
+    if result.attempts:
+        out.append(("attempts", float(len(result.attempts)), 0))
     return out
 
 
