@@ -187,25 +187,6 @@ class _PointHooks:
         """Measure the next points on restarted servers."""
         self.server, self.launch, self.monitor = server, launch, monitor
 
-    def _reset_caches(self) -> None:
-        """Empty every engine server's prefix cache (a busy SGLang refuses: retried)."""
-        assert self.cache_reset is not None
-        method, path = self.cache_reset
-        for launch in self.server.launches:
-            if not launch.metrics_path:  # a proxy or router has no cache
-                continue
-            for attempt in range(20):
-                try:
-                    req = urllib.request.Request(launch.base_url + path, method=method)
-                    with urllib.request.urlopen(req, timeout=30):
-                        break
-                except urllib.error.HTTPError as exc:
-                    if exc.code != 400 or attempt == 19:
-                        raise TrialError(f"cache reset {method} {path} on {launch.name} failed: HTTP {exc.code}")
-                    time.sleep(0.5)
-                except OSError as exc:
-                    raise TrialError(f"cache reset {method} {path} on {launch.name} failed: {exc}") from exc
-
     def _scrape(self) -> prometheus.Sample:
         if not self.engine_metrics or self.launch is None or not self.launch.metrics_path:
             return {}
@@ -218,7 +199,7 @@ class _PointHooks:
     def start(self, index: int, point: LoadPointSpec) -> None:
         n = len(self.spec.workload.load_points)
         if self.cache_reset is not None:
-            self._reset_caches()
+            reset_caches(self.server, self.cache_reset)
         self.progress(f"[{self.label}] point {index + 1}/{n} {point.label}: running")
         self._before = self._scrape()
         self.monitor.reset()
@@ -279,8 +260,13 @@ def run_trial(
     "interrupted after N of M load points"), so a trial killed mid-way keeps its points.
     """
     run = _TrialRun(spec, Path(workdir), overrides or [], list(gpu_ids or []), progress)
+    return _outcome(run, run.measure)
+
+
+def _outcome(run: _TrialRun, body: Callable[[], None]) -> TrialResult:
+    """Run ``body`` and turn how it ended into the trial's result."""
     try:
-        run.measure()
+        body()
         status, error = "FINISHED", None
     except InfeasibleConfigError as exc:
         status, error = "SKIPPED", str(exc)
@@ -289,8 +275,96 @@ def run_trial(
     except Exception as exc:  # an unexpected bug still yields a result with the reason
         log.exception("trial %s failed", run.hash)
         status, error = "FAILED", f"{type(exc).__name__}: {exc}"
-    progress(f"[{run.label}] {status}" + (f": {error.splitlines()[0]}" if error else ""))
+    run.progress(f"[{run.label}] {status}" + (f": {error.splitlines()[0]}" if error else ""))
     return run.result(status, error)
+
+
+def shared_server_spec(spec: TrialSpec) -> TrialSpec:
+    """The spec a shared server is started from: with the prefix-cache reset endpoint on, so
+    that each trial of the group starts on an empty cache."""
+    if hasattr(spec.engine, "reset_cache_between_points"):
+        return spec.model_copy(update={"engine": spec.engine.model_copy(update={"reset_cache_between_points": True})})
+    return spec
+
+
+def server_key(spec: TrialSpec) -> str | None:
+    """Identity of the servers a trial starts (every argv, env, file, GPU slot, the platform),
+    or None when its servers cannot be shared: trials with the same key differ only in
+    workload/load settings and can run one after the other on one server start."""
+    import hashlib
+    import json
+
+    engine = spec.engine
+    if not isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) or engine.restart_between_points:
+        return None
+    shared = shared_server_spec(spec)
+    ports = iter(range(1, 100))
+    launches = adapter_for(engine.name).launches(shared, resolve_model(spec.model, build=False),
+                                                 _port_for(shared, pick_free=False), lambda: next(ports), "<dir>")
+    ident = {"servers": [[x.argv, x.env, x.files, x.gpus, x.unset_env] for x in launches],
+             "model": spec.model.model_dump(mode="json"), "platform": spec.platform.model_dump(mode="json")}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_trial_group(
+    items: list[tuple[TrialSpec, str | os.PathLike[str], list[str]]],
+    gpu_ids: list[int] | None = None,
+    progress: Progress = _print,
+) -> list[TrialResult]:
+    """Trials with one :func:`server_key` run one after the other on one server start (the
+    first trial's); each keeps its own result. Prefix caches are emptied between trials. If
+    the shared server dies, the trials after it run on fresh servers of their own."""
+    gpus = list(gpu_ids or [])
+    runs = [_TrialRun(spec, Path(wd), ov, gpus, progress) for spec, wd, ov in items]
+    lead = runs[0]
+    results: list[TrialResult] = []
+    started = False
+    try:
+        with contextlib.ExitStack() as stack:
+            group = lead.start_shared(stack)
+            started = True
+            for run in runs:
+                if results:
+                    progress(f"[{run.label}] on the running server of [{lead.label}] (server start saved)")
+                    reset_caches(group, lead.adapter.cache_reset(shared_server_spec(lead.spec)))
+                    run.base["servers"] = lead.base.get("servers", [])
+                results.append(_outcome(run, lambda run=run: run.measure(group)))
+                save_result(results[-1], run.workdir)  # final on disk now, not when the whole group ends
+                if run.hooks is not None and run.hooks.crash is not None:
+                    break
+    except (TrialError, ConfigError, InfeasibleConfigError) as exc:
+        if started:
+            raise
+        # the shared server never came up: the same happens to every trial of the group
+        error = f"{type(exc).__name__}: {exc}"
+        status = "SKIPPED" if isinstance(exc, InfeasibleConfigError) else "FAILED"
+        progress(f"[{lead.label}] {status} (and the {len(runs) - 1} trial(s) sharing its server): "
+                 f"{error.splitlines()[0]}")
+        return [run.result(status, error) for run in runs]
+    for run in runs[len(results):]:
+        results.append(run_trial(run.spec, run.workdir, run.overrides, gpus, progress))
+    return results
+
+
+def reset_caches(group: ServerGroup, how: tuple[str, str] | None) -> None:
+    """Empty every engine server's prefix cache (a busy SGLang refuses: retried)."""
+    if how is None:
+        return
+    method, path = how
+    for launch in group.launches:
+        if not launch.metrics_path:  # a proxy or router has no cache
+            continue
+        for attempt in range(20):
+            try:
+                req = urllib.request.Request(launch.base_url + path, method=method)
+                with urllib.request.urlopen(req, timeout=30):
+                    break
+            except urllib.error.HTTPError as exc:
+                if exc.code != 400 or attempt == 19:
+                    raise TrialError(f"cache reset {method} {path} on {launch.name} failed: HTTP {exc.code}")
+                time.sleep(0.5)
+            except OSError as exc:
+                raise TrialError(f"cache reset {method} {path} on {launch.name} failed: {exc}") from exc
 
 
 class _TrialRun:
@@ -299,6 +373,7 @@ class _TrialRun:
     def __init__(self, spec: TrialSpec, workdir: Path, overrides: list[str], gpu_ids: list[int],
                  progress: Progress) -> None:
         self.spec, self.workdir, self.gpu_ids, self.progress = spec, workdir, gpu_ids, progress
+        self.overrides = overrides
         self.hash = trial_hash(spec)
         self.label = spec.variant or self.hash[:8]
         workdir.mkdir(parents=True, exist_ok=True)
@@ -315,7 +390,9 @@ class _TrialRun:
             hardware={**hardware.describe(gpu_ids), "gpu_ids": gpu_ids}, engine_version=self.adapter.version(),
         )
 
-    def measure(self) -> None:
+    def measure(self, shared: ServerGroup | None = None) -> None:
+        """Start the servers, run every load point, stop them; on ``shared`` servers (already
+        running, owned by another trial of the group) only run the load points."""
         spec = self.spec
         reason = assess(spec)
         if reason:
@@ -328,59 +405,77 @@ class _TrialRun:
         factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
         n = len(spec.workload.load_points)
         restart = bool(getattr(spec.engine, "restart_between_points", False))
-        # Cold vs warm across a restart (LMCache's disk tier survives it): a fresh server per point.
-        for start_no, (first, last) in enumerate([(i, i + 1) for i in range(n)] if restart else [(0, n)]):
-            self._serve(model_path, factory, first, last, start_no if restart else None)
-            if self.hooks is not None and self.hooks.crash is not None:
-                raise self.hooks.crash
+        if shared is not None:
+            self._run_on(shared, factory, 0, n)
+        else:  # cold vs warm across a restart (LMCache's disk tier survives it): a fresh server per point
+            for start_no, (first, last) in enumerate([(i, i + 1) for i in range(n)] if restart else [(0, n)]):
+                with contextlib.ExitStack() as stack:
+                    group = self._start(stack, model_path, start_no if restart else None, spec)
+                    self._run_on(group, factory, first, last)
+                if self.hooks is not None and self.hooks.crash is not None:
+                    break
+        if self.hooks is not None and self.hooks.crash is not None:
+            raise self.hooks.crash
 
-    def _serve(self, model_path: str, factory: PromptFactory, first: int, last: int, start_no: int | None) -> None:
-        """Start the trial's servers, run load points ``first..last-1`` at the front, stop them.
-        ``start_no`` numbers the starts of a trial that restarts its servers between points."""
-        spec = self.spec
+    def start_shared(self, stack: contextlib.ExitStack) -> ServerGroup:
+        """Start this trial's servers for a group of trials (stopped when ``stack`` closes)."""
+        reason = assess(self.spec)
+        if reason:
+            raise InfeasibleConfigError(reason)
+        check_feasible(self.spec, self.gpu_ids)
+        return self._start(stack, resolve_model(self.spec.model), None, shared_server_spec(self.spec))
+
+    def _start(self, stack: contextlib.ExitStack, model_path: str, start_no: int | None,
+               spec: TrialSpec) -> ServerGroup:
+        """Start the servers of ``spec`` (this trial's, or its shared-server variant); they are
+        stopped when ``stack`` closes. ``start_no`` numbers the starts of a trial that restarts
+        its servers between points."""
         port = _port_for(spec)
         launches = self.adapter.launches(spec, model_path, port, _port_picker(spec, {port}), str(self.workdir))
         own_logs = len(launches) > 1 or start_no is not None
         self.base["servers"] = describe_servers(launches, self.gpu_ids)
-        front = launches[-1]
+        servers = []
+        t0 = time.monotonic()
+        for launch in launches:
+            for path, content in launch.files.items():
+                Path(path).write_text(content)
+            log_path = self.log_path
+            if own_logs:
+                log_path = self.workdir / f"server-{launch.name}{'' if start_no is None else f'-{start_no}'}.log"
+            self.server_logs.append((f"{launch.name}" + ("" if start_no is None else f" (start {start_no})"),
+                                     log_path))
+            self.progress(f"[{self.label}] starting {spec.engine.name} {launch.name} on {launch.base_url}")
+            server = stack.enter_context(server_for(launch, server_env(launch, self.gpu_ids), log_path))
+            healthy_after = server.wait_healthy(launch.startup_timeout_s)
+            servers.append(server)
+        # one server: its own start-up time (0 for an external one); several: until all are up
+        startup = healthy_after if len(launches) == 1 else time.monotonic() - t0
+        self.starts.append(startup)
+        self.progress(f"[{self.label}] server healthy after {startup:.1f}s")
+        return ServerGroup(launches, servers)
+
+    def _run_on(self, group: ServerGroup, factory: PromptFactory, first: int, last: int) -> None:
+        """Run load points ``first..last-1`` at the group's front server."""
+        spec = self.spec
         engine_metrics = self.adapter.metrics_for(spec)
-        with contextlib.ExitStack() as stack:
-            servers = []
-            t0 = time.monotonic()
-            for launch in launches:
-                for path, content in launch.files.items():
-                    Path(path).write_text(content)
-                log_path = self.log_path
-                if own_logs:
-                    log_path = self.workdir / f"server-{launch.name}{'' if start_no is None else f'-{start_no}'}.log"
-                self.server_logs.append((f"{launch.name}" + ("" if start_no is None else f" (start {start_no})"),
-                                         log_path))
-                self.progress(f"[{self.label}] starting {spec.engine.name} {launch.name} on {launch.base_url}")
-                server = stack.enter_context(server_for(launch, server_env(launch, self.gpu_ids), log_path))
-                healthy_after = server.wait_healthy(launch.startup_timeout_s)
-                servers.append(server)
-            # one server: its own start-up time (0 for an external one); several: until all are up
-            startup = healthy_after if len(launches) == 1 else time.monotonic() - t0
-            self.starts.append(startup)
-            self.progress(f"[{self.label}] server healthy after {startup:.1f}s")
-            group = ServerGroup(launches, servers)
-            scraped = group.metrics_launch()
-            monitor = ResourceMonitor(group.pids(), scraped.metrics_url if scraped else None, engine_metrics,
-                                      spec.platform.monitor_interval_s, self.gpu_ids)
-            if self.hooks is None:
-                self.hooks = _PointHooks(spec, group, scraped, engine_metrics, monitor, self.progress, self.label,
-                                         self.checkpoint, self.adapter.cache_reset(spec))
-            else:
-                self.hooks.attach(group, scraped, monitor)
-            endpoint = Endpoint(front.base_url, spec.model.name, api_key=self.adapter.api_key(spec))
-            workload = spec.workload
-            if (first, last) != (0, len(workload.load_points)):
-                workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
-            try:
-                run_points(endpoint, workload, factory, (spec.seed, spec.workload.seed),
-                           self.hooks.start, self.hooks.end, first_index=first)
-            finally:
-                monitor.stop()  # idempotent; a point that raised must not leave the sampler running
+        scraped = group.metrics_launch()
+        monitor = ResourceMonitor(group.pids(), scraped.metrics_url if scraped else None, engine_metrics,
+                                  spec.platform.monitor_interval_s, self.gpu_ids)
+        if self.hooks is None:
+            self.hooks = _PointHooks(spec, group, scraped, engine_metrics, monitor, self.progress, self.label,
+                                     self.checkpoint, self.adapter.cache_reset(spec))
+        else:
+            self.hooks.attach(group, scraped, monitor)
+        front = group.launches[-1]
+        endpoint = Endpoint(front.base_url, spec.model.name, api_key=self.adapter.api_key(spec))
+        workload = spec.workload
+        if (first, last) != (0, len(workload.load_points)):
+            workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
+        try:
+            run_points(endpoint, workload, factory, (spec.seed, spec.workload.seed),
+                       self.hooks.start, self.hooks.end, first_index=first)
+        finally:
+            monitor.stop()  # idempotent; a point that raised must not leave the sampler running
 
     def server_log(self) -> str:
         """Every server's log of the trial, in start order (one server: its log as is)."""
@@ -404,7 +499,7 @@ class _TrialRun:
             ended_at=time.time(),
             points=points,
             metrics={**_trial_metrics(points, self.starts[0] if self.starts else None),
-                     "server_starts": float(len(self.starts))}
+                     "server_starts": float(len(self.starts)), "server_reused": float(not self.starts)}
             if hooks else dict(self.held),
             records_parquet=records_to_parquet_bytes(records) if records else b"",
             server_log=redact_text(self.server_log()),

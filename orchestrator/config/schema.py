@@ -535,3 +535,4 @@ class SweepSettings(StrictModel):
     cluster: ClusterSpec
     dry_run: bool = False
     resume: bool = Field(default=True, description="skip trials whose hash already has a FINISHED run")
+    reuse_servers: bool = Field(default=True, description="trials with identical servers share one server start")

@@ -79,6 +79,7 @@ def _shared_settings_problems(jobs: list[TrialJob]) -> list[str]:
         "cluster": lambda j: j.settings.cluster,
         "dry_run": lambda j: j.settings.dry_run,
         "resume": lambda j: j.settings.resume,
+        "reuse_servers": lambda j: j.settings.reuse_servers,
         "experiment": lambda j: j.spec.experiment,
         "platform.max_concurrent_trials": lambda j: j.spec.platform.max_concurrent_trials,
     }

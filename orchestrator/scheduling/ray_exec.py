@@ -95,6 +95,42 @@ def _set_aside(workdir: str, n: int) -> str | None:
     return str(keep)
 
 
+def _run_group_task(specs_json: list[str], workdirs: list[str], overrides: list[list[str]]) -> list[dict[str, Any]]:
+    """Body of the Ray task of trials sharing one server start (``trial.run_trial_group``)."""
+    import ray
+
+    from orchestrator.config.schema import TrialSpec
+    from orchestrator.trial import run_trial_group
+
+    gpu_ids = [int(g) for g in ray.get_gpu_ids()]
+    node = ray.get_runtime_context().get_node_id()
+    for workdir in workdirs:
+        note_attempt(workdir, node)
+    items = [(TrialSpec.model_validate_json(s), w, o) for s, w, o in zip(specs_json, workdirs, overrides)]
+    results = run_trial_group(items, gpu_ids)
+    for result in results:
+        result.hardware["ray_node_id"] = node
+    return [r.model_dump() for r in results]
+
+
+def group_jobs(jobs: list[TrialJob], key: Callable[[TrialJob], str | None] | None) -> list[list[TrialJob]]:
+    """Units of work, in job order: jobs with the same (non-None) key form one unit."""
+    if key is None:
+        return [[job] for job in jobs]
+    units: list[list[TrialJob]] = []
+    by_key: dict[str, list[TrialJob]] = {}
+    for job in jobs:
+        k = key(job)
+        if k is None:
+            units.append([job])
+        elif k in by_key:
+            by_key[k].append(job)
+        else:
+            by_key[k] = [job]
+            units.append(by_key[k])
+    return units
+
+
 @dataclass
 class RayContext:
     started_here: bool
@@ -145,6 +181,7 @@ def run_jobs(
     task: Callable[[str, str, list[str]], dict[str, Any]] = _run_trial_task,
     max_attempts: int = 1,
     progress: Callable[[str], None] = print,
+    share_key: Callable[[TrialJob], str | None] | None = None,
 ) -> Iterator[tuple[TrialJob, TrialResult]]:
     """Submit trials as Ray tasks (at most ``max_concurrent`` at once); yield results as they finish.
 
@@ -156,39 +193,51 @@ def run_jobs(
     lost attempt wrote is kept in ``attempt-N/`` of its folder. Trials that fail by
     themselves are not retried.
 
+    Jobs with the same ``share_key`` (``trial.server_key``: identical servers) run as one
+    task, one after the other on one server start (``trial.run_trial_group``).
+
     On Ctrl-C (or any exception in the caller) pending tasks are cancelled, which raises
     KeyboardInterrupt inside each worker so its server is stopped on the way out.
     """
     import ray
 
     remote = ray.remote(max_retries=0)(task)
+    group_remote = ray.remote(max_retries=0)(_run_group_task)
     # Largest trials first (stable otherwise): small trials submitted ahead of a 4-GPU one
     # would take every GPU as it frees and starve it, stretching the sweep.
-    queue = sorted(jobs, key=lambda j: -j.num_gpus)
-    running: dict[Any, TrialJob] = {}
+    queue = sorted(group_jobs(jobs, share_key), key=lambda unit: -unit[0].num_gpus)
+    running: dict[Any, list[TrialJob]] = {}
     attempts: dict[int, _Attempts] = {job.index: _Attempts() for job in jobs}
     try:
         while queue or running:
             while queue and (max_concurrent is None or len(running) < max_concurrent):
-                job = queue.pop(0)
+                unit = queue.pop(0)
+                job = unit[0]
                 opts: dict[str, Any] = {"num_cpus": job.spec.platform.cpus_per_trial, "num_gpus": job.num_gpus}
-                ref = remote.options(**opts, name=f"trial:{job.label}"[:100]).remote(
-                    job.spec.model_dump_json(), workdir_of(job), job.overrides
-                )
-                running[ref] = job
+                if len(unit) == 1:
+                    ref = remote.options(**opts, name=f"trial:{job.label}"[:100]).remote(
+                        job.spec.model_dump_json(), workdir_of(job), job.overrides)
+                else:
+                    ref = group_remote.options(**opts, name=f"trials:{job.label}+{len(unit) - 1}"[:100]).remote(
+                        [j.spec.model_dump_json() for j in unit], [workdir_of(j) for j in unit],
+                        [j.overrides for j in unit])
+                running[ref] = unit
             # Short waits: a blocking ray.wait would keep Ctrl-C / SIGTERM from reaching Python.
             done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:
-                job = running.pop(ref)
+                unit = running.pop(ref)
                 lost = _lost_error(ref)
-                tries = attempts[job.index]
+                tries = attempts[unit[0].index]
                 if lost is not None and len(tries.history) + 1 < max_attempts:
-                    tries.lost(workdir_of(job), lost)
-                    progress(f"{job.label}: attempt {len(tries.history)} lost ({lost.splitlines()[0][:160]}); "
+                    for job in unit:
+                        attempts[job.index].lost(workdir_of(job), lost)
+                    progress(f"{unit[0].label}{f' (+{len(unit) - 1} sharing its server)' if len(unit) > 1 else ''}: "
+                             f"attempt {len(tries.history)} lost ({lost.splitlines()[0][:160]}); "
                              f"running it again ({len(tries.history) + 1}/{max_attempts})")
-                    queue.insert(0, job)
+                    queue.insert(0, unit)
                     continue
-                yield job, tries.final(_result_of(job, ref))
+                for job, result in zip(unit, _results_of(unit, ref)):
+                    yield job, attempts[job.index].final(result)
     finally:
         _stop_running(list(running))
 
@@ -224,18 +273,19 @@ def _lost_error(ref: Any) -> str | None:
     return None
 
 
-def _result_of(job: TrialJob, ref: Any) -> TrialResult:
-    import time
-
+def _results_of(unit: list[TrialJob], ref: Any) -> list[TrialResult]:
+    """The unit's results, in job order (a group task returns one per job)."""
     import ray
 
     try:
-        return TrialResult.model_validate(ray.get(ref))
+        value = ray.get(ref)
     except ray.exceptions.RayError as exc:  # worker died, task cancelled, ...
         now = time.time()
-        return TrialResult(
+        return [TrialResult(
             trial_hash=job.trial_hash, experiment=job.spec.experiment, variant=job.spec.variant,
             overrides=[redact_override(o) for o in job.overrides],
             spec=redact_mapping(job.spec.model_dump(mode="json")), status="FAILED",
             error=f"{type(exc).__name__}: {exc}", started_at=now, ended_at=now,
-        )
+        ) for job in unit]
+    values = value if isinstance(value, list) else [value]
+    return [TrialResult.model_validate(v) for v in values]

@@ -25,7 +25,7 @@ from orchestrator.config.secrets import redact_override
 from orchestrator.feasibility import assess, estimate_seconds
 from orchestrator.scheduling.ray_exec import cluster_gpus, init_ray, run_jobs
 from orchestrator.tracking import MlflowTracker
-from orchestrator.trial import plan_trial, skipped_result
+from orchestrator.trial import plan_trial, server_key, skipped_result
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,11 @@ def plan_summary(jobs: list[TrialJob], lines: list[dict[str, Any]], history: dic
         wall_s = max(gpu_s / gpus, max(est.values()))
     elif cap and cap > 1:
         wall_s = serial_s / cap
+    launched = [job for job, _ in feasible if job.spec.engine.name in ("vllm", "sglang")]  # not sleep/external
+    keys = [_share_key(job) if job.settings.reuse_servers else None for job in launched]
+    starts = len({k for k in keys if k is not None}) + sum(k is None for k in keys)
     return {"trials": len(jobs), "feasible": len(feasible), "skipped": len(jobs) - len(feasible),
+            "server_starts": starts,
             "gpus_per_trial": sorted({line["gpus"] for _, line in feasible}),
             "estimated_s": round(wall_s), "estimated_serial_s": round(serial_s),
             "gpu_hours": round(gpu_s / 3600, 2), "from_history": sum(h in history for h in est)}
@@ -124,6 +128,10 @@ def _history(jobs: list[TrialJob]) -> dict[str, float]:
     except Exception as exc:  # a plan without history is still a plan
         log.debug("no MLflow history for the plan: %s", exc)
         return {}
+
+
+def _share_key(job: TrialJob) -> str | None:
+    return server_key(job.spec)
 
 
 def _known_gpus(job: TrialJob) -> int | None:
@@ -203,7 +211,8 @@ def run_sweep(
                 finish(job, skipped_result(job.spec, job.overrides, reason))
             for job, result in run_jobs(runnable, lambda j: str(trial_dir(sweep_dir, j)),
                                         jobs[0].spec.platform.max_concurrent_trials,
-                                        max_attempts=settings.cluster.max_attempts, progress=progress):
+                                        max_attempts=settings.cluster.max_attempts, progress=progress,
+                                        share_key=_share_key if settings.reuse_servers else None):
                 finish(job, result)
         status = "FINISHED"
     except KeyboardInterrupt:

@@ -76,3 +76,24 @@ def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
     saved = list((tmp_path / "run" / "trials").glob("*/result.json"))
     assert len(saved) == 1, "the result is on disk too"
     assert not engine_processes()
+
+
+def test_trials_differing_only_in_workload_share_one_server_start(tmp_path):
+    """num_requests 4 and 6 (same servers) share one start; max_num_seqs 8 needs its own."""
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [sys.executable, "-m", "orchestrator", "workload.num_requests=4,6", "engine.max_num_seqs=4,8",
+           "workload.classes={main:{input_tokens:64,output_tokens:16}}", "workload.load_points=[{concurrency:2}]",
+           "engine.max_model_len=512", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/multirun", "-m"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "4 FINISHED" in p.stdout, p.stdout[-3000:]
+    assert p.stdout.count("starting vllm") == 2, p.stdout[-5000:]
+    assert p.stdout.count("(server start saved)") == 2
+    trials = [r for r in search_runs(store, "default") if r.data.tags.get("run_kind") == "trial"]
+    assert len(trials) == 4 and all(t.info.status == "FINISHED" for t in trials)
+    starts = {(t.data.params["engine.max_num_seqs"], t.data.params["workload.num_requests"]):
+              (t.data.metrics["server_starts"], t.data.metrics["server_reused"]) for t in trials}
+    for seqs in ("4", "8"):  # per server configuration: one trial started it, the other reused it
+        assert sorted([starts[(seqs, "4")], starts[(seqs, "6")]]) == [(0.0, 1.0), (1.0, 0.0)], starts
+    assert {t.data.metrics["requests_total"] for t in trials} == {4.0, 6.0}
+    assert not engine_processes()

@@ -84,3 +84,18 @@ def test_dry_run_ends_with_a_plan_of_the_whole_sweep():
     p = run("+experiment=tensor_parallel", "platform=gpu", "cluster.num_gpus=2", "dry_run=true", "-m")
     plan = [json.loads(x)["plan"] for x in p.stdout.splitlines() if x.startswith('{"plan"')][0]
     assert plan["skipped"] == 1  # TP 4 on a 2-GPU cluster
+
+
+def test_plan_counts_shared_server_starts():
+    import json
+
+    def plan_of(*args):
+        p = run(*args, "dry_run=true", "-m")
+        assert p.returncode == 0, p.stderr
+        return [json.loads(x)["plan"] for x in p.stdout.splitlines() if x.startswith('{"plan"')][0]
+
+    # 2 workloads x 2 block sizes: 4 trials, 2 server configurations
+    plan = plan_of("workload=short_short,long_short", "engine.block_size=32,64")
+    assert plan["trials"] == 4 and plan["server_starts"] == 2
+    assert plan_of("workload=short_short,long_short")["server_starts"] == 1
+    assert plan_of("workload=short_short,long_short", "reuse_servers=false")["server_starts"] == 2

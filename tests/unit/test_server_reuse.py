@@ -1,0 +1,42 @@
+"""Which trials may share a server start: identical servers, differing only in workload."""
+
+from __future__ import annotations
+
+from orchestrator.config import to_specs
+from orchestrator.scheduling.jobs import TrialJob
+from orchestrator.scheduling.ray_exec import group_jobs
+from orchestrator.trial import server_key
+
+
+def _spec(compose, *overrides):
+    return to_specs(compose(list(overrides)))[0]
+
+
+def test_workload_and_seed_differences_share_a_server(compose):
+    base = server_key(_spec(compose))
+    assert base is not None
+    assert server_key(_spec(compose, "workload=long_short")) == base
+    assert server_key(_spec(compose, "seed=7", "workload.num_requests=3")) == base
+    # the cache-reset flag does not change the server: a shared server always has the endpoint on
+    assert server_key(_spec(compose, "engine.reset_cache_between_points=true")) == base
+
+
+def test_server_differences_do_not(compose):
+    base = server_key(_spec(compose))
+    for o in ("engine.max_num_seqs=4", "engine.block_size=64", "engine.enable_prefix_caching=false",
+              "engine.seed=3", "engine=sglang", "platform=gpu"):
+        assert server_key(_spec(compose, o)) != base, o
+
+
+def test_unshareable_trials(compose):
+    assert server_key(_spec(compose, "engine=sleep")) is None
+    assert server_key(_spec(compose, "engine.restart_between_points=true")) is None
+
+
+def test_group_jobs_keeps_order_and_groups_by_key(compose):
+    spec, settings = to_specs(compose())
+    jobs = [TrialJob(i, [], spec, settings) for i in range(5)]
+    keys = {0: "a", 1: "b", 2: "a", 3: None, 4: "b"}
+    units = group_jobs(jobs, lambda j: keys[j.index])
+    assert [[j.index for j in u] for u in units] == [[0, 2], [1, 4], [3]]
+    assert [[j.index for j in u] for u in group_jobs(jobs, None)] == [[0], [1], [2], [3], [4]]
