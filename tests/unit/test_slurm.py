@@ -66,3 +66,17 @@ def test_ray_port_must_avoid_rays_own_ranges():
     # Found on a real SLURM: --port 16380 collides with Ray's worker ports (10002-19999).
     with pytest.raises(ConfigError, match="ray_port.*collides with Ray"):
         params_from({"ray_port": 16380})
+
+
+def test_ray_job_entrypoint_quotes_every_part_and_adds_the_cluster():
+    from orchestrator.scheduling.submit import entrypoint, runtime_env
+
+    cmd = entrypoint(["+experiment=chunked_prefill", "workload.classes.main.path=/data/a b.json; rm -rf /"])
+    assert cmd == ("python -m orchestrator +experiment=chunked_prefill "
+                   "'workload.classes.main.path=/data/a b.json; rm -rf /' cluster.address=auto -m")
+    with pytest.raises(ConfigError, match="cluster.address"):
+        entrypoint(["cluster.address=ray://x:10001"])
+    env = runtime_env(upload=True)
+    assert env["working_dir"].endswith("main") or env["working_dir"]
+    assert ".venv/" in env["excludes"] and "mlflow.db" in env["excludes"]
+    assert runtime_env(upload=False) == {}
