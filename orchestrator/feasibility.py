@@ -20,6 +20,7 @@ from orchestrator.config.schema import SGLangEngineSpec, TrialSpec, VLLMEngineSp
 from orchestrator.engines import adapter_for
 from orchestrator.models.capacity import Capacity, arch_of, kv_capacity
 from orchestrator.models.gpus import gpu_spec
+from orchestrator.models.roofline import DecodeFloor, decode_floor, measured_bandwidth_gb_s
 
 # Memory share the engines take for weights + KV when not configured (vLLM / SGLang defaults).
 DEFAULT_UTILIZATION = {"vllm": 0.9, "sglang": 0.88}
@@ -134,3 +135,37 @@ def estimate_seconds(spec: TrialSpec) -> float:
             point = (n or 100) * out_tokens * turns / OUTPUT_TOKENS_PER_S[device]
         total += (point + 2.0) * w.repeats
     return total
+
+
+def roof(spec: TrialSpec) -> tuple[float, float] | None:
+    """(memory bandwidth GB/s, peak TFLOP/s) of the trial's hardware, for the decode roofline."""
+    p = spec.platform
+    bandwidth, peak = p.memory_bandwidth_gb_s, p.peak_tflops
+    if p.device == "cuda" and p.gpu_name and (bandwidth is None or peak is None):
+        gpu = gpu_spec(p.gpu_name)
+        bandwidth, peak = bandwidth or gpu.bandwidth_gb_s, peak or gpu.bf16_tflops
+    if p.device == "cpu" and bandwidth is None:
+        bandwidth = measured_bandwidth_gb_s()
+    if bandwidth is None or peak is None:
+        return None
+    return bandwidth, peak
+
+
+def trial_decode_floor(spec: TrialSpec, batch: int = 1, context_tokens: int = 0) -> DecodeFloor | None:
+    """The floor of one decode step of this trial's model on its hardware (None if the model's
+    shape or the hardware's roofs are unknown)."""
+    arch = arch_of(spec.model)
+    hw = roof(spec)
+    if arch is None or hw is None:
+        return None
+    engine = spec.engine
+    quant = getattr(engine, "quantization", None)
+    kv_dtype = getattr(engine, "kv_cache_dtype", None)
+    if spec.platform.dtype in ("float32", "float", "fp32"):  # the CPU build runs fp32 weights and KV here
+        if quant is None:
+            arch = arch.model_copy(update={"weight_bytes_per_param": 4.0})
+        if kv_dtype in (None, "auto"):
+            kv_dtype = "float32"
+    tp = getattr(engine, "tensor_parallel_size", 1) or 1
+    return decode_floor(arch, hw[0], hw[1], max(1, batch), context_tokens, tp=tp, kv_dtype=kv_dtype,
+                        quantization=quant)

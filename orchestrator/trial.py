@@ -30,7 +30,7 @@ from orchestrator.engines import (
     free_port,
     server_for,
 )
-from orchestrator.feasibility import assess, describe
+from orchestrator.feasibility import assess, describe, trial_decode_floor
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.loadgen.datasets import load_sharegpt, load_trace
 from orchestrator.metrics import hardware, prometheus
@@ -228,6 +228,7 @@ class _PointHooks:
         after = self._scrape()
         for key, value in prometheus.deltas(self._before, after, self.engine_metrics).items():
             metrics[f"server_{key}"] = value
+        metrics.update(roofline_metrics(self.spec, point, metrics))
         classes = summarize_by_class(records) if len(self.spec.workload.classes) > 1 else {}
         self.points.append(PointResult(index=index, label=point.label, setting=point.model_dump(exclude_none=True),
                                        metrics=metrics, class_metrics=classes))
@@ -484,6 +485,15 @@ class _TrialRun:
             return logs[0][1].read_text(errors="replace")
         return "".join(f"===== {name} =====\n" + p.read_text(errors="replace") for name, p in logs)
 
+    def floor_at_batch1(self) -> dict[str, float]:
+        """The roofline floor of a decode step at batch 1, empty context (week 3's number)."""
+        try:
+            floor = trial_decode_floor(self.spec)
+        except Exception as exc:  # unknown roofs: no floor, not a failure
+            log.warning("decode floor: %s", exc)
+            return {}
+        return {"decode_floor_ms_batch1": floor.floor_ms} if floor else {}
+
     def checkpoint(self, hooks: _PointHooks) -> None:
         done, total = len(hooks.points), len(self.spec.workload.load_points)
         save_result(self.result("FAILED", f"interrupted after {done} of {total} load points"), self.workdir)
@@ -499,11 +509,37 @@ class _TrialRun:
             ended_at=time.time(),
             points=points,
             metrics={**_trial_metrics(points, self.starts[0] if self.starts else None),
-                     "server_starts": float(len(self.starts)), "server_reused": float(not self.starts)}
+                     "server_starts": float(len(self.starts)), "server_reused": float(not self.starts),
+                     **self.floor_at_batch1()}
             if hooks else dict(self.held),
             records_parquet=records_to_parquet_bytes(records) if records else b"",
             server_log=redact_text(self.server_log()),
         )
+
+
+def roofline_metrics(spec: TrialSpec, point: LoadPointSpec, metrics: dict[str, float]) -> dict[str, float]:
+    """The decode-step floor at this point's batch and context, and measured TPOT over it.
+
+    Batch: the point's concurrency, else the most requests the server ran at once
+    (``server_requests_running_max``), else 1. Context: the mean prompt plus half the mean
+    output (the middle of a decode)."""
+    requests = metrics.get("completed") or metrics.get("requests") or 0.0
+    if not requests:
+        return {}
+    batch = point.concurrency or int(round(metrics.get("server_requests_running_max", 1.0) or 1.0))
+    context = metrics.get("input_tokens", 0.0) / requests + metrics.get("output_tokens", 0.0) / requests / 2
+    try:
+        floor = trial_decode_floor(spec, batch, int(context))
+    except Exception as exc:  # a missing roof is not a trial failure
+        log.warning("decode floor: %s", exc)
+        return {}
+    if floor is None:
+        return {}
+    out = {"decode_floor_ms": floor.floor_ms, "decode_floor_batch": float(floor.batch)}
+    tpot = metrics.get("tpot_ms_p50")
+    if tpot:
+        out["decode_floor_ratio"] = tpot / floor.floor_ms
+    return out
 
 
 def _trial_metrics(points: list[PointResult], startup_s: float | None) -> dict[str, float]:

@@ -475,6 +475,10 @@ class PlatformSpec(StrictModel):
     monitor_interval_s: PositiveFloat = 0.5
     gpu_name: str | None = Field(default=None, description="a key of orchestrator/models/gpus.py, e.g. A100-80GB")
     gpu_memory_gb: PositiveFloat | None = Field(default=None, description="None = from gpu_name")
+    # The roofline of a decode step (week 3): None = from gpu_name on GPUs; on CPU the memory
+    # bandwidth is measured once per worker (numpy copy) and the peak is an estimate.
+    memory_bandwidth_gb_s: PositiveFloat | None = None
+    peak_tflops: PositiveFloat | None = None
     # Engine defaults that belong to the hardware (engine configs interpolate them).
     dtype: str = "auto"
     enforce_eager: bool = False

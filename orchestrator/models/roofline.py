@@ -9,6 +9,8 @@ batch at which both meet is the ridge point.
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass
 
 from orchestrator.config.schema import ModelArch
@@ -47,3 +49,19 @@ def decode_floor(arch: ModelArch, bandwidth_gb_s: float, peak_tflops: float, bat
     flops = 2 * active * batch / tp
     return DecodeFloor(batch, context_tokens, weights + kv, flops,
                        (weights + kv) / (bandwidth_gb_s * 1e9) * 1e3, flops / (peak_tflops * 1e12) * 1e3)
+
+
+@functools.lru_cache(maxsize=1)
+def measured_bandwidth_gb_s(mib: int = 256, rounds: int = 5) -> float:
+    """This host's memory bandwidth from one thread (best of ``rounds`` numpy copies of
+    ``mib`` MiB, counting the read and the write): the CPU roof of a decode step."""
+    import numpy as np
+
+    src = np.ones(mib * 1024 * 1024 // 8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best / 1e9

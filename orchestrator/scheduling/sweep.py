@@ -227,11 +227,31 @@ def run_sweep(
                 tracker.end_sweep(dict(counts), status)
             except Exception as exc:  # a tracking failure must not hide the sweep's own outcome
                 progress(f"warning: could not close the MLflow sweep run: {exc}")
+    _report(experiment, results, sweep_dir, tracker, progress)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     progress(f"sweep '{experiment}' done in {time.monotonic() - t0:.0f}s: {summary}")
     if tracker is not None:
         progress(f"MLflow: experiment '{experiment}' at {settings.tracking.uri}")
     return results
+
+
+def _report(experiment: str, results: list[TrialResult], sweep_dir: Path, tracker: MlflowTracker | None,
+            progress: Progress) -> None:
+    """The sweep's report (lab plots, summary.md): written to ``<sweep_dir>/report`` first,
+    then logged to the sweep's parent run under ``report/``. A report failure costs nothing
+    measured; ``python -m orchestrator.report experiment=NAME`` rebuilds it from MLflow."""
+    if not any(r.points for r in results):
+        return
+    try:
+        from orchestrator.report import build_report, from_results
+
+        files = build_report(from_results(results, experiment), sweep_dir / "report")
+        progress(f"report: {len(files)} file(s) in {sweep_dir / 'report'}")
+        if tracker is not None:
+            tracker.log_sweep_files(files, "report")
+    except Exception as exc:
+        progress(f"warning: the sweep report failed ({exc}); rebuild it with "
+                 f"`python -m orchestrator.report experiment={experiment}`")
 
 
 def _already_finished(jobs: list[TrialJob], tracker: MlflowTracker | None, resume: bool,

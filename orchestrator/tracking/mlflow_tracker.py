@@ -90,6 +90,13 @@ class MlflowTracker:
         self._log_params(self.parent_run_id, flatten_params(params))
         return self.parent_run_id
 
+    def log_sweep_files(self, files: Iterable[Path], folder: str) -> None:
+        """Attach files (the sweep's report) to the parent run, under ``folder``."""
+        if not self.parent_run_id:
+            return
+        for f in files:
+            self.client.log_artifact(self.parent_run_id, str(f), folder)
+
     def end_sweep(self, counts: Mapping[str, int], status: str = "FINISHED") -> None:
         if self.parent_run_id is None:
             return
@@ -194,13 +201,20 @@ def _metrics_of(result: TrialResult) -> list[tuple[str, float, int]]:
 
 
 def points_csv(result: TrialResult) -> str:
-    """The trial's points table: one row per load point, one column per metric."""
-    keys = sorted({k for p in result.points for k in p.metrics})
+    """The trial's points table: one row per load point, one column per metric, then one per
+    request-class metric as ``<class>/<metric>`` (reports are rebuilt from this file)."""
+    rows = []
+    for p in result.points:
+        row = dict(p.metrics)
+        for cls, metrics in p.class_metrics.items():
+            row.update({f"{cls}/{k}": v for k, v in metrics.items()})
+        rows.append(row)
+    keys = sorted({k for row in rows for k in row if "/" not in k}) + sorted({k for row in rows for k in row if "/" in k})
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["point", "label", "setting", *keys])
-    for p in result.points:
-        w.writerow([p.index, p.label, json.dumps(p.setting, sort_keys=True), *(p.metrics.get(k, "") for k in keys)])
+    for p, row in zip(result.points, rows):
+        w.writerow([p.index, p.label, json.dumps(p.setting, sort_keys=True), *(row.get(k, "") for k in keys)])
     return buf.getvalue()
 
 

@@ -1,0 +1,92 @@
+"""A sweep's report: the lab's plots, the generic overview and ``summary.md`` (one table row
+per trial and load point, and the fastest configuration that keeps its accuracy)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+from pathlib import Path
+
+from orchestrator.report.data import SweepData, TrialData
+from orchestrator.report.plots import LAB_PLOTS, generic
+
+log = logging.getLogger(__name__)
+
+COLUMNS = [("ttft_ms_p50", "TTFT p50 (ms)"), ("ttft_ms_p99", "TTFT p99 (ms)"), ("itl_ms_p99", "ITL p99 (ms)"),
+           ("tpot_ms_p50", "TPOT p50 (ms)"), ("tokens_per_second", "output tok/s"), ("goodput", "goodput (req/s)"),
+           ("memory_peak_gb", "memory peak (GB)"), ("decode_floor_ratio", "TPOT / roofline floor")]
+
+
+def build_report(data: SweepData, out: Path, accuracy_delta: float = 0.01) -> list[Path]:
+    """Write the report's files into ``out``; returns them (PNGs first, then summary.md)."""
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    lab = LAB_PLOTS.get(data.experiment)
+    for builder in ([lab] if lab else []) + [generic]:
+        try:
+            files += builder(data, out)
+        except Exception as exc:  # one broken figure must not cost the others or the table
+            log.warning("report: %s failed: %s", builder.__name__, exc)
+    summary = out / "summary.md"
+    summary.write_text(summary_markdown(data, [f.name for f in files], accuracy_delta))
+    return files + [summary]
+
+
+def _fmt(v: float | None) -> str:
+    if v is None or not math.isfinite(v):
+        return ""
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def best_configuration(trials: list[TrialData], metric: str = "tokens_per_second", accuracy_key: str = "accuracy",
+                       delta: float = 0.01, baseline: TrialData | None = None) -> tuple[TrialData | None, str]:
+    """The trial with the highest ``metric`` at its heaviest load point whose accuracy is at
+    least the baseline's minus ``delta`` (baseline: the first trial with an accuracy). Without
+    accuracy scores, simply the fastest. Returns (trial, why)."""
+    scored = [t for t in trials if t.points]
+    if not scored:
+        return None, "no finished trial with load points"
+
+    def speed(t: TrialData) -> float:
+        v = t.points[-1].metrics.get(metric, math.nan)
+        return v if math.isfinite(v) else -math.inf
+
+    with_acc = [t for t in scored if accuracy_key in t.metrics]
+    if not with_acc:
+        best = max(scored, key=speed)
+        return best, f"highest {metric} at its heaviest load point (no accuracy scored)"
+    base = baseline or with_acc[0]
+    floor = base.metrics[accuracy_key] - delta
+    ok = [t for t in with_acc if t.metrics[accuracy_key] >= floor]
+    best = max(ok, key=speed)
+    return best, (f"highest {metric} among trials with {accuracy_key} >= {floor:.3f} "
+                  f"(baseline {base.name} {base.metrics[accuracy_key]:.3f} - {delta})")
+
+
+def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float = 0.01) -> str:
+    varied = data.varied_params()
+    lines = [f"# {data.experiment}: sweep report", "",
+             f"Built {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} from {data.source}. "
+             f"{len(data.trials)} trial(s): " + ", ".join(
+                 f"{sum(t.status == s for t in data.trials)} {s}" for s in sorted({t.status for t in data.trials})),
+             ""]
+    lines += [f"![{f}]({f})" for f in figures] + [""]
+    has_acc = any("accuracy" in t.metrics for t in data.trials)
+    head = ["trial", "status", *varied, "point", *[c[1] for c in COLUMNS]] + (["accuracy"] if has_acc else [])
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in data.trials:
+        params = [str(t.params.get(k, "")) for k in varied]
+        acc = [_fmt(t.metrics.get("accuracy"))] if has_acc else []
+        if not t.points:
+            lines.append("| " + " | ".join([t.name, t.status, *params, "", *[""] * len(COLUMNS), *acc]) + " |")
+        for p in t.points:
+            lines.append("| " + " | ".join([t.name, t.status, *params, p.label,
+                                             *[_fmt(p.metrics.get(k)) for k, _ in COLUMNS], *acc]) + " |")
+    best, why = best_configuration(data.finished, delta=accuracy_delta)
+    lines += ["", f"**Best configuration:** {best.name if best else 'none'} ({why})." if best else
+              f"**Best configuration:** none ({why})."]
+    skipped = [t for t in data.trials if t.status != "FINISHED"]
+    if skipped:
+        lines += ["", "Not measured: " + "; ".join(f"{t.name} {t.status}" for t in skipped) + "."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,176 @@
+"""What a report is made of: a sweep's trials with their parameters, per-point metrics and
+(on demand) raw records, from the driver's results or from MLflow alone."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.metrics.result import TrialResult
+from orchestrator.tracking.params import flatten_params
+
+
+@dataclass
+class Point:
+    """One load point of a trial: its setting ({"rate": 4} or {"concurrency": 8}, ...), its
+    metrics, and per-class metrics as ``"<class>/<metric>"`` keys."""
+
+    index: int
+    label: str
+    setting: dict[str, Any]
+    metrics: dict[str, float]
+
+    def x(self) -> float | None:
+        """The point's offered load: its rate (req/s, may be inf) or concurrency."""
+        for key in ("rate", "concurrency"):
+            if key in self.setting and self.setting[key] is not None:
+                return float(self.setting[key])
+        return None
+
+
+@dataclass
+class TrialData:
+    name: str
+    status: str
+    params: dict[str, str]
+    metrics: dict[str, float]
+    points: list[Point]
+    run_id: str | None = None
+    trial_hash: str = ""
+    records: Callable[[], Any] = field(default=lambda: None, repr=False)  # () -> pyarrow.Table | None
+
+    def param(self, key: str, default: str | None = None) -> str | None:
+        value = self.params.get(key, default)
+        return None if value in (None, "None", "null") else value
+
+    def num(self, key: str, default: float | None = None) -> float | None:
+        value = self.param(key)
+        try:
+            return float(value) if value is not None else default
+        except ValueError:
+            return default
+
+
+@dataclass
+class SweepData:
+    experiment: str
+    trials: list[TrialData]
+    source: str  # "results" or "mlflow:<uri> run <id>"
+    sweep_run_id: str | None = None
+
+    @property
+    def finished(self) -> list[TrialData]:
+        return [t for t in self.trials if t.status == "FINISHED"]
+
+    def varied_params(self) -> list[str]:
+        """Parameters whose value differs between the sweep's finished trials."""
+        trials = self.finished
+        keys = sorted({k for t in trials for k in t.params})
+        skip = {"overrides", "variant", "seed"}
+        return [k for k in keys if k not in skip and len({t.params.get(k) for t in trials}) > 1]
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def from_results(results: list[TrialResult], experiment: str, sweep_run_id: str | None = None) -> SweepData:
+    """Report data from the driver's own results (no MLflow needed)."""
+    trials = []
+    for r in results:
+        points = []
+        for p in r.points:
+            metrics = dict(p.metrics)
+            for cls, m in p.class_metrics.items():
+                metrics.update({f"{cls}/{k}": v for k, v in m.items()})
+            points.append(Point(p.index, p.label, dict(p.setting), metrics))
+        params = flatten_params({"variant": r.variant, **{k: r.spec[k] for k in
+                                                          ("engine", "model", "workload", "platform", "seed")
+                                                          if k in r.spec}})
+        parquet = r.records_parquet
+
+        def load(parquet: bytes = parquet) -> Any:
+            if not parquet:
+                return None
+            import pyarrow.parquet as pq
+
+            return pq.read_table(io.BytesIO(parquet))
+
+        trials.append(TrialData(name=r.variant or f"trial-{r.trial_hash[:8]}", status=r.status, params=params,
+                                metrics=dict(r.metrics), points=points, trial_hash=r.trial_hash, records=load))
+    return SweepData(experiment, trials, "results", sweep_run_id)
+
+
+def parse_points_csv(text: str) -> list[Point]:
+    """The ``points.csv`` artifact of a trial run back into points."""
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows:
+        return []
+    header, out = rows[0], []
+    for row in rows[1:]:
+        values = dict(zip(header, row))
+        metrics = {k: float(v) for k, v in values.items() if k not in ("point", "label", "setting") and v != ""}
+        out.append(Point(int(values["point"]), values["label"], json.loads(values["setting"] or "{}"), metrics))
+    return out
+
+
+def from_mlflow(uri: str, experiment: str, sweep_run_id: str | None = None) -> SweepData:
+    """Report data from MLflow alone: the sweep's parent run (the latest sweep of the
+    experiment unless ``sweep_run_id``), its trial runs, their params and points.csv."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        known = ", ".join(sorted(e.name for e in client.search_experiments())) or "none"
+        raise LookupError(f"no MLflow experiment {experiment!r} at {uri} (experiments: {known})")
+    if sweep_run_id is None:
+        sweeps = client.search_runs([exp.experiment_id], filter_string="tags.run_kind = 'sweep'",
+                                    order_by=["attributes.start_time DESC"], max_results=50)
+        for sweep in sweeps:  # the latest sweep that ran something (a resumed no-op logs none)
+            if client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{sweep.info.run_id}'",
+                                  max_results=1):
+                sweep_run_id = sweep.info.run_id
+                break
+        if sweep_run_id is None:
+            raise LookupError(f"experiment {experiment!r} at {uri} has no sweep with trial runs")
+    runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{sweep_run_id}'",
+                              order_by=["attributes.start_time ASC"], max_results=5000)
+    trials = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in runs:
+            run_id = run.info.run_id
+            points: list[Point] = []
+            try:
+                local = client.download_artifacts(run_id, "points.csv", tmp)
+                points = parse_points_csv(Path(local).read_text())
+            except Exception:  # a skipped trial has no points
+                points = []
+
+            def load(run_id: str = run_id) -> Any:
+                import pyarrow.parquet as pq
+
+                with tempfile.TemporaryDirectory() as d:
+                    try:
+                        path = client.download_artifacts(run_id, "records.parquet", d)
+                    except Exception:
+                        return None
+                    return pq.read_table(path)
+
+            tags = run.data.tags
+            trials.append(TrialData(
+                name=tags.get("variant") or run.info.run_name or run_id[:8], status=tags.get("trial_status", "?"),
+                params=dict(run.data.params), metrics={k: v for k, v in run.data.metrics.items() if "/" not in k},
+                points=points, run_id=run_id, trial_hash=tags.get("trial_hash", ""), records=load))
+    return SweepData(experiment, trials, f"mlflow:{uri} run {sweep_run_id}", sweep_run_id)

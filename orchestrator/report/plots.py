@@ -1,0 +1,374 @@
+"""One figure builder per lab (``LAB_PLOTS``), plus a generic one for any sweep.
+
+Every builder takes the sweep's data and an output folder and returns the PNGs it wrote.
+Axes carry units; every line is labelled in a legend. matplotlib runs headless (Agg).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator.report.data import Point, SweepData, TrialData
+
+Builder = Callable[[SweepData, Path], list[Path]]
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, out: Path, name: str) -> Path:
+    path = out / name
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
+def _value(point: Point, key: str) -> float:
+    v = point.metrics.get(key)
+    return float(v) if v is not None and math.isfinite(float(v)) else math.nan
+
+
+def load_axis(trials: list[TrialData]) -> tuple[str, Callable[[Point], float], list[float], list[str]]:
+    """x for load points: rate (req/s, inf drawn right of the largest finite rate) or
+    concurrency; returns (axis label, x of a point, tick positions, tick labels)."""
+    points = [p for t in trials for p in t.points]
+    kind = "rate" if any("rate" in p.setting for p in points) else "concurrency"
+    finite = sorted({p.x() for p in points if p.x() is not None and math.isfinite(p.x())})
+    inf_at = (finite[-1] * 1.6 if finite else 1.0) if any(p.x() == math.inf for p in points) else None
+
+    def x(p: Point) -> float:
+        v = p.x()
+        if v is None:
+            return float(p.index)
+        return inf_at if v == math.inf and inf_at is not None else v
+
+    ticks = finite + ([inf_at] if inf_at is not None else [])
+    labels = [f"{v:g}" for v in finite] + (["inf"] if inf_at is not None else [])
+    label = "offered request rate (req/s)" if kind == "rate" else "concurrency (streams)"
+    return label, x, ticks, labels
+
+
+def _lines(ax: Any, trials: list[TrialData], key: str, x: Callable[[Point], float], style: str = "o-",
+           suffix: str = "") -> None:
+    for t in trials:
+        pts = sorted(t.points, key=x)
+        ax.plot([x(p) for p in pts], [_value(p, key) for p in pts], style, label=f"{t.name}{suffix}")
+
+
+def knee(trial: TrialData, ttft_factor: float = 2.0, rate_share: float = 0.7) -> Point | None:
+    """The first load point past saturation: TTFT p50 more than ``ttft_factor`` x the lightest
+    point's (requests queue), or completions below ``rate_share`` of the arrivals actually
+    scheduled (the server cannot keep up). None if the trial never saturates. A finite
+    sweep's tail (the last requests finishing after the last arrival) costs qps ~10-20%, so
+    the share is well below 1."""
+    pts = sorted((p for p in trial.points if p.x() is not None), key=lambda p: p.x())
+    if not pts:
+        return None
+    base = _value(pts[0], "ttft_ms_p50")
+    for p in pts:
+        offered = _value(p, "schedule_rate")
+        if not math.isfinite(offered):
+            offered = p.x() if "rate" in p.setting else math.nan
+        if math.isfinite(offered) and _value(p, "qps") < rate_share * offered:
+            return p
+        if _value(p, "ttft_ms_p50") > ttft_factor * base:
+            return p
+    return None
+
+
+def first_serving(data: SweepData, out: Path) -> list[Path]:
+    """TTFT and ITL vs request rate, the saturation knee marked."""
+    plt = _plt()
+    trials = data.finished
+    label, x, ticks, tick_labels = load_axis(trials)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, (key, title) in zip(axes, [("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)")]):
+        _lines(ax, trials, f"{key}_p50", x, "o-", " p50")
+        _lines(ax, trials, f"{key}_p99", x, "s--", " p99")
+        ax.set_yscale("log")
+        ax.set_ylabel(title + ", log scale")
+        ax.set_title(f"{title.split(' ')[0]} vs request rate")
+    _lines(axes[2], trials, "tokens_per_second", x, "o-")
+    axes[2].set_ylabel("output throughput (tokens/s)")
+    axes[2].set_title("throughput vs request rate")
+    for t in trials:
+        k = knee(t)
+        if k is not None:
+            for ax in axes:
+                ax.axvline(x(k), color="grey", linestyle=":", linewidth=1.2)
+            axes[0].annotate(f"knee ({t.name}): {tick_labels[ticks.index(x(k))] if x(k) in ticks else x(k)}",
+                             (x(k), _value(k, "ttft_ms_p50")), textcoords="offset points", xytext=(-90, 12),
+                             fontsize=8, arrowprops={"arrowstyle": "->", "color": "grey"})
+    for ax in axes:
+        ax.set_xlabel(label)
+        ax.set_xticks(ticks, tick_labels)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    return [_save(fig, out, "first_serving.png")]
+
+
+def _budget(t: TrialData) -> tuple[float, str]:
+    """Position and label of a chunked-prefill trial on the token-budget axis."""
+    if t.param("engine.enable_chunked_prefill") == "False":
+        return 0.0, "off"
+    b = t.num("engine.max_num_batched_tokens")
+    return (b, f"{b:g}") if b is not None else (-1.0, "default")
+
+
+def chunked_prefill(data: SweepData, out: Path) -> list[Path]:
+    """ITL p99 (short streams) and TTFT p99 (long prompts) vs token budget; ITL over time."""
+    plt = _plt()
+    trials = sorted(data.finished, key=lambda t: _budget(t)[0])
+    if not trials:
+        return []
+    positions = list(range(len(trials)))
+    names = [_budget(t)[1] for t in trials]
+    labels = sorted({p.label for t in trials for p in t.points}, key=lambda s: (len(s), s))
+    classes = sorted({k.split("/")[0] for t in trials for p in t.points for k in p.metrics if "/" in k})
+    short = "short" if "short" in classes else None
+    long_ = "long" if "long" in classes else None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label in labels:
+        def at(t: TrialData, key: str) -> float:
+            p = next((p for p in t.points if p.label == label), None)
+            return _value(p, key) if p else math.nan
+
+        axes[0].plot(positions, [at(t, f"{short}/itl_ms_p99" if short else "itl_ms_p99") for t in trials], "o-",
+                     label=f"{label}: ITL p99" + (" (short streams)" if short else ""))
+        axes[1].plot(positions, [at(t, f"{long_}/ttft_ms_p99" if long_ else "ttft_ms_p99") for t in trials], "s-",
+                     label=f"{label}: TTFT p99" + (" (long prompts)" if long_ else ""))
+    axes[0].set_ylabel("ITL p99 (ms)")
+    axes[0].set_title("decode stalls vs chunk budget")
+    axes[1].set_ylabel("TTFT p99 (ms)")
+    axes[1].set_title("long-prompt TTFT vs chunk budget")
+    for ax in axes:
+        ax.set_xticks(positions, names)
+        ax.set_xlabel("max_num_batched_tokens (token budget per step; off = no chunking)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    paths = [_save(fig, out, "chunked_prefill_budget.png")]
+    over_time = _itl_over_time(trials, names, short, long_, out)
+    return paths + ([over_time] if over_time else [])
+
+
+def _itl_over_time(trials: list[TrialData], names: list[str], short: str | None, long_: str | None,
+                   out: Path) -> Path | None:
+    """Every inter-token gap of the short streams at the heaviest load point, against time,
+    with the arrivals of long prompts marked: the stalls line up with them."""
+    plt = _plt()
+    tables = [(t, n, t.records()) for t, n in zip(trials, names)]
+    tables = [(t, n, tab) for t, n, tab in tables if tab is not None and tab.num_rows]
+    if not tables:
+        return None
+    fig, axes = plt.subplots(len(tables), 1, figsize=(12, 2.3 * len(tables)), sharex=True, squeeze=False)
+    for ax, (t, name, table) in zip(axes[:, 0], tables):
+        rows = table.to_pylist()
+        last = max(r["point"] for r in rows)
+        rows = [r for r in rows if r["point"] == last]
+        t0 = min(r["sent_s"] for r in rows)
+        xs, ys = [], []
+        for r in rows:
+            if short and r["request_class"] != short:
+                continue
+            chunks = r["chunk_times_s"] or []
+            for a, b in zip(chunks, chunks[1:]):
+                xs.append(b - t0)
+                ys.append((b - a) * 1000)
+        ax.scatter(xs, ys, s=4, alpha=0.6, label=f"ITL of {short or 'all'} requests")
+        for i, r in enumerate(r for r in rows if long_ and r["request_class"] == long_):
+            ax.axvline(r["sent_s"] - t0, color="red", alpha=0.35, linewidth=0.8,
+                       label="long prompt sent" if i == 0 else None)
+        ax.set_yscale("log")
+        ax.set_ylabel("ITL (ms)")
+        ax.set_title(f"budget {name}, point {next((p.label for p in t.points if p.index == last), last)}",
+                     fontsize=9)
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("time since the load point started (s)")
+    return _save(fig, out, "chunked_prefill_itl_over_time.png")
+
+
+def prefix_caching(data: SweepData, out: Path) -> list[Path]:
+    """TTFT vs shared-prefix length, caching on and off (server hit rate annotated)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups: dict[str, list[tuple[float, float, float]]] = {}
+    for t in data.finished:
+        on = t.param("engine.enable_prefix_caching") != "False"
+        prefix = t.num("workload.classes.main.prefix_tokens", 0.0) or 0.0
+        p = t.points[-1] if t.points else None
+        if p is None:
+            continue
+        groups.setdefault("prefix caching on" if on else "prefix caching off", []).append(
+            (prefix, _value(p, "ttft_ms_p50"), _value(p, "server_prefix_cache_hit_rate")))
+    for name, pts in sorted(groups.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
+        for prefix, ttft, hit in pts:
+            if math.isfinite(hit):
+                ax.annotate(f"hit {hit:.0%}", (prefix, ttft), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    ax.set_xlabel("shared prefix length (tokens)")
+    ax.set_ylabel("TTFT p50 (ms)")
+    ax.set_yscale("log")
+    ax.set_title("TTFT vs shared-prefix length")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return [_save(fig, out, "prefix_caching.png")]
+
+
+def speculative_decoding(data: SweepData, out: Path) -> list[Path]:
+    """Acceptance rate vs k; latency vs achieved QPS."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    trials = data.finished
+    labels = sorted({p.label for t in trials for p in t.points}, key=lambda s: (len(s), s))
+    for label in labels:
+        pts = []
+        for t in trials:
+            k = t.num("engine.speculative_config.num_speculative_tokens")
+            p = next((p for p in t.points if p.label == label), None)
+            if k and p is not None:
+                pts.append((k, _value(p, "server_spec_decode_acceptance_rate")))
+        pts.sort()
+        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+    axes[0].set_xlabel("speculative tokens per step (k)")
+    axes[0].set_ylabel("draft acceptance rate (accepted / proposed)")
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_title("acceptance vs k")
+    for t in trials:
+        pts = sorted(t.points, key=lambda p: _value(p, "qps"))
+        axes[1].plot([_value(p, "qps") for p in pts], [_value(p, "tpot_ms_p50") for p in pts], "o-", label=t.name)
+    axes[1].set_xlabel("achieved throughput (requests/s)")
+    axes[1].set_ylabel("TPOT p50 (ms/token)")
+    axes[1].set_title("latency vs QPS")
+    for ax in axes:
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    return [_save(fig, out, "speculative_decoding.png")]
+
+
+def quantization(data: SweepData, out: Path) -> list[Path]:
+    """Memory vs throughput, labelled by accuracy when the sweep scored it; Pareto front."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    pts = [(t.metrics.get("memory_peak_gb_max", math.nan), t.points[-1].metrics.get("tokens_per_second", math.nan)
+            if t.points else math.nan, t) for t in data.finished]
+    pts = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
+    for mem, tps, t in pts:
+        acc = t.metrics.get("accuracy")
+        ax.scatter([mem], [tps], s=40)
+        ax.annotate(t.name + (f" (acc {acc:.3f})" if acc is not None else ""), (mem, tps),
+                    textcoords="offset points", xytext=(5, 5), fontsize=8)
+    front = pareto(pts)
+    if len(front) > 1:
+        ax.plot([p[0] for p in front], [p[1] for p in front], "k--", linewidth=1, label="Pareto front")
+        ax.legend()
+    ax.set_xlabel("peak memory (GB)")
+    ax.set_ylabel("output throughput (tokens/s)")
+    ax.set_title("memory vs throughput")
+    ax.grid(alpha=0.3)
+    return [_save(fig, out, "quantization.png")]
+
+
+def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
+    """Points not dominated by another (less memory and more throughput), by memory."""
+    front = []
+    for p in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or p[1] > front[-1][1]:
+            front.append(p)
+    return front
+
+
+def _by_param(data: SweepData, out: Path, key: str, xlabel: str, name: str, title: str) -> list[Path]:
+    plt = _plt()
+    trials = sorted((t for t in data.finished if t.num(key) is not None), key=lambda t: t.num(key))
+    if not trials:
+        return []
+    labels = sorted({p.label for t in trials for p in t.points}, key=lambda s: (len(s), s))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for label in labels:
+        for ax, metric in zip(axes, ("ttft_ms_p50", "tpot_ms_p50", "tokens_per_second")):
+            xs, ys = [], []
+            for t in trials:
+                p = next((p for p in t.points if p.label == label), None)
+                if p is not None:
+                    xs.append(t.num(key))
+                    ys.append(_value(p, metric))
+            ax.plot(xs, ys, "o-", label=label)
+    for ax, ylabel in zip(axes, ("TTFT p50 (ms)", "TPOT p50 (ms/token)", "output throughput (tokens/s)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8, title="load point")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return [_save(fig, out, name)]
+
+
+def tensor_parallel(data: SweepData, out: Path) -> list[Path]:
+    return _by_param(data, out, "engine.tensor_parallel_size", "tensor parallel size (GPUs or CPU ranks)",
+                     "tensor_parallel.png", "latency and throughput vs tensor parallelism")
+
+
+def disaggregated_pd(data: SweepData, out: Path) -> list[Path]:
+    return _by_param(data, out, "workload.classes.main.input_tokens", "input length (tokens)",
+                     "disaggregated_pd.png", "TTFT (includes the KV transfer under P/D) vs input length")
+
+
+def serving_workloads(data: SweepData, out: Path) -> list[Path]:
+    plt = _plt()
+    trials = data.finished
+    label, x, ticks, tick_labels = load_axis(trials)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, (key, ylabel) in zip(axes, [("ttft_ms_p50", "TTFT p50 (ms)"), ("tpot_ms_p50", "TPOT p50 (ms/token)"),
+                                        ("tokens_per_second", "output throughput (tokens/s)")]):
+        _lines(ax, trials, key, x)
+        ax.set_xlabel(label)
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(ticks, tick_labels)
+        ax.legend(fontsize=8, title="workload")
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    return [_save(fig, out, "serving_workloads.png")]
+
+
+def generic(data: SweepData, out: Path) -> list[Path]:
+    """Any sweep: TTFT p50, ITL p99 and throughput per load point, one line per trial."""
+    plt = _plt()
+    trials = data.finished
+    if not trials or not any(t.points for t in trials):
+        return []
+    label, x, ticks, tick_labels = load_axis(trials)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, (key, ylabel) in zip(axes, [("ttft_ms_p50", "TTFT p50 (ms)"), ("itl_ms_p99", "ITL p99 (ms)"),
+                                        ("tokens_per_second", "output throughput (tokens/s)")]):
+        _lines(ax, trials, key, x)
+        ax.set_xlabel(label)
+        ax.set_ylabel(ylabel)
+        if ticks:
+            ax.set_xticks(ticks, tick_labels)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{data.experiment}: per load point")
+    return [_save(fig, out, "overview.png")]
+
+
+LAB_PLOTS: dict[str, Builder] = {
+    "first_serving": first_serving,
+    "chunked_prefill": chunked_prefill,
+    "prefix_caching": prefix_caching,
+    "speculative_decoding": speculative_decoding,
+    "quantization": quantization,
+    "tensor_parallel": tensor_parallel,
+    "disaggregated_pd": disaggregated_pd,
+    "serving_workloads": serving_workloads,
+}

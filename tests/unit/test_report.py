@@ -1,0 +1,143 @@
+"""Reports: lab plots and the summary table, from results and rebuilt from MLflow alone."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
+from orchestrator.metrics.result import PointResult, TrialResult
+from orchestrator.report import best_configuration, build_report, from_mlflow, from_results
+from orchestrator.report.data import Point, TrialData
+from orchestrator.report.plots import knee, pareto
+
+
+def _result(variant, engine, points, metrics=None, records=b"", workload=None):
+    now = time.time()
+    return TrialResult(trial_hash=(variant * 8)[:16].ljust(16, "0"), experiment="x", variant=variant,
+                       spec={"engine": engine, "workload": workload or {"name": "w"}}, status="FINISHED",
+                       started_at=now, ended_at=now, points=points, metrics=metrics or {}, records_parquet=records)
+
+
+def _point(i, setting, **m):
+    classes = {k.split("/")[0]: {} for k in m if "/" in k}
+    for k, v in m.items():
+        if "/" in k:
+            classes[k.split("/")[0]][k.split("/")[1]] = v
+    return PointResult(index=i, label=f"p{i}", setting=setting, metrics={k: v for k, v in m.items() if "/" not in k},
+                       class_metrics=classes)
+
+
+def _records(point, long_at):
+    recs, rid = [], 0
+    for s in range(4):  # short streams with one stall per long prompt
+        times = [1.0 + 0.05 * k for k in range(60)]
+        recs.append(RequestRecord(rid, point, "short", 1.0, 1.0, 128, 64, times, [1] * 60, 4.0))
+        rid += 1
+    for t in long_at:
+        recs.append(RequestRecord(rid, point, "long", t, t, 1024, 4, [t + 0.7], [1], t + 0.8))
+        rid += 1
+    return records_to_parquet_bytes(recs)
+
+
+@pytest.fixture
+def chunked_results():
+    out = []
+    for variant, chunked, budget, itl in [("chunking_off", False, None, 700.0), ("budget_256", True, 256, 210.0),
+                                          ("budget_2048", True, 2048, 730.0)]:
+        pts = [_point(i, {"concurrency": c}, ttft_ms_p50=100.0, itl_ms_p99=itl, tokens_per_second=200.0 + i,
+                      **{"short/itl_ms_p99": itl * (1 + i), "long/ttft_ms_p99": 900.0 - (budget or 0) / 10})
+               for i, c in enumerate([2, 4])]
+        out.append(_result(variant, {"enable_chunked_prefill": chunked, "max_num_batched_tokens": budget}, pts,
+                           {"memory_peak_gb_max": 4.8}, _records(1, [1.5, 2.7])))
+    return out
+
+
+def test_chunked_prefill_report_from_results(chunked_results, tmp_path):
+    data = from_results(chunked_results, "chunked_prefill")
+    files = build_report(data, tmp_path)
+    names = [f.name for f in files]
+    assert names == ["chunked_prefill_budget.png", "chunked_prefill_itl_over_time.png", "overview.png", "summary.md"]
+    for f in files[:-1]:
+        assert f.stat().st_size > 10_000 and f.read_bytes()[:4] == b"\x89PNG"
+    md = (tmp_path / "summary.md").read_text()
+    assert "engine.max_num_batched_tokens" in md and "engine.enable_chunked_prefill" in md  # the varied knobs
+    assert md.count("| budget_256 | FINISHED |") == 2  # one row per load point
+    assert "![chunked_prefill_budget.png](chunked_prefill_budget.png)" in md
+    assert "**Best configuration:** chunking_off" in md  # all tie on tok/s: the first of the maxima
+
+
+def test_report_rebuilt_from_mlflow_alone(chunked_results, tmp_path):
+    from orchestrator.tracking import MlflowTracker
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    tracker = MlflowTracker(uri, "chunked_prefill")
+    sweep = tracker.start_sweep("s", {}, {})
+    for r in chunked_results:
+        d = tmp_path / r.variant
+        from orchestrator.metrics.result import save_result
+
+        save_result(r, d)
+        tracker.log_trial(r, d)
+    tracker.end_sweep({"FINISHED": 3})
+    data = from_mlflow(uri, "chunked_prefill")
+    assert data.sweep_run_id == sweep and len(data.trials) == 3
+    by = {t.name: t for t in data.trials}
+    assert by["budget_256"].points[1].metrics["short/itl_ms_p99"] == 420.0  # class metrics via points.csv
+    assert by["chunking_off"].param("engine.enable_chunked_prefill") == "False"
+    assert by["budget_256"].records().num_rows == 6
+    files = build_report(data, tmp_path / "rebuilt")
+    assert [f.name for f in files][:2] == ["chunked_prefill_budget.png", "chunked_prefill_itl_over_time.png"]
+    with pytest.raises(LookupError, match="no MLflow experiment 'nope'.*chunked_prefill"):
+        from_mlflow(uri, "nope")
+
+
+def test_report_cli_rebuilds_and_logs_to_the_sweep_run(chunked_results, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.report.__main__ import main
+    from orchestrator.tracking import MlflowTracker
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    tracker = MlflowTracker(uri, "chunked_prefill")
+    sweep = tracker.start_sweep("s", {}, {})
+    tracker.log_trial(chunked_results[0], tmp_path)
+    tracker.end_sweep({"FINISHED": 1})
+    assert main(["experiment=chunked_prefill", f"tracking.uri={uri}", f"out={tmp_path}/r", "log=true"]) == 0
+    logged = {a.path for a in MlflowClient(uri).list_artifacts(sweep, "report")}
+    assert "report/summary.md" in logged and "report/chunked_prefill_budget.png" in logged
+    assert main(["experiment=missing", f"tracking.uri={uri}"]) == 2
+    with pytest.raises(SystemExit, match="expected key=value"):
+        main(["chunked_prefill"])
+
+
+def test_first_serving_knee_and_plot(tmp_path):
+    pts = [_point(0, {"rate": 1.0}, ttft_ms_p50=150.0, ttft_ms_p99=240.0, itl_ms_p50=10.0, itl_ms_p99=25.0, qps=0.84,
+                  schedule_rate=0.82, tokens_per_second=50.0),
+           _point(1, {"rate": 4.0}, ttft_ms_p50=240.0, ttft_ms_p99=890.0, itl_ms_p50=16.0, itl_ms_p99=270.0, qps=3.2,
+                  schedule_rate=3.96, tokens_per_second=214.0),
+           _point(2, {"rate": math.inf}, ttft_ms_p50=3270.0, ttft_ms_p99=4690.0, itl_ms_p50=38.0, itl_ms_p99=1190.0,
+                  qps=4.2, tokens_per_second=277.0)]
+    data = from_results([_result("vllm", {}, pts)], "first_serving")
+    assert knee(data.trials[0]).label == "p2"  # not the finite sweep's tail at rate 4
+    files = build_report(data, tmp_path)
+    assert files[0].name == "first_serving.png"
+
+
+def test_best_configuration_respects_accuracy():
+    def trial(name, tps, acc=None):
+        metrics = {"accuracy": acc} if acc is not None else {}
+        return TrialData(name, "FINISHED", {}, metrics, [Point(0, "p0", {}, {"tokens_per_second": tps})])
+
+    trials = [trial("bf16", 100, 0.80), trial("fp8", 150, 0.795), trial("int4", 200, 0.70)]
+    best, why = best_configuration(trials, delta=0.01)
+    assert best.name == "fp8" and "accuracy >= 0.790" in why
+    assert best_configuration(trials, delta=0.2)[0].name == "int4"
+    assert best_configuration([trial("a", 1), trial("b", 2)])[0].name == "b"
+
+
+def test_pareto_front():
+    pts = [(4.0, 100.0, "a"), (2.0, 90.0, "b"), (3.0, 80.0, "c"), (5.0, 120.0, "d")]
+    assert [p[2] for p in pareto(pts)] == ["b", "a", "d"]
