@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-slurm slurm-deps lint ui clean
+.PHONY: install demo test test-unit test-slurm slurm-deps test-ui ui-deps lint ui clean
 
 install: $(STAMP)
 
@@ -32,7 +32,7 @@ demo: install
 
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest tests -m "not slurm"
+	$(PY) -m pytest tests -m "not slurm and not ui"
 
 # A real one-node SLURM on localhost (root only): Debian's slurm-wlm and munge, started by
 # slurm/local-cluster.sh inside the test, which submits a tiny sweep with sbatch.
@@ -43,8 +43,18 @@ slurm-deps:
 test-slurm: install slurm-deps
 	$(PY) -m pytest tests -m slurm
 
+# The MLflow UI in headless Chromium (Debian's package; root only): a real `mlflow server`,
+# a sweep logged to it over HTTP, the runs listed on the experiment's page. Screenshots in
+# test-artifacts/.
+ui-deps:
+	@command -v chromium >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test-ui: install ui-deps
+	$(PY) -m pytest tests -m ui
+
 test-unit: install
-	$(PY) -m pytest tests -m "not integration and not slurm"
+	$(PY) -m pytest tests -m "not integration and not slurm and not ui"
 
 ui: install
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

@@ -30,6 +30,7 @@ from orchestrator.engines import (
     free_port,
     server_for,
 )
+from orchestrator.evaluation import run_eval
 from orchestrator.feasibility import assess, describe, trial_decode_floor
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.loadgen.datasets import load_sharegpt, load_trace
@@ -384,6 +385,8 @@ class _TrialRun:
         self.starts: list[float] = []  # start-up seconds of every server (group) start; the first is startup_s
         self.server_logs: list[tuple[str, Path]] = []
         self.held: dict[str, float] = {}
+        self.scores: dict[str, float] = {}  # accuracy (lm-eval) after the last load point
+        self.model_path = ""
         self.base: dict[str, Any] = dict(
             trial_hash=self.hash, experiment=spec.experiment, variant=spec.variant,
             overrides=[redact_override(o) for o in overrides],
@@ -402,7 +405,7 @@ class _TrialRun:
         if hasattr(self.adapter, "hold"):  # a trial kind without a server (sleep)
             self.held = self.adapter.hold(spec)
             return
-        model_path = resolve_model(spec.model)
+        model_path = self.model_path = resolve_model(spec.model)
         factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
         n = len(spec.workload.load_points)
         restart = bool(getattr(spec.engine, "restart_between_points", False))
@@ -477,6 +480,11 @@ class _TrialRun:
                        self.hooks.start, self.hooks.end, first_index=first)
         finally:
             monitor.stop()  # idempotent; a point that raised must not leave the sampler running
+        if last == len(spec.workload.load_points) and spec.eval.tasks and self.hooks.crash is None:
+            # accuracy of this very server, after its load points (their caches are its own)
+            self.scores = run_eval(spec.eval, front.base_url, spec.model.name,
+                                   resolve_tokenizer(spec.model, self.model_path), self.workdir,
+                                   self.adapter.api_key(spec), lambda m: self.progress(f"[{self.label}] {m}"))
 
     def server_log(self) -> str:
         """Every server's log of the trial, in start order (one server: its log as is)."""
@@ -510,7 +518,7 @@ class _TrialRun:
             points=points,
             metrics={**_trial_metrics(points, self.starts[0] if self.starts else None),
                      "server_starts": float(len(self.starts)), "server_reused": float(not self.starts),
-                     **self.floor_at_batch1()}
+                     **self.floor_at_batch1(), **self.scores}
             if hooks else dict(self.held),
             records_parquet=records_to_parquet_bytes(records) if records else b"",
             server_log=redact_text(self.server_log()),

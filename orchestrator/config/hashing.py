@@ -19,6 +19,8 @@ _EXCLUDE = {
 def canonical_json(spec: TrialSpec) -> str:
     """Sorted-key, compact JSON of everything in the spec that changes the measurement."""
     data = spec.model_dump(mode="json", exclude=_EXCLUDE)
+    if not spec.eval.tasks:  # no evaluation: same identity as before evaluations existed
+        data.pop("eval", None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 

@@ -6,9 +6,10 @@ everything downstream sees typed objects only.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 
 ArrivalKind = Literal["poisson", "gamma", "constant"]
@@ -212,8 +213,21 @@ EngineSpec = Annotated[VLLMEngineSpec | SGLangEngineSpec | ExternalEngineSpec | 
 # --------------------------------------------------------------------------- model
 
 
+class TinyTrainSpec(StrictModel):
+    """Training of a tiny model on a synthetic task (CPU minutes), so that it can score: 2-digit
+    addition "a+b=" -> "a+b", the eval set (orchestrator/evaluation/tasks) held out."""
+
+    task: Literal["addition"] = "addition"
+    steps: PositiveInt = 1000
+    batch_size: PositiveInt = 64
+    seq_len: PositiveInt = 48
+    lr: PositiveFloat = 3e-3
+    threads: PositiveInt = 2
+
+
 class TinyModelSpec(StrictModel):
-    """Shape of the locally built random-weight Llama used on CPU machines."""
+    """Shape of the locally built small Llama used on CPU machines (random weights, or trained
+    on a synthetic task when ``train`` is set)."""
 
     num_layers: PositiveInt = 6
     hidden_size: PositiveInt = 512
@@ -223,6 +237,7 @@ class TinyModelSpec(StrictModel):
     vocab_size: int = Field(default=512, ge=300, description="byte-level BPE needs 256 bytes + specials")
     max_position_embeddings: PositiveInt = 8192
     seed: int = 0
+    train: TinyTrainSpec | None = None
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModelSpec:
@@ -256,7 +271,7 @@ class ModelSpec(StrictModel):
     """Which model a trial serves. ``tiny_random`` is built locally on first use."""
 
     name: str = Field(description="served model name seen by clients")
-    source: Literal["tiny_random", "path", "hub"]
+    source: Literal["tiny_random", "tiny_trained", "path", "hub"]
     path: str | None = Field(default=None, description="local directory (path) or hub id (hub)")
     tokenizer: str | None = None
     tiny: TinyModelSpec | None = None
@@ -265,8 +280,10 @@ class ModelSpec(StrictModel):
 
     @model_validator(mode="after")
     def _source_fields(self) -> ModelSpec:
-        if self.source == "tiny_random" and self.tiny is None:
-            raise ValueError("source 'tiny_random' needs the 'tiny' section")
+        if self.source in ("tiny_random", "tiny_trained") and self.tiny is None:
+            raise ValueError(f"source '{self.source}' needs the 'tiny' section")
+        if self.source == "tiny_trained" and (self.tiny is None or self.tiny.train is None):
+            raise ValueError("source 'tiny_trained' needs 'tiny.train' (the task it is trained on)")
         if self.source in ("path", "hub") and not self.path:
             raise ValueError(f"source '{self.source}' needs 'path'")
         return self
@@ -506,6 +523,28 @@ class TrackingSpec(StrictModel):
 # --------------------------------------------------------------------------- trial and sweep
 
 
+class EvalSpec(StrictModel):
+    """Accuracy scored by lm-eval (``local-completions``) against the trial's own server, after
+    its load points. ``tasks`` empty = no evaluation."""
+
+    name: str = "none"
+    tasks: list[str] = Field(default_factory=list, description="lm-eval task names")
+    local_tasks: bool = Field(default=False, description="tasks shipped in orchestrator/evaluation/tasks (offline)")
+    limit: PositiveInt | None = Field(default=None, description="questions per task (None = all)")
+    num_fewshot: int | None = Field(default=None, ge=0)
+    num_concurrent: PositiveInt = 4
+    max_gen_toks: PositiveInt = 256
+    timeout_s: PositiveFloat = 1800.0
+
+    @field_validator("tasks")
+    @classmethod
+    def _task_names(cls, v: list[str]) -> list[str]:
+        bad = [t for t in v if not re.fullmatch(r"[A-Za-z0-9_.\-]+", t)]
+        if bad:
+            raise ValueError(f"task names may hold only letters, digits, '_', '.', '-': {bad}")
+        return v
+
+
 class TrialSpec(StrictModel):
     """Everything that determines one trial's measurement."""
 
@@ -516,6 +555,7 @@ class TrialSpec(StrictModel):
     model: ModelSpec
     workload: WorkloadSpec
     platform: PlatformSpec
+    eval: EvalSpec = Field(default_factory=EvalSpec)
 
     @model_validator(mode="after")
     def _fits_context(self) -> TrialSpec:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ModelSpec
-from orchestrator.models.tiny import default_cache_dir, ensure_tiny_model, model_key
+from orchestrator.models.tiny import default_cache_dir, ensure_tiny_model, tiny_dir_name
 
 
 def resolve_model(spec: ModelSpec, build: bool = True) -> str:
@@ -14,11 +14,11 @@ def resolve_model(spec: ModelSpec, build: bool = True) -> str:
 
     With ``build=False`` nothing is built or checked: the path it would have (for plans).
     """
-    if spec.source == "tiny_random":
+    if spec.source in ("tiny_random", "tiny_trained"):
         assert spec.tiny is not None  # schema guarantees it
         if not build:
             root = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
-            return str(root / f"tiny_random-{model_key(spec.tiny)}")
+            return str(root / tiny_dir_name(spec.tiny))
         return str(ensure_tiny_model(spec.tiny, spec.cache_dir))
     if not build:
         return str(spec.path)

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config.schema import TinyModelSpec
 
@@ -48,20 +49,28 @@ def default_cache_dir() -> Path:
 
 
 def model_key(spec: TinyModelSpec) -> str:
-    payload = json.dumps({"v": BUILD_VERSION, **spec.model_dump()}, sort_keys=True)
+    data = spec.model_dump(exclude={"train"} if spec.train is None else None)  # random models keep their key
+    payload = json.dumps({"v": BUILD_VERSION, **data}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def tiny_dir_name(spec: TinyModelSpec) -> str:
+    return f"{'tiny_trained' if spec.train else 'tiny_random'}-{model_key(spec)}"
 
 
 def ensure_tiny_model(spec: TinyModelSpec, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return the directory of the tiny model for ``spec``, building it if it is not cached."""
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = root / f"tiny_random-{model_key(spec)}"
+    target = root / tiny_dir_name(spec)
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
-        build_tiny_model(spec, staging)
+        if spec.train is not None:
+            build_trained_model(spec, staging)
+        else:
+            build_tiny_model(spec, staging)
         try:
             staging.rename(target)  # atomic: concurrent builders race safely
         except OSError:
@@ -120,3 +129,108 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: Path) -> None:
     finally:
         torch.random.set_rng_state(generator_state)
     model.save_pretrained(str(out_dir), safe_serialization=True)
+
+
+def _byte_tokenizer(out_dir: Path) -> Any:
+    """A byte-level tokenizer without merges: every digit and sign is one token, so the
+    arithmetic the tiny model learns is not blurred by multi-digit tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=len(SPECIAL_TOKENS) + 256, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["a"], trainer=trainer)  # nothing to merge: the byte alphabet only
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   model_max_length=1 << 20)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+EVAL_SET = Path(__file__).resolve().parents[1] / "evaluation" / "tasks" / "addition.jsonl"
+
+
+def addition_problems() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(training problems, held-out problems): all 10,000 pairs of 0..99, minus the eval set."""
+    held = [(int(d["a"]), int(d["b"])) for d in map(json.loads, EVAL_SET.read_text().splitlines())]
+    excluded = set(held)
+    return [(a, b) for a in range(100) for b in range(100) if (a, b) not in excluded], held
+
+
+def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) -> dict[str, float]:
+    """Train a tiny Llama on 2-digit addition ("a+b=" -> "a+b\\n", loss on the answers only)
+    for ``spec.train.steps`` steps on the CPU; save it with its tokenizer. Returns the
+    final training loss and the greedy accuracy on 100 held-out problems (also saved in
+    ``training.json``)."""
+    import random
+    import time
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    train = spec.train
+    assert train is not None
+    tok = _byte_tokenizer(out_dir)
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False, torch_dtype="float32",
+    )
+    problems, held = addition_problems()
+    encoded = {p: tok.encode(f"{p[0]}+{p[1]}={p[0] + p[1]}\n") for p in problems}
+    eq, nl = tok.convert_tokens_to_ids("="), tok.encode("\n")[0]
+    rng = random.Random(spec.seed)
+    threads = torch.get_num_threads()
+    state = torch.random.get_rng_state()
+    torch.set_num_threads(train.threads)
+    try:
+        torch.manual_seed(spec.seed)
+        model = LlamaForCausalLM(config)
+        opt = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=train.lr, total_steps=train.steps, pct_start=0.1)
+        t0, loss_value = time.monotonic(), float("nan")
+        for step in range(train.steps):
+            rows, targets = [], []
+            for _ in range(train.batch_size):
+                ids: list[int] = []
+                while len(ids) < train.seq_len + 1:
+                    ids += encoded[rng.choice(problems)]
+                ids = ids[: train.seq_len + 1]
+                target, inside = [], False
+                for cur, nxt in zip(ids, ids[1:]):  # predict the answer tokens (after '=', up to '\n')
+                    inside = inside or cur == eq
+                    target.append(nxt if inside else -100)
+                    if cur == nl:
+                        inside = False
+                rows.append(ids[:-1])
+                targets.append(target)
+            x, y = torch.tensor(rows), torch.tensor(targets)
+            loss = torch.nn.functional.cross_entropy(model(input_ids=x).logits.reshape(-1, config.vocab_size),
+                                                     y.reshape(-1), ignore_index=-100)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            loss_value = loss.item()
+            if step % 200 == 0 or step == train.steps - 1:
+                log(f"tiny_trained: step {step + 1}/{train.steps}, loss {loss_value:.3f}, "
+                    f"{time.monotonic() - t0:.0f}s")
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for a, b in held:
+                prompt = torch.tensor([tok.encode(f"{a}+{b}=")])
+                out = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=2)
+                correct += tok.decode(out[0, prompt.shape[1]:].tolist()).split("\n")[0] == str(a + b)
+    finally:
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(state)
+    report = {"final_loss": loss_value, "heldout_accuracy": correct / len(held), "train_s": time.monotonic() - t0}
+    log(f"tiny_trained: held-out accuracy {report['heldout_accuracy']:.2f} after {report['train_s']:.0f}s")
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    (out_dir / "training.json").write_text(json.dumps({**report, "spec": spec.model_dump()}, indent=2))
+    return report

@@ -163,7 +163,10 @@ def init_ray(cluster: ClusterSpec) -> RayContext:
     if cluster.address:
         ray.init(address=cluster.address, **kwargs)
     else:
-        ray.init(num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus, **kwargs)
+        # address="local": always a new local Ray. Without it, ray.init() joins the cluster named
+        # in /tmp/ray/ray_current_cluster (or RAY_ADDRESS), even a dead one left by a killed
+        # `ray start`, and retries connecting to it for minutes.
+        ray.init(address="local", num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus, **kwargs)
     return RayContext(started_here=True)
 
 

@@ -168,6 +168,8 @@ class MlflowTracker:
             path = trial_dir / name
             if path.exists():
                 self.client.log_artifact(run_id, str(path))
+        if (trial_dir / "eval").is_dir():  # lm-eval's results and every question's answer (--log_samples)
+            self.client.log_artifacts(run_id, str(trial_dir / "eval"), "eval")
         with tempfile.TemporaryDirectory() as tmp:
             t = Path(tmp)
             (t / "trial_config.json").write_text(json.dumps(result.spec, indent=2, sort_keys=True))

@@ -131,3 +131,21 @@ def test_attempts_reach_mlflow(tmp_path):
     run = MlflowClient(uri).get_run(run_id)
     assert run.data.metrics["attempts"] == 2
     assert "#1 node abc: NodeDiedError" in run.data.tags["lost_attempts"]
+
+
+def test_a_local_ray_ignores_a_stale_cluster_address():
+    """A killed `ray start` leaves /tmp/ray/ray_current_cluster (or RAY_ADDRESS) behind; a
+    plain ray.init() would try to join that dead cluster for minutes. The driver's local Ray
+    does not."""
+    import subprocess
+    import sys
+
+    code = ("from orchestrator.config.schema import ClusterSpec\n"
+            "from orchestrator.scheduling.ray_exec import init_ray\n"
+            "import ray\n"
+            "ctx = init_ray(ClusterSpec(num_cpus=1))\n"
+            "print('cpus', ray.cluster_resources()['CPU'])\n"
+            "ctx.shutdown()\n")
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:9")  # nothing listens there
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "cpus 1.0" in p.stdout, p.stderr[-2000:]

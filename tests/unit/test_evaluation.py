@@ -1,0 +1,73 @@
+"""lm-eval integration, without a server: the command, the offline task files, the scores."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from orchestrator.config import ConfigError, to_specs
+from orchestrator.config.schema import EvalSpec
+from orchestrator.evaluation import EvalError, eval_argv, local_task_names, parse_results, prepare_local_tasks
+
+
+def test_eval_config_group(compose):
+    spec, _ = to_specs(compose(["eval=addition", "model=tiny_adder"]))
+    assert spec.eval.tasks == ["addition"] and spec.eval.local_tasks
+    assert spec.model.source == "tiny_trained" and spec.model.tiny.train.task == "addition"
+    none, _ = to_specs(compose())
+    assert none.eval.tasks == []
+    gsm, _ = to_specs(compose(["eval=gsm8k", "platform=gpu"]))
+    assert gsm.eval.tasks == ["gsm8k"] and gsm.eval.num_fewshot == 5
+
+
+def test_no_eval_keeps_trial_hashes_and_eval_changes_them(compose):
+    from orchestrator.config import trial_hash
+
+    base, _ = to_specs(compose())
+    explicit, _ = to_specs(compose(["eval=none"]))
+    scored, _ = to_specs(compose(["eval=addition"]))
+    assert trial_hash(base) == trial_hash(explicit) != trial_hash(scored)
+
+
+def test_bad_task_names_are_refused(compose):
+    with pytest.raises(ConfigError, match="eval.tasks"):
+        to_specs(compose(["eval.tasks=['gsm8k rm']"]))
+
+
+def test_argv_is_a_list_with_the_server_and_no_key(tmp_path):
+    spec = EvalSpec(tasks=["addition"], local_tasks=True, limit=20, num_fewshot=0, max_gen_toks=8)
+    argv = eval_argv(spec, "tiny-adder", "http://127.0.0.1:8000/v1/completions", "/m/tok", tmp_path / "o", tmp_path)
+    assert argv[:3] == [sys.executable, "-m", "lm_eval"]
+    args = dict(zip(argv[3::1], argv[4::1]))
+    assert args["--model"] == "local-completions" and args["--tasks"] == "addition"
+    assert "base_url=http://127.0.0.1:8000/v1/completions" in args["--model_args"]
+    assert "tokenizer=/m/tok" in args["--model_args"] and "max_gen_toks=8" in args["--model_args"]
+    assert args["--limit"] == "20" and args["--num_fewshot"] == "0" and args["--include_path"] == str(tmp_path)
+    assert "--log_samples" in argv
+    with pytest.raises(EvalError, match="','"):
+        eval_argv(spec, "a,b", "http://x/v1/completions", "/t", tmp_path, None)
+
+
+def test_local_tasks_are_copied_and_unknown_ones_refused(tmp_path):
+    assert "addition" in local_task_names()
+    d = prepare_local_tasks(EvalSpec(tasks=["addition"], local_tasks=True), tmp_path)
+    assert (d / "addition.yaml").exists() and len((d / "addition.jsonl").read_text().splitlines()) == 100
+    assert prepare_local_tasks(EvalSpec(tasks=["gsm8k"]), tmp_path) is None
+    with pytest.raises(EvalError, match="no local task.*shipped: addition"):
+        prepare_local_tasks(EvalSpec(tasks=["nope"], local_tasks=True), tmp_path)
+
+
+def test_scores_are_parsed_from_lm_evals_results(tmp_path):
+    out = tmp_path / "eval" / "tiny-adder"
+    out.mkdir(parents=True)
+    (out / "results_2026-11-22T10-00-00.json").write_text(json.dumps({"results": {"addition": {
+        "alias": "addition", "exact_match,none": 0.87, "exact_match_stderr,none": 0.0338}}}))
+    m = parse_results(tmp_path / "eval", ["addition"])
+    assert m == {"eval_addition_exact_match": 0.87, "eval_addition_exact_match_stderr": 0.0338,
+                 "accuracy": 0.87, "accuracy_stderr": 0.0338}
+    with pytest.raises(EvalError, match="no task 'gsm8k'"):
+        parse_results(tmp_path / "eval", ["gsm8k"])
+    with pytest.raises(EvalError, match="no results file"):
+        parse_results(tmp_path / "nothing", ["addition"])
