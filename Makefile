@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-slurm slurm-deps test-ui ui-deps lint ui clean
+.PHONY: install demo test test-unit test-slurm slurm-deps test-ui ui-deps test-faults lint ui clean
 
 install: $(STAMP)
 
@@ -32,7 +32,7 @@ demo: install
 
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest tests -m "not slurm and not ui"
+	$(PY) -m pytest tests -m "not slurm and not ui and not faults"
 
 # A real one-node SLURM on localhost (root only): Debian's slurm-wlm and munge, started by
 # slurm/local-cluster.sh inside the test, which submits a tiny sweep with sbatch.
@@ -53,8 +53,13 @@ ui-deps:
 test-ui: install ui-deps
 	$(PY) -m pytest tests -m ui
 
+# Fault injection (docs/reliability.md): kill -9 of a server mid-load, start-up failures, a
+# taken port, SIGTERM to the driver, MLflow dying mid-sweep + replay, planted secrets, 200 trials.
+test-faults: install
+	$(PY) -m pytest tests -m faults -s
+
 test-unit: install
-	$(PY) -m pytest tests -m "not integration and not slurm and not ui"
+	$(PY) -m pytest tests -m "not integration and not slurm and not ui and not faults"
 
 ui: install
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

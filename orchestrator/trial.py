@@ -87,14 +87,28 @@ def check_inputs(spec: TrialSpec) -> list[str]:
     Returns notes for the user (e.g. malformed entries skipped). Runs before anything starts.
     """
     notes = []
+    if spec.model.source == "path":
+        resolve_model(spec.model)  # a ConfigError naming model.path when it is not a model folder
+    if spec.model.tokenizer and not Path(spec.model.tokenizer).expanduser().exists() and spec.model.source != "hub":
+        raise ConfigError(f"model.tokenizer: '{spec.model.tokenizer}' does not exist")
+    key_env = getattr(spec.engine, "api_key_env", None)
+    if key_env and not os.environ.get(key_env):
+        raise ConfigError(f"engine.api_key_env: environment variable {key_env} is not set")
     for name, c in spec.workload.classes.items():
         if c.dataset == "sharegpt" and c.path:
-            data = load_sharegpt(c.path)
+            try:
+                data = load_sharegpt(c.path)
+            except ConfigError as exc:
+                raise ConfigError(f"workload.classes.{name}.path: {exc}") from None
             notes.append(f"workload.classes.{name}: {len(data.conversations)} conversations from {c.path}"
                          + (f", {data.malformed} malformed entries skipped" if data.malformed else ""))
     for i, p in enumerate(spec.workload.load_points):
         if p.trace:
-            notes.append(f"workload.load_points.{i}: {len(load_trace(p.trace))} requests from trace {p.trace}")
+            try:
+                trace = load_trace(p.trace)
+            except ConfigError as exc:
+                raise ConfigError(f"workload.load_points.{i}.trace: {exc}") from None
+            notes.append(f"workload.load_points.{i}: {len(trace)} requests from trace {p.trace}")
     return notes
 
 
@@ -103,10 +117,25 @@ def _port_for(spec: TrialSpec, pick_free: bool = True) -> int:
     when ``pick_free`` is off: a plan binds nothing)."""
     engine = spec.engine
     if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and engine.port:
+        if pick_free and not port_is_free(engine.host, engine.port):
+            raise TrialError(f"engine.port: {engine.host}:{engine.port} is already in use (another server?); "
+                             "choose another port, or leave engine.port null to get a free one")
         return engine.port
     if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and pick_free:
         return free_port(engine.host)
     return 0
+
+
+def port_is_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "in use"
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _port_picker(spec: TrialSpec, taken: set[int]) -> Callable[[], int]:

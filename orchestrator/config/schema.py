@@ -66,6 +66,8 @@ class VLLMEngineSpec(StrictModel):
     name: Literal["vllm"] = "vllm"
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535, description="None picks a free port")
+    api_key_env: str | None = Field(default=None, description="name of an environment variable holding the "
+                                    "server's API key (passed to vLLM as VLLM_API_KEY, never on argv)")
     dtype: str = "auto"
     max_model_len: PositiveInt | None = None
     block_size: PositiveInt | None = None

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from importlib import metadata
 
+from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
 
@@ -95,6 +96,9 @@ def build_env(spec: TrialSpec) -> dict[str, str]:
             env["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_omp_threads_bind
     if engine.reset_cache_between_points:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes POST /reset_prefix_cache
+    key = api_key(spec)
+    if key:
+        env["VLLM_API_KEY"] = key  # vLLM reads it from the environment: the key never reaches argv
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"
     if spec.model.source != "hub":
@@ -202,7 +206,14 @@ def metrics_for(spec: TrialSpec) -> dict[str, EngineMetric]:
 
 
 def api_key(spec: TrialSpec) -> str | None:
-    return None
+    """The server's API key, from the environment variable ``engine.api_key_env`` names."""
+    name = _engine(spec).api_key_env
+    if name is None:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise ConfigError(f"engine.api_key_env: environment variable {name} is not set")
+    return key
 
 
 def version() -> str:

@@ -174,7 +174,7 @@ def run_sweep(
     if tracker is not None:
         try:
             tracker.start_sweep(sweep_name, {"experiment": experiment, "num_trials": len(jobs), **(sweep_params or {})},
-                                {"git_commit": commit, "sweep_dir": str(sweep_dir)})
+                                {"git_commit": commit, "sweep_dir": str(sweep_dir.resolve())})
         except Exception as exc:  # keep measuring; results stay on disk
             progress(f"warning: could not create the MLflow sweep run ({exc}); results are kept on disk only")
             tracker = None

@@ -82,6 +82,29 @@ class MlflowTracker:
         return {h: (run.info.end_time - run.info.start_time) / 1000 for h, run in self._finished_runs(hashes).items()
                 if run.info.end_time and run.info.start_time}
 
+    def logged_result_ids(self) -> set[str]:
+        """``result_id`` tags of every trial run in this experiment (replay skips those)."""
+        ids: set[str] = set()
+        token = None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filter_string="tags.run_kind = 'trial'",
+                                           max_results=1000, page_token=token)
+            ids.update(r.data.tags["result_id"] for r in page if "result_id" in r.data.tags)
+            token = page.token
+            if not token:
+                return ids
+
+    def attach_sweep(self, sweep_dir: str) -> str | None:
+        """Make the existing sweep run of ``sweep_dir`` (tag ``sweep_dir``) the parent of what is
+        logged next; its run id, or None if there is none."""
+        runs = self.client.search_runs([self.experiment_id], filter_string="tags.run_kind = 'sweep'",
+                                       max_results=1000, order_by=["attributes.start_time DESC"])
+        for run in runs:
+            if run.data.tags.get("sweep_dir") == sweep_dir:
+                self.parent_run_id = run.info.run_id
+                return self.parent_run_id
+        return None
+
     # -- sweep ----------------------------------------------------------------------
 
     def start_sweep(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
@@ -113,6 +136,7 @@ class MlflowTracker:
         """Create the trial's child run from a saved result; returns the run id."""
         run_tags = {
             "trial_hash": result.trial_hash,
+            "result_id": result_id(result),
             "trial_status": result.status,
             "engine": str(result.spec.get("engine", {}).get("name", "")),
             "engine_version": result.engine_version or "unknown",
@@ -182,6 +206,11 @@ class MlflowTracker:
                 self.client.log_artifact(run_id, str(f))
 
 
+def result_id(result: TrialResult) -> str:
+    """Identity of one measured result (a trial hash runs many times; each run once)."""
+    return f"{result.trial_hash}-{int(result.started_at * 1000)}"
+
+
 def _trial_params(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: spec[k] for k in ("engine", "model", "workload", "platform", "seed") if k in spec}
 
@@ -220,6 +249,6 @@ def points_csv(result: TrialResult) -> str:
     return buf.getvalue()
 
 
-__all__ = ["MlflowTracker", "default_artifact_location", "points_csv"]
+__all__ = ["MlflowTracker", "default_artifact_location", "points_csv", "result_id"]
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -85,3 +85,30 @@ def test_finished_trials_for_resume_and_plans(tmp_path, store):
     assert set(tracker.finished_trials(["abc123", "def456", "nope"])) == {"abc123"}  # failed ones run again
     durations = tracker.finished_durations(["abc123", "def456"])
     assert list(durations) == ["abc123"] and durations["abc123"] == pytest.approx(5.0, abs=0.01)
+
+
+def test_replay_logs_what_mlflow_lacks_once(tmp_path):
+    """Results on disk, MLflow empty: replay logs them all under one sweep run; again: nothing."""
+    import time as _time
+
+    from orchestrator.metrics.result import TrialResult, save_result
+    from orchestrator.scheduling.replay import replay
+
+    sweep = tmp_path / "sweep"
+    for i in range(3):
+        now = _time.time() + i
+        r = TrialResult(trial_hash=f"{i:016d}", experiment="exp", spec={}, status="FINISHED", started_at=now,
+                        ended_at=now + 1)
+        save_result(r, sweep / "trials" / f"{i:03d}-{r.trial_hash}")
+    uri = f"sqlite:///{tmp_path}/m.db"
+    lines: list[str] = []
+    assert replay(sweep, uri, progress=lines.append) == (3, 0)
+    assert replay(sweep, uri, progress=lines.append) == (0, 3)
+    from tests.conftest import search_runs
+
+    runs = search_runs(uri, "exp")
+    trials = [r for r in runs if r.data.tags.get("run_kind") == "trial"]
+    sweeps = [r for r in runs if r.data.tags.get("run_kind") == "sweep"]
+    assert len(trials) == 3 and len(sweeps) == 1
+    assert sweeps[0].data.tags["sweep_dir"] == str(sweep)
+    assert all(t.data.tags["mlflow.parentRunId"] == sweeps[0].info.run_id for t in trials)

@@ -1,0 +1,293 @@
+"""Fault injection against the real product (`make test-faults`): the real vLLM CPU server,
+real MLflow stores, real signals. What each test injects and what it checks is summed up
+in docs/reliability.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import ROOT, engine_processes, search_runs
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
+
+SMALL = ["workload.classes={main:{input_tokens:64,output_tokens:32}}", "engine.max_model_len=512"]
+
+
+def _sweep(tmp_path: Path, *overrides: str, store: str | None = None) -> list[str]:
+    store = store or f"sqlite:///{tmp_path}/mlflow.db"
+    return [sys.executable, "-m", "orchestrator", *overrides, f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path}/sweep", "-m"]
+
+
+def _start(cmd: list[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, **kw)
+
+
+def _read_until(proc: subprocess.Popen, lines: list[str], predicate, timeout: float = 300) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        lines.append(line)
+        if predicate(line):
+            return line
+    pytest.fail("never saw the expected line:\n" + "".join(lines[-40:]))
+
+
+def _finish(proc: subprocess.Popen, lines: list[str], timeout: float = 600) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines.append(out or "")
+    return "".join(lines)
+
+
+def _vllm_servers() -> list[psutil.Process]:
+    """The vLLM API server processes (not their engine-core children)."""
+    return [p for p in psutil.process_iter(["cmdline"]) if "vllm.entrypoints.openai.api_server"
+            in " ".join(p.info["cmdline"] or [])]
+
+
+def _no_engines_within(seconds: float) -> float:
+    t0 = time.monotonic()
+    while engine_processes() and time.monotonic() - t0 < seconds:
+        time.sleep(0.2)
+    left = engine_processes()
+    assert not left, f"engine processes still running after {seconds:.0f} s: {left}"
+    return time.monotonic() - t0
+
+
+def test_server_killed_mid_load(tmp_path):
+    """kill -9 of the vLLM server in the middle of a load point: that trial FAILED with the
+    cause and the server log's tail, the records measured before the crash kept, the next
+    trial runs and finishes."""
+    cmd = _sweep(tmp_path, *SMALL, "engine.max_num_seqs=4,8", "workload.load_points=[{concurrency:2}]",
+                 "workload.num_requests=400")
+    proc, lines = _start(cmd), []
+    try:
+        _read_until(proc, lines, lambda s: "point 1/1 c2: running" in s)
+        time.sleep(4)
+        servers = _vllm_servers()
+        assert len(servers) == 1, servers
+        servers[0].kill()  # SIGKILL
+    finally:
+        text = _finish(proc, lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert "1 FAILED, 1 FINISHED" in text, text[-3000:]
+    results = [json.loads(p.read_text()) for p in sorted((tmp_path / "sweep").glob("trials/*/result.json"))]
+    failed = next(r for r in results if r["status"] == "FAILED")
+    assert "ServerCrashedError" in failed["error"] and "died (exit code -9)" in failed["error"], failed["error"][:500]
+    assert "last log lines" in failed["error"], failed["error"][:2000]
+    records = pq.read_table(next((tmp_path / "sweep").glob(f"trials/*-{failed['trial_hash']}/records.parquet")))
+    ok = [s for s in records.column("status").to_pylist() if s == "ok"]
+    assert ok and len(ok) < 400, "the requests completed before the crash are kept"
+    assert next(r for r in results if r["status"] == "FINISHED")["points"]
+    _no_engines_within(10)
+
+
+def test_server_exiting_at_start_is_detected_at_once_and_timeouts_carry_the_log(tmp_path):
+    """A flag vLLM refuses: the server exits during start-up and the trial fails in seconds,
+    not after the start-up timeout. A server not healthy in time: FAILED with the log tail."""
+    t0 = time.monotonic()
+    p = subprocess.run(_sweep(tmp_path, *SMALL, "engine.extra_args=[--no-such-flag]", "engine.startup_timeout_s=600"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - t0
+    assert p.returncode == 0 and "1 FAILED" in p.stdout, p.stdout[-3000:]
+    assert took < 120, f"an exit at start took {took:.0f} s to notice"
+    result = json.loads(next((tmp_path / "sweep").glob("trials/*/result.json")).read_text())
+    assert "ServerStartError" in result["error"] and "no-such-flag" in result["error"]
+
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    p = subprocess.run(_sweep(slow, *SMALL, "engine.startup_timeout_s=3"), cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0 and "1 FAILED" in p.stdout, p.stdout[-3000:]
+    result = json.loads(next((slow / "sweep").glob("trials/*/result.json")).read_text())
+    assert "not healthy after 3 s" in result["error"] and "last log lines" in result["error"], result["error"][:500]
+    _no_engines_within(10)
+
+
+def test_port_already_taken_is_a_clear_error_before_launch(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = subprocess.run(_sweep(tmp_path, *SMALL, f"engine.port={port}"), cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert p.returncode == 0 and "1 FAILED" in p.stdout, p.stdout[-3000:]
+    assert f"127.0.0.1:{port} is already in use" in p.stdout
+    assert "starting vllm" not in p.stdout
+    _no_engines_within(5)
+
+
+def test_sigterm_to_the_driver_leaves_nothing_running_within_10s(tmp_path):
+    """A scheduler's SIGTERM to the driver (not its group): every engine process group is gone
+    within 10 s, and the points measured so far are on disk and in MLflow."""
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = _sweep(tmp_path, *SMALL, "workload.load_points=[{concurrency:2},{concurrency:2,num_requests:400}]",
+                 "workload.num_requests=6", store=store)
+    proc, lines = _start(cmd), []
+    try:
+        _read_until(proc, lines, lambda s: "point 2/2" in s and "running" in s)
+        time.sleep(2)
+        assert engine_processes()
+        proc.send_signal(signal.SIGTERM)
+        gone_after = _no_engines_within(10)
+    finally:
+        text = _finish(proc, lines, timeout=120)
+    assert proc.returncode != 0
+    result = json.loads(next((tmp_path / "sweep").glob("trials/*/result.json")).read_text())
+    assert len(result["points"]) == 1 and "interrupted after 1 of 2" in result["error"]
+    assert "kept 1 measured load point" in text, text[-2000:]
+    trials = [r for r in search_runs(store, "default") if r.data.tags.get("run_kind") == "trial"]
+    assert len(trials) == 1 and "c2/ttft_ms_p50" in trials[0].data.metrics
+    print(f"engine processes gone {gone_after:.1f} s after SIGTERM")
+
+
+def _mlflow_server(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    number = port.getsockname()[1]
+    port.close()
+    url = f"http://127.0.0.1:{number}"
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+         f"sqlite:///{tmp_path}/server.db", "--serve-artifacts", "--artifacts-destination", str(tmp_path / "art"),
+         "--host", "127.0.0.1", "--port", str(number), "--workers", "1"],
+        stdout=open(tmp_path / "mlflow.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+        env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
+    import urllib.request
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("mlflow server did not start: " + (tmp_path / "mlflow.log").read_text()[-2000:])
+
+
+def test_mlflow_dying_mid_sweep_loses_nothing_and_replay_fills_the_gap(tmp_path):
+    """The tracking server is killed after the first trials are logged: the sweep carries on
+    with every result on disk; `python -m orchestrator.replay` pushes the missing ones to the
+    restarted server, and a second replay adds nothing."""
+    server, url = _mlflow_server(tmp_path)
+    cmd = _sweep(tmp_path, "engine=sleep", "engine.seconds=1.5", "seed=0,1,2,3,4,5", store=url)
+    proc, lines = _start(cmd, env=dict(os.environ, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+                                       MLFLOW_HTTP_REQUEST_TIMEOUT="5"))
+    try:
+        _read_until(proc, lines, lambda s: s.startswith("[2/6]"))
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    finally:
+        text = _finish(proc, lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert "6 FINISHED" in text and "logging trial" in text and "failed" in text, text[-3000:]
+    assert len(list((tmp_path / "sweep").glob("trials/*/result.json"))) == 6
+
+    server, url = _mlflow_server(tmp_path)  # the same store, back up
+    try:
+        def trial_runs():
+            return [r for r in search_runs(url, "default") if r.data.tags.get("run_kind") == "trial"]
+
+        before = len(trial_runs())
+        assert 1 <= before < 6
+        replay = [sys.executable, "-m", "orchestrator.replay", str(tmp_path / "sweep"), f"tracking.uri={url}"]
+        first = subprocess.run(replay, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert first.returncode == 0, first.stderr[-2000:]
+        assert f"{6 - before} logged, {before} already" in first.stdout, first.stdout
+        runs = trial_runs()
+        assert len(runs) == 6 and len({r.data.tags["trial_hash"] for r in runs}) == 6
+        parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
+        assert len(parents) == 1, "replayed runs join the sweep's own parent run"
+        second = subprocess.run(replay, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert "0 logged, 6 already" in second.stdout and len(trial_runs()) == 6
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+def test_planted_secrets_never_reach_the_store_logs_or_argv(tmp_path):
+    """An HF token in the environment and a server API key (by env var name) in the config:
+    neither appears anywhere in the MLflow store, its artifacts, the sweep folder or the
+    console; the key reaches vLLM through VLLM_API_KEY, not argv; the server binds 127.0.0.1
+    and really requires the key (the load generator sends it)."""
+    hf, key = "hf_PLANTEDtoken0123456789abcdef", "sk-PLANTEDkey0123456789abcdef"
+    env = dict(os.environ, HF_TOKEN=hf, LAB_SERVER_KEY=key)
+    cmd = _sweep(tmp_path, *SMALL, "engine.api_key_env=LAB_SERVER_KEY", "workload.num_requests=4",
+                 "workload.load_points=[{concurrency:2}]")
+    proc, lines = _start(cmd, env=env)
+    seen_argv: list[list[str]] = []
+    try:
+        _read_until(proc, lines, lambda s: "server healthy" in s)
+        for p in _vllm_servers():
+            seen_argv.append(p.cmdline())
+            assert p.environ().get("VLLM_API_KEY") == key
+    finally:
+        text = _finish(proc, lines)
+    assert proc.returncode == 0 and "1 FINISHED" in text, text[-3000:]
+    assert seen_argv and all(key not in " ".join(a) and hf not in " ".join(a) for a in seen_argv)
+    assert all("127.0.0.1" in a[a.index("--host") + 1] for a in seen_argv)
+    for secret in (hf, key):
+        assert secret not in text
+        for path in tmp_path.rglob("*"):
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), f"{secret[:8]}... found in {path}"
+    servers = json.loads(next((tmp_path / "sweep").glob("trials/*/result.json")).read_text())["servers"]
+    assert servers[0]["env"]["VLLM_API_KEY"] == "***"
+    _no_engines_within(10)
+
+
+def test_two_hundred_cheap_trials(tmp_path):
+    """200 trials (180 run, 20 infeasible): exactly 200 runs with the right statuses, and the
+    driver's memory stays bounded (its peak RSS is sampled while it runs)."""
+    seeds = ",".join(str(i) for i in range(100))
+    cmd = _sweep(tmp_path, "engine=sleep", "engine.seconds=0.01", f"seed={seeds}", "engine.gpus=0,1",
+                 "platform=gpu", "platform.cpus_per_trial=0.5", "cluster.num_cpus=2", "cluster.num_gpus=0")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    driver = psutil.Process(proc.pid)
+    samples: list[tuple[float, int]] = []
+    import threading
+
+    def sample():
+        while proc.poll() is None:
+            try:
+                samples.append((time.monotonic(), driver.memory_info().rss))
+            except psutil.Error:
+                return
+            time.sleep(0.5)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, _ = proc.communicate(timeout=1500)
+    t.join(5)
+    assert proc.returncode == 0, out[-3000:]
+    assert "100 FINISHED, 100 SKIPPED" in out, out[-2000:]
+    trials = [r for r in search_runs(f"sqlite:///{tmp_path}/mlflow.db", "default")
+              if r.data.tags.get("run_kind") == "trial"]
+    assert len(trials) == 200
+    statuses = sorted(r.data.tags["trial_status"] for r in trials)
+    assert statuses.count("FINISHED") == 100 and statuses.count("SKIPPED") == 100
+    peak = max(rss for _, rss in samples) / 2**20
+    late = [rss for t_, rss in samples[len(samples) // 2:]]
+    early = [rss for t_, rss in samples[len(samples) // 4: len(samples) // 2]]
+    growth = (max(late) - max(early)) / 2**20 if early and late else 0.0
+    print(f"driver RSS peak {peak:.0f} MiB, growth over the second half {growth:.0f} MiB, {len(samples)} samples")
+    assert peak < 1500, f"driver RSS peaked at {peak:.0f} MiB"
+    assert growth < 150, f"driver RSS grew {growth:.0f} MiB in the second half of the sweep"
