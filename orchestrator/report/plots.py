@@ -324,42 +324,42 @@ def disaggregated_pd(data: SweepData, out: Path) -> list[Path]:
                      "disaggregated_pd.png", "TTFT (includes the KV transfer under P/D) vs input length")
 
 
-def serving_workloads(data: SweepData, out: Path) -> list[Path]:
-    plt = _plt()
-    trials = data.finished
-    label, x, ticks, tick_labels = load_axis(trials)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for ax, (key, ylabel) in zip(axes, [("ttft_ms_p50", "TTFT p50 (ms)"), ("tpot_ms_p50", "TPOT p50 (ms/token)"),
-                                        ("tokens_per_second", "output throughput (tokens/s)")]):
-        _lines(ax, trials, key, x)
-        ax.set_xlabel(label)
-        ax.set_ylabel(ylabel)
-        ax.set_xticks(ticks, tick_labels)
-        ax.legend(fontsize=8, title="workload")
-        ax.grid(alpha=0.3)
-    axes[0].set_yscale("log")
-    return [_save(fig, out, "serving_workloads.png")]
-
-
-def generic(data: SweepData, out: Path) -> list[Path]:
-    """Any sweep: TTFT p50, ITL p99 and throughput per load point, one line per trial."""
+def _per_point(data: SweepData, out: Path, panels: list[tuple[str, str]], name: str, legend_title: str | None,
+               title: str | None = None, log_first: bool = False) -> list[Path]:
+    """One panel per metric against the load axis, one line per finished trial."""
     plt = _plt()
     trials = data.finished
     if not trials or not any(t.points for t in trials):
         return []
     label, x, ticks, tick_labels = load_axis(trials)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for ax, (key, ylabel) in zip(axes, [("ttft_ms_p50", "TTFT p50 (ms)"), ("itl_ms_p99", "ITL p99 (ms)"),
-                                        ("tokens_per_second", "output throughput (tokens/s)")]):
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5))
+    for ax, (key, ylabel) in zip(axes, panels):
         _lines(ax, trials, key, x)
         ax.set_xlabel(label)
         ax.set_ylabel(ylabel)
         if ticks:
             ax.set_xticks(ticks, tick_labels)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, title=legend_title)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{data.experiment}: per load point")
-    return [_save(fig, out, "overview.png")]
+    if log_first:
+        axes[0].set_yscale("log")
+    if title:
+        fig.suptitle(title)
+    return [_save(fig, out, name)]
+
+
+def serving_workloads(data: SweepData, out: Path) -> list[Path]:
+    """TTFT, TPOT and throughput against load, one line per workload."""
+    return _per_point(data, out, [("ttft_ms_p50", "TTFT p50 (ms)"), ("tpot_ms_p50", "TPOT p50 (ms/token)"),
+                                  ("tokens_per_second", "output throughput (tokens/s)")],
+                      "serving_workloads.png", "workload", log_first=True)
+
+
+def generic(data: SweepData, out: Path) -> list[Path]:
+    """Any sweep: TTFT p50, ITL p99 and throughput per load point, one line per trial."""
+    return _per_point(data, out, [("ttft_ms_p50", "TTFT p50 (ms)"), ("itl_ms_p99", "ITL p99 (ms)"),
+                                  ("tokens_per_second", "output throughput (tokens/s)")],
+                      "overview.png", None, f"{data.experiment}: per load point")
 
 
 LAB_PLOTS: dict[str, Builder] = {
