@@ -51,7 +51,11 @@ def trial_dir(sweep_dir: Path, job: TrialJob) -> Path:
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM (``kill``, a scheduler ending the job) like Ctrl-C: trials stop cleanly."""
+    """Treat SIGTERM (``kill``, a scheduler ending the job) like Ctrl-C: trials stop cleanly.
+
+    SIGINT gets the same handler explicitly: a process started from a background job of a
+    non-interactive shell inherits SIGINT *ignored*, and Python then never raises
+    KeyboardInterrupt, so ``kill -INT`` would be lost (seen in CI-like runs here)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -59,11 +63,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def dry_run(jobs: list[TrialJob], progress: Progress = _print) -> list[dict[str, Any]]:
