@@ -191,14 +191,17 @@ def test_mlflow_dying_mid_sweep_loses_nothing_and_replay_fills_the_gap(tmp_path)
     restarted server, and a second replay adds nothing."""
     server, url = _mlflow_server(tmp_path)
     cmd = _sweep(tmp_path, "engine=sleep", "engine.seconds=1.5", "seed=0,1,2,3,4,5", store=url)
-    proc, lines = _start(cmd, env=dict(os.environ, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
-                                       MLFLOW_HTTP_REQUEST_TIMEOUT="5")), []
+    proc, lines, text = None, [], ""
     try:
-        _read_until(proc, lines, lambda s: s.startswith("[2/6]"))
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        proc = _start(cmd, env=dict(os.environ, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="5"))
+        try:
+            _read_until(proc, lines, lambda s: s.startswith("[2/6]"))
+        finally:
+            os.killpg(server.pid, signal.SIGKILL)  # on every path: no server left behind
+            server.wait()
     finally:
-        text = _finish(proc, lines)
+        if proc is not None:
+            text = _finish(proc, lines)
     assert proc.returncode == 0, text[-3000:]
     assert "6 FINISHED" in text and "logging trial" in text and "failed" in text, text[-3000:]
     assert len(list((tmp_path / "sweep").glob("trials/*/result.json"))) == 6
