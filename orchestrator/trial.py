@@ -61,15 +61,18 @@ def check_feasible(spec: TrialSpec, gpu_ids: list[int]) -> None:
 
 def plan_trial(spec: TrialSpec, cluster_gpus: int | None = None) -> dict[str, Any]:
     """What the trial would do, without starting or building anything (for dry runs)."""
-    adapter = adapter_for(spec.engine.name)
     reason = assess(spec, cluster_gpus)
     plan: dict[str, Any] = {"feasible": reason is None, "reason": reason, **describe(spec)}
-    model_path = resolve_model(spec.model, build=False)
-    ports = iter(range(1, 100))  # placeholders: a plan binds nothing
-    launches = adapter.launches(spec, model_path, _port_for(spec, pick_free=False), lambda: next(ports),
-                                "<trial dir>")
-    plan["servers"] = [x.redacted() for x in launches]
+    plan["servers"] = [x.redacted() for x in _planned_launches(spec)]
     return plan
+
+
+def _planned_launches(spec: TrialSpec) -> list[ServerLaunch]:
+    """The trial's server launches with placeholder ports and folder: nothing is bound or built."""
+    ports = iter(range(1, 100))
+    return adapter_for(spec.engine.name).launches(spec, resolve_model(spec.model, build=False),
+                                                  _port_for(spec, pick_free=False), lambda: next(ports),
+                                                  "<trial dir>")
 
 
 def skipped_result(spec: TrialSpec, overrides: list[str], reason: str) -> TrialResult:
@@ -328,10 +331,7 @@ def server_key(spec: TrialSpec) -> str | None:
     engine = spec.engine
     if not isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) or engine.restart_between_points:
         return None
-    shared = shared_server_spec(spec)
-    ports = iter(range(1, 100))
-    launches = adapter_for(engine.name).launches(shared, resolve_model(spec.model, build=False),
-                                                 _port_for(shared, pick_free=False), lambda: next(ports), "<dir>")
+    launches = _planned_launches(shared_server_spec(spec))
     ident = {"servers": [[x.argv, x.env, x.files, x.gpus, x.unset_env] for x in launches],
              "model": spec.model.model_dump(mode="json"), "platform": spec.platform.model_dump(mode="json")}
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -348,6 +348,7 @@ def run_trial_group(
     gpus = list(gpu_ids or [])
     runs = [_TrialRun(spec, Path(wd), ov, gpus, progress) for spec, wd, ov in items]
     lead = runs[0]
+    between_trials = lead.adapter.cache_reset(shared_server_spec(lead.spec))
     results: list[TrialResult] = []
     started = False
     try:
@@ -357,7 +358,7 @@ def run_trial_group(
             for run in runs:
                 if results:
                     progress(f"[{run.label}] on the running server of [{lead.label}] (server start saved)")
-                    reset_caches(group, lead.adapter.cache_reset(shared_server_spec(lead.spec)))
+                    reset_caches(group, between_trials)
                     run.base["servers"] = lead.base.get("servers", [])
                 results.append(_outcome(run, lambda run=run: run.measure(group)))
                 save_result(results[-1], run.workdir)  # final on disk now, not when the whole group ends
@@ -427,10 +428,7 @@ class _TrialRun:
         """Start the servers, run every load point, stop them; on ``shared`` servers (already
         running, owned by another trial of the group) only run the load points."""
         spec = self.spec
-        reason = assess(spec)
-        if reason:
-            raise InfeasibleConfigError(reason)
-        check_feasible(spec, self.gpu_ids)
+        self._check()
         if hasattr(self.adapter, "hold"):  # a trial kind without a server (sleep)
             self.held = self.adapter.hold(spec)
             return
@@ -450,12 +448,16 @@ class _TrialRun:
         if self.hooks is not None and self.hooks.crash is not None:
             raise self.hooks.crash
 
-    def start_shared(self, stack: contextlib.ExitStack) -> ServerGroup:
-        """Start this trial's servers for a group of trials (stopped when ``stack`` closes)."""
+    def _check(self) -> None:
+        """Raise :class:`InfeasibleConfigError` if this platform or these GPUs cannot run it."""
         reason = assess(self.spec)
         if reason:
             raise InfeasibleConfigError(reason)
         check_feasible(self.spec, self.gpu_ids)
+
+    def start_shared(self, stack: contextlib.ExitStack) -> ServerGroup:
+        """Start this trial's servers for a group of trials (stopped when ``stack`` closes)."""
+        self._check()
         return self._start(stack, resolve_model(self.spec.model), None, shared_server_spec(self.spec))
 
     def _start(self, stack: contextlib.ExitStack, model_path: str, start_no: int | None,

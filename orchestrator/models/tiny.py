@@ -81,7 +81,9 @@ def ensure_tiny_model(spec: TinyModelSpec, cache_dir: str | os.PathLike[str] | N
     return target
 
 
-def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
+def build_tokenizer(vocab_size: int, out_dir: Path, corpus: list[str] | None = None) -> Any:
+    """A byte-level BPE trained on ``corpus`` (default: the sentences above), saved in
+    ``out_dir`` with the chat template; returns it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -94,34 +96,34 @@ def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.train_from_iterator(_CORPUS * 4 if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=1 << 20
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def llama_config(spec: TinyModelSpec, dtype: str) -> Any:
+    """The ``transformers`` config of a tiny model of this shape."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False, torch_dtype=dtype,
+    )
 
 
 def build_tiny_model(spec: TinyModelSpec, out_dir: Path) -> None:
     """Write config, safetensors weights and tokenizer of a seeded random Llama into ``out_dir``."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     build_tokenizer(spec.vocab_size, out_dir)
-    config = LlamaConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-        tie_word_embeddings=False,
-        torch_dtype="bfloat16",
-    )
+    config = llama_config(spec, "bfloat16")
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(spec.seed)
@@ -134,20 +136,7 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: Path) -> None:
 def _byte_tokenizer(out_dir: Path) -> Any:
     """A byte-level tokenizer without merges: every digit and sign is one token, so the
     arithmetic the tiny model learns is not blurred by multi-digit tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=len(SPECIAL_TOKENS) + 256, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(["a"], trainer=trainer)  # nothing to merge: the byte alphabet only
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   model_max_length=1 << 20)
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(out_dir))
-    return fast
+    return build_tokenizer(len(SPECIAL_TOKENS) + 256, out_dir, ["a"])  # nothing to merge: the alphabet only
 
 
 EVAL_SET = Path(__file__).resolve().parents[1] / "evaluation" / "tasks" / "addition.jsonl"
@@ -169,17 +158,12 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
     import time
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     train = spec.train
     assert train is not None
     tok = _byte_tokenizer(out_dir)
-    config = LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False, torch_dtype="float32",
-    )
+    config = llama_config(spec, "float32")
     problems, held = addition_problems()
     encoded = {p: tok.encode(f"{p[0]}+{p[1]}={p[0] + p[1]}\n") for p in problems}
     eq, nl = tok.convert_tokens_to_ids("="), tok.encode("\n")[0]

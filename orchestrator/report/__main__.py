@@ -34,8 +34,9 @@ def parse(argv: list[str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     from orchestrator.report import build_report, from_mlflow
+    from orchestrator.tracking.mlflow_tracker import DEFAULT_TRACKING_URI
 
-    uri = args.get("tracking.uri") or f"sqlite:///{ROOT / 'mlflow.db'}"
+    uri = args.get("tracking.uri") or DEFAULT_TRACKING_URI
     try:
         data = from_mlflow(uri, args["experiment"], args.get("sweep"))
     except LookupError as exc:

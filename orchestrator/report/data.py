@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.metrics.result import TrialResult
-from orchestrator.tracking.params import flatten_params
+from orchestrator.tracking.mlflow_tracker import trial_params
 
 
 @dataclass
@@ -95,9 +95,7 @@ def from_results(results: list[TrialResult], experiment: str, sweep_run_id: str 
             for cls, m in p.class_metrics.items():
                 metrics.update({f"{cls}/{k}": v for k, v in m.items()})
             points.append(Point(p.index, p.label, dict(p.setting), metrics))
-        params = flatten_params({"variant": r.variant, **{k: r.spec[k] for k in
-                                                          ("engine", "model", "workload", "platform", "seed")
-                                                          if k in r.spec}})
+        params = trial_params(r)  # the very params MLflow gets: a report reads the same either way
         parquet = r.records_parquet
 
         def load(parquet: bytes = parquet) -> Any:

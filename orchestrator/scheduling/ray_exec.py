@@ -21,18 +21,25 @@ from orchestrator.scheduling.jobs import TrialJob
 log = logging.getLogger(__name__)
 
 
-def _run_trial_task(spec_json: str, workdir: str, overrides: list[str]) -> dict[str, Any]:
-    """Body of the Ray task (runs in a worker): the GPUs Ray assigned go to the server."""
+def _worker_start(workdirs: list[str]) -> tuple[list[int], str]:
+    """In the worker: the GPUs Ray assigned (they go to the servers) and this node's id, which
+    each trial folder notes first (the driver reads it if the attempt is lost)."""
     import ray
 
+    node = ray.get_runtime_context().get_node_id()
+    for workdir in workdirs:
+        note_attempt(workdir, node)
+    return [int(g) for g in ray.get_gpu_ids()], node
+
+
+def _run_trial_task(spec_json: str, workdir: str, overrides: list[str]) -> dict[str, Any]:
+    """Body of the Ray task of one trial (runs in a worker)."""
     from orchestrator.config.schema import TrialSpec
     from orchestrator.trial import run_trial
 
-    gpu_ids = [int(g) for g in ray.get_gpu_ids()]
-    note_attempt(workdir, ray.get_runtime_context().get_node_id())
-    spec = TrialSpec.model_validate_json(spec_json)
-    result = run_trial(spec, workdir, overrides, gpu_ids)
-    result.hardware["ray_node_id"] = ray.get_runtime_context().get_node_id()  # where it ran
+    gpu_ids, node = _worker_start([workdir])
+    result = run_trial(TrialSpec.model_validate_json(spec_json), workdir, overrides, gpu_ids)
+    result.hardware["ray_node_id"] = node  # where it ran
     return result.model_dump()
 
 
@@ -97,15 +104,10 @@ def _set_aside(workdir: str, n: int) -> str | None:
 
 def _run_group_task(specs_json: list[str], workdirs: list[str], overrides: list[list[str]]) -> list[dict[str, Any]]:
     """Body of the Ray task of trials sharing one server start (``trial.run_trial_group``)."""
-    import ray
-
     from orchestrator.config.schema import TrialSpec
     from orchestrator.trial import run_trial_group
 
-    gpu_ids = [int(g) for g in ray.get_gpu_ids()]
-    node = ray.get_runtime_context().get_node_id()
-    for workdir in workdirs:
-        note_attempt(workdir, node)
+    gpu_ids, node = _worker_start(workdirs)
     items = [(TrialSpec.model_validate_json(s), w, o) for s, w, o in zip(specs_json, workdirs, overrides)]
     results = run_trial_group(items, gpu_ids)
     for result in results:
@@ -229,7 +231,8 @@ def run_jobs(
             done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:
                 unit = running.pop(ref)
-                lost = _lost_error(ref)
+                value, error = _fetch(ref)  # once: a result carries its records, worth not copying twice
+                lost = f"{type(error).__name__}: {error}" if type(error).__name__ in LOST else None
                 tries = attempts[unit[0].index]
                 if lost is not None and len(tries.history) + 1 < max_attempts:
                     for job in unit:
@@ -239,7 +242,7 @@ def run_jobs(
                              f"running it again ({len(tries.history) + 1}/{max_attempts})")
                     queue.insert(0, unit)
                     continue
-                for job, result in zip(unit, _results_of(unit, ref)):
+                for job, result in zip(unit, _results_of(unit, value, error)):
                     yield job, attempts[job.index].final(result)
     finally:
         _stop_running(list(running))
@@ -262,33 +265,25 @@ def _stop_running(refs: list[Any], grace_s: float = 5.0) -> None:
             log.debug("force cancel: %s", exc)
 
 
-def _lost_error(ref: Any) -> str | None:
-    """The error text if this task's worker or node was lost, else None."""
+def _fetch(ref: Any) -> tuple[Any, Exception | None]:
+    """A finished task's value, or the Ray error it ended with (worker died, cancelled, ...)."""
     import ray
 
     try:
-        ray.get(ref, timeout=0)
+        return ray.get(ref), None
     except ray.exceptions.RayError as exc:
-        if type(exc).__name__ in LOST:
-            return f"{type(exc).__name__}: {exc}"
-    except Exception:  # noqa: BLE001 - reported by _result_of
-        pass
-    return None
+        return None, exc
 
 
-def _results_of(unit: list[TrialJob], ref: Any) -> list[TrialResult]:
+def _results_of(unit: list[TrialJob], value: Any, error: Exception | None) -> list[TrialResult]:
     """The unit's results, in job order (a group task returns one per job)."""
-    import ray
-
-    try:
-        value = ray.get(ref)
-    except ray.exceptions.RayError as exc:  # worker died, task cancelled, ...
+    if error is not None:
         now = time.time()
         return [TrialResult(
             trial_hash=job.trial_hash, experiment=job.spec.experiment, variant=job.spec.variant,
             overrides=[redact_override(o) for o in job.overrides],
             spec=redact_mapping(job.spec.model_dump(mode="json")), status="FAILED",
-            error=f"{type(exc).__name__}: {exc}", started_at=now, ended_at=now,
+            error=f"{type(error).__name__}: {error}", started_at=now, ended_at=now,
         ) for job in unit]
     values = value if isinstance(value, list) else [value]
     return [TrialResult.model_validate(v) for v in values]

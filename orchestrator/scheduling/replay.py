@@ -16,8 +16,7 @@ from pathlib import Path
 
 from orchestrator.metrics.result import RESULT_FILE, load_result
 from orchestrator.tracking import MlflowTracker, result_id
-
-ROOT = Path(__file__).resolve().parents[2]
+from orchestrator.tracking.mlflow_tracker import DEFAULT_TRACKING_URI
 
 
 def replay(sweep_dir: Path, uri: str, experiment: str | None = None, progress=print) -> tuple[int, int]:
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m orchestrator.replay SWEEP_DIR [tracking.uri=URI] [experiment=NAME]"
               + (f"\nunknown option(s): {', '.join(unknown)}" if unknown else ""), file=sys.stderr)
         return 2
-    uri = opts.get("tracking.uri") or f"sqlite:///{ROOT / 'mlflow.db'}"
+    uri = opts.get("tracking.uri") or DEFAULT_TRACKING_URI
     try:
         replay(Path(dirs[0]).resolve(), uri, opts.get("experiment"))
     except FileNotFoundError as exc:

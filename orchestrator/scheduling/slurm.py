@@ -81,6 +81,11 @@ def params_from(values: dict[str, object]) -> SlurmParams:
         raise ConfigError(f"slurm: {problems}") from None
 
 
+def reserved_overrides(overrides: list[str]) -> list[str]:
+    """Overrides a submitted sweep's driver command adds itself (``-m``, ``cluster.address``)."""
+    return [o for o in overrides if o in ("-m", "--multirun") or o.startswith("cluster.address")]
+
+
 def render_sbatch(params: SlurmParams, overrides: list[str], template: str | None = None) -> str:
     """The sbatch script for a sweep with these Hydra overrides (``-m`` and the cluster
     address are added by the script)."""
@@ -91,7 +96,7 @@ def render_sbatch(params: SlurmParams, overrides: list[str], template: str | Non
         value = getattr(params, key)
         if value:
             extra.append(f"#SBATCH --{key}={value}")
-    bad = [o for o in overrides if o in ("-m", "--multirun") or o.startswith("cluster.address")]
+    bad = reserved_overrides(overrides)
     if bad:
         raise ConfigError(f"slurm: overrides may not contain {', '.join(bad)} (the script adds them)")
     text = template if template is not None else TEMPLATE.read_text()

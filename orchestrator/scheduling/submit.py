@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.scheduling.slurm import reserved_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 UPLOAD_EXCLUDES = [".venv/", ".git/", "multirun/", "outputs/", "mlruns/", "mlartifacts/", "mlflow.db",
@@ -40,7 +41,7 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 def entrypoint(overrides: list[str], python: str = "python") -> str:
     """The job's command line. Ray takes a shell string: every part is quoted (shlex.join),
     so an override can never become shell code."""
-    bad = [o for o in overrides if o in ("-m", "--multirun") or o.startswith("cluster.address")]
+    bad = reserved_overrides(overrides)
     if bad:
         raise ConfigError(f"submit: overrides may not contain {', '.join(bad)} (the job adds them)")
     return shlex.join([python, "-m", "orchestrator", *overrides, "cluster.address=auto", "-m"])

@@ -14,7 +14,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 MLFLOW_STATUS = {"FINISHED": "FINISHED", "FAILED": "FAILED", "SKIPPED": "KILLED"}
 _PARAM_BATCH = 100
 _METRIC_BATCH = 1000
+
+
+# The project's own store (conf/tracking/sqlite.yaml), for commands run outside Hydra.
+DEFAULT_TRACKING_URI = f"sqlite:///{Path(__file__).resolve().parents[2] / 'mlflow.db'}"
 
 
 def default_artifact_location(uri: str, experiment: str) -> str | None:
@@ -57,21 +61,27 @@ class MlflowTracker:
         self.experiment = experiment
         self.parent_run_id: str | None = None
 
+    def _runs(self, filter_string: str, newest_first: bool = False) -> Iterator[Any]:
+        """Every run of this experiment matching ``filter_string``, page after page."""
+        order = ["attributes.start_time DESC"] if newest_first else None
+        token = None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=1000,
+                                           page_token=token, order_by=order)
+            yield from page
+            token = page.token
+            if not token:
+                return
+
     def _finished_runs(self, hashes: Iterable[str]) -> dict[str, Any]:
         """trial hash -> the latest FINISHED trial run of it in this experiment."""
         wanted = set(hashes)
         found: dict[str, Any] = {}
-        token = None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string="tags.trial_status = 'FINISHED'",
-                                           max_results=1000, page_token=token, order_by=["attributes.start_time DESC"])
-            for run in page:
-                h = run.data.tags.get("trial_hash")
-                if h in wanted and run.data.tags.get("run_kind", "trial") == "trial":
-                    found.setdefault(h, run)
-            token = page.token
-            if not token:
-                return found
+        for run in self._runs("tags.trial_status = 'FINISHED'", newest_first=True):
+            h = run.data.tags.get("trial_hash")
+            if h in wanted and run.data.tags.get("run_kind", "trial") == "trial":
+                found.setdefault(h, run)
+        return found
 
     def finished_trials(self, hashes: Iterable[str]) -> dict[str, str]:
         """trial hash -> run id of a FINISHED trial run already in this experiment (for resume)."""
@@ -84,22 +94,12 @@ class MlflowTracker:
 
     def logged_result_ids(self) -> set[str]:
         """``result_id`` tags of every trial run in this experiment (replay skips those)."""
-        ids: set[str] = set()
-        token = None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string="tags.run_kind = 'trial'",
-                                           max_results=1000, page_token=token)
-            ids.update(r.data.tags["result_id"] for r in page if "result_id" in r.data.tags)
-            token = page.token
-            if not token:
-                return ids
+        return {r.data.tags["result_id"] for r in self._runs("tags.run_kind = 'trial'") if "result_id" in r.data.tags}
 
     def attach_sweep(self, sweep_dir: str) -> str | None:
         """Make the existing sweep run of ``sweep_dir`` (tag ``sweep_dir``) the parent of what is
         logged next; its run id, or None if there is none."""
-        runs = self.client.search_runs([self.experiment_id], filter_string="tags.run_kind = 'sweep'",
-                                       max_results=1000, order_by=["attributes.start_time DESC"])
-        for run in runs:
+        for run in self._runs("tags.run_kind = 'sweep'", newest_first=True):
             if run.data.tags.get("sweep_dir") == sweep_dir:
                 self.parent_run_id = run.info.run_id
                 return self.parent_run_id
@@ -163,8 +163,7 @@ class MlflowTracker:
         run = self.client.create_run(self.experiment_id, run_name=truncate(name, 250), tags=run_tags,
                                      start_time=int(result.started_at * 1000))
         run_id = run.info.run_id
-        params = flatten_params({"variant": result.variant, "overrides": result.overrides, **_trial_params(result.spec)})
-        self._log_params(run_id, params)
+        self._log_params(run_id, trial_params(result))
         self._log_metrics(run_id, _metrics_of(result))
         self._log_artifacts(run_id, result, trial_dir)
         self.client.set_terminated(run_id, status=MLFLOW_STATUS[result.status], end_time=int(result.ended_at * 1000))
@@ -211,8 +210,11 @@ def result_id(result: TrialResult) -> str:
     return f"{result.trial_hash}-{int(result.started_at * 1000)}"
 
 
-def _trial_params(spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: spec[k] for k in ("engine", "model", "workload", "platform", "seed") if k in spec}
+def trial_params(result: TrialResult) -> dict[str, str]:
+    """A trial run's params: its (redacted) spec flattened, with its variant and overrides."""
+    spec = result.spec
+    return flatten_params({"variant": result.variant, "overrides": result.overrides,
+                           **{k: spec[k] for k in ("engine", "model", "workload", "platform", "seed") if k in spec}})
 
 
 def _metrics_of(result: TrialResult) -> list[tuple[str, float, int]]:
@@ -249,6 +251,6 @@ def points_csv(result: TrialResult) -> str:
     return buf.getvalue()
 
 
-__all__ = ["MlflowTracker", "default_artifact_location", "points_csv", "result_id"]
+__all__ = ["DEFAULT_TRACKING_URI", "MlflowTracker", "default_artifact_location", "points_csv", "result_id", "trial_params"]
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
