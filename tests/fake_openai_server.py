@@ -29,6 +29,10 @@ class Script:
     tokens_per_chunk: int = 1
     fail_every: int = 0  # every Nth request answers HTTP 500
     usage: bool = True
+    # How the stream closes, as engines do it without per-chunk usage: "separate" sends an empty
+    # chunk that only carries the finish reason (SGLang); "last_token" puts the finish reason on
+    # the last token's chunk, whose text is empty (vLLM, when that token is a partial UTF-8 byte).
+    closing: str = "none"
 
 
 @dataclass
@@ -99,8 +103,12 @@ class FakeOpenAIServer:
                 k = min(self.script.tokens_per_chunk, n - sent)
                 text = "".join(f"<{rid}:{sent + j}>" for j in range(k))  # a reply tests can recognise
                 sent += k
+                last = sent >= n
+                if last and self.script.closing == "last_token":
+                    text = ""
                 choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
-                chunk = {"choices": [{**choice, "finish_reason": None}]}
+                finish = "length" if last and self.script.closing == "last_token" else None
+                chunk = {"choices": [{**choice, "finish_reason": finish}]}
                 if self.script.usage:
                     chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
                                       "total_tokens": prompt_tokens + sent}
@@ -109,6 +117,9 @@ class FakeOpenAIServer:
                 chunks.append(now)
                 t.chunk_sent.append(now)
                 due += self.script.itl_s
+            if self.script.closing == "separate":
+                empty = {"index": 0, "delta": {"content": ""}} if chat else {"index": 0, "text": ""}
+                await resp.write(f"data: {json.dumps({'choices': [{**empty, 'finish_reason': 'length'}]})}\n\n".encode())
             final = {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
                                               "total_tokens": prompt_tokens + sent}}
             await resp.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())

@@ -179,6 +179,7 @@ async def stream_request(
                 record.status, record.error = STATUS_ERROR, f"HTTP {resp.status}: {body}"
                 return record
             saw_done = False
+            closing_s = None  # time of a skipped empty closing chunk (see below)
             async for raw in resp.content:  # read to the end: the connection goes back to the pool
                 t = now()
                 line = raw.strip()
@@ -213,8 +214,11 @@ async def stream_request(
                 else:
                     # No per-chunk usage: a chunk is one token, as vLLM's own client counts it
                     # (text may be empty while a multi-byte character is incomplete), except an
-                    # empty closing chunk that only carries the finish reason.
+                    # empty closing chunk that only carries the finish reason (SGLang). vLLM
+                    # also sends its last token with the finish reason, and its text is empty
+                    # when that token is a partial UTF-8 byte: the final usage decides below.
                     if not text and chunk["choices"][0].get("finish_reason"):
+                        closing_s = t
                         continue
                     n = 1
                 record.chunk_times_s.append(t)
@@ -223,6 +227,10 @@ async def stream_request(
                     record.prompt_tokens = int(usage["prompt_tokens"])
             if not saw_done and record.status != STATUS_ERROR:
                 record.status, record.error = STATUS_ERROR, "stream ended without [DONE]"
+            if (closing_s is not None and record.output_tokens is not None
+                    and record.output_tokens > sum(record.chunk_tokens)):
+                record.chunk_times_s.append(closing_s)  # the closing chunk carried a token
+                record.chunk_tokens.append(1)
             if record.output_tokens is None and completion_tokens:
                 record.output_tokens = completion_tokens
             if not record.chunk_times_s and record.status != STATUS_ERROR:

@@ -62,6 +62,20 @@ def test_multi_token_chunks_counted(factory):
         assert r.chunk_tokens == [3, 3, 2] and r.output_tokens == 8
 
 
+@pytest.mark.parametrize("closing", ["last_token", "separate"])
+def test_closing_chunk_counted_only_when_it_carries_a_token(factory, closing):
+    # vLLM sends its last token with the finish reason, with empty text when that token is a
+    # partial UTF-8 byte; SGLang sends an extra empty chunk. The final usage tells them apart.
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.005, usage=False, closing=closing)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
+        truth = srv.truth.by_request
+    for r in records:
+        assert r.ok and r.output_tokens == 8
+        assert r.chunk_tokens == [1] * 8 and len(r.chunk_times_s) == 8
+        sent = truth[f"lab-{r.request_id}"]["chunks"]
+        assert abs(r.chunk_times_s[-1] - sent[7]) < 0.0025  # the last token's chunk (chunks 5 ms apart)
+
+
 def test_errors_become_records(factory):
     with FakeOpenAIServer(Script(fail_every=2)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=6, warmup_requests=0), factory, seed=0)
