@@ -495,7 +495,7 @@ class _TrialRun:
         engine_metrics = self.adapter.metrics_for(spec)
         scraped = group.metrics_launch()
         monitor = ResourceMonitor(group.pids(), scraped.metrics_url if scraped else None, engine_metrics,
-                                  spec.platform.monitor_interval_s, self.gpu_ids)
+                                  spec.platform.monitor_interval_s, self.gpu_ids, spec.platform.monitor_budget)
         if self.hooks is None:
             self.hooks = _PointHooks(spec, group, scraped, engine_metrics, monitor, self.progress, self.label,
                                      self.checkpoint, self.adapter.cache_reset(spec))

@@ -12,7 +12,7 @@ _EXCLUDE = {
     "experiment": True,
     "variant": True,
     "engine": {"host": True, "port": True, "startup_timeout_s": True, "python": True},
-    "platform": {"max_concurrent_trials": True, "monitor_interval_s": True},
+    "platform": {"max_concurrent_trials": True, "monitor_interval_s": True, "monitor_budget": True},
 }
 
 

@@ -298,6 +298,9 @@ class RequestClass(StrictModel):
     """One kind of request in a workload and where its prompts come from (``dataset``).
 
     * ``random``: prompts of ``input_tokens`` random tokens (``range_ratio`` spreads lengths);
+    * ``vllm_random``: like ``random``, but each prompt is a run of consecutive token ids from a
+      random start, as ``vllm bench serve --dataset-name random`` builds them (to reproduce its
+      numbers: on a small vocabulary such prompts share leading blocks and hit the prefix cache);
     * ``shared_prefix``: one of ``num_groups`` fixed prefixes of ``prefix_tokens``, then
       ``input_tokens`` random tokens (prefix-caching labs);
     * ``sharegpt``: the first user turn of conversations in the ShareGPT file ``path``; output
@@ -312,7 +315,7 @@ class RequestClass(StrictModel):
     (``arrival``) at that rate while each load point runs, whatever the point's setting.
     """
 
-    dataset: Literal["random", "shared_prefix", "sharegpt", "multi_turn"] = "random"
+    dataset: Literal["random", "vllm_random", "shared_prefix", "sharegpt", "multi_turn"] = "random"
     input_tokens: PositiveInt | None = None
     output_tokens: PositiveInt | None = None
     range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0, description="lengths drawn in [n(1-r), n(1+r)]")
@@ -335,6 +338,7 @@ class RequestClass(StrictModel):
     def _dataset_fields(self) -> RequestClass:
         need = {
             "random": ("input_tokens", "output_tokens"),
+            "vllm_random": ("input_tokens", "output_tokens"),
             "shared_prefix": ("input_tokens", "output_tokens", "num_groups", "prefix_tokens"),
             "sharegpt": ("path",),
             "multi_turn": ("input_tokens", "output_tokens", "turns"),
@@ -492,6 +496,9 @@ class PlatformSpec(StrictModel):
     )
     cpus_per_trial: PositiveFloat = 1.0
     monitor_interval_s: PositiveFloat = 0.5
+    monitor_budget: float = Field(default=0.01, gt=0.0, le=1.0, description=(
+        "share of wall time each kind of sample (memory, engine gauges) may take: a sample that "
+        "took w seconds waits max(monitor_interval_s, w / monitor_budget) before the next"))
     gpu_name: str | None = Field(default=None, description="a key of orchestrator/models/gpus.py, e.g. A100-80GB")
     gpu_memory_gb: PositiveFloat | None = Field(default=None, description="None = from gpu_name")
     # The roofline of a decode step (week 3): None = from gpu_name on GPUs; on CPU the memory

@@ -43,7 +43,17 @@ class PromptFactory:
 
     def prompt(self, n_tokens: int, rng: np.random.Generator) -> str:
         """Text of exactly ``n_tokens`` tokens (best effort: off by at most a token or two)."""
-        ids = list(self._ids[rng.integers(0, len(self._ids), n_tokens)])
+        return self._fit(list(self._ids[rng.integers(0, len(self._ids), n_tokens)]), n_tokens, rng)
+
+    def ramp_prompt(self, n_tokens: int, rng: np.random.Generator) -> str:
+        """A prompt built as vLLM's benchmark client builds its random dataset: consecutive
+        token ids from a random start (``vllm bench serve --dataset-name random``). Two prompts
+        with the same start share their leading KV blocks: on a small vocabulary that happens
+        often, and the server's prefix cache answers part of their prefill."""
+        start = int(rng.integers(0, len(self._ids)))
+        return self._fit(list(self._ids[(start + np.arange(n_tokens)) % len(self._ids)]), n_tokens, rng)
+
+    def _fit(self, ids: list[int], n_tokens: int, rng: np.random.Generator) -> str:
         text = self.tokenizer.decode(ids)
         for _ in range(8):
             enc = self.encode(text)

@@ -110,7 +110,10 @@ class RequestPlanner:
                 n_out = int(c.output_tokens_choices[int(rng.integers(len(c.output_tokens_choices)))])
             else:
                 n_out = self._length(c.output_tokens, c.range_ratio, rng)
-            prompt = self.factory.prompt(n_in, rng)
+            if c.dataset == "vllm_random":
+                prompt = self.factory.ramp_prompt(n_in, rng)
+            else:
+                prompt = self.factory.prompt(n_in, rng)
             if c.dataset == "shared_prefix":
                 assert c.num_groups is not None and c.prefix_tokens is not None
                 prompt = self._prefix(class_name, c, int(rng.integers(c.num_groups))) + prompt

@@ -3,12 +3,19 @@
 Memory is the RSS of the server's whole process tree (CPU) or, with GPUs, the device
 memory in use read through NVML; gauges (e.g. KV-cache usage) are read from the engine's
 Prometheus endpoint. Both keep their maximum over the sampling window.
+
+The observer must not move what it observes: one scrape of vLLM's ``/metrics`` costs its
+API server ~10 ms of CPU, on the process that streams tokens. Each kind of sample therefore
+keeps to a time budget: after a sample that took ``w`` seconds, the next one of that kind
+waits ``max(interval_s, w / budget)`` (1% of wall time by default, so ~1 s between scrapes
+of vLLM's page on a CPU server), measured in docs/benchmarks.md ("observer effect").
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,7 +59,8 @@ def gpu_used_bytes(device_indices: list[int]) -> int | None:
 
 
 class ResourceMonitor:
-    """Samples memory and gauges every ``interval_s`` in a daemon thread; keeps maxima."""
+    """Samples memory and gauges in a daemon thread, each at most every ``interval_s`` and
+    within ``budget`` (a fraction of wall time) of its own measured cost; keeps maxima."""
 
     def __init__(
         self,
@@ -61,12 +69,14 @@ class ResourceMonitor:
         gauges: Mapping[str, Any],
         interval_s: float = 0.5,
         gpu_indices: list[int] | None = None,
+        budget: float = 0.01,
     ) -> None:
         self.pids = pids
         self.metrics_url = metrics_url
         self.gauges = {k: v for k, v in gauges.items() if v.kind == "gauge"}
         self.interval_s = interval_s
         self.gpu_indices = gpu_indices or []
+        self.budget = budget
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reset()
@@ -75,13 +85,23 @@ class ResourceMonitor:
         self.peak_memory_bytes = 0
         self.gauge_max: dict[str, float] = {}
         self.samples = 0
+        self.scrapes = 0
 
     def sample(self) -> None:
+        """One sample of everything, now (also the final sample of :meth:`stop`)."""
+        self.sample_memory()
+        self.sample_gauges()
+
+    def sample_memory(self) -> None:
         mem = gpu_used_bytes(self.gpu_indices) if self.gpu_indices else None
         if mem is None:
             mem = sum(tree_rss_bytes(p) for p in self.pids)
         self.peak_memory_bytes = max(self.peak_memory_bytes, mem)
+        self.samples += 1
+
+    def sample_gauges(self) -> None:
         if self.metrics_url and self.gauges:
+            self.scrapes += 1
             try:
                 scraped = prometheus.scrape(self.metrics_url, timeout_s=2.0,
                                             families=[ref.family for ref in self.gauges.values()])
@@ -92,15 +112,22 @@ class ResourceMonitor:
                     v = prometheus.gauge(scraped, ref.family)
                     if v is not None:
                         self.gauge_max[name] = max(self.gauge_max.get(name, v), v)
-        self.samples += 1
 
     def _loop(self, stop: threading.Event) -> None:
+        kinds = [self.sample_memory] + ([self.sample_gauges] if self.metrics_url and self.gauges else [])
+        due = [0.0] * len(kinds)
         while not stop.is_set():
-            try:
-                self.sample()
-            except Exception as exc:  # a sampling hiccup must not kill the measurement
-                log.debug("monitor sample failed: %s", exc)
-            stop.wait(self.interval_s)
+            for i, kind in enumerate(kinds):
+                t0 = time.monotonic()
+                if t0 < due[i]:
+                    continue
+                try:
+                    kind()
+                except Exception as exc:  # a sampling hiccup must not kill the measurement
+                    log.debug("monitor sample failed: %s", exc)
+                cost = time.monotonic() - t0
+                due[i] = t0 + max(self.interval_s, cost / self.budget)
+            stop.wait(max(0.0, min(due) - time.monotonic()))
 
     def start(self) -> None:
         self.stop_thread()

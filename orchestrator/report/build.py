@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import re
 from pathlib import Path
 
 from orchestrator.report.data import SweepData, TrialData
@@ -64,6 +65,52 @@ def best_configuration(trials: list[TrialData], metric: str = "tokens_per_second
                   f"(baseline {base.name} {base.metrics[accuracy_key]:.3f} - {delta})")
 
 
+DATASETS = {
+    "random": "uniformly random token ids of exact length (prompts share no prefix)",
+    "vllm_random": "runs of consecutive token ids from a random start, as `vllm bench serve --dataset-name "
+                   "random` builds them (on a small vocabulary they share leading blocks: prefix-cache hits)",
+    "shared_prefix": "one of a few fixed prefixes, then random tokens",
+    "sharegpt": "first user turns of a ShareGPT file",
+    "multi_turn": "conversations; every turn resends the conversation so far",
+}
+
+
+def load_description(trials: list[TrialData]) -> list[str]:
+    """How the load was generated, in words: what each kind of load point means (arrival
+    semantics) and where each request class's prompts came from."""
+    closed, trace = set(), False
+    rates: set[tuple[str, float, object]] = set()
+    for t in trials:
+        for p in t.points:
+            s = p.setting
+            if s.get("concurrency") is not None:
+                closed.add(int(s["concurrency"]))
+            elif s.get("trace"):
+                trace = True
+            elif s.get("rate") is not None:
+                rates.add((str(s.get("arrival", "poisson")), float(s.get("burstiness", 1.0)), s.get("max_concurrency")))
+    out = []
+    if closed:
+        out.append("Concurrency points (`cN`) are closed loops: N streams, each sending its next request the moment "
+                   "its previous one completes, with no think time (as `vllm bench serve --max-concurrency N "
+                   "--request-rate inf`).")
+    for arrival, burst, cap in sorted(rates, key=str):
+        shape = f"{arrival} arrivals" + (f" (gamma shape {burst:g})" if arrival == "gamma" or burst != 1.0 else "")
+        out.append(f"Rate points (`rX`) are open loops: {shape} at X req/s, drawn before the point starts; a send "
+                   "never waits for a completion" + (f", at most {cap} in flight." if cap else "."))
+    if trace:
+        out.append("Trace points replay the trace file's own arrival times and lengths.")
+    classes: dict[str, set[str]] = {}
+    for t in trials:
+        for key, value in t.params.items():
+            m = re.fullmatch(r"workload\.classes\.([^.]+)\.dataset", key)
+            if m:
+                classes.setdefault(m.group(1), set()).add(value)
+    for cls, kinds in sorted(classes.items()):
+        out.append(f"Prompts of class `{cls}`: " + "; ".join(f"{k}: {DATASETS.get(k, k)}" for k in sorted(kinds)) + ".")
+    return out
+
+
 def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float = 0.01) -> str:
     varied = data.varied_params()
     lines = [f"# {data.experiment}: sweep report", "",
@@ -71,6 +118,9 @@ def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float 
              f"{len(data.trials)} trial(s): " + ", ".join(
                  f"{sum(t.status == s for t in data.trials)} {s}" for s in sorted({t.status for t in data.trials})),
              ""]
+    load = load_description(data.trials)
+    if load:
+        lines += ["**How the load was generated.** " + " ".join(load), ""]
     lines += [f"![{f}]({f})" for f in figures] + [""]
     has_acc = any("accuracy" in t.metrics for t in data.trials)
     head = ["trial", "status", *varied, "point", *[c[1] for c in COLUMNS]] + (["accuracy"] if has_acc else [])

@@ -69,6 +69,18 @@ def test_chunked_prefill_report_from_results(chunked_results, tmp_path):
     assert "**Best configuration:** chunking_off" in md  # all tie on tok/s: the first of the maxima
 
 
+def test_summary_says_how_the_load_was_generated(tmp_path):
+    workload = {"name": "w", "classes": {"main": {"dataset": "vllm_random"}, "bg": {"dataset": "random"}}}
+    pts = [_point(0, {"concurrency": 8}), _point(1, {"rate": 2.0, "arrival": "poisson", "burstiness": 1.0,
+                                                     "max_concurrency": 16})]
+    build_report(from_results([_result("a", {}, pts, workload=workload)], "x"), tmp_path)
+    md = (tmp_path / "summary.md").read_text()
+    assert "closed loops: N streams, each sending its next request the moment its previous one completes" in md
+    assert "poisson arrivals at X req/s" in md and "at most 16 in flight" in md
+    assert "Prompts of class `main`: vllm_random: runs of consecutive token ids" in md
+    assert "Prompts of class `bg`: random: uniformly random token ids" in md
+
+
 def test_report_rebuilt_from_mlflow_alone(chunked_results, tmp_path):
     from orchestrator.tracking import MlflowTracker
 
