@@ -46,12 +46,29 @@ class PromptFactory:
         return self._fit(list(self._ids[rng.integers(0, len(self._ids), n_tokens)]), n_tokens, rng)
 
     def ramp_prompt(self, n_tokens: int, rng: np.random.Generator) -> str:
-        """A prompt built as vLLM's benchmark client builds its random dataset: consecutive
-        token ids from a random start (``vllm bench serve --dataset-name random``). Two prompts
-        with the same start share their leading KV blocks: on a small vocabulary that happens
-        often, and the server's prefix cache answers part of their prefill."""
-        start = int(rng.integers(0, len(self._ids)))
-        return self._fit(list(self._ids[(start + np.arange(n_tokens)) % len(self._ids)]), n_tokens, rng)
+        """A prompt built as vLLM's benchmark client builds its random dataset (``vllm bench
+        serve --dataset-name random``, vLLM 0.32): consecutive ids of the non-special vocabulary
+        from a random start, then vLLM's decode/re-encode loop (10 tries, random ids appended
+        when short, truncated when long), whose result may be a token or two off ``n_tokens``.
+
+        Two prompts with the same start share their leading KV blocks: on a small vocabulary
+        that happens often, and a prompt longer than one block then hits the prefix cache."""
+        vocab = int(self.tokenizer.vocab_size)
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        allowed = np.asarray([i for i in range(vocab) if i not in special])
+        start = int(rng.integers(0, vocab))
+        seq = allowed[(start + np.arange(n_tokens)) % len(allowed)].tolist()
+        prompt = ""
+        for tries_left in range(10, -1, -1):
+            prompt = self.tokenizer.decode(seq)
+            seq = self.encode(prompt)
+            if tries_left == 0 or len(seq) == n_tokens:
+                break
+            if len(seq) < n_tokens:
+                seq += rng.integers(0, vocab, n_tokens - len(seq)).tolist()
+            else:
+                seq = seq[:n_tokens]
+        return prompt
 
     def _fit(self, ids: list[int], n_tokens: int, rng: np.random.Generator) -> str:
         text = self.tokenizer.decode(ids)

@@ -29,16 +29,14 @@ def test_prompts_have_exact_token_counts(factory):
         assert factory.count(factory.prompt(n, rng)) == n
 
 
-def test_vllm_style_prompts_are_ramps_that_share_prefixes(factory):
-    # vLLM's client's random dataset: consecutive ids from a random start. On the tiny model's
-    # small vocabulary two of 64 such prompts often start alike (prefix-cache hits); ours never.
+def test_vllm_style_prompts_share_prefixes_like_vllms_client(factory):
+    # vLLM's client's random dataset: consecutive ids from a random start, then its own
+    # decode/re-encode loop (a token or two over the target at times, as vLLM's are). On the
+    # tiny model's small vocabulary two of 64 such prompts often start alike; ours never do.
     rng = np.random.default_rng(0)
     ramps = [factory.ramp_prompt(64, rng) for _ in range(64)]
-    assert all(factory.count(p) == 64 for p in ramps)
-    pos = {int(t): i for i, t in enumerate(factory._ids)}  # the ids prompts are drawn from
-    ids = [pos.get(t, -1) for t in factory.encode(ramps[0])]
-    steps = sum((b - a) % len(pos) == 1 for a, b in zip(ids, ids[1:]))
-    assert steps >= 48  # a run of consecutive ids (the length fix-up may change a few)
+    assert all(64 <= factory.count(p) <= 66 for p in ramps)
+    assert factory.ramp_prompt(64, np.random.default_rng(5)) == factory.ramp_prompt(64, np.random.default_rng(5))
     heads = [tuple(factory.encode(p)[:16]) for p in ramps]
     assert len(set(heads)) < len(heads)
     plain = [tuple(factory.encode(factory.prompt(64, rng))[:16]) for _ in range(64)]
