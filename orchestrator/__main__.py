@@ -19,7 +19,20 @@ def main(cfg) -> str:  # type: ignore[no-untyped-def]
     return run_single(cfg)
 
 
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def flags_last(argv: list[str]) -> list[str]:
+    """``-m`` / ``--multirun`` moved after the overrides. Hydra's argparse takes overrides as
+    one positional list, so ``+experiment=x -m engine.block_size=32`` (overrides on both sides
+    of ``-m``) failed with "unrecognized arguments"; the flag takes no value, so its place
+    does not matter."""
+    multirun = [a for a in argv if a in MULTIRUN_FLAGS]
+    return [a for a in argv if a not in MULTIRUN_FLAGS] + multirun[:1]
+
+
 def cli() -> None:
+    sys.argv[1:] = flags_last(sys.argv[1:])
     try:
         main()
     except OrchestratorError as exc:  # config mistakes: a clear message, no traceback

@@ -125,7 +125,8 @@ def estimate_seconds(spec: TrialSpec) -> float:
     total = STARTUP_S[device] if spec.engine.name != "external" else 0.0
     out_tokens = sum(c.output_tokens or 256 for c in w.classes.values()) / len(w.classes)
     turns = max(c.turns or 1 for c in w.classes.values())
-    for p in w.load_points:
+    probes = [w.capacity.probe(w.capacity.start)] * w.capacity.max_probes if w.capacity else []
+    for p in [*w.load_points, *probes]:
         n, d = w.stop_of(p)
         if d is not None:
             point = d

@@ -13,7 +13,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from orchestrator.engines import (
 from orchestrator.evaluation import run_eval
 from orchestrator.feasibility import assess, describe, trial_decode_floor
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.loadgen.capacity import CapacitySearch, judge
 from orchestrator.loadgen.datasets import load_sharegpt, load_trace
 from orchestrator.metrics import hardware, prometheus
 from orchestrator.metrics.monitor import ResourceMonitor
@@ -229,11 +230,15 @@ class _PointHooks:
             log.warning("metrics scrape failed: %s", exc)
             return {}
 
-    def start(self, index: int, point: LoadPointSpec) -> None:
+    def which(self, index: int) -> str:
+        """``point 2/4`` for a fixed point, ``probe 3`` for a capacity search's probe."""
         n = len(self.spec.workload.load_points)
+        return f"point {index + 1}/{n}" if index < n else f"probe {index - n + 1}"
+
+    def start(self, index: int, point: LoadPointSpec) -> None:
         if self.cache_reset is not None:
             reset_caches(self.server, self.cache_reset)
-        self.progress(f"[{self.label}] point {index + 1}/{n} {point.label}: running")
+        self.progress(f"[{self.label}] {self.which(index)} {point.label}: running")
         self._before = self._scrape()
         self.monitor.reset()
         self.monitor.start()
@@ -266,7 +271,7 @@ class _PointHooks:
         self.points.append(PointResult(index=index, label=point.label, setting=point.model_dump(exclude_none=True),
                                        metrics=metrics, class_metrics=classes))
         self.progress(
-            f"[{self.label}] point {index + 1}/{len(self.spec.workload.load_points)} {point.label}: "
+            f"[{self.label}] {self.which(index)} {point.label}: "
             f"{int(metrics.get('completed', 0))}/{len(records)} ok in {time.monotonic() - self._t0:.1f}s, "
             f"ttft p50 {metrics.get('ttft_ms_p50', float('nan')):.1f} ms, "
             f"itl p99 {metrics.get('itl_ms_p99', float('nan')):.1f} ms, "
@@ -399,6 +404,9 @@ def reset_caches(group: ServerGroup, how: tuple[str, str] | None) -> None:
                 raise TrialError(f"cache reset {method} {path} on {launch.name} failed: {exc}") from exc
 
 
+CAPACITY_UNITS = {"rate": "req/s", "concurrency": "streams"}
+
+
 class _TrialRun:
     """The state of one trial while it runs: what it has measured so far and how to report it."""
 
@@ -416,6 +424,7 @@ class _TrialRun:
         self.server_logs: list[tuple[str, Path]] = []
         self.held: dict[str, float] = {}
         self.scores: dict[str, float] = {}  # accuracy (lm-eval) after the last load point
+        self.search: CapacitySearch | None = None  # the SLO capacity search, when the workload asks for one
         self.model_path = ""
         self.base: dict[str, Any] = dict(
             trial_hash=self.hash, experiment=spec.experiment, variant=spec.variant,
@@ -506,9 +515,12 @@ class _TrialRun:
         workload = spec.workload
         if (first, last) != (0, len(workload.load_points)):
             workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
+        points: Iterable[LoadPointSpec] = workload.load_points
+        if last == len(spec.workload.load_points) and spec.workload.capacity is not None:
+            points = self._then_capacity_search(workload.load_points)
         try:
             run_points(endpoint, workload, factory, (spec.seed, spec.workload.seed),
-                       self.hooks.start, self.hooks.end, first_index=first)
+                       self.hooks.start, self.hooks.end, first_index=first, points=points)
         finally:
             monitor.stop()  # idempotent; a point that raised must not leave the sampler running
         if last == len(spec.workload.load_points) and spec.eval.tasks and self.hooks.crash is None:
@@ -516,6 +528,51 @@ class _TrialRun:
             self.scores = run_eval(spec.eval, front.base_url, spec.model.name,
                                    resolve_tokenizer(spec.model, self.model_path), self.workdir,
                                    self.adapter.api_key(spec), lambda m: self.progress(f"[{self.label}] {m}"))
+
+    def _then_capacity_search(self, fixed: list[LoadPointSpec]) -> Iterator[LoadPointSpec]:
+        """The fixed points, then the probes of the SLO capacity search, each chosen after the
+        previous one was measured and judged (:mod:`orchestrator.loadgen.capacity`)."""
+        yield from fixed
+        cap = self.spec.workload.capacity
+        assert cap is not None and self.hooks is not None
+        search = self.search = CapacitySearch(start=cap.start, low=cap.lowest, high=cap.high, growth=cap.growth,
+                                              precision=cap.precision, max_probes=cap.max_probes,
+                                              integer=cap.knob == "concurrency")
+        classes = list(self.spec.workload.classes)
+        t0 = time.monotonic()
+        while True:
+            out_of_time = cap.time_budget_s is not None and time.monotonic() - t0 >= cap.time_budget_s
+            value = search.next_value(out_of_time)
+            if value is None:
+                break
+            done = len(self.hooks.points)
+            yield cap.probe(value)
+            if len(self.hooks.points) == done:  # not measured: run_points stops after this
+                break
+            p = self.hooks.points[-1]
+            per_class = p.class_metrics or {classes[0]: p.metrics}  # one class: its metrics are the point's
+            verdict = judge(p.metrics, per_class, cap.slo, cap.knob, cap.min_goodput_fraction, cap.min_sustained)
+            search.observe(value, p.label, verdict)
+            p.metrics["slo_met"] = 1.0 if verdict.verdict == "pass" else 0.0
+            self.progress(f"[{self.label}] probe {p.label}: " + ("SLOs met" if verdict.verdict == "pass" else
+                          f"{'not counted' if verdict.verdict == 'invalid' else 'SLOs missed'}: "
+                          + "; ".join(verdict.reasons)))
+        self.progress(f"[{self.label}] SLO capacity: {search.explanation(CAPACITY_UNITS[cap.knob])}")
+        self.checkpoint(self.hooks)  # the last verdict and the stop reason reach the disk too
+
+    def capacity_outcome(self) -> tuple[dict[str, float], dict[str, Any]]:
+        """The search's metrics (``slo_capacity_rps`` or ``slo_capacity_concurrency``, bracket,
+        probes) and its account (every probe's verdict and reasons, why it stopped)."""
+        cap, search = self.spec.workload.capacity, self.search
+        if cap is None or search is None or not search.probes:
+            return {}, {}
+        name = "slo_capacity_rps" if cap.knob == "rate" else "slo_capacity_concurrency"
+        metrics = {name if k == "capacity" else k.replace("capacity", name): v for k, v in search.summary().items()}
+        account = {"knob": cap.knob, "metric": name, "slo": dict(cap.slo),
+                   "explanation": search.explanation(CAPACITY_UNITS[cap.knob]), "stop_reason": search.stop_reason,
+                   "probes": [{"label": p.label, "value": p.value, "verdict": p.judgement.verdict,
+                               "reasons": list(p.judgement.reasons)} for p in search.probes]}
+        return metrics, account
 
     def server_log(self) -> str:
         """Every server's log of the trial, in start order (one server: its log as is)."""
@@ -541,6 +598,7 @@ class _TrialRun:
         hooks = self.hooks
         points = list(hooks.points) if hooks else []
         records = hooks.records if hooks else []
+        capacity_metrics, capacity = self.capacity_outcome()
         return TrialResult(
             **self.base,
             status=status,
@@ -549,8 +607,9 @@ class _TrialRun:
             points=points,
             metrics={**_trial_metrics(points, self.starts[0] if self.starts else None),
                      "server_starts": float(len(self.starts)), "server_reused": float(not self.starts),
-                     **self.floor_at_batch1(), **self.scores}
+                     **self.floor_at_batch1(), **self.scores, **capacity_metrics}
             if hooks else dict(self.held),
+            capacity=capacity,
             records_parquet=records_to_parquet_bytes(records) if records else b"",
             server_log=redact_text(self.server_log()),
         )

@@ -33,6 +33,7 @@ class Script:
     # chunk that only carries the finish reason (SGLang); "last_token" puts the finish reason on
     # the last token's chunk, whose text is empty (vLLM, when that token is a partial UTF-8 byte).
     closing: str = "none"
+    ttft_per_in_flight_s: float = 0.0  # a latency curve: each other request in flight adds this to TTFT
 
 
 @dataclass
@@ -94,7 +95,7 @@ class FakeOpenAIServer:
             prompt_tokens = sum(len(str(m["content"]).split()) for m in messages)
             # Deadlines from the arrival, not sleeps in a row: a late wake-up does not push
             # every later chunk back (the truth records when chunks really went out).
-            due = arrival + self.script.ttft_s
+            due = arrival + self.script.ttft_s + self.script.ttft_per_in_flight_s * (t.in_flight - 1)
             sent = 0
             while sent < n:
                 delay = due - time.perf_counter()

@@ -427,13 +427,75 @@ class ValiditySpec(StrictModel):
     min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / scheduled rate")
 
 
+SLO_METRIC = re.compile(r"^(?:(?P<cls>[A-Za-z0-9_.-]+)/)?(?:ttft|tpot|itl|e2e|itl_worst)_ms_(?:mean|p50|p90|p95|p99|max)$")
+
+
+class CapacitySpec(StrictModel):
+    """Search each trial's running server for the highest load at which ``slo`` holds.
+
+    Probes are ordinary load points (``point`` holds their other fields: arrival, stop, cap),
+    at a request ``rate`` or a ``concurrency`` (``knob``): from ``start``, multiplied by
+    ``growth`` while the SLOs hold and divided while they do not (within ``low``..``high``),
+    then bisected until the bracket is narrower than ``precision`` of its top, or
+    ``max_probes`` or ``time_budget_s`` are spent. A rate probe also fails when the server
+    completes fewer than ``min_sustained`` of the offered requests per second (its queue grows).
+    """
+
+    knob: Literal["rate", "concurrency"] = "rate"
+    slo: dict[str, PositiveFloat] = Field(
+        default_factory=dict, description="metric -> highest allowed value, e.g. ttft_ms_p99: 2000 or "
+        "short/itl_ms_p99: 300 (a request class's metric)")
+    min_goodput_fraction: float | None = Field(default=None, gt=0.0, le=1.0,
+                                               description="goodput (workload.slo) >= this share of completions")
+    start: PositiveFloat = 1.0
+    low: PositiveFloat | None = Field(default=None, description="lowest probe; default start / 16 (rate) or 1")
+    high: PositiveFloat = 64.0
+    growth: float = Field(default=2.0, gt=1.0)
+    precision: float = Field(default=0.1, gt=0.0, lt=1.0)
+    max_probes: PositiveInt = 8
+    time_budget_s: PositiveFloat | None = None
+    min_sustained: float = Field(default=0.9, gt=0.0, le=1.0)
+    point: dict[str, Any] = Field(default_factory=dict, description="other LoadPointSpec fields of every probe")
+
+    @model_validator(mode="after")
+    def _valid(self) -> CapacitySpec:
+        if not self.slo and self.min_goodput_fraction is None:
+            raise ValueError("capacity: set slo (metric -> limit) and/or min_goodput_fraction")
+        bad = [k for k in self.slo if not SLO_METRIC.match(k)]
+        if bad:
+            raise ValueError(f"capacity.slo: {', '.join(bad)}: expected [<class>/]<ttft|tpot|itl|e2e|itl_worst>"
+                             "_ms_<mean|p50|p90|p95|p99|max>")
+        for key in ("rate", "concurrency", "trace"):
+            if key in self.point:
+                raise ValueError(f"capacity.point: '{key}' is set by the search (knob), not in point")
+        if self.knob == "concurrency" and self.point.get("max_concurrency") is not None:
+            raise ValueError("capacity.point.max_concurrency applies to rate probes only")
+        self.probe(self.start)  # the template must make a valid point
+        if self.lowest > self.start or self.start > self.high:
+            raise ValueError(f"capacity: expected low <= start <= high, got {self.lowest:g}, {self.start:g}, "
+                             f"{self.high:g}")
+        return self
+
+    @property
+    def lowest(self) -> float:
+        if self.low is not None:
+            return self.low
+        return 1.0 if self.knob == "concurrency" else self.start / 16
+
+    def probe(self, value: float) -> LoadPointSpec:
+        """The load point of a probe at ``value`` (req/s, or streams)."""
+        setting: Any = int(value) if self.knob == "concurrency" else value
+        return LoadPointSpec.model_validate({**self.point, self.knob: setting})
+
+
 class WorkloadSpec(StrictModel):
     """Requests and the load points they are sent at."""
 
     name: str
     api: Literal["completions", "chat"] = "completions"
     classes: dict[str, RequestClass] = Field(min_length=1)
-    load_points: list[LoadPointSpec] = Field(min_length=1)
+    load_points: list[LoadPointSpec] = Field(default_factory=list, description="fixed points, run first")
+    capacity: CapacitySpec | None = Field(default=None, description="then an SLO capacity search (probes)")
     num_requests: PositiveInt | None = Field(default=None, description="default per load point")
     duration_s: PositiveFloat | None = Field(default=None, description="default per load point")
     warmup_requests: int = Field(default=2, ge=0)
@@ -462,6 +524,18 @@ class WorkloadSpec(StrictModel):
     def _stops_and_classes(self) -> WorkloadSpec:
         if not any(c.rate is None for c in self.classes.values()):
             raise ValueError("at least one request class must follow the load point (no 'rate' of its own)")
+        if not self.load_points and self.capacity is None:
+            raise ValueError("load_points is empty and there is no capacity search: nothing to measure")
+        if self.capacity is not None:
+            for key in self.capacity.slo:
+                cls = SLO_METRIC.match(key).group("cls")  # type: ignore[union-attr]
+                if cls is not None and cls not in self.classes:
+                    raise ValueError(f"capacity.slo.{key}: no request class '{cls}' (classes: "
+                                     f"{', '.join(self.classes)})")
+            probe = self.capacity.probe(self.capacity.start)
+            if probe.trace is None and (probe.num_requests or self.num_requests or probe.duration_s
+                                        or self.duration_s) is None:
+                raise ValueError("capacity probes have no stop: set num_requests or duration_s")
         for i, p in enumerate(self.load_points):
             if p.trace is None and (p.num_requests or self.num_requests or p.duration_s or self.duration_s) is None:
                 raise ValueError(f"load_points[{i}] has no stop: set num_requests or duration_s")
@@ -578,7 +652,47 @@ class TrialSpec(StrictModel):
                 f"(input + output at the top of range_ratio) but the context is {limit} "
                 "(engine.max_model_len / model)"
             )
+        if self.workload.capacity is not None and getattr(self.engine, "restart_between_points", False):
+            raise ValueError("workload.capacity searches one running server: it cannot be combined with "
+                             "engine.restart_between_points")
         return self
+
+
+class ObjectiveSpec(StrictModel):
+    """What the sweep's verdict optimises: one metric of each trial (or a knob, e.g.
+    ``engine.max_num_batched_tokens``), among the trials that meet ``subject_to``.
+
+    A metric is read from the trial's own metrics when it has one by that name (e.g.
+    ``slo_capacity_rps``), else at load point ``at`` (a label such as ``c4``; default the
+    trial's heaviest fixed point); ``<class>/<metric>`` reads a request class's metric.
+    ``subject_to`` maps a metric to its highest allowed value, to ``{min: x}`` / ``{max: x}``,
+    or to ``base-D``: at least the first trial's value minus D (e.g. ``accuracy: base-0.01``).
+    ``frontier`` names two metrics, ``{maximize: a, minimize: b}``, for a Pareto plot; ``show``
+    lists more metrics to quote next to the verdict and in its per-knob tables.
+    """
+
+    maximize: str | None = None
+    minimize: str | None = None
+    at: str | None = None
+    subject_to: dict[str, float | str | dict[Literal["min", "max"], float]] = Field(default_factory=dict)
+    show: list[str] = Field(default_factory=list)
+    frontier: dict[Literal["maximize", "minimize"], str] | None = None
+
+    @model_validator(mode="after")
+    def _one_direction(self) -> ObjectiveSpec:
+        if (self.maximize is None) == (self.minimize is None):
+            raise ValueError("objective: set exactly one of maximize / minimize (a metric or a knob)")
+        for key, bound in self.subject_to.items():
+            if isinstance(bound, str) and not re.fullmatch(r"base-\d+(\.\d+)?", bound):
+                raise ValueError(f"objective.subject_to.{key}: expected a number, {{min: x}}, {{max: x}} or "
+                                 f"'base-D' (at least the baseline minus D), got {bound!r}")
+        if self.frontier is not None and len(self.frontier) != 2:
+            raise ValueError("objective.frontier: expected {maximize: metric, minimize: metric}")
+        return self
+
+    @property
+    def key(self) -> str:
+        return self.maximize or self.minimize  # type: ignore[return-value]
 
 
 class SweepSettings(StrictModel):
@@ -589,3 +703,4 @@ class SweepSettings(StrictModel):
     dry_run: bool = False
     resume: bool = Field(default=True, description="skip trials whose hash already has a FINISHED run")
     reuse_servers: bool = Field(default=True, description="trials with identical servers share one server start")
+    objective: ObjectiveSpec | None = Field(default=None, description="the report's verdict (see ObjectiveSpec)")

@@ -22,7 +22,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import aiohttp
@@ -433,8 +433,13 @@ def run_points(
     on_point_start: Callable[[int, LoadPointSpec], None] | None = None,
     on_point_end: Callable[[int, LoadPointSpec, list[RequestRecord], dict[str, float]], bool] | None = None,
     first_index: int = 0,
+    points: Iterable[LoadPointSpec] | None = None,
 ) -> list[RequestRecord]:
     """Warm up, then run every load point in order; returns all records (``point`` = index).
+
+    ``points`` replaces ``workload.load_points``; it may be a generator that decides the
+    next point from the results so far (``on_point_end`` has run before it is asked again:
+    an SLO capacity search's probes).
 
     ``first_index`` numbers the points from there (a trial that restarts its server between
     points runs them one call at a time; each point keeps its own seeded draws).
@@ -455,7 +460,7 @@ def run_points(
             session = runner.run(_open_session_async())
             try:
                 runner.run(_warmup(endpoint, workload, planner, session, seed))
-                for i, point in enumerate(workload.load_points, start=first_index):
+                for i, point in enumerate(workload.load_points if points is None else points, start=first_index):
                     records: list[RequestRecord] = []
                     stats: list[dict[str, float]] = []
                     for r in range(workload.repeats):

@@ -44,6 +44,7 @@ class TrialResult(BaseModel):
     points: list[PointResult] = Field(default_factory=list)
     metrics: dict[str, float] = Field(default_factory=dict)
     attempts: list[dict[str, Any]] = Field(default_factory=list, description="one entry per Ray attempt")
+    capacity: dict[str, Any] = Field(default_factory=dict, description="the SLO capacity search: probes, verdicts")
     records_parquet: bytes = b""
     server_log: str = ""
 

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 from orchestrator.report.data import SweepData, TrialData
-from orchestrator.report.plots import LAB_PLOTS, generic
+from orchestrator.report.plots import LAB_PLOTS, frontier, generic
+from orchestrator.report.verdict import decide, knob_effects, value_of
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,18 @@ def build_report(data: SweepData, out: Path, accuracy_delta: float = 0.01) -> li
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     lab = LAB_PLOTS.get(data.experiment)
-    for builder in ([lab] if lab else []) + [generic]:
+    builders = ([lab] if lab else []) + [generic]
+    goal = data.objective
+    if goal is not None and goal.frontier is not None:
+        front = goal.frontier
+
+        def pareto_plot(d: SweepData, o: Path) -> list[Path]:
+            def value(t: TrialData, key: str) -> float | None:
+                v = value_of(t, key, goal.at)
+                return v.value if v else None
+            return frontier(d, o, front["minimize"], front["maximize"], value)
+        builders.append(pareto_plot)
+    for builder in builders:
         try:
             files += builder(data, out)
         except Exception as exc:  # one broken figure must not cost the others or the table
@@ -133,9 +145,13 @@ def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float 
         for p in t.points:
             lines.append("| " + " | ".join([t.name, t.status, *params, p.label,
                                              *[_fmt(p.metrics.get(k)) for k, _ in COLUMNS], *acc]) + " |")
-    best, why = best_configuration(data.finished, delta=accuracy_delta)
-    lines += ["", f"**Best configuration:** {best.name if best else 'none'} ({why})." if best else
-              f"**Best configuration:** none ({why})."]
+    if data.objective is not None:
+        lines += ["", *decide(data.finished, data.objective).lines, ""]
+        lines += knob_effects(data.finished, varied, data.objective)
+    else:
+        best, why = best_configuration(data.finished, delta=accuracy_delta)
+        lines += ["", f"**Best configuration:** {best.name if best else 'none'} ({why}; the experiment declares "
+                  "no `objective`, see README)."]
     skipped = [t for t in data.trials if t.status != "FINISHED"]
     if skipped:
         lines += ["", "Not measured: " + "; ".join(f"{t.name} {t.status}" for t in skipped) + "."]

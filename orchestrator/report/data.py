@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.metrics.result import TrialResult
 from orchestrator.tracking.mlflow_tracker import trial_params
 
@@ -64,6 +65,7 @@ class SweepData:
     trials: list[TrialData]
     source: str  # "results" or "mlflow:<uri> run <id>"
     sweep_run_id: str | None = None
+    objective: ObjectiveSpec | None = None  # the experiment's verdict rule (from its config or the sweep run)
 
     @property
     def finished(self) -> list[TrialData]:
@@ -85,7 +87,8 @@ def _finite(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def from_results(results: list[TrialResult], experiment: str, sweep_run_id: str | None = None) -> SweepData:
+def from_results(results: list[TrialResult], experiment: str, sweep_run_id: str | None = None,
+                 objective: ObjectiveSpec | None = None) -> SweepData:
     """Report data from the driver's own results (no MLflow needed)."""
     trials = []
     for r in results:
@@ -107,7 +110,7 @@ def from_results(results: list[TrialResult], experiment: str, sweep_run_id: str 
 
         trials.append(TrialData(name=r.variant or f"trial-{r.trial_hash[:8]}", status=r.status, params=params,
                                 metrics=dict(r.metrics), points=points, trial_hash=r.trial_hash, records=load))
-    return SweepData(experiment, trials, "results", sweep_run_id)
+    return SweepData(experiment, trials, "results", sweep_run_id, objective)
 
 
 def parse_points_csv(text: str) -> list[Point]:
@@ -143,6 +146,8 @@ def from_mlflow(uri: str, experiment: str, sweep_run_id: str | None = None) -> S
                 break
         if sweep_run_id is None:
             raise LookupError(f"experiment {experiment!r} at {uri} has no sweep with trial runs")
+    logged = client.get_run(sweep_run_id).data.params.get("objective")
+    objective = ObjectiveSpec.model_validate_json(logged) if logged else None
     runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{sweep_run_id}'",
                               order_by=["attributes.start_time ASC"], max_results=5000)
     trials = []
@@ -171,4 +176,4 @@ def from_mlflow(uri: str, experiment: str, sweep_run_id: str | None = None) -> S
                 name=tags.get("variant") or run.info.run_name or run_id[:8], status=tags.get("trial_status", "?"),
                 params=dict(run.data.params), metrics={k: v for k, v in run.data.metrics.items() if "/" not in k},
                 points=points, run_id=run_id, trial_hash=tags.get("trial_hash", ""), records=load))
-    return SweepData(experiment, trials, f"mlflow:{uri} run {sweep_run_id}", sweep_run_id)
+    return SweepData(experiment, trials, f"mlflow:{uri} run {sweep_run_id}", sweep_run_id, objective)

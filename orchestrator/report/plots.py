@@ -289,6 +289,27 @@ def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, A
     return front
 
 
+def frontier(data: SweepData, out: Path, minimize: str, maximize: str,
+             value: Callable[[TrialData, str], float | None]) -> list[Path]:
+    """Each finished trial at (``minimize``, ``maximize``); the Pareto frontier joined."""
+    pts = [(x, y, t.name) for t in data.finished
+           if (x := value(t, minimize)) is not None and (y := value(t, maximize)) is not None]
+    if len(pts) < 2:
+        return []
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for x, y, name in pts:
+        ax.plot(x, y, "o", color="tab:blue")
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    front = pareto(pts)
+    ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="tab:red", label="Pareto frontier")
+    ax.set_xlabel(f"{minimize} (lower is better)")
+    ax.set_ylabel(f"{maximize} (higher is better)")
+    ax.set_title(f"{data.experiment}: {maximize} vs {minimize}")
+    ax.legend()
+    return [_save(fig, out, "frontier.png")]
+
+
 def _by_param(data: SweepData, out: Path, key: str, xlabel: str, name: str, title: str) -> list[Path]:
     plt = _plt()
     trials = sorted((t for t in data.finished if t.num(key) is not None), key=lambda t: t.num(key))

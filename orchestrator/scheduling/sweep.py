@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import OrchestratorError
+from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.config.secrets import redact_override
@@ -178,7 +179,9 @@ def run_sweep(
         return []
     if tracker is not None:
         try:
-            tracker.start_sweep(sweep_name, {"experiment": experiment, "num_trials": len(jobs), **(sweep_params or {})},
+            objective = {"objective": settings.objective.model_dump_json(exclude_none=True)} if settings.objective else {}
+            tracker.start_sweep(sweep_name, {"experiment": experiment, "num_trials": len(jobs), **objective,
+                                             **(sweep_params or {})},
                                 {"git_commit": commit, "sweep_dir": str(sweep_dir.resolve())})
         except Exception as exc:  # keep measuring; results stay on disk
             progress(f"warning: could not create the MLflow sweep run ({exc}); results are kept on disk only")
@@ -232,7 +235,7 @@ def run_sweep(
                 tracker.end_sweep(dict(counts), status)
             except Exception as exc:  # a tracking failure must not hide the sweep's own outcome
                 progress(f"warning: could not close the MLflow sweep run: {exc}")
-    _report(experiment, results, sweep_dir, tracker, progress)
+    _report(experiment, results, sweep_dir, tracker, progress, settings.objective)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     progress(f"sweep '{experiment}' done in {time.monotonic() - t0:.0f}s: {summary}")
     if tracker is not None:
@@ -241,7 +244,7 @@ def run_sweep(
 
 
 def _report(experiment: str, results: list[TrialResult], sweep_dir: Path, tracker: MlflowTracker | None,
-            progress: Progress) -> None:
+            progress: Progress, objective: ObjectiveSpec | None = None) -> None:
     """The sweep's report (lab plots, summary.md): written to ``<sweep_dir>/report`` first,
     then logged to the sweep's parent run under ``report/``. A report failure costs nothing
     measured; ``python -m orchestrator.report experiment=NAME`` rebuilds it from MLflow."""
@@ -249,11 +252,20 @@ def _report(experiment: str, results: list[TrialResult], sweep_dir: Path, tracke
         return
     try:
         from orchestrator.report import build_report, from_results
+        from orchestrator.report.verdict import decide
 
-        files = build_report(from_results(results, experiment), sweep_dir / "report")
+        data = from_results(results, experiment, objective=objective)
+        files = build_report(data, sweep_dir / "report")
         progress(f"report: {len(files)} file(s) in {sweep_dir / 'report'}")
+        verdict = decide(data.finished, objective) if objective is not None else None
+        if verdict is not None:
+            for line in verdict.lines:
+                progress(line.replace("**", ""))
         if tracker is not None:
             tracker.log_sweep_files(files, "report")
+            if verdict is not None:
+                tracker.set_sweep_tags({"verdict": verdict.best.name if verdict.best else "none",
+                                        "verdict_text": verdict.headline.replace("**", "")})
     except Exception as exc:
         progress(f"warning: the sweep report failed ({exc}); rebuild it with "
                  f"`python -m orchestrator.report experiment={experiment}`")

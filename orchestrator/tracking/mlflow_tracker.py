@@ -120,6 +120,12 @@ class MlflowTracker:
         for f in files:
             self.client.log_artifact(self.parent_run_id, str(f), folder)
 
+    def set_sweep_tags(self, tags: Mapping[str, str]) -> None:
+        """Tags on the parent run (the sweep's verdict)."""
+        if self.parent_run_id:
+            for k, v in tags.items():
+                self.client.set_tag(self.parent_run_id, k, truncate(v, 5000))
+
     def end_sweep(self, counts: Mapping[str, int], status: str = "FINISHED") -> None:
         if self.parent_run_id is None:
             return
@@ -156,6 +162,8 @@ class MlflowTracker:
             run_tags["lost_attempts"] = truncate("; ".join(
                 f"#{a['attempt']} node {str(a.get('node_id'))[:12]}: {str(a.get('error')).splitlines()[0][:200]}"
                 for a in lost), 5000)
+        if result.capacity.get("explanation"):  # the SLO capacity and the probe that bounds it, in words
+            run_tags["slo_capacity"] = truncate(str(result.capacity["explanation"]), 5000)
         invalid = [p.label for p in result.points if p.metrics.get("invalid")]
         if invalid:
             run_tags["invalid_points"] = ",".join(invalid)  # the client, not the server, was the bottleneck

@@ -45,6 +45,23 @@ def test_dry_run_prints_one_line_per_trial_and_starts_nothing():
     assert "--no-enable-chunked-prefill" in lines[0]["servers"][0]["argv"]
 
 
+def test_overrides_on_both_sides_of_multirun_flag():
+    import json
+
+    p = run("+experiment=chunked_prefill", "-m", "engine.block_size=32", "dry_run=true")
+    assert p.returncode == 0, p.stderr
+    lines = [x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x]
+    assert len(lines) == 4
+    assert all(x["servers"][0]["argv"][x["servers"][0]["argv"].index("--block-size") + 1] == "32" for x in lines)
+
+
+def test_flags_last_keeps_everything_else_in_order():
+    from orchestrator.__main__ import flags_last
+
+    assert flags_last(["a=1", "-m", "b=2", "--cfg", "job"]) == ["a=1", "b=2", "--cfg", "job", "-m"]
+    assert flags_last(["a=1"]) == ["a=1"]
+
+
 def test_missing_dataset_file_fails_before_launch():
     p = run("workload=sharegpt", "workload.classes.main.path=/nope/sharegpt.json", "-m")
     assert p.returncode == 2, p.stderr

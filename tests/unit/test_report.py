@@ -153,3 +153,67 @@ def test_best_configuration_respects_accuracy():
 def test_pareto_front():
     pts = [(4.0, 100.0, "a"), (2.0, 90.0, "b"), (3.0, 80.0, "c"), (5.0, 120.0, "d")]
     assert [p[2] for p in pareto(pts)] == ["b", "a", "d"]
+
+
+def _trial(name, budget, points, metrics=None):
+    params = {"engine.max_num_batched_tokens": str(budget), "engine.enable_chunked_prefill": str(budget is not None)}
+    return TrialData(name, "FINISHED", params, metrics or {}, points)
+
+
+def test_verdict_smallest_budget_within_the_long_prompt_slo(tmp_path):
+    from orchestrator.config.schema import ObjectiveSpec
+    from orchestrator.report.data import SweepData
+    from orchestrator.report.verdict import decide
+
+    objective = ObjectiveSpec.model_validate({
+        "minimize": "engine.max_num_batched_tokens", "subject_to": {"long/ttft_ms_p99": 2000},
+        "show": ["short/itl_ms_p99"], "frontier": {"minimize": "short/itl_ms_p99", "maximize": "tokens_per_second"}})
+
+    def pts(ttft, itl, tps):
+        return [Point(0, "c2", {"concurrency": 2}, {}),
+                Point(1, "c4", {"concurrency": 4}, {"long/ttft_ms_p99": ttft, "short/itl_ms_p99": itl,
+                                                    "tokens_per_second": tps})]
+    trials = [_trial("chunking_off", None, pts(900, 737, 300)), _trial("budget_128", 128, pts(2600, 150, 280)),
+              _trial("budget_256", 256, pts(1400, 212, 310)), _trial("budget_2048", 2048, pts(1085, 700, 305))]
+    v = decide(trials, objective)
+    assert v.best.name == "budget_256"
+    assert v.headline.startswith("**Verdict:** budget_256: engine.max_num_batched_tokens 256 "
+                                 "(long/ttft_ms_p99 1400, short/itl_ms_p99 212)")
+    excluded = dict((t.name, why) for t, why in v.excluded)
+    assert excluded == {"chunking_off": "engine.max_num_batched_tokens not set",
+                        "budget_128": "long/ttft_ms_p99 2600, needs <= 2000"}
+    data = SweepData("chunked_prefill", trials, "results", objective=objective)
+    files = build_report(data, tmp_path)
+    assert "frontier.png" in [f.name for f in files]
+    md = (tmp_path / "summary.md").read_text()
+    assert "**Verdict:** budget_256" in md and "Best configuration" not in md
+    assert "What `engine.enable_chunked_prefill` changed:" in md
+    assert "| 256 | budget_256 | 1400 | 212 |" in md and "| True | budget_256 | 1400 | 212 |" in md
+
+
+def test_verdict_calls_overlapping_intervals_a_tie_and_checks_accuracy_against_the_baseline():
+    from orchestrator.config.schema import ObjectiveSpec
+    from orchestrator.report.verdict import decide
+
+    objective = ObjectiveSpec.model_validate({"maximize": "slo_capacity_rps", "subject_to": {"accuracy": "base-0.01"}})
+    trials = [_trial("fp16", None, [], {"slo_capacity_rps": 10.0, "slo_capacity_rps_ci95": 1.0, "accuracy": 0.80}),
+              _trial("fp8", None, [], {"slo_capacity_rps": 10.8, "slo_capacity_rps_ci95": 0.5, "accuracy": 0.795}),
+              _trial("int4", None, [], {"slo_capacity_rps": 14.0, "slo_capacity_rps_ci95": 0.5, "accuracy": 0.70})]
+    v = decide(trials, objective)
+    assert v.best.name == "fp8" and [t.name for t in v.ties] == ["fp16"]
+    assert "Tied within the 95% intervals: fp16 (10 ± 1)" in v.headline
+    assert dict((t.name, why) for t, why in v.excluded) == {"int4": "accuracy 0.7, needs >= 0.79"}
+    none = decide(trials, ObjectiveSpec.model_validate({"maximize": "slo_capacity_rps",
+                                                         "subject_to": {"accuracy": {"min": 0.9}}}))
+    assert none.best is None and none.headline.startswith("**Verdict:** no trial meets the objective")
+
+
+def test_objective_config_errors_name_the_key():
+    from pydantic import ValidationError
+
+    from orchestrator.config.schema import ObjectiveSpec
+
+    with pytest.raises(ValidationError, match="exactly one of maximize / minimize"):
+        ObjectiveSpec.model_validate({"maximize": "a", "minimize": "b"})
+    with pytest.raises(ValidationError, match="objective.subject_to.accuracy: expected a number"):
+        ObjectiveSpec.model_validate({"maximize": "a", "subject_to": {"accuracy": "baseline"}})

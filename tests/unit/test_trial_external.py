@@ -72,3 +72,36 @@ def test_repeats_give_fresh_requests_and_confidence_intervals(compose, tmp_path,
     table = parquet_bytes_to_table(result.records_parquet)
     assert sorted(set(table.column("repeat").to_pylist())) == [0, 1, 2]
     assert table.num_rows == 18  # 6 requests x 3 repeats
+
+
+def test_capacity_search_on_a_scripted_latency_curve(compose, tmp_path, tiny_model_dir):
+    # TTFT = 10 ms + 20 ms per other request in flight: the p99 SLO of 100 ms holds up to 5 streams
+    progress: list[str] = []
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.001, ttft_per_in_flight_s=0.02)) as srv:
+        spec = external_spec(compose, srv.base_url, "workload.load_points=[{concurrency:1}]",
+                             "workload.num_requests=12",
+                             "+workload.capacity={knob:concurrency,start:2,high:32,slo:{ttft_ms_p99:100}}")
+        result = run_trial(spec, tmp_path, progress=progress.append)
+    assert result.status == "FINISHED", result.error
+    labels = [p.label for p in result.points]
+    assert labels[0] == "c1" and labels[1:4] == ["c2", "c4", "c8"]  # the fixed point, then the bracket
+    m = result.metrics
+    assert m["slo_capacity_concurrency"] == 5 and m["slo_capacity_concurrency_hi"] == 6
+    assert m["slo_capacity_concurrency_probes"] == len(labels) - 1 == 5
+    assert [p.metrics["slo_met"] for p in result.points[1:]] == [1.0, 1.0, 0.0, 0.0, 1.0]  # c2 c4 c8 c6 c5
+    cap = result.capacity
+    assert cap["explanation"].startswith("capacity 5 streams (probe c5 met the SLOs; probe c6 at 6 did not: "
+                                         "ttft_ms_p99")
+    assert [p["verdict"] for p in cap["probes"]] == ["pass", "pass", "fail", "fail", "pass"]
+    assert any("probe 3 c8: running" in line for line in progress)
+    assert any(line.endswith("stopped: bracket 5..6 within 10%") for line in progress)
+    assert load_result(tmp_path).capacity == cap  # on disk with the result
+
+
+def test_capacity_search_config_errors_name_the_key(compose):
+    with pytest.raises(ConfigError, match="capacity.slo: ttft_p99: expected"):
+        to_specs(compose(["+workload.capacity={slo:{ttft_p99:100}}"]))
+    with pytest.raises(ConfigError, match="no request class 'long'"):
+        to_specs(compose(["+workload.capacity={slo:{long/ttft_ms_p99:100}}"]))
+    with pytest.raises(ConfigError, match="nothing to measure"):
+        to_specs(compose(["workload.load_points=[]"]))

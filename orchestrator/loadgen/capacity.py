@@ -1,0 +1,162 @@
+"""SLO capacity: the highest load at which a trial's SLOs hold, found by probing its server.
+
+Pure logic, no I/O: :class:`CapacitySearch` proposes the next probe (a request rate or a
+concurrency), the caller runs it as an ordinary load point and reports its verdict from
+:func:`judge`. The search brackets (from ``start``, multiplying by ``growth`` while the SLOs
+hold, dividing while they do not), then bisects the bracket until it is narrower than
+``precision`` (relative), or ``max_probes`` or the time budget are spent.
+
+A probe the client could not drive (the point is flagged invalid) decides nothing: the
+search stops there and says so, rather than call the server's limit what was the client's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+Verdict = Literal["pass", "fail", "invalid"]
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    reasons: tuple[str, ...] = ()
+
+
+def metric_of(metrics: dict[str, float], class_metrics: dict[str, dict[str, float]], key: str) -> float | None:
+    """A point's metric by name; ``<class>/<metric>`` reads a request class's metric."""
+    if "/" in key:
+        cls, name = key.split("/", 1)
+        value = class_metrics.get(cls, {}).get(name)
+    else:
+        value = metrics.get(key)
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def judge(metrics: dict[str, float], class_metrics: dict[str, dict[str, float]], slo: dict[str, float],
+          knob: str, min_goodput_fraction: float | None = None, min_sustained: float = 0.9) -> Judgement:
+    """Did a probe meet every SLO (``slo``: metric -> highest allowed value)?
+
+    ``fail`` also when requests failed, when goodput fell below ``min_goodput_fraction`` of
+    the completed rate, or (rate probes) when the server completed requests slower than the
+    schedule offered them (``qps < min_sustained x schedule_rate``: a growing queue).
+    ``invalid`` when the client was the bottleneck: such a probe must not decide."""
+    if metrics.get("invalid"):
+        return Judgement("invalid", ("the client could not drive this load",))
+    reasons = []
+    for key, limit in slo.items():
+        value = metric_of(metrics, class_metrics, key)
+        if value is None:
+            reasons.append(f"{key} not measured")
+        elif value > limit:
+            reasons.append(f"{key} {value:.4g} > {limit:g}")
+    if metrics.get("errors"):
+        reasons.append(f"{int(metrics['errors'])} request(s) failed")
+    qps = metrics.get("qps", 0.0)
+    if min_goodput_fraction is not None and qps > 0 and metrics.get("goodput", 0.0) < min_goodput_fraction * qps:
+        reasons.append(f"goodput {metrics.get('goodput', 0.0):.3g} < {min_goodput_fraction:g} x {qps:.3g} req/s")
+    schedule = metrics.get("schedule_rate")
+    if knob == "rate" and schedule and qps < min_sustained * schedule:
+        reasons.append(f"saturated: completed {qps:.3g} req/s of {schedule:.3g} offered")
+    return Judgement("fail" if reasons else "pass", tuple(reasons))
+
+
+@dataclass
+class Probe:
+    value: float
+    label: str
+    judgement: Judgement
+
+
+@dataclass
+class CapacitySearch:
+    """Bracket, then bisect. ``integer`` (concurrency) probes whole numbers only."""
+
+    start: float
+    low: float
+    high: float
+    growth: float = 2.0
+    precision: float = 0.1
+    max_probes: int = 8
+    integer: bool = False
+    probes: list[Probe] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    def _snap(self, v: float) -> float:
+        return float(max(1, round(v))) if self.integer else v
+
+    @property
+    def best_pass(self) -> Probe | None:
+        ok = [p for p in self.probes if p.judgement.verdict == "pass"]
+        return max(ok, key=lambda p: p.value) if ok else None
+
+    @property
+    def lowest_fail(self) -> Probe | None:
+        bad = [p for p in self.probes if p.judgement.verdict == "fail"]
+        return min(bad, key=lambda p: p.value) if bad else None
+
+    def next_value(self, out_of_time: bool = False) -> float | None:
+        """The next probe, or None when the search is over (``stop_reason`` says why)."""
+        if self.stop_reason:
+            return None
+        if self.probes and self.probes[-1].judgement.verdict == "invalid":
+            return self._stop(f"probe {self.probes[-1].label} could not be driven by the client; "
+                              "it decides nothing and higher loads would not either")
+        if len(self.probes) >= self.max_probes:
+            return self._stop(f"{self.max_probes} probes spent")
+        if out_of_time:
+            return self._stop("time budget spent")
+        if not self.probes:
+            return self._snap(self.start)
+        ok, bad = self.best_pass, self.lowest_fail
+        if ok is not None and bad is not None and ok.value < bad.value:
+            if (bad.value - ok.value) / bad.value <= self.precision or (self.integer and bad.value - ok.value <= 1):
+                return self._stop(f"bracket {ok.value:g}..{bad.value:g} within {self.precision:.0%}")
+            mid = math.sqrt(ok.value * bad.value) if bad.value > 2 * ok.value else (ok.value + bad.value) / 2
+            mid = float(math.floor(mid)) if self.integer else mid
+            if mid in (ok.value, bad.value):
+                return self._stop(f"bracket {ok.value:g}..{bad.value:g} cannot be split further")
+            return mid
+        if bad is None:  # every probe passed so far: go up
+            assert ok is not None
+            if ok.value >= self.high:
+                return self._stop(f"the SLOs hold at the highest load searched ({self.high:g})")
+            return self._snap(min(ok.value * self.growth, self.high))
+        # every probe failed so far: go down
+        if bad.value <= self.low:
+            return self._stop(f"the SLOs fail even at the lowest load searched ({self.low:g})")
+        return self._snap(max(bad.value / self.growth, self.low))
+
+    def _stop(self, reason: str) -> None:
+        self.stop_reason = reason
+        return None
+
+    def observe(self, value: float, label: str, judgement: Judgement) -> None:
+        self.probes.append(Probe(value, label, judgement))
+
+    def summary(self) -> dict[str, float]:
+        """``capacity`` (0 when nothing passed), the bracket, probes run, and whether the
+        capacity is only a lower bound (``capacity_censored``: every probe passed)."""
+        ok, bad = self.best_pass, self.lowest_fail
+        out = {"capacity": ok.value if ok else 0.0, "capacity_probes": float(len(self.probes)),
+               "capacity_lo": ok.value if ok else 0.0}
+        if bad is not None:
+            out["capacity_hi"] = bad.value
+        out["capacity_censored"] = float(ok is not None and bad is None)
+        return out
+
+    def explanation(self, unit: str) -> str:
+        ok, bad = self.best_pass, self.lowest_fail
+        if ok is None:
+            where = f"no probe met the SLOs (lowest tried {min(p.value for p in self.probes):g} {unit})" \
+                if self.probes else "no probe ran"
+            head = f"capacity 0 {unit}: {where}"
+        elif bad is None:
+            head = f"capacity >= {ok.value:g} {unit} (probe {ok.label}): every probe met the SLOs"
+        else:
+            why = "; ".join(bad.judgement.reasons)
+            head = (f"capacity {ok.value:g} {unit} (probe {ok.label} met the SLOs; "
+                    f"probe {bad.label} at {bad.value:g} did not: {why})")
+        return f"{head}; stopped: {self.stop_reason or 'not finished'}"

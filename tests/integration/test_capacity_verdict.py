@@ -1,0 +1,50 @@
+"""SLO capacity search on the real vLLM CPU server, and the sweep's verdict over it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, engine_processes, search_runs
+
+pytestmark = pytest.mark.integration
+
+
+def test_capacity_of_two_chunked_prefill_budgets_and_the_verdict(tmp_path):
+    # Two budgets under an ITL p99 SLO on the short streams, long prompts arriving meanwhile:
+    # each trial searches its own server's capacity (in streams); the verdict names the one
+    # that sustains more. Few requests per probe: this checks the path, not the lab's numbers.
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [sys.executable, "-m", "orchestrator", "+experiment=chunked_prefill", "variant=budget_256,budget_2048",
+           "per_platform.cpu.workload.load_points=[]", "per_platform.cpu.workload.num_requests=8",
+           "+workload.capacity={knob:concurrency,start:2,high:8,max_probes:3,slo:{short/itl_ms_p99:450}}",
+           "~objective", "+objective={maximize:slo_capacity_concurrency,show:[short/itl_ms_p99]}",
+           f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/multirun", "-m"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = p.stdout
+    assert "probe 1 c2: running" in out and "SLO capacity: capacity" in out
+    runs = search_runs(store, "chunked_prefill")
+    trials = {r.data.tags["variant"]: r for r in runs if r.data.tags.get("run_kind") == "trial"}
+    assert set(trials) == {"budget_256", "budget_2048"}
+    for r in trials.values():
+        m = r.data.metrics
+        assert r.data.tags["trial_status"] == "FINISHED"
+        assert 1 <= m["slo_capacity_concurrency_probes"] <= 3
+        assert m["slo_capacity_concurrency"] in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+        assert r.data.tags["slo_capacity"].startswith("capacity ")
+    caps = {v: r.data.metrics["slo_capacity_concurrency"] for v, r in trials.items()}
+    best = max(caps, key=lambda v: (caps[v], v == "budget_256"))  # the verdict keeps sweep order on ties
+    parent = next(r for r in runs if r.data.tags.get("run_kind") == "sweep")
+    if caps["budget_256"] == caps["budget_2048"]:
+        assert parent.data.tags["verdict"] in caps
+    else:
+        assert parent.data.tags["verdict"] == best
+    assert "objective: maximize slo_capacity_concurrency" in parent.data.tags["verdict_text"]
+    assert "Verdict: " in out
+    summary = next((tmp_path / "multirun").glob("*/report/summary.md"), None) or \
+        next((tmp_path / "multirun").glob("**/summary.md"))
+    assert "**Verdict:**" in summary.read_text()
+    assert not engine_processes()

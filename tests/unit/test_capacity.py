@@ -1,0 +1,89 @@
+"""SLO capacity search on scripted latency curves: bracketing, bisection, stop rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.loadgen.capacity import CapacitySearch, Judgement, judge
+
+
+def curve(capacity: float):
+    """A server whose p99 TTFT is 100 ms below ``capacity`` req/s and explodes above it."""
+    def metrics(rate: float) -> dict[str, float]:
+        ttft = 100.0 if rate <= capacity else 100.0 * (1 + 50 * (rate - capacity))
+        return {"ttft_ms_p99": ttft, "qps": rate, "schedule_rate": rate, "goodput": rate, "errors": 0.0}
+    return metrics
+
+
+def run(search: CapacitySearch, server, slo=None, knob="rate") -> CapacitySearch:
+    while (v := search.next_value()) is not None:
+        search.observe(v, f"r{v:g}", judge(server(v), {}, slo or {"ttft_ms_p99": 500.0}, knob))
+    return search
+
+
+@pytest.mark.parametrize("true_capacity", [0.7, 3.3, 11.0, 40.0])
+def test_finds_capacity_within_precision(true_capacity):
+    s = run(CapacitySearch(start=2.0, low=0.1, high=256.0, precision=0.05, max_probes=12), curve(true_capacity))
+    out = s.summary()
+    # the limit is where 100 * (1 + 50 (r - c)) = 500, i.e. c + 0.08
+    assert out["capacity"] <= true_capacity + 0.08 < out["capacity_hi"]
+    assert (out["capacity_hi"] - out["capacity"]) / out["capacity_hi"] <= 0.05
+    assert "within 5%" in s.stop_reason
+    assert out["capacity_censored"] == 0.0
+
+
+def test_never_meets_the_slo_is_capacity_zero_said_plainly():
+    s = run(CapacitySearch(start=2.0, low=0.25, high=64.0), lambda r: {"ttft_ms_p99": 9e9, "qps": r,
+                                                                          "schedule_rate": r})
+    assert s.summary()["capacity"] == 0.0 and "capacity_hi" in s.summary()
+    assert [p.value for p in s.probes] == [2.0, 1.0, 0.5, 0.25]
+    assert s.explanation("req/s").startswith("capacity 0 req/s: no probe met the SLOs (lowest tried 0.25 req/s)")
+    assert "even at the lowest load searched" in s.stop_reason
+
+
+def test_meets_the_slo_everywhere_is_a_lower_bound_said_plainly():
+    s = run(CapacitySearch(start=2.0, low=0.25, high=16.0), curve(1e9))
+    out = s.summary()
+    assert out["capacity"] == 16.0 and out["capacity_censored"] == 1.0 and "capacity_hi" not in out
+    assert s.explanation("req/s").startswith("capacity >= 16 req/s")
+    assert "highest load searched" in s.stop_reason
+
+
+def test_max_probes_stops_with_the_bracket_so_far():
+    s = run(CapacitySearch(start=1.0, low=0.1, high=1000.0, precision=0.001, max_probes=5), curve(9.0))
+    assert len(s.probes) == 5 and s.stop_reason == "5 probes spent"
+    assert s.summary()["capacity"] == 8.0 and s.summary()["capacity_hi"] == 16.0
+
+
+def test_time_budget_stops():
+    s = CapacitySearch(start=1.0, low=0.1, high=100.0)
+    s.observe(1.0, "r1", Judgement("pass"))
+    assert s.next_value(out_of_time=True) is None and s.stop_reason == "time budget spent"
+
+
+def test_a_probe_the_client_could_not_drive_decides_nothing():
+    s = CapacitySearch(start=1.0, low=0.1, high=100.0)
+    s.observe(1.0, "r1", Judgement("pass"))
+    s.observe(2.0, "r2", judge({"invalid": 1.0, "ttft_ms_p99": 1.0}, {}, {"ttft_ms_p99": 500.0}, "rate"))
+    assert s.next_value() is None and "could not be driven by the client" in s.stop_reason
+    assert s.summary()["capacity"] == 1.0 and "capacity_hi" not in s.summary()  # r2 is not a failure
+
+
+def test_concurrency_probes_are_whole_numbers():
+    def server(c: float) -> dict[str, float]:
+        return {"itl_ms_p99": 50.0 * c, "qps": 1.0}
+    s = run(CapacitySearch(start=1, low=1, high=64, integer=True, max_probes=12), server,
+            {"itl_ms_p99": 275.0}, knob="concurrency")
+    assert all(p.value == int(p.value) for p in s.probes)
+    assert s.summary()["capacity"] == 5.0 and s.summary()["capacity_hi"] == 6.0
+
+
+def test_judge_reads_class_metrics_saturation_and_goodput():
+    base = {"qps": 1.0, "schedule_rate": 2.0, "goodput": 0.5, "errors": 1.0}
+    j = judge(base, {"long": {"ttft_ms_p99": 3000.0}}, {"long/ttft_ms_p99": 2000.0, "itl_ms_p99": 10.0}, "rate",
+              min_goodput_fraction=0.9)
+    text = "; ".join(j.reasons)
+    assert j.verdict == "fail"
+    assert "long/ttft_ms_p99 3000 > 2000" in text and "itl_ms_p99 not measured" in text
+    assert "1 request(s) failed" in text and "goodput 0.5 < 0.9" in text and "saturated" in text
+    assert judge(base, {}, {}, "concurrency").reasons == ("1 request(s) failed",)  # no schedule in a closed loop
