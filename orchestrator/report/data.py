@@ -150,30 +150,53 @@ def from_mlflow(uri: str, experiment: str, sweep_run_id: str | None = None) -> S
     objective = ObjectiveSpec.model_validate_json(logged) if logged else None
     runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{sweep_run_id}'",
                               order_by=["attributes.start_time ASC"], max_results=5000)
-    trials = []
     with tempfile.TemporaryDirectory() as tmp:
-        for run in runs:
-            run_id = run.info.run_id
-            points: list[Point] = []
-            try:
-                local = client.download_artifacts(run_id, "points.csv", tmp)
-                points = parse_points_csv(Path(local).read_text())
-            except Exception:  # a skipped trial has no points
-                points = []
-
-            def load(run_id: str = run_id) -> Any:
-                import pyarrow.parquet as pq
-
-                with tempfile.TemporaryDirectory() as d:
-                    try:
-                        path = client.download_artifacts(run_id, "records.parquet", d)
-                    except Exception:
-                        return None
-                    return pq.read_table(path)
-
-            tags = run.data.tags
-            trials.append(TrialData(
-                name=tags.get("variant") or run.info.run_name or run_id[:8], status=tags.get("trial_status", "?"),
-                params=dict(run.data.params), metrics={k: v for k, v in run.data.metrics.items() if "/" not in k},
-                points=points, run_id=run_id, trial_hash=tags.get("trial_hash", ""), records=load))
+        trials = [_trial_of_run(client, run, tmp) for run in runs]
     return SweepData(experiment, trials, f"mlflow:{uri} run {sweep_run_id}", sweep_run_id, objective)
+
+
+def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
+    """One trial run of MLflow as report data (points from its points.csv, records on demand)."""
+    run_id = run.info.run_id
+    points: list[Point] = []
+    try:
+        local = client.download_artifacts(run_id, "points.csv", tmp)
+        points = parse_points_csv(Path(local).read_text())
+    except Exception:  # a skipped trial has no points
+        points = []
+
+    def load(run_id: str = run_id) -> Any:
+        import pyarrow.parquet as pq
+
+        with tempfile.TemporaryDirectory() as d:
+            try:
+                path = client.download_artifacts(run_id, "records.parquet", d)
+            except Exception:
+                return None
+            return pq.read_table(path)
+
+    tags = run.data.tags
+    return TrialData(
+        name=tags.get("variant") or run.info.run_name or run_id[:8], status=tags.get("trial_status", "?"),
+        params=dict(run.data.params), metrics={k: v for k, v in run.data.metrics.items() if "/" not in k},
+        points=points, run_id=run_id, trial_hash=tags.get("trial_hash", ""), records=load)
+
+
+def finished_trials(uri: str, experiment: str, hashes: list[str]) -> dict[str, TrialData]:
+    """The newest FINISHED trial run of each trial hash in ``hashes`` (a search feeds these
+    back instead of measuring them again)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    out: dict[str, TrialData] = {}
+    if exp is None:
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        for h in dict.fromkeys(hashes):
+            runs = client.search_runs([exp.experiment_id], f"tags.trial_hash = '{h}' and tags.trial_status = "
+                                      "'FINISHED' and tags.run_kind = 'trial'",
+                                      order_by=["attributes.start_time DESC"], max_results=1)
+            if runs:
+                out[h] = _trial_of_run(client, runs[0], tmp)
+    return out

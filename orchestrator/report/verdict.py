@@ -87,6 +87,13 @@ def _check(t: TrialData, key: str, bound: object, objective: ObjectiveSpec,
     return True, f"{key} {_show(v)}"
 
 
+def constraints_hold(t: TrialData, objective: ObjectiveSpec, trials: list[TrialData]) -> tuple[bool, str]:
+    """Whether ``t`` meets every constraint of ``objective`` (``base-D`` against ``trials``)."""
+    checks = [_check(t, k, b, objective, trials) for k, b in objective.subject_to.items()]
+    failed = [why for ok, why in checks if not ok]
+    return not failed, "; ".join(failed)
+
+
 def constraint_text(objective: ObjectiveSpec) -> str:
     parts = []
     for key, bound in objective.subject_to.items():
@@ -129,8 +136,12 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
     for t, v in scored:  # overlapping 95% intervals: a tie, not a win
         if t is not best and bv.ci95 and v.ci95 and abs(v.value - bv.value) <= bv.ci95 + v.ci95:
             verdict.ties.append(t)
-    cons = {k: value_of(best, k, objective.at) for k in [*objective.subject_to, *objective.show] if k != key}
-    extra = ", ".join(f"{k} {_show(v)}" for k, v in cons.items() if v is not None)
+    def quoted(t: TrialData) -> str:
+        cons = {k: value_of(t, k, objective.at) for k in dict.fromkeys([*objective.subject_to, *objective.show])
+                if k != key}
+        return ", ".join(f"{k} {_show(v)}" for k, v in cons.items() if v is not None)
+
+    extra = quoted(best)
     head = f"**Verdict:** {best.name}: {key} {_show(bv)}" + (f" ({extra})" if extra else "") + f"; objective: {goal}."
     if verdict.ties:
         head += (" Tied within the 95% intervals: " + ", ".join(
@@ -142,7 +153,7 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
     others = [(t, v) for t, v in sorted(scored, key=lambda tv: -sign * tv[1].value) if t is not best]
     if others:
         verdict.lines.append("Also meeting the constraints: " + "; ".join(
-            f"{t.name} {key} {_show(v)}" for t, v in others) + ".")
+            f"{t.name} {key} {_show(v)}" + (f" ({q})" if (q := quoted(t)) else "") for t, v in others) + ".")
     if verdict.excluded:
         verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded)
                              + ".")

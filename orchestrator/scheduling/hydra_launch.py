@@ -55,14 +55,47 @@ def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Seq
     jobs = prepare_jobs(configs, initial_job_idx)
     sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
     results = run_sweep(jobs, sweep_dir, sweep_dir.name, sweep_params)
-    by_index = {r.trial_hash: r.status for r in results}
+    outcomes = trial_outcomes(jobs, results)
     returns = []
-    for job, cfg in zip(jobs, job_cfgs):
+    for job, cfg, outcome in zip(jobs, job_cfgs, outcomes):
         ret = JobReturn(overrides=job.overrides, cfg=cfg, hydra_cfg=cfg, working_dir=str(sweep_dir),
                         task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED)
-        ret.return_value = by_index.get(job.trial_hash, "DRY_RUN" if job.settings.dry_run else "NOT_RUN")
+        ret.return_value = outcome
         returns.append(ret)
     return returns
+
+
+def trial_outcomes(jobs: list[Any], results: list[Any]) -> list[dict[str, Any]]:
+    """Per job: ``status`` (FINISHED, SKIPPED, FAILED; DRY_RUN; NOT_RUN), and when the sweep
+    declares an objective, ``values`` ({metric: value} of the objective and its frontier's
+    metrics) and ``feasible`` (its constraints hold; ``why`` not). A trial FINISHED in an
+    earlier sweep (resume) is read back from MLflow: a search is told its numbers again."""
+    from orchestrator.report.data import finished_trials, from_results
+    from orchestrator.report.verdict import constraints_hold, value_of
+
+    settings = jobs[0].settings if jobs else None
+    by_hash = {r.trial_hash: r for r in results}
+    data = {t.trial_hash: t for t in from_results(results, "").trials}
+    missing = [j.trial_hash for j in jobs if j.trial_hash not in by_hash]
+    if missing and settings is not None and settings.tracking.enabled and not settings.dry_run:
+        try:
+            data.update(finished_trials(settings.tracking.uri, settings.tracking.experiment_name
+                                        or jobs[0].spec.experiment, missing))
+        except Exception as exc:  # no store: those trials have no numbers to tell
+            log.warning("could not read finished trials back from MLflow: %s", exc)
+    out = []
+    for job in jobs:
+        t = data.get(job.trial_hash)
+        status = by_hash[job.trial_hash].status if job.trial_hash in by_hash else (
+            "FINISHED" if t is not None else "DRY_RUN" if job.settings.dry_run else "NOT_RUN")
+        outcome: dict[str, Any] = {"status": status, "trial_hash": job.trial_hash}
+        goal = job.settings.objective
+        if goal is not None and t is not None and status == "FINISHED":
+            keys = dict.fromkeys([goal.key, *(goal.frontier.values() if goal.frontier else [])])
+            outcome["values"] = {k: (v.value if (v := value_of(t, k, goal.at)) else None) for k in keys}
+            outcome["feasible"], outcome["why"] = constraints_hold(t, goal, list(data.values()))
+        out.append(outcome)
+    return out
 
 
 @_exit_on_config_error

@@ -177,7 +177,9 @@ def run_sweep(
         progress(f"sweep '{experiment}': all {len(jobs)} trial(s) already FINISHED; nothing to run "
                  "(resume=false runs them again)")
         return []
-    if tracker is not None:
+    if tracker is not None and tracker.attach_sweep(str(sweep_dir.resolve())):
+        progress(f"sweep '{experiment}': continuing its MLflow run {tracker.parent_run_id} (a search's next batch)")
+    elif tracker is not None:
         try:
             objective = {"objective": settings.objective.model_dump_json(exclude_none=True)} if settings.objective else {}
             tracker.start_sweep(sweep_name, {"experiment": experiment, "num_trials": len(jobs), **objective,
@@ -255,6 +257,11 @@ def _report(experiment: str, results: list[TrialResult], sweep_dir: Path, tracke
         from orchestrator.report.verdict import decide
 
         data = from_results(results, experiment, objective=objective)
+        if tracker is not None and tracker.parent_run_id and len(data.trials) < tracker.sweep_trial_count():
+            from orchestrator.report import from_mlflow  # a search's batch: report on all its trials so far
+
+            data = from_mlflow(tracker.uri, experiment, tracker.parent_run_id)
+            data.objective = objective
         files = build_report(data, sweep_dir / "report")
         progress(f"report: {len(files)} file(s) in {sweep_dir / 'report'}")
         verdict = decide(data.finished, objective) if objective is not None else None

@@ -120,6 +120,12 @@ class MlflowTracker:
         for f in files:
             self.client.log_artifact(self.parent_run_id, str(f), folder)
 
+    def sweep_trial_count(self) -> int:
+        """Trial runs logged under the current sweep run."""
+        if not self.parent_run_id:
+            return 0
+        return sum(1 for _ in self._runs(f"tags.mlflow.parentRunId = '{self.parent_run_id}'"))
+
     def set_sweep_tags(self, tags: Mapping[str, str]) -> None:
         """Tags on the parent run (the sweep's verdict)."""
         if self.parent_run_id:

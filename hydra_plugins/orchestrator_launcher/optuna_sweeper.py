@@ -1,0 +1,62 @@
+"""Hydra sweeper ``hydra/sweeper=optuna``: a thin shell around :mod:`orchestrator.scheduling.search`.
+
+    python -m orchestrator +experiment=chunked_prefill hydra/sweeper=optuna -m
+    python -m orchestrator +experiment=chunked_prefill hydra/sweeper=optuna hydra.sweeper.n_trials=6 -m
+
+It searches the same parameter spaces as the grid (``hydra.sweeper.params`` and sweep
+overrides such as ``engine.block_size=16,32``) for the experiment's ``objective``.
+"""
+
+
+from dataclasses import dataclass, field  # no `from __future__ import annotations`: Hydra scans this module
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from hydra.plugins.sweeper import Sweeper
+
+
+@dataclass
+class OptunaTrialSweeperConf:
+    _target_: str = "hydra_plugins.orchestrator_launcher.optuna_sweeper.OptunaTrialSweeper"
+    n_trials: int = 10            # trials of the study in all (a resumed study counts its earlier ones)
+    batch_size: int = 1           # trials asked at once; they run in parallel on Ray, sharing servers
+    sampler: str = "tpe"          # tpe | random | nsga2 (nsga2 for a frontier)
+    seed: int = 0
+    multi_objective: bool = False     # true: two objectives, the experiment's objective.frontier
+    storage: Optional[str] = None     # default: sqlite:///optuna.db in the working directory
+    study_name: Optional[str] = None  # default: the experiment's name and its search space
+    params: Dict[str, str] = field(default_factory=dict)
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaTrialSweeperConf,
+                             provider="orchestrator")
+
+
+class OptunaTrialSweeper(Sweeper):
+    def __init__(self, **kwargs: Any) -> None:
+        self.options = kwargs
+        self.hydra_context: Any = None
+        self.config: Any = None
+        self.launcher: Any = None
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context = hydra_context
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
+
+    def sweep(self, arguments: List[str]) -> Any:
+        import sys
+
+        from orchestrator.config import ConfigError
+        from orchestrator.config.resolvers import register
+        from orchestrator.scheduling.search import run_search
+
+        register()
+        try:
+            return run_search(self.hydra_context, self.config, self.launcher, arguments, self.options)
+        except ConfigError as exc:  # a config mistake: one clear line, exit code 2, as the launcher does
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)

@@ -1,0 +1,148 @@
+"""Knob search across trials with Optuna (``hydra/sweeper=optuna``).
+
+The space is the grid's: every choice list of ``hydra.sweeper.params`` and of the command
+line's sweep overrides (``engine.block_size=16,32``) is a categorical parameter. One Optuna
+study per experiment and space, stored (sqlite by default) so a search interrupted with
+Ctrl-C resumes where it stopped: trials that were running are asked again first. Each batch
+of asked trials is one ordinary launch (Ray, server reuse, resume by trial hash, MLflow):
+
+* a trial that cannot run here (SKIPPED before launch) or misses the objective's constraints
+  is told to the study as failed, with the reason as a user attribute;
+* a trial whose hash already FINISHED (this study or any earlier sweep) is not measured
+  again: its numbers are read back from MLflow and told.
+
+The objective is the experiment's ``objective`` (maximize or minimize one metric or knob);
+with ``hydra.sweeper.multi_objective=true`` the study is two-objective on its ``frontier``
+(``{maximize: a, minimize: b}``) and ends with the Pareto set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.schema import ObjectiveSpec
+
+log = logging.getLogger(__name__)
+
+SAMPLERS = ("tpe", "random", "nsga2")
+
+
+def search_space(hydra_context: Any, params: dict[str, Any], arguments: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """(fixed overrides, {key: choices}) from the sweeper's params and the command line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    lines = [f"{k}={v}" for k, v in params.items()] + list(arguments)
+    parser = OverridesParser.create(config_loader=hydra_context.config_loader)
+    fixed: list[str] = []
+    space: dict[str, list[str]] = {}
+    for o in parser.parse_overrides(lines):
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise ConfigError(f"{key}: the optuna sweeper searches lists of choices (a,b,c); got {o.input_line!r}")
+            space[key] = [str(v) for v in o.sweep_string_iterator()]
+        else:
+            fixed.append(o.input_line)
+    if not space:
+        raise ConfigError("hydra/sweeper=optuna: nothing to search; give choice lists (e.g. engine.block_size=32,64) "
+                          "or an experiment with hydra.sweeper.params")
+    return fixed, space
+
+
+def objective_of(config: Any) -> ObjectiveSpec:
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(config.objective, resolve=True) if config.get("objective") is not None else None
+    if raw is None:
+        raise ConfigError("hydra/sweeper=optuna needs an objective: set `objective` (e.g. "
+                          "'+objective={maximize:tokens_per_second}') or use an experiment that declares one")
+    try:
+        return ObjectiveSpec.model_validate(raw)
+    except ValueError as exc:
+        raise ConfigError(f"objective: {exc}") from None
+
+
+def targets(goal: ObjectiveSpec, multi: bool) -> list[tuple[str, str]]:
+    """(metric, direction) pairs the study optimises."""
+    if not multi:
+        return [(goal.key, "maximize" if goal.maximize else "minimize")]
+    if goal.frontier is None:
+        raise ConfigError("hydra.sweeper.multi_objective=true needs objective.frontier: {maximize: a, minimize: b}")
+    return [(goal.frontier["maximize"], "maximize"), (goal.frontier["minimize"], "minimize")]
+
+
+def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[str], options: dict[str, Any]) -> Any:
+    import optuna
+    from optuna.trial import TrialState
+
+    fixed, space = search_space(hydra_context, dict(options.get("params") or {}), arguments)
+    goal = objective_of(config)
+    multi = bool(options.get("multi_objective", False))
+    goals = targets(goal, multi)
+    sampler_name = str(options.get("sampler", "tpe"))
+    if sampler_name not in SAMPLERS:
+        raise ConfigError(f"hydra.sweeper.sampler: expected one of {', '.join(SAMPLERS)}, got {sampler_name!r}")
+    seed = int(options.get("seed", 0))
+    sampler = {"tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+               "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+               "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed)}[sampler_name]()
+    identity = json.dumps({"fixed": sorted(fixed), "space": space, "goals": goals}, sort_keys=True)
+    name = options.get("study_name") or f"{config.experiment}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
+    storage = options.get("storage") or "sqlite:///optuna.db"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True, sampler=sampler,
+                                directions=[d for _, d in goals])
+    stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+    for t in stale:  # asked before a Ctrl-C, never told: failed now, asked again first
+        study.tell(t.number, state=TrialState.FAIL)
+        study.set_user_attr(f"interrupted_{t.number}", True)
+        study.enqueue_trial(t.params, skip_if_exists=False)
+    interrupted = {int(k.split("_")[1]) for k in study.user_attrs if k.startswith("interrupted_")}
+    done = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.FAIL)
+            and t.number not in interrupted]
+    n_trials = int(options.get("n_trials", 10))
+    batch_size = max(1, int(options.get("batch_size", 1)))
+    print(f"optuna: study '{name}' in {storage}: {len(done)} of {n_trials} trial(s) done"
+          + (f", {len(stale)} interrupted one(s) asked again" if stale else "")
+          + f"; searching {', '.join(f'{k} ({len(v)})' for k, v in space.items())} for "
+          + ", ".join(f"{d} {m}" for m, d in goals), flush=True)
+    returns = []
+    job_idx = 0
+    while len(done) < n_trials:
+        asked = [study.ask() for _ in range(min(batch_size, n_trials - len(done)))]
+        overrides = [fixed + [f"{k}={t.suggest_categorical(k, v)}" for k, v in space.items()] for t in asked]
+        results = launcher.launch(overrides, initial_job_idx=job_idx)
+        job_idx += len(overrides)
+        for trial, ret in zip(asked, results):
+            outcome = ret.return_value if isinstance(ret.return_value, dict) else {"status": str(ret.return_value)}
+            values = outcome.get("values") or {}
+            trial.set_user_attr("status", outcome.get("status"))
+            trial.set_user_attr("trial_hash", outcome.get("trial_hash"))
+            if outcome.get("status") != "FINISHED" or not outcome.get("feasible", False) \
+                    or any(values.get(m) is None for m, _ in goals):
+                why = outcome.get("why") or outcome.get("status")
+                trial.set_user_attr("reason", str(why))
+                study.tell(trial, state=TrialState.FAIL)
+                print(f"optuna: trial {trial.number} {trial.params}: not counted ({why})", flush=True)
+            else:
+                study.tell(trial, [values[m] for m, _ in goals])
+                print(f"optuna: trial {trial.number} {trial.params}: "
+                      + ", ".join(f"{m} {values[m]:.4g}" for m, _ in goals), flush=True)
+            done.append(study.trials[trial.number])
+        returns.append(results)
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    if not complete:
+        print("optuna: no trial met the objective's constraints", flush=True)
+    elif multi:
+        for t in study.best_trials:
+            print(f"optuna: Pareto trial {t.number} {t.params}: "
+                  + ", ".join(f"{m} {v:.4g}" for (m, _), v in zip(goals, t.values)), flush=True)
+    else:
+        best = study.best_trial
+        print(f"optuna: best trial {best.number} {best.params}: {goals[0][0]} {best.value:.4g} "
+              f"({len(complete)} counted of {len(study.trials)} asked)", flush=True)
+    return returns
