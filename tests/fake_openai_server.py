@@ -34,6 +34,7 @@ class Script:
     # the last token's chunk, whose text is empty (vLLM, when that token is a partial UTF-8 byte).
     closing: str = "none"
     ttft_per_in_flight_s: float = 0.0  # a latency curve: each other request in flight adds this to TTFT
+    slots: int = 0  # > 0: at most this many requests generate at once, the others queue (a capacity)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Truth:
 class FakeOpenAIServer:
     def __init__(self, script: Script | None = None, port: int = 0) -> None:
         self.script = script or Script()
+        self._slots: asyncio.Semaphore | None = None
         self.truth = Truth()
         self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -84,6 +86,16 @@ class FakeOpenAIServer:
                                                 "remote_block_ids": [0, 1], "remote_host": "127.0.0.1",
                                                 "remote_port": self.port}
             return web.json_response(answer)
+        if self.script.slots:
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(self.script.slots)
+            async with self._slots:  # queued until a slot frees: its wait counts in its TTFT
+                return await self._stream(request, body, arrival, rid, chunks, chat)
+        return await self._stream(request, body, arrival, rid, chunks, chat)
+
+    async def _stream(self, request: web.Request, body: dict, arrival: float, rid: str, chunks: list[float],
+                      chat: bool) -> web.StreamResponse:
+        t = self.truth
         t.in_flight += 1
         t.max_in_flight = max(t.max_in_flight, t.in_flight)
         try:
@@ -95,7 +107,8 @@ class FakeOpenAIServer:
             prompt_tokens = sum(len(str(m["content"]).split()) for m in messages)
             # Deadlines from the arrival, not sleeps in a row: a late wake-up does not push
             # every later chunk back (the truth records when chunks really went out).
-            due = arrival + self.script.ttft_s + self.script.ttft_per_in_flight_s * (t.in_flight - 1)
+            start = max(arrival, time.perf_counter()) if self.script.slots else arrival
+            due = start + self.script.ttft_s + self.script.ttft_per_in_flight_s * (t.in_flight - 1)
             sent = 0
             while sent < n:
                 delay = due - time.perf_counter()
@@ -194,6 +207,8 @@ def main() -> None:
     ap.add_argument("--ttft", type=float, default=0.02)
     ap.add_argument("--itl", type=float, default=0.01)
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
+    ap.add_argument("--slots", type=int, default=0, help="at most this many requests generate at once")
+    ap.add_argument("--ttft-per-in-flight", type=float, default=0.0, help="TTFT added per other request in flight")
     a = ap.parse_args()
     try:
         import uvloop
@@ -201,7 +216,8 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    server = FakeOpenAIServer(Script(ttft_s=a.ttft, itl_s=a.itl, tokens_per_chunk=a.tokens_per_chunk), a.port)
+    server = FakeOpenAIServer(Script(ttft_s=a.ttft, itl_s=a.itl, tokens_per_chunk=a.tokens_per_chunk, slots=a.slots,
+                                   ttft_per_in_flight_s=a.ttft_per_in_flight), a.port)
     web.run_app(server.app(), host="127.0.0.1", port=a.port, access_log=None, print=None)
 
 

@@ -124,7 +124,9 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
             trial.set_user_attr("trial_hash", outcome.get("trial_hash"))
             if outcome.get("status") != "FINISHED" or not outcome.get("feasible", False) \
                     or any(values.get(m) is None for m, _ in goals):
-                why = outcome.get("why") or outcome.get("status")
+                missing = [m for m, _ in goals if values.get(m) is None]
+                why = (outcome.get("why") or (f"{', '.join(missing)}: not measured or not set" if missing and
+                                              outcome.get("status") == "FINISHED" else outcome.get("status")))
                 trial.set_user_attr("reason", str(why))
                 study.tell(trial, state=TrialState.FAIL)
                 print(f"optuna: trial {trial.number} {trial.params}: not counted ({why})", flush=True)
