@@ -54,7 +54,7 @@ def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Seq
         job_cfgs.append(cfg)
     jobs = prepare_jobs(configs, initial_job_idx)
     sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
-    results = run_sweep(jobs, sweep_dir, sweep_dir.name, sweep_params)
+    results = run_sweep(jobs, sweep_dir, sweep_dir.name, sweep_params, continuing=initial_job_idx > 0)
     outcomes = trial_outcomes(jobs, results)
     returns = []
     for job, cfg, outcome in zip(jobs, job_cfgs, outcomes):

@@ -160,8 +160,12 @@ def run_sweep(
     sweep_name: str,
     sweep_params: dict[str, Any] | None = None,
     progress: Progress = _print,
+    continuing: bool = False,
 ) -> list[TrialResult]:
-    """Run every job, persist and log each result; returns the results in completion order."""
+    """Run every job, persist and log each result; returns the results in completion order.
+
+    ``continuing``: a later batch of the same Hydra multirun (a search's next trials): its
+    trials join the batch before's MLflow parent run instead of starting a new one."""
     if not jobs:
         raise OrchestratorError("the sweep has no trials")
     settings = jobs[0].settings
@@ -177,7 +181,7 @@ def run_sweep(
         progress(f"sweep '{experiment}': all {len(jobs)} trial(s) already FINISHED; nothing to run "
                  "(resume=false runs them again)")
         return []
-    if tracker is not None and tracker.attach_sweep(str(sweep_dir.resolve())):
+    if tracker is not None and continuing and tracker.attach_sweep(str(sweep_dir.resolve())):
         progress(f"sweep '{experiment}': continuing its MLflow run {tracker.parent_run_id} (a search's next batch)")
     elif tracker is not None:
         try:
