@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
 from orchestrator.config import to_specs
 from orchestrator.config.resolvers import register
-from orchestrator.engines import free_port
 from orchestrator.loadgen.capacity import judge
 from orchestrator.trial import run_trial
+from tests.fake_openai_server import FakeServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,17 +53,8 @@ def main() -> None:
     ap.add_argument("--dense", default="10:50:2.5", help="dense sweep rates lo:hi:step (req/s)")
     a = ap.parse_args()
     register()
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "tests.fake_openai_server", "--port", str(port), "--ttft",
-                               str(a.ttft), "--itl", str(a.itl), "--slots", str(a.slots)], cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+    with FakeServerProcess("--ttft", str(a.ttft), "--itl", str(a.itl), "--slots", str(a.slots)) as server:
+        url = server.url
         service = a.ttft + 32 * a.itl
         print(f"fake server: {a.slots} slots, {service * 1e3:.0f} ms per request -> saturates near "
               f"{a.slots / service:.1f} req/s; SLO ttft_ms_p99 <= {a.slo_ttft_p99:g}; {a.probe_s:g} s per point",
@@ -102,9 +90,6 @@ def main() -> None:
         print(f"{'dense':8s} {len(dense.points):6d} {dense_s:7.0f} {truth:15.2f} {'-':>15s}")
         print(f"{'search':8s} {len(found.capacity.get('probes', [])):6d} {search_s:7.0f} {est:15.2f} {err:15.1%}")
         print(f"search: {found.capacity.get('explanation')}")
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 if __name__ == "__main__":

@@ -19,57 +19,28 @@ Prints a table; numbers are for this machine only (see docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
-import json
 import resource
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from orchestrator.config.schema import TinyModelSpec, WorkloadSpec
-from orchestrator.engines.process import free_port
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.metrics.summary import latency_of, summarize_point
 from orchestrator.models.tiny import ensure_tiny_model
 
 from benchmarks.vllm_client import random_dataset_args, run_vllm_client
 
+from tests.fake_openai_server import FakeServerProcess
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
-
-
-class FakeServer:
-    def __init__(self, ttft: float, itl: float) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fake_openai_server", "--port", str(self.port), "--ttft", str(ttft),
-             "--itl", str(itl)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"http://127.0.0.1:{self.port}"
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("fake server did not start")
-
-    def reset(self) -> None:
-        urllib.request.urlopen(urllib.request.Request(self.url + "/truth/reset", method="POST"), timeout=10)
-
-    def truth(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/truth", timeout=60) as r:
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 def true_latencies(truth: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -88,7 +59,7 @@ def children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_ours(server: FakeServer, factory: PromptFactory, point: dict[str, Any], n: int, out_tokens: int,
+def run_ours(server: FakeServerProcess, factory: PromptFactory, point: dict[str, Any], n: int, out_tokens: int,
              processes: int = 1) -> dict[str, Any]:
     w = WorkloadSpec.model_validate({"name": "fidelity", "classes": {"main": {"input_tokens": 32, "output_tokens": out_tokens}},
                                      "load_points": [point], "num_requests": n, "warmup_requests": 0,
@@ -113,7 +84,7 @@ def run_ours(server: FakeServer, factory: PromptFactory, point: dict[str, Any], 
     }
 
 
-def run_vllm(server: FakeServer, tokenizer: str, point: dict[str, Any], n: int, out_tokens: int) -> dict[str, Any] | None:
+def run_vllm(server: FakeServerProcess, tokenizer: str, point: dict[str, Any], n: int, out_tokens: int) -> dict[str, Any] | None:
     try:
         import vllm.benchmarks.serve  # noqa: F401
     except ImportError:
@@ -176,7 +147,7 @@ def main() -> None:
     a = ap.parse_args()
     model_dir = str(ensure_tiny_model(TinyModelSpec()))
     factory = PromptFactory(model_dir)
-    server = FakeServer(a.ttft, a.itl)
+    server = FakeServerProcess("--ttft", str(a.ttft), "--itl", str(a.itl))
     print(f"fake server: true TTFT {a.ttft * 1e3:.0f} ms, ITL {a.itl * 1e3:.0f} ms, {a.output_tokens} tokens/request; "
           f"all times in ms; 'true' = what the server actually did", flush=True)
     rows: list[list[str]] = []

@@ -23,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from tests.fake_openai_server import FakeServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = list(range(1, 11))
@@ -56,20 +57,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--requests", type=int, default=20)
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from orchestrator.engines import free_port
-
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "tests.fake_openai_server", "--port", str(port), "--ttft", "0.01",
-                               "--itl", "0.002", "--ttft-per-in-flight", "0.02"], cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+    with FakeServerProcess("--ttft", "0.01", "--itl", "0.002", "--ttft-per-in-flight", "0.02") as server:
+        url = server.url
         loads = ",".join(f"[{{concurrency:{c}}}]" for c in CONCURRENCY)
         outs = ",".join(str(n) for n in OUTPUT)
         common = ["engine=external", f"engine.url={url}", "engine.metrics=none", "workload.warmup_requests=0",
@@ -97,9 +86,6 @@ def main() -> None:
         print(f"{'method':7s} {'trials':>6s} {'wall s':>7s} {'best goodput':>13s}  trials to within 5% of the grid's best")
         for name, n, wall, g, reached in rows:
             print(f"{name:7s} {n:6d} {wall:7.0f} {g:13.2f}  {reached}")
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 if __name__ == "__main__":

@@ -201,6 +201,55 @@ class FakeOpenAIServer:
         self.stop()
 
 
+class FakeServerProcess:
+    """The fake server in its own process (no GIL shared with the client being measured), started
+    with ``args`` (``--ttft 0.02 --slots 8 ...``); ``url`` is its base URL. Benchmarks use it."""
+
+    def __init__(self, *args: str) -> None:
+        import socket
+        import subprocess
+        import sys
+        import urllib.request
+        from pathlib import Path
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fake_openai_server", "--port", str(self.port), *args],
+                                     cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{self.port}"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("fake server did not start")
+
+    def reset(self) -> None:
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(self.url + "/truth/reset", method="POST"), timeout=10)
+
+    def truth(self) -> dict[str, object]:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + "/truth", timeout=60) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+    def __enter__(self) -> FakeServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, required=True)

@@ -48,6 +48,15 @@ def test_search_reports_constraint_misses_as_failed(tmp_path, tiny_model_dir):
     assert "not counted (ttft_ms_p50" in out and "no trial met the objective's constraints" in out
 
 
+def test_two_objective_search_ends_with_the_pareto_set(tmp_path, tiny_model_dir):
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
+        out = search(tmp_path, srv.base_url, "hydra.sweeper.multi_objective=true", "hydra.sweeper.sampler=nsga2",
+                     n_trials=2, objective="{maximize:tokens_per_second,"
+                     "frontier:{maximize:tokens_per_second,minimize:ttft_ms_p50}}")
+    assert "for maximize tokens_per_second, minimize ttft_ms_p50" in out
+    assert "optuna: Pareto trial" in out
+
+
 def test_search_needs_choices_and_an_objective(tmp_path):
     p = subprocess.run([sys.executable, "-m", "orchestrator", "hydra/sweeper=optuna", "engine.block_size=32", "-m"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
