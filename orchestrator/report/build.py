@@ -120,6 +120,11 @@ def load_description(trials: list[TrialData]) -> list[str]:
                 classes.setdefault(m.group(1), set()).add(value)
     for cls, kinds in sorted(classes.items()):
         out.append(f"Prompts of class `{cls}`: " + "; ".join(f"{k}: {DATASETS.get(k, k)}" for k in sorted(kinds)) + ".")
+        background = sorted({(t.param(f"workload.classes.{cls}.rate"), t.param(f"workload.classes.{cls}.arrival"))
+                             for t in trials if t.param(f"workload.classes.{cls}.rate") is not None})
+        for rate, arrival in background:
+            out.append(f"Class `{cls}` is background traffic: {arrival or 'poisson'} arrivals at {rate} req/s "
+                       "during every point, whatever the point's setting.")
     return out
 
 

@@ -70,7 +70,8 @@ def test_chunked_prefill_report_from_results(chunked_results, tmp_path):
 
 
 def test_summary_says_how_the_load_was_generated(tmp_path):
-    workload = {"name": "w", "classes": {"main": {"dataset": "vllm_random"}, "bg": {"dataset": "random"}}}
+    workload = {"name": "w", "classes": {"main": {"dataset": "vllm_random"},
+                                         "bg": {"dataset": "random", "rate": 0.8, "arrival": "constant"}}}
     pts = [_point(0, {"concurrency": 8}), _point(1, {"rate": 2.0, "arrival": "poisson", "burstiness": 1.0,
                                                      "max_concurrency": 16})]
     build_report(from_results([_result("a", {}, pts, workload=workload)], "x"), tmp_path)
@@ -79,6 +80,7 @@ def test_summary_says_how_the_load_was_generated(tmp_path):
     assert "poisson arrivals at X req/s" in md and "at most 16 in flight" in md
     assert "Prompts of class `main`: vllm_random: runs of consecutive token ids" in md
     assert "Prompts of class `bg`: random: uniformly random token ids" in md
+    assert "Class `bg` is background traffic: constant arrivals at 0.8 req/s during every point" in md
 
 
 def test_report_rebuilt_from_mlflow_alone(chunked_results, tmp_path):
