@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-slurm slurm-deps test-ui ui-deps test-faults lint ui clean
+.PHONY: install demo test test-unit test-slurm slurm-deps test-ui ui-deps test-faults engines-gpu test-engines lint ui clean
 
 install: $(STAMP)
 
@@ -32,7 +32,7 @@ demo: install
 
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest tests -m "not slurm and not ui and not faults"
+	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines"
 
 # A real one-node SLURM on localhost (root only): Debian's slurm-wlm and munge, started by
 # slurm/local-cluster.sh inside the test, which submits a tiny sweep with sbatch.
@@ -58,8 +58,29 @@ test-ui: install ui-deps
 test-faults: install
 	$(PY) -m pytest tests -m faults -s
 
+# GPU engine environments (docs/gpu.md): one virtualenv per engine family, never the
+# orchestrator's: vLLM's CUDA build + LMCache + NIXL, and SGLang + sglang-router. Pinned by
+# engines/<name>.txt (what we ask for) and engines/<name>.lock (every package, from an install
+# that worked). CUDA wheels install without a GPU; `make test-engines` checks every GPU command
+# line of every experiment with each engine's own code from its environment.
+ENGINES ?= .engines
+ENGINE_ENVS := vllm-gpu sglang-gpu
+
+engines-gpu: $(foreach e,$(ENGINE_ENVS),$(ENGINES)/$(e)/.installed)
+
+$(ENGINES)/%/.installed: engines/%.txt engines/%.lock
+	rm -rf $(ENGINES)/$*
+	$(PYTHON) -m venv $(ENGINES)/$*
+	$(ENGINES)/$*/bin/python -m pip install --quiet --upgrade pip
+	$(ENGINES)/$*/bin/python -m pip install --quiet -r engines/$*.txt -c engines/$*.lock
+	echo '[]' | $(ENGINES)/$*/bin/python orchestrator/engines/enginecheck.py
+	touch $@
+
+test-engines: install engines-gpu
+	$(PY) -m pytest tests -m engines
+
 test-unit: install
-	$(PY) -m pytest tests -m "not integration and not slurm and not ui and not faults"
+	$(PY) -m pytest tests -m "not integration and not slurm and not ui and not faults and not engines"
 
 ui: install
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

@@ -21,6 +21,7 @@ from orchestrator.config.errors import ConfigError, InfeasibleConfigError, Serve
 from orchestrator.config.hashing import trial_hash
 from orchestrator.config.schema import LoadPointSpec, SGLangEngineSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
+from orchestrator.engines import envs
 from orchestrator.engines import (
     EngineMetric,
     ExternalServer,
@@ -65,6 +66,9 @@ def plan_trial(spec: TrialSpec, cluster_gpus: int | None = None) -> dict[str, An
     reason = assess(spec, cluster_gpus)
     plan: dict[str, Any] = {"feasible": reason is None, "reason": reason, **describe(spec)}
     plan["servers"] = [x.redacted() for x in _planned_launches(spec)]
+    missing_env = envs.missing(spec)
+    if missing_env:
+        plan["engine_environment"] = missing_env
     return plan
 
 
@@ -82,7 +86,7 @@ def skipped_result(spec: TrialSpec, overrides: list[str], reason: str) -> TrialR
     return TrialResult(trial_hash=trial_hash(spec), experiment=spec.experiment, variant=spec.variant,
                        overrides=[redact_override(o) for o in overrides],
                        spec=redact_mapping(spec.model_dump(mode="json")), status="SKIPPED", error=reason,
-                       started_at=now, ended_at=now, engine_version=adapter_for(spec.engine.name).version())
+                       started_at=now, ended_at=now, engine_version=adapter_for(spec.engine.name).version(spec))
 
 
 def check_inputs(spec: TrialSpec) -> list[str]:
@@ -430,7 +434,7 @@ class _TrialRun:
             trial_hash=self.hash, experiment=spec.experiment, variant=spec.variant,
             overrides=[redact_override(o) for o in overrides],
             spec=redact_mapping(spec.model_dump(mode="json")), started_at=time.time(),
-            hardware={**hardware.describe(gpu_ids), "gpu_ids": gpu_ids}, engine_version=self.adapter.version(),
+            hardware={**hardware.describe(gpu_ids), "gpu_ids": gpu_ids}, engine_version=self.adapter.version(self.spec),
         )
 
     def measure(self, shared: ServerGroup | None = None) -> None:

@@ -98,7 +98,12 @@ class VLLMEngineSpec(StrictModel):
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: PositiveFloat = 600.0
-    python: str | None = Field(default=None, description="interpreter for the server; None = this one")
+    python: str | None = Field(default=None, description=(
+        "interpreter for the server; None = the engine environment of `make engines-gpu` on platform=gpu, "
+        "this interpreter on the CPU (orchestrator/engines/envs.py)"))
+    launch_prefix: list[str] = Field(default_factory=list, description=(
+        "argv put before the interpreter, e.g. [apptainer, exec, --nv, vllm.sif] or "
+        "[srun, --container-image=IMAGE]; the interpreter is then engine.python or python3 inside it"))
 
     @model_validator(mode="after")
     def _extra_args_not_managed(self) -> VLLMEngineSpec:
@@ -148,7 +153,12 @@ class SGLangEngineSpec(StrictModel):
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: PositiveFloat = 900.0
-    python: str | None = Field(default=None, description="interpreter for the server; None = this one")
+    python: str | None = Field(default=None, description=(
+        "interpreter for the server; None = the engine environment of `make engines-gpu` on platform=gpu, "
+        "this interpreter on the CPU (orchestrator/engines/envs.py)"))
+    launch_prefix: list[str] = Field(default_factory=list, description=(
+        "argv put before the interpreter, e.g. [apptainer, exec, --nv, vllm.sif] or "
+        "[srun, --container-image=IMAGE]; the interpreter is then engine.python or python3 inside it"))
 
     @model_validator(mode="after")
     def _consistent(self) -> SGLangEngineSpec:
@@ -583,6 +593,9 @@ class PlatformSpec(StrictModel):
     dtype: str = "auto"
     enforce_eager: bool = False
     cpu_kvcache_space_gib: PositiveInt | None = None
+    engine_envs: str | None = Field(default=None, description=(
+        "folder holding the engine environments (vllm-gpu/, sglang-gpu/) that `make engines-gpu` creates; "
+        "None = $INFERENCE_LAB_ENGINES, else <project>/.engines. Used on device cuda"))
 
 
 class ClusterSpec(StrictModel):

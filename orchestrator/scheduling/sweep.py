@@ -243,10 +243,32 @@ def run_sweep(
                 progress(f"warning: could not close the MLflow sweep run: {exc}")
     _report(experiment, results, sweep_dir, tracker, progress, settings.objective)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    for line in status_table(results):
+        progress(line)
     progress(f"sweep '{experiment}' done in {time.monotonic() - t0:.0f}s: {summary}")
     if tracker is not None:
         progress(f"MLflow: experiment '{experiment}' at {settings.tracking.uri}")
     return results
+
+
+def status_table(results: list[TrialResult]) -> list[str]:
+    """What worked on this cluster: one row per trial (variant, engine, status, what it
+    measured or why not). The last thing a sweep prints (``gpu_smoke`` is read this way)."""
+    if not results:
+        return []
+    rows = [("trial", "engine", "status", "measured / reason")]
+    for r in sorted(results, key=lambda r: (r.variant or r.trial_hash)):
+        if r.status == "FINISHED" and r.points:
+            m = r.points[-1].metrics
+            what = (f"{len(r.points)} point(s); last: {m.get('tokens_per_second', 0):.0f} tok/s, "
+                    f"ttft p50 {m.get('ttft_ms_p50', float('nan')):.0f} ms")
+        else:
+            what = (r.error or "").splitlines()[0][:120] if r.error else ""
+        rows.append((r.variant or r.trial_hash[:8], r.engine_version or "?", r.status, what))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + " | " + row[3] for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths) + "-+-" + "-" * 20)
+    return lines
 
 
 def _report(experiment: str, results: list[TrialResult], sweep_dir: Path, tracker: MlflowTracker | None,
