@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-slurm slurm-deps test-ui ui-deps test-faults engines-gpu test-engines lint ui clean
+.PHONY: install demo test test-unit test-slurm slurm-deps test-ui ui-deps test-faults engines-gpu install-gpu test-engines lint ui clean
 
 install: $(STAMP)
 
@@ -67,6 +67,13 @@ ENGINES ?= .engines
 ENGINE_ENVS := vllm-gpu sglang-gpu
 
 engines-gpu: $(foreach e,$(ENGINE_ENVS),$(ENGINES)/$(e)/.installed)
+
+# A GPU machine: the orchestrator without the CPU engine (.venv), then the engine environments.
+install-gpu:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[gpu,eval]"
+	$(MAKE) engines-gpu
 
 $(ENGINES)/%/.installed: engines/%.txt engines/%.lock
 	rm -rf $(ENGINES)/$*

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -487,6 +488,8 @@ class _TrialRun:
         for launch in launches:
             for path, content in launch.files.items():
                 Path(path).write_text(content)
+            for folder in launch.scratch:  # registered first: removed after the server has stopped
+                stack.callback(shutil.rmtree, folder, True)
             log_path = self.log_path
             if own_logs:
                 log_path = self.workdir / f"server-{launch.name}{'' if start_no is None else f'-{start_no}'}.log"

@@ -250,6 +250,10 @@ class TinyModelSpec(StrictModel):
     max_position_embeddings: PositiveInt = 8192
     seed: int = 0
     train: TinyTrainSpec | None = None
+    quantization: Literal["w8a8", "w4a16"] | None = Field(default=None, description=(
+        "quantize the built model here, data-free, with compressed-tensors (week 12 on the CPU): "
+        "w8a8 = INT8 weights per channel + dynamic per-token INT8 activations (serves in float32); "
+        "w4a16 = 4-bit weights in groups of 128 (the CPU kernel needs engine.dtype=bfloat16)"))
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModelSpec:

@@ -40,6 +40,7 @@ class ServerLaunch:
     # Which of the trial's assigned GPUs this server gets (indexes into that list); None = all.
     gpus: tuple[int, ...] | None = None
     files: dict[str, str] = field(default_factory=dict)  # path -> content, written before start (configs)
+    scratch: tuple[str, ...] = ()  # folders the server fills (a KV store): removed after it stops
 
     @property
     def base_url(self) -> str:

@@ -161,8 +161,10 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
                              argv=build_argv(engine, model_path, spec.model.name, port, head, kv_transfer_config=kv),
                              **common)]
     kv: dict[str, object] = {"kv_connector": pd.connector, "kv_role": "kv_both"}
+    scratch: tuple[str, ...] = ()
     if pd.connector == "ExampleConnector":  # prefill writes each prompt's KV here, decode reads it
-        kv["kv_connector_extra_config"] = {"shared_storage_path": f"{workdir}/kv_store"}
+        scratch = (f"{workdir}/kv_store",)  # ~12 MB per 1000-token prompt of the tiny model: not kept
+        kv["kv_connector_extra_config"] = {"shared_storage_path": scratch[0]}
     servers = []
     for name, tp, first in (("prefill", pd.prefill_tp, 0), ("decode", pd.decode_tp, pd.prefill_tp)):
         p = next_port()
@@ -174,7 +176,7 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
         servers.append(ServerLaunch(
             name=name, port=p, env=server_env,
             argv=build_argv(engine, model_path, spec.model.name, p, head, tp=tp, kv_transfer_config=kv),
-            gpus=tuple(range(first, first + tp)), **common))
+            gpus=tuple(range(first, first + tp)), scratch=scratch, **common))
     # Our proxy is orchestrator code: it runs with this interpreter, never the engine's.
     proxy = ServerLaunch(
         name="proxy", port=port, env={}, host=engine.host, startup_timeout_s=60.0, gpus=(), metrics_path="",
@@ -196,8 +198,13 @@ def unsupported(spec: TrialSpec) -> str | None:
                 f"build use connector {' or '.join(CPU_PD_CONNECTORS)} (docs/gpu.md)")
     if engine.lmcache is not None or engine.kv_transfer_config is not None:
         return "LMCache / KV connectors are not supported by vLLM's CPU build"
-    if engine.quantization is not None:
-        return f"quantization '{engine.quantization}' needs GPU kernels; the CPU build has none for it"
+    if engine.quantization not in (None, "compressed-tensors"):
+        return (f"quantization '{engine.quantization}' needs GPU kernels on this CPU build; it serves "
+                "compressed-tensors INT8 W8A8 and 4-bit W4A16 checkpoints (model.tiny.quantization=w8a8|w4a16)")
+    tiny = spec.model.tiny
+    if tiny is not None and tiny.quantization == "w4a16" and engine.dtype not in ("bfloat16", "float16", "half"):
+        return (f"model.tiny.quantization=w4a16: the CPU build's 4-bit kernel runs in bfloat16/float16 only; "
+                f"engine.dtype is {engine.dtype}")
     method = (engine.speculative_config or {}).get("method")
     if engine.speculative_config is not None and method not in CPU_SPEC_METHODS:
         return f"speculative method '{method}' is not supported by the CPU build (supported: ngram)"

@@ -49,25 +49,33 @@ def default_cache_dir() -> Path:
 
 
 def model_key(spec: TinyModelSpec) -> str:
-    data = spec.model_dump(exclude={"train"} if spec.train is None else None)  # random models keep their key
+    """The unquantized model's key (a quantized model is its base model plus a suffix)."""
+    exclude = {"quantization"} | ({"train"} if spec.train is None else set())  # random models keep their key
+    data = spec.model_dump(exclude=exclude)
     payload = json.dumps({"v": BUILD_VERSION, **data}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
 def tiny_dir_name(spec: TinyModelSpec) -> str:
-    return f"{'tiny_trained' if spec.train else 'tiny_random'}-{model_key(spec)}"
+    suffix = f"-{spec.quantization}" if spec.quantization else ""
+    return f"{'tiny_trained' if spec.train else 'tiny_random'}-{model_key(spec)}{suffix}"
 
 
 def ensure_tiny_model(spec: TinyModelSpec, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Return the directory of the tiny model for ``spec``, building it if it is not cached."""
+    """Return the directory of the tiny model for ``spec``, building it if it is not cached
+    (a quantized model from its unquantized base, itself built or trained first)."""
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     target = root / tiny_dir_name(spec)
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():
         return target
+    base = ensure_tiny_model(spec.model_copy(update={"quantization": None}), cache_dir) if spec.quantization else None
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
-        if spec.train is not None:
+        if base is not None:
+            assert spec.quantization is not None
+            quantize_model(base, staging, spec.quantization)
+        elif spec.train is not None:
             build_trained_model(spec, staging)
         else:
             build_tiny_model(spec, staging)
@@ -131,6 +139,53 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: Path) -> None:
     finally:
         torch.random.set_rng_state(generator_state)
     model.save_pretrained(str(out_dir), safe_serialization=True)
+
+
+# Our names -> compressed-tensors preset schemes (compressed_tensors.quantization.preset_name_to_scheme).
+QUANT_PRESETS = {"w8a8": "W8A8", "w4a16": "W4A16"}
+
+
+def quantize_model(base: Path, out_dir: Path, method: str) -> None:
+    """Quantize the model in ``base`` into ``out_dir`` with compressed-tensors (the library vLLM
+    reads these checkpoints with; a dependency of vLLM's CPU build), data-free: each Linear
+    weight's scale from its own min/max (per output channel, or per group of 128), ``lm_head``
+    kept. vLLM finds ``quantization_config`` in config.json and picks its CPU kernels (oneDNN
+    INT8 for w8a8, the WNA16 kernel for w4a16)."""
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus, apply_quantization_config,
+                                                 preset_name_to_scheme)
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16)
+    config = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme(QUANT_PRESETS[method], ["Linear"])},
+                                ignore=["lm_head"], quantization_status=QuantizationStatus.INITIALIZED)
+    apply_quantization_config(model, config)
+    for module in model.modules():
+        scheme = getattr(module, "quantization_scheme", None)
+        if scheme is None or scheme.weights is None:
+            continue
+        w, args = module.weight.detach().float(), scheme.weights
+        if args.strategy == "group":
+            grouped = w.unflatten(-1, (-1, args.group_size))
+            lo, hi = grouped.amin(-1), grouped.amax(-1)
+        elif args.strategy == "channel":
+            lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+        else:
+            lo, hi = w.amin().reshape(1), w.amax().reshape(1)
+        scale, zero_point = calculate_qparams(lo, hi, args)
+        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
+        if hasattr(module, "weight_zero_point"):
+            module.weight_zero_point.data.copy_(zero_point.to(module.weight_zero_point.dtype))
+        module.quantization_status = QuantizationStatus.FROZEN
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    compressor.update_config(str(out_dir))
+    for f in base.iterdir():  # tokenizer, chat template, training notes
+        if f.is_file() and not (out_dir / f.name).exists():
+            shutil.copy2(f, out_dir / f.name)
 
 
 def _byte_tokenizer(out_dir: Path) -> Any:

@@ -195,3 +195,33 @@ def test_every_experiment_command_parses(vllm_parser, sglang_parser, compose):
                         parse_launch(launch, vllm_parser, sglang_parser)
                         count += 1
     assert count > 0
+
+
+def test_pd_on_cpu_through_the_example_connector(vllm_parser, sglang_parser, compose):
+    spec, _ = to_specs(compose(["engine.disaggregation={connector:ExampleConnector}"]))
+    assert assess(spec, cluster_gpus=0) is None  # runs on the CPU build
+    prefill, decode, proxy = vllm_adapter.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/tr")
+    for launch, core in ((prefill, "0"), (decode, "1")):
+        kv = parse_launch(launch, vllm_parser, sglang_parser).kv_transfer_config
+        assert kv.kv_connector == "ExampleConnector"
+        assert kv.kv_connector_extra_config == {"shared_storage_path": "/tr/kv_store"}
+        assert launch.env["VLLM_CPU_OMP_THREADS_BIND"] == core  # a core each, not both on all
+        assert launch.scratch == ("/tr/kv_store",)  # removed after the servers stop
+    nixl, _ = to_specs(compose(["engine.disaggregation={connector:NixlConnector}"]))
+    assert "ExampleConnector" in assess(nixl, cluster_gpus=0)
+
+
+def test_quantized_tiny_model_on_cpu(compose):
+    w4, _ = to_specs(compose(["model.tiny.quantization=w4a16"]))
+    assert "bfloat16" in assess(w4, cluster_gpus=0)
+    w4_bf16, _ = to_specs(compose(["model.tiny.quantization=w4a16", "engine.dtype=bfloat16"]))
+    w8, _ = to_specs(compose(["model.tiny.quantization=w8a8"]))
+    assert assess(w4_bf16, cluster_gpus=0) is None and assess(w8, cluster_gpus=0) is None
+    fp8, _ = to_specs(compose(["engine.quantization=fp8"]))
+    assert "compressed-tensors" in assess(fp8, cluster_gpus=0)
+    from orchestrator.config import trial_hash
+    from orchestrator.models import resolve_model
+
+    base, _ = to_specs(compose([]))
+    assert resolve_model(w8.model, build=False) == resolve_model(base.model, build=False) + "-w8a8"
+    assert trial_hash(w8) != trial_hash(base)

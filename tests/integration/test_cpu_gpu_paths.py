@@ -1,0 +1,69 @@
+"""What was "GPU-only" and runs on the CPU, end to end through the CLI with its metrics in
+MLflow: week 12 (the tiny adder quantized here with compressed-tensors, INT8 W8A8 and 4-bit
+W4A16, against the unquantized model: throughput and accuracy) and week 16 (prefill/decode
+through vLLM's ExampleConnector against one server)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, engine_processes, search_runs
+
+pytestmark = pytest.mark.integration
+
+
+def _sweep(tmp_path, experiment, variants, *extra):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [sys.executable, "-m", "orchestrator", f"+experiment={experiment}", f"variant={variants}", *extra,
+           f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/multirun", "-m"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    runs = [r for r in search_runs(store, experiment) if r.data.tags.get("run_kind") == "trial"]
+    return p.stdout, {r.data.tags["variant"]: r for r in runs}
+
+
+def test_quantized_tiny_adder_against_the_unquantized_one(tmp_path):
+    out, runs = _sweep(tmp_path, "quantization", "cpu_fp32,cpu_w8a8,cpu_w4a16")
+    assert set(runs) == {"cpu_fp32", "cpu_w8a8", "cpu_w4a16"}, out[-2000:]
+    for name, run in runs.items():
+        assert run.data.tags["trial_status"] == "FINISHED", (name, run.data.tags.get("error"))
+        m = run.data.metrics
+        assert m["tokens_per_second"] > 0 and m["memory_peak_gb"] > 0
+        assert m["accuracy"] > 0.5, (name, m["accuracy"])  # the trained adder still adds after quantization
+    base = runs["cpu_fp32"].data.metrics["accuracy"]
+    assert abs(runs["cpu_w8a8"].data.metrics["accuracy"] - base) <= 0.1
+    assert runs["cpu_w8a8"].data.params["model.tiny.quantization"] == "w8a8"
+    # the servers really loaded compressed-tensors checkpoints
+    for name, fmt in (("cpu_w8a8", "int-quantized"), ("cpu_w4a16", "pack-quantized")):
+        spec = json.loads((next((tmp_path / "multirun" / "trials").glob(f"*-{runs[name].data.tags['trial_hash']}"))
+                           / "result.json").read_text())["spec"]
+        assert spec["model"]["tiny"]["quantization"] == name.split("_")[1]
+    from orchestrator.config.schema import TinyModelSpec
+    from orchestrator.models.tiny import ensure_tiny_model
+
+    for q, fmt in (("w8a8", "int-quantized"), ("w4a16", "pack-quantized")):
+        adder = dict(num_layers=3, hidden_size=256, num_heads=4, num_kv_heads=4, intermediate_size=512, vocab_size=300,
+                     max_position_embeddings=2048, train={"task": "addition", "steps": 1200, "batch_size": 64,
+                                                          "seq_len": 48, "lr": 0.002, "threads": 2})
+        cfg = json.loads((ensure_tiny_model(TinyModelSpec(**adder, quantization=q)) / "config.json").read_text())
+        assert cfg["quantization_config"]["format"] == fmt
+    assert not engine_processes()
+
+
+def test_pd_on_cpu_against_one_server(tmp_path):
+    out, runs = _sweep(tmp_path, "disaggregated_pd", "pd_cpu_in1000,standard_in1000,pd_vllm_in128",
+                       "per_platform.cpu.workload.num_requests=8")
+    pd, one, nixl = runs["pd_cpu_in1000"], runs["standard_in1000"], runs["pd_vllm_in128"]
+    assert pd.data.tags["trial_status"] == "FINISHED" and one.data.tags["trial_status"] == "FINISHED"
+    assert nixl.data.tags["trial_status"] == "SKIPPED" and "ExampleConnector" in nixl.data.tags["error"]
+    assert pd.data.metrics["completed"] == 8 and pd.data.metrics["errors"] == 0
+    assert pd.data.metrics["server_external_prefix_cache_hits"] >= 8 * 896  # the decode side loaded the prompts' KV
+    assert one.data.metrics.get("server_external_prefix_cache_hits", 0) == 0
+    (pd_dir,) = (tmp_path / "multirun" / "trials").glob(f"*-{pd.data.tags['trial_hash']}")
+    assert not (pd_dir / "kv_store").exists()  # the KV files the prefill side wrote are gone with the servers
+    assert "pd_cpu_in1000" in out and "| FINISHED |" in out  # the status table
+    assert not engine_processes()
