@@ -111,6 +111,10 @@ class VLLMEngineSpec(StrictModel):
                                             "--host": "engine.host", "--port": "engine.port"})
         if sum(x is not None for x in (self.kv_transfer_config, self.disaggregation, self.lmcache)) > 1:
             raise ValueError("set at most one of kv_transfer_config, disaggregation and lmcache")
+        if self.disaggregation is not None and self.disaggregation.connector == "ExampleConnector" \
+                and self.max_model_len is None:
+            raise ValueError("disaggregation.connector ExampleConnector needs engine.max_model_len: the prefill "
+                             "server takes whole prompts in one step (max_num_batched_tokens = max_model_len)")
         if self.disaggregation is not None and self.tensor_parallel_size != 1:
             raise ValueError("with disaggregation, set disaggregation.prefill_tp / decode_tp, not tensor_parallel_size")
         return self

@@ -173,9 +173,15 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
         if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
             # Each server's threads on their own cores (prefill first, decode next), not both on all.
             server_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(first + i) for i in range(tp))
+        argv = build_argv(engine, model_path, spec.model.name, p, head, tp=tp, kv_transfer_config=kv)
+        if name == "prefill" and pd.connector == "ExampleConnector":
+            # The ExampleConnector saves a prompt's KV only when the prompt is scheduled whole: a
+            # chunked prefill stores its first chunk under the whole prompt's key, and the decode
+            # server then dies loading it ("shape mismatch", vLLM 0.32). Prefill in one step.
+            argv = _without(argv, "--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill")
+            argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(engine.max_model_len)]
         servers.append(ServerLaunch(
-            name=name, port=p, env=server_env,
-            argv=build_argv(engine, model_path, spec.model.name, p, head, tp=tp, kv_transfer_config=kv),
+            name=name, port=p, env=server_env, argv=argv,
             gpus=tuple(range(first, first + tp)), scratch=scratch, **common))
     # Our proxy is orchestrator code: it runs with this interpreter, never the engine's.
     proxy = ServerLaunch(
@@ -183,6 +189,20 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
         argv=[sys.executable, "-m", PROXY_MODULE, "--prefill", servers[0].base_url, "--decode", servers[1].base_url,
               "--host", engine.host, "--port", str(port)])
     return [*servers, proxy]
+
+
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """``argv`` without ``flags`` (and the value of those that take one)."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = a == "--max-num-batched-tokens"
+            continue
+        out.append(a)
+    return out
 
 
 def unsupported(spec: TrialSpec) -> str | None:

@@ -198,7 +198,12 @@ def test_every_experiment_command_parses(vllm_parser, sglang_parser, compose):
 
 
 def test_pd_on_cpu_through_the_example_connector(vllm_parser, sglang_parser, compose):
-    spec, _ = to_specs(compose(["engine.disaggregation={connector:ExampleConnector}"]))
+    from orchestrator.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs engine.max_model_len"):
+        to_specs(compose(["engine.disaggregation={connector:ExampleConnector}"]))
+    spec, _ = to_specs(compose(["engine.disaggregation={connector:ExampleConnector}", "engine.max_model_len=2048",
+                                "engine.max_num_batched_tokens=256"]))
     assert assess(spec, cluster_gpus=0) is None  # runs on the CPU build
     prefill, decode, proxy = vllm_adapter.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/tr")
     for launch, core in ((prefill, "0"), (decode, "1")):
@@ -207,6 +212,9 @@ def test_pd_on_cpu_through_the_example_connector(vllm_parser, sglang_parser, com
         assert kv.kv_connector_extra_config == {"shared_storage_path": "/tr/kv_store"}
         assert launch.env["VLLM_CPU_OMP_THREADS_BIND"] == core  # a core each, not both on all
         assert launch.scratch == ("/tr/kv_store",)  # removed after the servers stop
+    p, d = parse_launch(prefill, vllm_parser, sglang_parser), parse_launch(decode, vllm_parser, sglang_parser)
+    assert (p.enable_chunked_prefill, p.max_num_batched_tokens) == (False, 2048)  # whole prompts in one step
+    assert d.max_num_batched_tokens == 256
     nixl, _ = to_specs(compose(["engine.disaggregation={connector:NixlConnector}"]))
     assert "ExampleConnector" in assess(nixl, cluster_gpus=0)
 
