@@ -196,8 +196,17 @@ class ServerGroup:
         return [s.pid for s in self.servers if s.pid]
 
     def metrics_launch(self) -> ServerLaunch | None:
-        """Whose Prometheus endpoint is scraped: the last engine server (decode under P/D)."""
+        """Whose Prometheus endpoint is sampled for gauges: the last engine server (decode under P/D)."""
         return next((x for x in reversed(self.launches) if x.metrics_path), None)
+
+    def counter_urls(self) -> list[str]:
+        """Whose counters make a point's server deltas: every replica behind a router (summed),
+        else the sampled server."""
+        replicas = [x.metrics_url for x in self.launches if x.metrics_path and x.name.startswith("replica")]
+        if replicas:
+            return replicas
+        launch = self.metrics_launch()
+        return [launch.metrics_url] if launch is not None else []
 
     def check_alive(self) -> None:
         for s in self.servers:
@@ -229,11 +238,15 @@ class _PointHooks:
     def _scrape(self) -> prometheus.Sample:
         if not self.engine_metrics or self.launch is None or not self.launch.metrics_path:
             return {}
+        total: prometheus.Sample = {}
         try:
-            return prometheus.scrape(self.launch.metrics_url)
+            for url in self.server.counter_urls():
+                for name, value in prometheus.scrape(url).items():
+                    total[name] = total.get(name, 0.0) + value
         except OSError as exc:
             log.warning("metrics scrape failed: %s", exc)
             return {}
+        return total
 
     def which(self, index: int) -> str:
         """``point 2/4`` for a fixed point, ``probe 3`` for a capacity search's probe."""

@@ -22,6 +22,8 @@ def canonical_json(spec: TrialSpec) -> str:
     data = spec.model_dump(mode="json", exclude=_EXCLUDE)
     if not spec.eval.tasks:  # no evaluation: same identity as before evaluations existed
         data.pop("eval", None)
+    if "router" in data.get("engine", {}) and data["engine"]["router"] is None:  # knobs added later: unset = as before
+        data["engine"].pop("router")
     tiny = (data.get("model") or {}).get("tiny")
     if tiny and tiny.get("quantization") is None:  # unquantized: same identity as before the knob existed
         tiny.pop("quantization", None)

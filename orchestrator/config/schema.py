@@ -33,6 +33,15 @@ def _check_extra_args(extra_args: list[str | int | float], managed: dict[str, st
             raise ValueError(f"extra_args may not set {flag}; use {managed[flag]} instead")
 
 
+# Where an engine's servers come from (orchestrator/engines/envs.py); shared by vLLM and SGLang.
+EnginePython = Annotated[str | None, Field(description=(
+    "interpreter for the server; None = the engine environment of `make engines-gpu` on platform=gpu, "
+    "this interpreter on the CPU"))]
+LaunchPrefix = Annotated[list[str], Field(description=(
+    "argv put before the interpreter, e.g. [apptainer, exec, --nv, vllm.sif] or "
+    "[srun, --container-image=IMAGE]; the interpreter is then engine.python or python3 inside it"))]
+
+
 class DisaggregationSpec(StrictModel):
     """Prefill/decode disaggregation: one prefill and one decode server with their own GPUs,
     a KV connector between them and a proxy/router in front (the trial is measured there).
@@ -60,6 +69,16 @@ class LMCacheSpec(StrictModel):
     max_local_disk_size_gb: PositiveFloat = 20.0
 
 
+class RouterSpec(StrictModel):
+    """Data parallelism behind the SGLang router (PyPI ``sglang-router``): ``replicas`` identical
+    engine servers (their own GPUs; a core each on the CPU) and the router in front, where the
+    trial is measured. Week 9: round-robin vs cache-aware routing on a shared-prefix workload."""
+
+    replicas: int = Field(default=2, ge=2)
+    policy: Literal["round_robin", "cache_aware", "random", "power_of_two"] = "cache_aware"
+    extra_args: list[str | int | float] = Field(default_factory=list, description="appended to the router's argv")
+
+
 class VLLMEngineSpec(StrictModel):
     """Server knobs of a vLLM trial. ``None`` means "leave vLLM's default"."""
 
@@ -85,6 +104,7 @@ class VLLMEngineSpec(StrictModel):
     kv_transfer_config: dict[str, Any] | None = Field(default=None, description="set by hand; P/D and LMCache set it")
     disaggregation: DisaggregationSpec | None = None
     lmcache: LMCacheSpec | None = None
+    router: RouterSpec | None = None
     reset_cache_between_points: bool = Field(
         default=False, description="POST /reset_prefix_cache before each load point (needs VLLM_SERVER_DEV_MODE=1, "
         "which the adapter sets)")
@@ -98,12 +118,8 @@ class VLLMEngineSpec(StrictModel):
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: PositiveFloat = 600.0
-    python: str | None = Field(default=None, description=(
-        "interpreter for the server; None = the engine environment of `make engines-gpu` on platform=gpu, "
-        "this interpreter on the CPU (orchestrator/engines/envs.py)"))
-    launch_prefix: list[str] = Field(default_factory=list, description=(
-        "argv put before the interpreter, e.g. [apptainer, exec, --nv, vllm.sif] or "
-        "[srun, --container-image=IMAGE]; the interpreter is then engine.python or python3 inside it"))
+    python: EnginePython = None
+    launch_prefix: LaunchPrefix = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _extra_args_not_managed(self) -> VLLMEngineSpec:
@@ -111,6 +127,8 @@ class VLLMEngineSpec(StrictModel):
                                             "--host": "engine.host", "--port": "engine.port"})
         if sum(x is not None for x in (self.kv_transfer_config, self.disaggregation, self.lmcache)) > 1:
             raise ValueError("set at most one of kv_transfer_config, disaggregation and lmcache")
+        if self.router is not None and self.disaggregation is not None:
+            raise ValueError("set router (data parallel replicas) or disaggregation, not both")
         if self.disaggregation is not None and self.disaggregation.connector == "ExampleConnector" \
                 and self.max_model_len is None:
             raise ValueError("disaggregation.connector ExampleConnector needs engine.max_model_len: the prefill "
@@ -123,7 +141,8 @@ class VLLMEngineSpec(StrictModel):
     def num_gpus(self) -> int:
         if self.disaggregation is not None:
             return self.disaggregation.num_gpus
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        replicas = self.router.replicas if self.router is not None else 1
+        return replicas * self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 class SGLangEngineSpec(StrictModel):
@@ -157,12 +176,8 @@ class SGLangEngineSpec(StrictModel):
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: PositiveFloat = 900.0
-    python: str | None = Field(default=None, description=(
-        "interpreter for the server; None = the engine environment of `make engines-gpu` on platform=gpu, "
-        "this interpreter on the CPU (orchestrator/engines/envs.py)"))
-    launch_prefix: list[str] = Field(default_factory=list, description=(
-        "argv put before the interpreter, e.g. [apptainer, exec, --nv, vllm.sif] or "
-        "[srun, --container-image=IMAGE]; the interpreter is then engine.python or python3 inside it"))
+    python: EnginePython = None
+    launch_prefix: LaunchPrefix = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> SGLangEngineSpec:

@@ -63,6 +63,17 @@ def command(spec: TrialSpec, module: str) -> list[str]:
     return [*prefix, interpreter(spec), "-m", module]
 
 
+ROUTER_ENVIRONMENT = "sglang-gpu"  # the SGLang router (PyPI sglang-router) lives with SGLang
+
+
+def router_command(spec: TrialSpec, module: str) -> list[str]:
+    """The SGLang router's interpreter: SGLang's GPU environment on GPUs (whatever the engine
+    behind it), this one on the CPU (sglang-router is in the project's cpu extra)."""
+    if spec.platform.device == "cuda":
+        return [str(engines_dir(spec) / ROUTER_ENVIRONMENT / "bin" / "python"), "-m", module]
+    return [sys.executable, "-m", module]
+
+
 def missing(spec: TrialSpec) -> str | None:
     """Why the engine's interpreter cannot be used here, or None. Checked before anything starts:
     a container's interpreter (behind a launch prefix) is not looked for on this host."""
@@ -74,6 +85,11 @@ def missing(spec: TrialSpec) -> str | None:
             return f"engine.python: '{python}' does not exist"
         return None
     env = environment(spec)
+    router = engines_dir(spec) / ROUTER_ENVIRONMENT
+    if getattr(spec.engine, "router", None) is not None and spec.platform.device == "cuda" \
+            and not (router / "bin" / "python").exists():
+        return (f"the SGLang router's environment is missing: {router} (engine.router runs sglang-router from "
+                f"it). Create it with `{CREATE_COMMAND}` or point platform.engine_envs at it")
     if env is None or (env / "bin" / "python").exists():
         return None
     return (f"the {spec.engine.name} engine environment is missing: {env} (platform=gpu launches "

@@ -19,7 +19,8 @@ from orchestrator.engines import sglang, vllm
 from orchestrator.engines.base import ServerLaunch
 
 CHECKER = Path(__file__).with_name("enginecheck.py")
-KINDS = {vllm.SERVER_MODULE: "vllm", sglang.SERVER_MODULE: "sglang", sglang.ROUTER_MODULE: "router"}
+KINDS = {vllm.SERVER_MODULE: "vllm", sglang.SERVER_MODULE: "sglang", sglang.ROUTER_MODULE: "router",
+         vllm.ROUTER_MODULE: "router"}
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,12 @@ flags as ``vllm serve``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
@@ -18,6 +20,7 @@ from orchestrator.engines import envs
 from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+ROUTER_MODULE = "sglang_router.launch_router"
 PROXY_MODULE = "orchestrator.engines.pd_proxy"
 # KV connectors our P/D proxy speaks (the two-step protocol of vLLM's toy proxy: a one-token
 # prefill, then the request at the decode server). ExampleConnector moves the KV through
@@ -148,6 +151,8 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
     # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
     common = {"host": engine.host, "startup_timeout_s": engine.startup_timeout_s,
               "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else ()}
+    if engine.router is not None:
+        return _replicas_behind_router(spec, model_path, port, next_port, env, head, common)
     pd = engine.disaggregation
     if pd is None:
         files: dict[str, str] = {}
@@ -191,6 +196,32 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
     return [*servers, proxy]
 
 
+def _replicas_behind_router(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int],
+                            env: dict[str, str], head: list[str], common: dict[str, Any]) -> list[ServerLaunch]:
+    """``router.replicas`` identical servers (their own GPUs; one core each on the CPU) and the
+    SGLang router in front (measured there). Every replica's counters are summed per point."""
+    engine = _engine(spec)
+    assert engine.router is not None
+    per = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    replicas = []
+    for i in range(engine.router.replicas):
+        p = next_port()
+        replica_env = dict(env)
+        if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
+            replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
+        replicas.append(ServerLaunch(name=f"replica{i}", port=p, env=replica_env,
+                                     argv=build_argv(engine, model_path, spec.model.name, p, head),
+                                     gpus=tuple(range(i * per, (i + 1) * per)), **common))
+    router_metrics = next_port()  # its Prometheus listener (0.0.0.0:29000 unless told)
+    router = ServerLaunch(
+        name="router", port=port, env={}, host=engine.host, startup_timeout_s=120.0, gpus=(), metrics_path="",
+        argv=[*envs.router_command(spec, ROUTER_MODULE), "--worker-urls", *(r.base_url for r in replicas),
+              "--policy", engine.router.policy, "--host", engine.host, "--port", str(port),
+              "--prometheus-host", engine.host, "--prometheus-port", str(router_metrics),
+              *(str(a) for a in engine.router.extra_args)])
+    return [*replicas, router]
+
+
 def _without(argv: list[str], *flags: str) -> list[str]:
     """``argv`` without ``flags`` (and the value of those that take one)."""
     out, skip = [], False
@@ -216,8 +247,13 @@ def unsupported(spec: TrialSpec) -> str | None:
     if engine.disaggregation is not None and engine.disaggregation.connector not in CPU_PD_CONNECTORS:
         return (f"prefill/decode disaggregation with {engine.disaggregation.connector} needs GPUs; on the CPU "
                 f"build use connector {' or '.join(CPU_PD_CONNECTORS)} (docs/gpu.md)")
-    if engine.lmcache is not None or engine.kv_transfer_config is not None:
-        return "LMCache / KV connectors are not supported by vLLM's CPU build"
+    if engine.lmcache is not None:
+        return ("LMCache 0.5.6 has no CPU KV connector: with vLLM's CPU build it logs 'No supported cpu connector "
+                "found' and recomputes everything (docs/gpu.md)")
+    connector = (engine.kv_transfer_config or {}).get("kv_connector")
+    if engine.kv_transfer_config is not None and connector not in CPU_PD_CONNECTORS:
+        return (f"KV connector '{connector}' does not run on vLLM's CPU build here "
+                f"(runs: {', '.join(CPU_PD_CONNECTORS)}; docs/gpu.md)")
     if engine.quantization not in (None, "compressed-tensors"):
         return (f"quantization '{engine.quantization}' needs GPU kernels on this CPU build; it serves "
                 "compressed-tensors INT8 W8A8 and 4-bit W4A16 checkpoints (model.tiny.quantization=w8a8|w4a16)")
@@ -233,7 +269,10 @@ def unsupported(spec: TrialSpec) -> str | None:
     cores = os.cpu_count() or 1
     if engine.num_gpus > cores:
         return f"{engine.num_gpus} CPU ranks (TP x PP, or prefill + decode) need one core each; this host has {cores}"
-    if engine.num_gpus > 1 and not engine.cpu_omp_threads_bind and engine.disaggregation is None:
+    if engine.router is not None and importlib.util.find_spec("sglang_router") is None:
+        return "engine.router needs sglang-router in this environment (the project's cpu extra installs it)"
+    if engine.num_gpus > 1 and not engine.cpu_omp_threads_bind and engine.disaggregation is None \
+            and engine.router is None:
         return ("tensor/pipeline parallel on CPU needs engine.cpu_omp_threads_bind (one core set per rank, "
                 "e.g. '0|1')")
     return None

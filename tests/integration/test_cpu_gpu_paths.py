@@ -67,3 +67,23 @@ def test_pd_on_cpu_against_one_server(tmp_path):
     assert not (pd_dir / "kv_store").exists()  # the KV files the prefill side wrote are gone with the servers
     assert "pd_cpu_in1000" in out and "| FINISHED |" in out  # the status table
     assert not engine_processes()
+
+
+def test_cache_aware_routing_of_two_replicas(tmp_path):
+    """Week 9: two vLLM CPU replicas (a core each) behind the SGLang router; cache-aware routing
+    sends each prefix group back to the replica holding it, round robin spreads every group
+    over both, so the replicas' summed prefix-cache hit rate is higher with cache-aware."""
+    out, runs = _sweep(tmp_path, "scheduling_policies", "dp2_round_robin,dp2_cache_aware,fcfs")
+    rr, ca, fcfs = runs["dp2_round_robin"], runs["dp2_cache_aware"], runs["fcfs"]
+    assert fcfs.data.tags["trial_status"] == "SKIPPED"
+    for run in (rr, ca):
+        m = run.data.metrics
+        assert run.data.tags["trial_status"] == "FINISHED", run.data.tags.get("error")
+        assert m["completed"] == 48 and m["errors"] == 0
+        assert m["server_prompt_tokens"] >= 48 * (512 + 32)  # both replicas' counters, summed
+    assert ca.data.metrics["server_prefix_cache_hit_rate"] > rr.data.metrics["server_prefix_cache_hit_rate"], \
+        (ca.data.metrics["server_prefix_cache_hit_rate"], rr.data.metrics["server_prefix_cache_hit_rate"])
+    (rr_dir,) = (tmp_path / "multirun" / "trials").glob(f"*-{rr.data.tags['trial_hash']}")
+    served = [(rr_dir / f"server-replica{i}.log").read_text().count("POST /v1/completions") for i in (0, 1)]
+    assert min(served) >= 20, served  # round robin: both replicas served
+    assert not engine_processes()

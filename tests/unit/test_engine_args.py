@@ -68,9 +68,10 @@ def parse_launch(launch, vllm_parser, sglang_parser):
         return ns
     if module == vllm_adapter.PROXY_MODULE:
         return proxy_parser_args(argv[3:])
-    if module == sglang_adapter.ROUTER_MODULE:
-        assert "--pd-disaggregation" in argv and "--prefill" in argv and "--decode" in argv
-        return None
+    if module == sglang_adapter.ROUTER_MODULE:  # the router's own parser (sglang-router, in the cpu extra)
+        from sglang_router.launch_router import parse_router_args
+
+        return parse_router_args(argv[3:])
     raise AssertionError(f"unknown server module {module}")
 
 
@@ -233,3 +234,21 @@ def test_quantized_tiny_model_on_cpu(compose):
     base, _ = to_specs(compose([]))
     assert resolve_model(w8.model, build=False) == resolve_model(base.model, build=False) + "-w8a8"
     assert trial_hash(w8) != trial_hash(base)
+
+
+def test_replicas_behind_the_router(vllm_parser, sglang_parser, compose):
+    launch_router = pytest.importorskip("sglang_router.launch_router")
+    spec, _ = to_specs(compose(["engine.router={replicas:2,policy:cache_aware}"]))
+    assert assess(spec, cluster_gpus=0) is None and spec.engine.num_gpus == 2
+    r0, r1, router = vllm_adapter.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/t")
+    assert (r0.name, r1.name, router.name) == ("replica0", "replica1", "router")
+    assert (r0.env["VLLM_CPU_OMP_THREADS_BIND"], r1.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")
+    for r in (r0, r1):
+        assert parse_launch(r, vllm_parser, sglang_parser).port == r.port
+    args = launch_router.parse_router_args(router.argv[3:])  # the router's own parser
+    assert args.worker_urls == [r0.base_url, r1.base_url] and args.policy == "cache_aware"
+    assert (args.host, args.port, args.prometheus_host) == ("127.0.0.1", 8000, "127.0.0.1")
+    gpu, _ = to_specs(compose(["platform=gpu", "engine.router={replicas:3}", "engine.tensor_parallel_size=2"]))
+    launches = vllm_adapter.launches(gpu, "/m", 8000, iter(range(9000, 9100)).__next__, "/t")
+    assert [x.gpus for x in launches] == [(0, 1), (2, 3), (4, 5), ()] and gpu.engine.num_gpus == 6
+    assert launches[-1].argv[0].endswith("sglang-gpu/bin/python")

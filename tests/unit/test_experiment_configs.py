@@ -47,10 +47,11 @@ def test_every_workload_validates(compose, workload, platform):
 LABS = ["first_serving", "offline_throughput", "roofline", "paged_attention", "prefix_caching", "radix_attention",
         "continuous_batching", "chunked_prefill", "scheduling_policies", "cuda_graphs", "speculative_decoding",
         "quantization", "tensor_parallel", "moe", "lmcache", "disaggregated_pd", "serving_workloads"]
-GPU_ONLY = {"radix_attention", "scheduling_policies", "moe", "lmcache"}
+GPU_ONLY = {"radix_attention", "moe", "lmcache"}
 # Labs whose CPU sweep runs what the CPU build can and SKIPS the GPU-only trials with the reason.
 PARTLY_CPU = {"disaggregated_pd": {"pd_cpu_in1000", "standard_in1000"},
-              "quantization": {"cpu_fp32", "cpu_w8a8", "cpu_bf16", "cpu_w4a16"}}
+              "quantization": {"cpu_fp32", "cpu_w8a8", "cpu_bf16", "cpu_w4a16"},
+              "scheduling_policies": {"dp2_round_robin", "dp2_cache_aware"}}
 
 
 def test_every_lab_has_an_experiment():
