@@ -225,7 +225,7 @@ def _replicas_behind_router(spec: TrialSpec, model_path: str, port: int, next_po
 def _without(argv: list[str], *flags: str) -> list[str]:
     """``argv`` without ``flags`` (and the value of those that take one)."""
     out, skip = [], False
-    for i, a in enumerate(argv):
+    for a in argv:
         if skip:
             skip = False
             continue
