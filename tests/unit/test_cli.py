@@ -84,7 +84,11 @@ def test_dry_run_of_a_gpu_lab_shows_every_server_and_skips_on_cpu():
     assert "VLLM_NIXL_SIDE_CHANNEL_PORT" in pd["servers"][1]["env"]
     p = run("+experiment=disaggregated_pd", "dry_run=true", "-m")  # the CPU platform
     lines = [x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x]
-    assert lines and all(x["status"] == "skipped" and x["reason"] for x in lines)
+    status = {x["variant"]: (x["status"], x["reason"]) for x in lines}
+    # P/D through the ExampleConnector and its one-server baseline run; NIXL and SGLang say why not
+    assert status["pd_cpu_in1000"] == ("feasible", None) and status["standard_in1000"] == ("feasible", None)
+    assert status["pd_vllm_in128"][0] == "skipped" and "ExampleConnector" in status["pd_vllm_in128"][1]
+    assert status["pd_sglang_in1024"][0] == "skipped" and "CUDA" in status["pd_sglang_in1024"][1]
 
 
 def test_dry_run_ends_with_a_plan_of_the_whole_sweep():
