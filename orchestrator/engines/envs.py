@@ -18,7 +18,6 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import TrialSpec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -96,12 +95,6 @@ def missing(spec: TrialSpec) -> str | None:
             f"{spec.engine.name} from its own virtualenv). Create it with `{CREATE_COMMAND}`, point "
             f"platform.engine_envs (or ${ENV_VAR}) at the folder holding it, or set engine.python / "
             "engine.launch_prefix")
-
-
-def check(spec: TrialSpec) -> None:
-    reason = missing(spec)
-    if reason:
-        raise ConfigError(reason)
 
 
 def package_version(spec: TrialSpec, *dists: str) -> str:

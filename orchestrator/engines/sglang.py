@@ -8,7 +8,6 @@ against SGLang's own ``ServerArgs`` parser in the tests.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
@@ -38,10 +37,10 @@ BOOTSTRAP_PORT_OFFSET = 1000
 
 def build_argv(engine: SGLangEngineSpec, model_path: str, served_name: str, port: int, *,
                tp: int | None = None, mode: str | None = None, bootstrap_port: int | None = None,
-               head: list[str] | None = None) -> list[str]:
+               head: list[str]) -> list[str]:
     """One SGLang server's command line as an argv list (never a shell string). ``head``: the
     launch prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
-    argv = list(head) if head else [engine.python or sys.executable, "-m", SERVER_MODULE]
+    argv = list(head)
     argv += ["--model-path", model_path, "--served-model-name", served_name]
     argv += ["--host", engine.host, "--port", str(port)]
     argv += ["--dtype", engine.dtype]

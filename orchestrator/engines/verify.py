@@ -36,12 +36,11 @@ class Check:
 def checks_for(launch: ServerLaunch) -> list[Check]:
     """What of ``launch`` the engine's own code can check (nothing for our proxy and external servers)."""
     argv = launch.argv
-    if "-m" not in argv:
+    # "-m MODULE" after the interpreter; a launch prefix may hold a "-m" of its own (srun -m ...)
+    at = next((i for i in range(1, len(argv) - 1) if argv[i] == "-m" and argv[i + 1] in KINDS), None)
+    if at is None:
         return []
-    at = argv.index("-m")
-    kind = KINDS.get(argv[at + 1]) if at + 1 < len(argv) else None
-    if kind is None:
-        return []
+    kind = KINDS[argv[at + 1]]
     python = argv[at - 1]
     out = [Check(python, kind, {"argv": argv[at + 2:]}, f"{launch.name} argv")]
     for path, text in launch.files.items():

@@ -58,11 +58,11 @@ def _bool_flag(name: str, value: bool | None) -> list[str]:
 
 
 
-def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: int, head: list[str] | None = None,
+def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: int, head: list[str],
                tp: int | None = None, kv_transfer_config: dict[str, object] | None = None) -> list[str]:
     """The server command line as an argv list (never a shell string). ``head``: the launch
     prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
-    argv = list(head) if head else [engine.python or sys.executable, "-m", SERVER_MODULE]
+    argv = list(head)
     argv += ["--model", model_path, "--served-model-name", served_name]
     argv += ["--host", engine.host, "--port", str(port)]
     argv += ["--dtype", engine.dtype]

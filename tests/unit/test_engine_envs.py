@@ -116,3 +116,10 @@ def test_status_table_says_what_worked():
     assert lines[0].split("|")[0].strip() == "trial"
     assert "vllm_tp1" in lines[2] and "FINISHED" in lines[2] and "812 tok/s" in lines[2]
     assert "vllm_tp2" in lines[3] and "SKIPPED" in lines[3] and "needs 2 GPU(s)" in lines[3]
+
+
+def test_a_prefix_with_its_own_dash_m_is_not_mistaken_for_the_module(compose):
+    spec, _ = to_specs(compose(["platform=gpu", "engine.launch_prefix=[srun,-m,block,--overlap]"]))
+    (launch,) = _launches(spec)
+    (check,) = checks_for(launch)
+    assert check.kind == "vllm" and check.payload["argv"][:2] == ["--model", "/m"]
