@@ -30,6 +30,7 @@ from orchestrator.engines import (
     ServerProcess,
     adapter_for,
     free_port,
+    port_is_free,
     server_for,
 )
 from orchestrator.evaluation import run_eval
@@ -41,7 +42,13 @@ from orchestrator.metrics import hardware, prometheus
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, save_result
-from orchestrator.metrics.summary import client_validity, summarize_by_class, summarize_point, summarize_repeats
+from orchestrator.metrics.summary import (
+    client_validity,
+    server_failure,
+    summarize_by_class,
+    summarize_point,
+    summarize_repeats,
+)
 from orchestrator.models import resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
@@ -133,18 +140,6 @@ def _port_for(spec: TrialSpec, pick_free: bool = True) -> int:
     if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and pick_free:
         return free_port(engine.host)
     return 0
-
-
-def port_is_free(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "in use"
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _port_picker(spec: TrialSpec, taken: set[int]) -> Callable[[], int]:
@@ -254,6 +249,11 @@ class _PointHooks:
         return f"point {index + 1}/{n}" if index < n else f"probe {index - n + 1}"
 
     def start(self, index: int, point: LoadPointSpec) -> None:
+        try:  # a server that died during warm-up or since the last point is not measured
+            self.server.check_alive()
+        except ServerCrashedError as exc:
+            self.crash = exc
+            raise
         if self.cache_reset is not None:
             reset_caches(self.server, self.cache_reset)
         self.progress(f"[{self.label}] {self.which(index)} {point.label}: running")
@@ -276,11 +276,17 @@ class _PointHooks:
         for key, value in resources.items():  # engine gauges are server-side numbers
             metrics[key if key == "memory_peak_gb" else f"server_{key}"] = value
         metrics.update(client)
-        valid, reasons = client_validity(metrics, self.spec.workload.validity, capped=point.max_concurrency is not None)
-        metrics["invalid"] = 0.0 if valid else 1.0
-        if not valid:
-            self.progress(f"[{self.label}] point {point.label} INVALID (the client was the bottleneck): "
-                          + "; ".join(reasons))
+        crash = self._server_failure(records)
+        if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
+            metrics["invalid"], metrics["server_failed"] = 1.0, 1.0
+            self.progress(f"[{self.label}] point {point.label}: the server failed: {str(crash).splitlines()[0]}")
+        else:
+            valid, reasons = client_validity(metrics, self.spec.workload.validity,
+                                             capped=point.max_concurrency is not None)
+            metrics["invalid"] = 0.0 if valid else 1.0
+            if not valid:
+                self.progress(f"[{self.label}] point {point.label} INVALID (the client was the bottleneck): "
+                              + "; ".join(reasons))
         after = self._scrape()
         for key, value in prometheus.deltas(self._before, after, self.engine_metrics).items():
             metrics[f"server_{key}"] = value
@@ -296,12 +302,23 @@ class _PointHooks:
             f"{metrics.get('tokens_per_second', 0):.0f} tok/s"
         )
         self.checkpoint(self)  # measured points reach the disk now, whatever happens next
+        if crash is not None:
+            self.crash = crash
+            return False
+        return True
+
+    def _server_failure(self, records: list[RequestRecord]) -> ServerCrashedError | None:
+        """The servers' state after a point: a process gone, an engine dead under a live API
+        server (its log, its health), or every request failing on the server's side."""
         try:
             self.server.check_alive()
         except ServerCrashedError as exc:
-            self.crash = exc
-            return False
-        return True
+            return exc
+        failed = server_failure(records)
+        if failed is None:
+            return None
+        return ServerCrashedError(f"the server answered no request of the point: {failed} "
+                                  "(its process is up and its health check answers 200)")
 
 
 def run_trial(
@@ -316,7 +333,7 @@ def run_trial(
     After every load point the result so far is saved in ``workdir`` (status FAILED,
     "interrupted after N of M load points"), so a trial killed mid-way keeps its points.
     """
-    run = _TrialRun(spec, Path(workdir), overrides or [], list(gpu_ids or []), progress)
+    run = _TrialRun(spec, workdir, overrides or [], list(gpu_ids or []), progress)
     return _outcome(run, run.measure)
 
 
@@ -369,7 +386,7 @@ def run_trial_group(
     first trial's); each keeps its own result. Prefix caches are emptied between trials. If
     the shared server dies, the trials after it run on fresh servers of their own."""
     gpus = list(gpu_ids or [])
-    runs = [_TrialRun(spec, Path(wd), ov, gpus, progress) for spec, wd, ov in items]
+    runs = [_TrialRun(spec, wd, ov, gpus, progress) for spec, wd, ov in items]
     lead = runs[0]
     between_trials = lead.adapter.cache_reset(shared_server_spec(lead.spec))
     results: list[TrialResult] = []
@@ -428,8 +445,10 @@ CAPACITY_UNITS = {"rate": "req/s", "concurrency": "streams"}
 class _TrialRun:
     """The state of one trial while it runs: what it has measured so far and how to report it."""
 
-    def __init__(self, spec: TrialSpec, workdir: Path, overrides: list[str], gpu_ids: list[int],
+    def __init__(self, spec: TrialSpec, workdir: str | os.PathLike[str], overrides: list[str], gpu_ids: list[int],
                  progress: Progress) -> None:
+        # absolute: servers, their files and lm-eval get paths that mean the same in any folder
+        workdir = Path(os.path.abspath(workdir))
         self.spec, self.workdir, self.gpu_ids, self.progress = spec, workdir, gpu_ids, progress
         self.overrides = overrides
         self.hash = trial_hash(spec)
@@ -544,7 +563,8 @@ class _TrialRun:
         finally:
             monitor.stop()  # idempotent; a point that raised must not leave the sampler running
         if last == len(spec.workload.load_points) and spec.eval.tasks and self.hooks.crash is None:
-            # accuracy of this very server, after its load points (their caches are its own)
+            # accuracy of this very server, after its load points (their caches are its own); never of a dead one
+            group.check_alive()
             self.scores = run_eval(spec.eval, front.base_url, spec.model.name,
                                    resolve_tokenizer(spec.model, self.model_path), self.workdir,
                                    self.adapter.api_key(spec), lambda m: self.progress(f"[{self.label}] {m}"))

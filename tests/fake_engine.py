@@ -1,5 +1,7 @@
 """A stand-in engine process for lifecycle tests: serves /health, can spawn a child, ignore
-TERM, exit at start, or die later. ``python tests/fake_engine.py PORT [flags]``."""
+TERM, exit at start, die later, or have its "engine" die later while the HTTP side lives on
+(``--engine-dies-after S``: vLLM's log lines, then /health answers 503; with
+``--quietly``, no log line). ``python tests/fake_engine.py PORT [flags]``."""
 
 from __future__ import annotations
 
@@ -12,9 +14,20 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+ENGINE_DEAD = threading.Event()
+# What vLLM 0.32's CPU server logged when its engine died on a missing kernel (trimmed).
+DEATH_LOG = """\
+(Worker pid=7) ERROR 11-24 01:47:48 [multiproc_executor.py:1063] AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'
+(EngineCore pid=5) ERROR 11-24 01:47:48 [core.py:1512] EngineCore encountered a fatal error.
+(APIServer pid=3) ERROR 11-24 01:47:48 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."""
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
-        self.send_response(200 if self.path == "/health" else 404)
+        if self.path == "/health":
+            self.send_response(503 if ENGINE_DEAD.is_set() else 200)
+        else:
+            self.send_response(404)
         self.end_headers()
         self.wfile.write(b"ok")
 
@@ -30,6 +43,8 @@ def main() -> None:
     ap.add_argument("--ignore-term", action="store_true")
     ap.add_argument("--die-after", type=float, default=None)
     ap.add_argument("--start-delay", type=float, default=0.0)
+    ap.add_argument("--engine-dies-after", type=float, default=None)
+    ap.add_argument("--quietly", action="store_true")
     a = ap.parse_args()
     print("fake engine starting", flush=True)
     if a.exit_at_start:
@@ -44,6 +59,13 @@ def main() -> None:
         subprocess.Popen(cmd)
     if a.die_after is not None:
         threading.Timer(a.die_after, lambda: __import__("os")._exit(9)).start()
+    if a.engine_dies_after is not None:
+        def engine_dies() -> None:
+            if not a.quietly:
+                print(DEATH_LOG, flush=True)
+            ENGINE_DEAD.set()
+
+        threading.Timer(a.engine_dies_after, engine_dies).start()
     time.sleep(a.start_delay)
     ThreadingHTTPServer(("127.0.0.1", a.port), Handler).serve_forever()
 

@@ -35,6 +35,9 @@ class Script:
     closing: str = "none"
     ttft_per_in_flight_s: float = 0.0  # a latency curve: each other request in flight adds this to TTFT
     slots: int = 0  # > 0: at most this many requests generate at once, the others queue (a capacity)
+    # > 0: the "engine" dies on that request, as vLLM's does under a live API server: every
+    # completion from then on answers HTTP 500 (EngineDeadError) and /health answers 503.
+    die_after: int = 0
 
 
 @dataclass
@@ -73,6 +76,10 @@ class FakeOpenAIServer:
         rid = request.headers.get("X-Request-Id", f"anon-{t.requests}")
         chunks: list[float] = []
         t.by_request[rid] = {"arrival": arrival, "chunks": chunks}
+        if self._dead():
+            return web.json_response({"error": {"message": "EngineCore encountered an issue. See stack trace (above) "
+                                                           "for the root cause.", "type": "EngineDeadError"}},
+                                     status=500)
         if self.script.fail_every and t.requests % self.script.fail_every == 0:
             return web.json_response({"error": {"message": "scripted failure"}}, status=500)
         t.by_request[rid]["kv_transfer_params"] = body.get("kv_transfer_params")
@@ -142,8 +149,11 @@ class FakeOpenAIServer:
         finally:
             t.in_flight -= 1
 
+    def _dead(self) -> bool:
+        return bool(self.script.die_after) and self.truth.requests >= self.script.die_after
+
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        return web.Response(status=503) if self._dead() else web.Response(text="ok")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=f"# TYPE fake:requests counter\nfake:requests_total {self.truth.requests}\n")

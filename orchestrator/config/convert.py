@@ -8,11 +8,17 @@ Two overlays are applied before validation, in this order:
   (e.g. ``chunking_off`` = ``engine.enable_chunked_prefill: false``).
 
 Every error names the offending key and what was expected, before anything starts.
+
+Relative file paths in the config (model folders, tokenizers, datasets, traces, LMCache's disk
+tier, engine interpreters) are made absolute here, against the directory the command runs in:
+trials run in Ray workers and their tools (engines, lm-eval) in folders of their own, where a
+relative path would name something else (:func:`absolute_paths`).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -111,11 +117,67 @@ def to_specs(cfg: Any) -> tuple[TrialSpec, SweepSettings]:
         raise ConfigError(
             f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_LEVEL_KEYS)}"
         )
+    data = absolute_paths(data)
     trial_data = {k: data[k] for k in TRIAL_KEYS if k in data}
     settings_data = {k: data[k] for k in SETTINGS_KEYS if k in data}
     trial = _validate(TrialSpec, trial_data)
     settings = _validate(SweepSettings, settings_data)
     return trial, settings
+
+
+def _absolute(value: Any, cwd: str, only_if_exists: bool = False) -> Any:
+    """``value`` as an absolute path (``~`` expanded) when it is a relative path string; with
+    ``only_if_exists``, only when such a file or folder exists (else it is a hub id)."""
+    if not isinstance(value, str) or not value or "://" in value:
+        return value
+    path = os.path.expanduser(value)
+    if os.path.isabs(path):
+        return os.path.normpath(path)
+    full = os.path.normpath(os.path.join(cwd, path))
+    if only_if_exists and not os.path.exists(full):
+        return value
+    return full
+
+
+def absolute_paths(data: dict[str, Any], cwd: str | None = None) -> dict[str, Any]:
+    """A copy of the config with every local file path absolute (relative to ``cwd``, default
+    the current directory: where the sweep was started; Hydra does not change it here)."""
+    cwd = cwd or os.getcwd()
+    out = copy.deepcopy(data)
+    model = out.get("model")
+    if isinstance(model, dict):
+        hub = model.get("source") == "hub"
+        if "path" in model and not hub:
+            model["path"] = _absolute(model["path"], cwd)
+        if "tokenizer" in model:  # a local folder, or with a hub model perhaps a hub id
+            model["tokenizer"] = _absolute(model["tokenizer"], cwd, only_if_exists=hub)
+        if "cache_dir" in model:
+            model["cache_dir"] = _absolute(model["cache_dir"], cwd)
+    workload = out.get("workload")
+    if isinstance(workload, dict):
+        for c in (workload.get("classes") or {}).values():
+            if isinstance(c, dict) and c.get("path") is not None:
+                c["path"] = _absolute(c["path"], cwd)
+        for p in workload.get("load_points") or []:
+            if isinstance(p, dict) and p.get("trace") is not None:
+                p["trace"] = _absolute(p["trace"], cwd)
+    engine = out.get("engine")
+    if isinstance(engine, dict):
+        if isinstance(engine.get("lmcache"), dict) and engine["lmcache"].get("local_disk") is not None:
+            engine["lmcache"]["local_disk"] = _absolute(engine["lmcache"]["local_disk"], cwd)
+        python = engine.get("python")
+        if isinstance(python, str) and "/" in python and not engine.get("launch_prefix"):  # else inside a container
+            engine["python"] = _absolute(python, cwd)
+        for key in ("speculative_draft_model_path",):
+            if engine.get(key) is not None:
+                engine[key] = _absolute(engine[key], cwd, only_if_exists=True)
+        draft = engine.get("speculative_config")
+        if isinstance(draft, dict) and draft.get("model") is not None:
+            draft["model"] = _absolute(draft["model"], cwd, only_if_exists=True)
+    platform = out.get("platform")
+    if isinstance(platform, dict) and platform.get("engine_envs") is not None:
+        platform["engine_envs"] = _absolute(platform["engine_envs"], cwd)
+    return out
 
 
 def _validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
@@ -179,4 +241,4 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return found
 
 
-__all__ = ["ClusterSpec", "TrackingSpec", "apply_overlays", "config_to_dict", "deep_merge", "format_validation_error", "to_specs"]
+__all__ = ["ClusterSpec", "TrackingSpec", "absolute_paths", "apply_overlays", "config_to_dict", "deep_merge", "format_validation_error", "to_specs"]

@@ -24,7 +24,8 @@ def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> Ser
     """A context manager that runs the launched server, or only watches an external one."""
     if not launch.argv:
         return ExternalServer(launch)
-    return ServerProcess(launch.argv, env, log_path, launch.health_url)
+    return ServerProcess(launch.argv, env, log_path, launch.health_url, name=launch.name,
+                         fatal_log_markers=launch.fatal_log_markers)
 
 
 def adapter_for(name: str) -> ModuleType:

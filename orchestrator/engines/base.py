@@ -14,7 +14,6 @@ from orchestrator.config.secrets import REDACTED, is_secret_name, redact_argv
 MetricKind = Literal["counter", "gauge", "histogram"]
 
 
-
 @dataclass(frozen=True)
 class EngineMetric:
     """A neutral metric (e.g. ``prefix_cache_hits``) and the engine's Prometheus family for it."""
@@ -41,6 +40,9 @@ class ServerLaunch:
     gpus: tuple[int, ...] | None = None
     files: dict[str, str] = field(default_factory=dict)  # path -> content, written before start (configs)
     scratch: tuple[str, ...] = ()  # folders the server fills (a KV store): removed after it stops
+    # Log lines that mean the engine died while its API process lives on (it then answers 5xx):
+    # the adapter's words for it, e.g. vLLM's "EngineCore encountered a fatal error".
+    fatal_log_markers: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:

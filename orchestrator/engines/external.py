@@ -93,8 +93,14 @@ class ExternalServer:
         return 0.0  # nothing was started here
 
     def check_alive(self) -> None:
-        if not self._healthy():
-            raise ServerCrashedError(f"external server {self.launch.base_url} stopped answering {self.launch.health_path}")
+        """Raise :class:`ServerCrashedError` when its health check fails three times in a row."""
+        for attempt in range(3):
+            if self._healthy():
+                return
+            if attempt < 2:
+                time.sleep(1.0)
+        raise ServerCrashedError(f"external server {self.launch.base_url}: its health check "
+                                 f"{self.launch.health_path} fails (the engine behind it may have died)")
 
     def __enter__(self) -> ExternalServer:
         return self

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -25,67 +24,32 @@ from types import TracebackType
 import psutil
 
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
+from orchestrator.config.logs import cause_line, explain
 
 log = logging.getLogger(__name__)
 
-LOG_TAIL_LINES = 30
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
 def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """Whether a server could bind ``host:port`` now (TIME_WAIT is not "in use": servers set
+    SO_REUSEADDR too)."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
             return False
     return True
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """Last ``lines`` lines of a text file ('' if it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
-
-
-# An exception line, possibly behind a log prefix like "(Worker pid=7) ERROR 11-22 09:23:13 [x.py:1] ".
-_EXC_LINE = re.compile(r"^(?:\(.*?\)\s+)?(?:[A-Z]+\s+[\d-]+\s+[\d:]+\s+\[[^\]]*\]\s+)?"
-                       r"((?:[A-Za-z_][\w.]*)?(?:Error|Exception)(?::|\s*\().*)$")
-
-
-def error_lines(path: Path, limit: int = 6) -> list[str]:
-    """Distinct exception lines (``ValueError: ...``) found anywhere in a log, in order."""
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    seen: dict[str, None] = {}
-    for line in text.splitlines():
-        m = _EXC_LINE.match(line.strip())
-        if m and not m.group(1).startswith("Traceback"):
-            seen.setdefault(m.group(1)[:500], None)
-    return list(seen)[:limit]
-
-
-def explain(path: Path) -> str:
-    """The errors found in a server log followed by its last lines, for error messages."""
-    errors = error_lines(path)
-    head = ("errors in the server log:\n  " + "\n  ".join(errors) + "\n") if errors else ""
-    return f"{head}last log lines:\n{tail(path)}"
-
 
 class ServerProcess:
     """One server subprocess (argv list, never a shell string) with its log file."""
@@ -98,6 +62,7 @@ class ServerProcess:
         health_url: str,
         name: str = "server",
         stop_grace_s: float = 15.0,
+        fatal_log_markers: Sequence[str] = (),
     ) -> None:
         if isinstance(argv, str):  # defensive: commands are argv lists, never shell strings
             raise TypeError("argv must be a sequence of strings, not a shell string")
@@ -110,6 +75,9 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
+        self.fatal_log_markers = tuple(fatal_log_markers)
+        self._log_scanned = 0  # bytes of the log already searched for fatal markers
+        self._healthy_at = 0  # log size when the server became healthy: later errors are the run's
 
     # -- start / health -------------------------------------------------------------
 
@@ -152,30 +120,91 @@ class ServerProcess:
             code = self.proc.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"{self.name} exited with code {code} during start-up; {explain(self.log_path)}"
+                    f"{self.name} exited with code {code} during start-up: {explain(self.log_path)}"
                 )
             if self.is_healthy():
                 self.startup_s = time.monotonic() - t0
+                self._healthy_at = self._log_scanned = self._log_size()
                 return self.startup_s
             if time.monotonic() - t0 > timeout_s:
                 raise ServerStartError(
-                    f"{self.name} not healthy after {timeout_s:.0f} s; {explain(self.log_path)}"
+                    f"{self.name} not healthy after {timeout_s:.0f} s: {explain(self.log_path)}"
                 )
             time.sleep(poll_s)
 
     def is_healthy(self) -> bool:
+        return self.health_status() == 200
+
+    def health_status(self, timeout_s: float = 2.0) -> int | None:
+        """The health endpoint's HTTP status, or None when it does not answer."""
         try:
-            with urllib.request.urlopen(self.health_url, timeout=2) as resp:
-                return bool(resp.status == 200)
+            with urllib.request.urlopen(self.health_url, timeout=timeout_s) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
         except (urllib.error.URLError, OSError, ValueError):
-            return False
+            return None
 
     def check_alive(self) -> None:
-        """Raise :class:`ServerCrashedError` with the log tail if the process has exited."""
+        """Raise :class:`ServerCrashedError` if the server cannot serve any more: its process
+        exited, its log says its engine died (the API process may live on, answering 5xx), or its
+        health check fails three times. The message's first line is the engine's own error."""
         if self.proc is not None and self.proc.poll() is not None:
             raise ServerCrashedError(
-                f"{self.name} died (exit code {self.proc.returncode}); {explain(self.log_path)}"
+                f"{self.name} died (exit code {self.proc.returncode}): {explain(self.log_path)}"
             )
+        marker = self._fatal_marker()
+        status = None if marker else self._health_after_retries()
+        if marker is None and status == 200:
+            return
+        why = f"its log says '{marker}'" if marker else (
+            f"its health check answers HTTP {status}" if status else "its health check does not answer")
+        raise ServerCrashedError(f"{self.name}: the engine died ({why}): {self._run_cause()}")
+
+    def _health_after_retries(self, tries: int = 3) -> int | None:
+        status = None
+        for attempt in range(tries):
+            status = self.health_status(timeout_s=5.0)
+            if status == 200:
+                return status
+            if attempt < tries - 1:
+                time.sleep(1.0)
+        return status
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def _fatal_marker(self) -> str | None:
+        """The first fatal marker written to the log since the last look (None if none)."""
+        if not self.fatal_log_markers:
+            return None
+        overlap = max(len(m) for m in self.fatal_log_markers)
+        start = max(self._healthy_at, self._log_scanned - overlap)
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+        except OSError:
+            return None
+        self._log_scanned = start + len(data)
+        text = data.decode("utf-8", errors="replace")
+        return next((m for m in self.fatal_log_markers if m in text), None)
+
+    def _run_cause(self) -> str:
+        """The engine's own error since it became healthy (its root cause first), then the log's
+        errors and last lines."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._healthy_at)
+                since = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            since = ""
+        cause = cause_line(since)
+        details = explain(self.log_path)
+        return f"{cause}\n{details}" if cause else details
 
     @property
     def pid(self) -> int | None:

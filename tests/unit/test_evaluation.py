@@ -71,3 +71,33 @@ def test_scores_are_parsed_from_lm_evals_results(tmp_path):
         parse_results(tmp_path / "eval", ["gsm8k"])
     with pytest.raises(EvalError, match="no results file"):
         parse_results(tmp_path / "nothing", ["addition"])
+
+
+def test_lm_eval_from_a_relative_trial_folder_finds_the_shipped_task(tmp_path, monkeypatch, tiny_model_dir):
+    """The sweep folder Hydra gives by default is relative (``multirun/...``) and lm-eval runs
+    inside the trial's task folder: every path it gets must be absolute. Run for real against
+    no server: lm-eval finds the task, then fails to connect, and the error's first line says so."""
+    from orchestrator.evaluation import run_eval
+
+    monkeypatch.chdir(tmp_path)
+    spec = EvalSpec(name="addition", tasks=["addition"], local_tasks=True, limit=1, num_concurrent=1,
+                    max_gen_toks=4, timeout_s=300)
+    with pytest.raises(EvalError) as err:
+        run_eval(spec, "http://127.0.0.1:9", "tiny", str(tiny_model_dir), tmp_path.__class__("trials/000-x"),
+                 progress=lambda _: None)
+    log = (tmp_path / "trials" / "000-x" / "eval.log").read_text()
+    assert "Tasks not found" not in log and "--include_path" not in str(err.value)
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("lm-eval exited with") and "Connection" in first, first  # the task was found
+
+
+def test_an_lm_eval_failure_names_its_cause_on_the_first_line(tmp_path, tiny_model_dir):
+    """Consoles and status tables show an error's first line: it carries lm-eval's own error."""
+    from orchestrator.evaluation import run_eval
+
+    spec = EvalSpec(tasks=["no_such_task_here"], timeout_s=300)
+    with pytest.raises(EvalError) as err:
+        run_eval(spec, "http://127.0.0.1:9", "tiny", str(tiny_model_dir), tmp_path, progress=lambda _: None)
+    text = str(err.value)
+    assert "Tasks not found" in text.splitlines()[0] and "no_such_task_here" in text.splitlines()[0], text[:500]
+    assert "last log lines" in text

@@ -132,7 +132,7 @@ def test_clean_stop_leaves_no_watchdog(tmp_path):
 
 
 def test_error_lines_find_root_cause_above_the_tail(tmp_path):
-    from orchestrator.engines.process import error_lines, explain
+    from orchestrator.config.logs import error_lines, explain
 
     log = tmp_path / "server.log"
     lines = [
@@ -165,3 +165,33 @@ def test_watchdog_owner_check_survives_a_clock_step(monkeypatch):
     monkeypatch.setattr(pslinux, "boot_time", lambda: real() + 7.0)
     assert owner_alive(os.getpid(), t0)
     assert not owner_alive(os.getpid(), t0 + 1.0)  # a recycled pid still is not the owner
+
+
+def test_an_engine_that_dies_under_a_live_server_is_named(tmp_path):
+    """vLLM's API process outlives its engine (it answers 500 and /health 503): check_alive
+    names the death and the engine's own root cause, not the wrapper lines after it."""
+    port = free_port()
+    s = ServerProcess([sys.executable, FAKE, str(port), "--engine-dies-after", "1.5"], dict(os.environ),
+                      tmp_path / "server.log", f"http://127.0.0.1:{port}/health",
+                      fatal_log_markers=("EngineCore encountered a fatal error", "EngineDeadError"))
+    with s:
+        s.wait_healthy(20)
+        s.check_alive()  # alive and healthy
+        time.sleep(2.5)
+        assert s.proc.poll() is None  # the process lives on
+        with pytest.raises(ServerCrashedError) as err:
+            s.check_alive()
+    first = str(err.value).splitlines()[0]
+    assert "the engine died (its log says 'EngineCore encountered a fatal error')" in first, first
+    assert first.endswith("AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'"), first
+
+
+def test_a_failing_health_check_alone_is_a_death_too(tmp_path):
+    port = free_port()
+    s = ServerProcess([sys.executable, FAKE, str(port), "--engine-dies-after", "1.0", "--quietly"],
+                      dict(os.environ), tmp_path / "server.log", f"http://127.0.0.1:{port}/health")
+    with s:
+        s.wait_healthy(20)
+        time.sleep(1.5)
+        with pytest.raises(ServerCrashedError, match=r"its health check answers HTTP 503"):
+            s.check_alive()

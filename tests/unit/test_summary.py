@@ -156,3 +156,22 @@ def test_rate_inf_burst_is_not_judged_on_send_lag():
     m = {"send_lag_ms_p95": 25.0, "target_rate": float("inf"), "loop_lag_ms_p95": 1.0, "client_cpu_util": 0.3}
     assert client_validity(m, ValiditySpec()) == (True, [])
     assert client_validity({**m, "loop_lag_ms_p95": 40.0}, ValiditySpec())[0] is False
+
+
+def test_server_failure_only_when_every_request_failed_on_the_servers_side():
+    from orchestrator.metrics.summary import server_failure
+
+    def failed(error, status=None):
+        r = RequestRecord(1, 0, "main", 0.0, 0.0, 8, 8, done_s=0.1)
+        r.status, r.error, r.http_status = "error", error, status
+        return r
+
+    dead = [failed("HTTP 500: EngineDeadError", 500)] * 3 + [failed("ClientConnectorError: refused")]
+    reason = server_failure(dead)
+    assert reason == "every request failed (4 of 4); most often (3x): HTTP 500: EngineDeadError"
+    ok = RequestRecord(2, 0, "main", 0.0, 0.0, 8, 8, chunk_times_s=[0.05], chunk_tokens=[1], done_s=0.05)
+    assert server_failure([*dead, ok]) is None  # the server answered something
+    assert server_failure([failed("HTTP 400: prompt too long", 400)] * 2) is None  # the workload's problem
+    assert server_failure([failed("TimeoutError: ")] * 2) is None  # overload, not death
+    assert server_failure([failed("SocketTimeoutError: read")] + dead) is None
+    assert server_failure([]) is None

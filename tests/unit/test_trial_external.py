@@ -105,3 +105,38 @@ def test_capacity_search_config_errors_name_the_key(compose):
         to_specs(compose(["+workload.capacity={slo:{long/ttft_ms_p99:100}}"]))
     with pytest.raises(ConfigError, match="nothing to measure"):
         to_specs(compose(["workload.load_points=[]"]))
+
+
+def test_an_engine_that_dies_fails_the_trial_with_no_accuracy_run(compose, tmp_path, tiny_model_dir):
+    """The engine dies mid-point under a live API server (500s, health 503): the trial is FAILED
+    naming it, the point is not judged as the client's fault, lm-eval never starts, and the
+    points after it are not run."""
+    lines: list[str] = []
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002, die_after=5)) as srv:
+        result = run_trial(external_spec(compose, srv.base_url, "eval=addition"), tmp_path, progress=lines.append)
+    assert result.status == "FAILED", result.error
+    first = result.error.splitlines()[0]
+    assert "ServerCrashedError" in first and "health check" in first, first
+    assert [p.label for p in result.points] == ["c2"]  # measured, kept, not followed by r20
+    m = result.points[0].metrics
+    assert m["server_failed"] == 1.0 and m["invalid"] == 1.0 and 0 < m["completed"] < 6
+    assert not any("client was the bottleneck" in x for x in lines), lines
+    assert not any("evaluating accuracy" in x for x in lines) and not (tmp_path / "eval.log").exists()
+
+
+def test_an_engine_dead_after_warmup_measures_nothing(compose, tmp_path, tiny_model_dir):
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002, die_after=1)) as srv:
+        result = run_trial(external_spec(compose, srv.base_url), tmp_path, progress=lambda _: None)
+        requests = srv.truth.requests
+    assert result.status == "FAILED" and "health check" in result.error.splitlines()[0], result.error
+    assert result.points == [] and requests == 2  # the warm-up's two requests, then nothing
+
+
+def test_a_server_that_answers_every_request_with_500_fails_the_trial(compose, tmp_path, tiny_model_dir):
+    """Health stays 200 but no request succeeds: not a measurement, and not the client's fault."""
+    with FakeOpenAIServer(Script(fail_every=1)) as srv:
+        result = run_trial(external_spec(compose, srv.base_url), tmp_path, progress=lambda _: None)
+    assert result.status == "FAILED", result.error
+    first = result.error.splitlines()[0]
+    assert "answered no request" in first and "every request failed (6 of 6)" in first and "HTTP 500" in first, first
+    assert len(result.points) == 1 and result.points[0].metrics["server_failed"] == 1.0
