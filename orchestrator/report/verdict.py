@@ -154,10 +154,19 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
     if others:
         verdict.lines.append("Also meeting the constraints: " + "; ".join(
             f"{t.name} {key} {_show(v)}" + (f" ({q})" if (q := quoted(t)) else "") for t, v in others) + ".")
+    flagged = [t.name for t, v in scored if _read_at_invalid_point(t, v)]
+    if flagged:
+        verdict.lines.append("Caution: the value of " + ", ".join(flagged) + " was read at a load point flagged "
+                             "INVALID (the client could not keep up, or the server failed): compare with care.")
     if verdict.excluded:
         verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded)
                              + ".")
     return verdict
+
+
+def _read_at_invalid_point(t: TrialData, v: Value) -> bool:
+    point = next((p for p in fixed_points(t) if p.label == v.where), None)
+    return point is not None and point.metrics.get("invalid", 0.0) >= 1.0
 
 
 def knob_effects(trials: list[TrialData], varied: list[str], objective: ObjectiveSpec) -> list[str]:

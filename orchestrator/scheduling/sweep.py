@@ -289,6 +289,7 @@ def _report(experiment: str, results: list[TrialResult], sweep_dir: Path, tracke
         return
     try:
         from orchestrator.report import build_report, from_results
+        from orchestrator.report.build import best_configuration
         from orchestrator.report.verdict import decide
 
         data = from_results(results, experiment, objective=objective)
@@ -303,6 +304,10 @@ def _report(experiment: str, results: list[TrialResult], sweep_dir: Path, tracke
         if verdict is not None:
             for line in verdict.lines:
                 progress(line.replace("**", ""))
+        else:  # no objective declared: the report's fallback, said here too
+            best, why = best_configuration(data.finished)
+            if best is not None:
+                progress(f"Best configuration: {best.name} ({why}; the experiment declares no objective)")
         if tracker is not None:
             tracker.log_sweep_files(files, "report")
             if verdict is not None:

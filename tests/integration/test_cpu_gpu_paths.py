@@ -27,8 +27,16 @@ def _sweep(tmp_path, experiment, variants, *extra):
 
 
 def test_quantized_tiny_adder_against_the_unquantized_one(tmp_path):
+    from orchestrator.engines import cpu_kernels
+
     out, runs = _sweep(tmp_path, "quantization", "cpu_fp32,cpu_w8a8,cpu_w4a16")
     assert set(runs) == {"cpu_fp32", "cpu_w8a8", "cpu_w4a16"}, out[-2000:]
+    # W4A16's kernel is in vLLM's AVX-512 CPU libraries only: on an AVX2 machine the trial is
+    # SKIPPED before launch, with the op it lacks, never an engine dying on its first request.
+    if cpu_kernels.missing_for("w4a16", sys.executable):
+        w4 = runs.pop("cpu_w4a16")
+        assert w4.data.tags["trial_status"] == "SKIPPED", w4.data.tags.get("error")
+        assert "cpu_gemm_wna16" in w4.data.tags["error"], w4.data.tags
     for name, run in runs.items():
         assert run.data.tags["trial_status"] == "FINISHED", (name, run.data.tags.get("error"))
         m = run.data.metrics
@@ -38,7 +46,7 @@ def test_quantized_tiny_adder_against_the_unquantized_one(tmp_path):
     assert abs(runs["cpu_w8a8"].data.metrics["accuracy"] - base) <= 0.1
     assert runs["cpu_w8a8"].data.params["model.tiny.quantization"] == "w8a8"
     # the servers really loaded compressed-tensors checkpoints
-    for name, fmt in (("cpu_w8a8", "int-quantized"), ("cpu_w4a16", "pack-quantized")):
+    for name in runs.keys() - {"cpu_fp32"}:
         spec = json.loads((next((tmp_path / "multirun" / "trials").glob(f"*-{runs[name].data.tags['trial_hash']}"))
                            / "result.json").read_text())["spec"]
         assert spec["model"]["tiny"]["quantization"] == name.split("_")[1]

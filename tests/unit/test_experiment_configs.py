@@ -113,3 +113,27 @@ def test_infeasible_gpu_trials_say_why(compose):
     assert "leave no room for the KV cache" in assess(small, cluster_gpus=1)
     tight = to_specs(compose(["platform=gpu", "platform.gpu_memory_gb=24", "engine.max_model_len=131072"]))[0]
     assert "the KV cache holds" in assess(tight, cluster_gpus=1)
+
+
+# The workload card compares two workloads, not configurations: no verdict to give.
+NO_OBJECTIVE = {"serving_workloads"}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("experiment", LABS)
+def test_every_lab_declares_its_question(compose, experiment, platform):
+    """Each lab's sweep ends with a verdict: its objective names a point that the lab measures."""
+    specs, settings = [], None
+    base = compose([f"+experiment={experiment}", f"platform={platform}"])
+    for variant in str(base["sweeps"][platform]).split(","):
+        spec, settings = to_specs(compose([f"+experiment={experiment}", f"platform={platform}",
+                                           f"variant={variant.strip()}"]))
+        specs.append(spec)
+    if experiment in NO_OBJECTIVE:
+        assert settings.objective is None
+        return
+    goal = settings.objective
+    assert goal is not None, f"{experiment} declares no objective"
+    if goal.at is not None:
+        for spec in specs:
+            assert goal.at in [p.label for p in spec.workload.load_points], (spec.variant, goal.at)

@@ -64,3 +64,26 @@ def test_static_baseline_times_every_token(tiny_model_dir):
     assert later.chunk_times_s[0] > records[1].chunk_times_s[-1]  # the second batch waits for the first
     m = summarize_point(records)
     assert m["completed"] == 4 and m["output_tokens"] == 26 and m["tokens_per_second"] > 0
+
+
+def test_the_labs_table_is_read_from_the_console_and_the_results_on_disk(tmp_path):
+    import json
+
+    from experiments.labs import LabRun, read_outcome, table
+
+    trials = tmp_path / "sweep" / "trials"
+    for i, (variant, status, error) in enumerate([("a", "FINISHED", None), ("b", "SKIPPED", "needs GPUs"),
+                                                  ("c", "FAILED", "EvalError: lm-eval exited with 1: boom\nmore")]):
+        (trials / f"00{i}-x").mkdir(parents=True)
+        (trials / f"00{i}-x" / "result.json").write_text(json.dumps(
+            {"status": status, "variant": variant, "trial_hash": f"h{i}" * 8, "error": error}))
+    run = LabRun("quantization", 0, 125.0, tmp_path / "q.log")
+    read_outcome(run, ["noise", f"sweep 'quantization': 3 trial(s); results in {tmp_path / 'sweep'}",
+                       "Verdict: a: tokens_per_second 700; objective: maximize tokens_per_second.", "done"])
+    assert dict(run.counts) == {"FINISHED": 1, "SKIPPED": 1, "FAILED": 1} and not run.ok
+    assert run.verdict.startswith("Verdict: a:")
+    lines = table([run, LabRun("moe", 0, 5.0, tmp_path / "m.log")])
+    assert lines[2] == ("| quantization | 1 | 1 | 1 | Verdict: a: tokens_per_second 700; objective: maximize "
+                        "tokens_per_second. | 2m05s |")
+    assert "| moe | 0 | 0 | 0 | none: no trial runs on this machine | 0m05s |" in lines
+    assert "- quantization / c: EvalError: lm-eval exited with 1: boom" in lines

@@ -1,0 +1,166 @@
+"""Every lab as a newcomer runs it: each experiment's sweep through the CLI, from the project
+root, with the default sweep folder, one after the other; then a table of what happened.
+
+    python -m experiments.labs                         # every experiment (make labs)
+    python -m experiments.labs quantization roofline   # some of them
+    python -m experiments.labs -- platform=gpu         # overrides for every sweep after --
+
+Each sweep runs as ``python -m orchestrator +experiment=NAME resume=false -m`` (``resume=false``:
+a lab is measured again even if the store already holds it). Its console output is shown
+and kept in ``multirun/labs/<time>/<NAME>.log``. The table (lab, trials FINISHED / SKIPPED /
+FAILED, the verdict, the wall time) is read from what the sweep left on disk (its
+``result.json`` files and its console), printed, and written to ``multirun/labs/<time>/labs.md``
+with the first line of every FAILED trial's error. Exit code 1 when a sweep failed or a trial
+FAILED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The course's order (../shared/seeds: weeks 1-16, then the workload card), then the GPU smoke test.
+ORDER = ["first_serving", "offline_throughput", "roofline", "paged_attention", "prefix_caching", "radix_attention",
+         "continuous_batching", "chunked_prefill", "scheduling_policies", "cuda_graphs", "speculative_decoding",
+         "quantization", "tensor_parallel", "moe", "lmcache", "disaggregated_pd", "serving_workloads", "gpu_smoke"]
+RESULTS_LINE = re.compile(r"^sweep '[^']+': \d+ trial\(s\); results in (.+)$")
+VERDICT_LINE = re.compile(r"^(Verdict: .*|Best configuration: .*)$")
+
+
+@dataclass
+class LabRun:
+    """One lab's sweep as it ended."""
+
+    name: str
+    returncode: int
+    wall_s: float
+    log: Path
+    sweep_dir: Path | None = None
+    counts: Counter[str] = field(default_factory=Counter)
+    verdict: str = ""
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (trial, first line of its error)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.counts.get("FAILED")
+
+
+def experiments() -> list[str]:
+    found = {p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")}
+    return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
+
+
+def run_lab(name: str, overrides: list[str], log: Path) -> LabRun:
+    """Run one lab's sweep as a user would; its output goes to the console and to ``log``."""
+    cmd = [sys.executable, "-m", "orchestrator", f"+experiment={name}", "resume=false", *overrides, "-m"]
+    print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
+    t0 = time.monotonic()
+    lines: list[str] = []
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                out.flush()
+                sys.stdout.write(line)
+                lines.append(line.rstrip("\n"))
+            code = proc.wait()
+        except BaseException:  # Ctrl-C: the sweep handles SIGINT itself (stops its servers)
+            proc.wait()
+            raise
+    run = LabRun(name, code, time.monotonic() - t0, log)
+    read_outcome(run, lines)
+    return run
+
+
+def read_outcome(run: LabRun, lines: list[str]) -> None:
+    """Fill ``run`` from the sweep's console lines and the results it wrote to disk."""
+    for line in lines:
+        m = RESULTS_LINE.match(line.strip())
+        if m:
+            run.sweep_dir = Path(m.group(1))
+        v = VERDICT_LINE.match(line.strip())
+        if v and not run.verdict:
+            run.verdict = v.group(1)
+    if run.sweep_dir is None:
+        return
+    for result in sorted((ROOT / run.sweep_dir).glob("trials/*/result.json")):
+        data = json.loads(result.read_text())
+        run.counts[data["status"]] += 1
+        if data["status"] == "FAILED":
+            error = (data.get("error") or "").splitlines()
+            run.failures.append((data.get("variant") or data["trial_hash"][:8], error[0] if error else ""))
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def table(runs: list[LabRun]) -> list[str]:
+    """The markdown table of the labs, then every failure's first error line."""
+    out = ["| lab | FINISHED | SKIPPED | FAILED | verdict | wall time |", "|---|---|---|---|---|---|"]
+    for r in runs:
+        verdict = r.verdict.replace("|", "/") or (
+            f"(sweep exited with {r.returncode})" if r.returncode else
+            "none: no trial runs on this machine" if not r.counts.get("FINISHED") else "")
+        out.append(f"| {r.name} | {r.counts.get('FINISHED', 0)} | {r.counts.get('SKIPPED', 0)} | "
+                   f"{r.counts.get('FAILED', 0)} | {verdict} | {_minutes(r.wall_s)} |")
+    total = sum(r.wall_s for r in runs)
+    out.append(f"| **all {len(runs)}** | {sum(r.counts.get('FINISHED', 0) for r in runs)} | "
+               f"{sum(r.counts.get('SKIPPED', 0) for r in runs)} | {sum(r.counts.get('FAILED', 0) for r in runs)} | "
+               f"| {_minutes(total)} |")
+    failures = [(r.name, t, e) for r in runs for t, e in r.failures]
+    failures += [(r.name, "(sweep)", f"exited with {r.returncode}; see {r.log}") for r in runs if r.returncode]
+    if failures:
+        out += ["", "Failures:", ""] + [f"- {lab} / {trial}: {error}" for lab, trial, error in failures]
+    return out
+
+
+def machine() -> str:
+    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+                if x.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    overrides = args[args.index("--") + 1:] if "--" in args else []
+    names = args[:args.index("--")] if "--" in args else args
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("labs", nargs="*", help="experiment names (default: every one)")
+    chosen = ap.parse_args(names).labs or experiments()
+    unknown = sorted(set(chosen) - set(experiments()))
+    if unknown:
+        print(f"error: no experiment {', '.join(unknown)}; there are: {', '.join(experiments())}", file=sys.stderr)
+        return 2
+    out_dir = ROOT / "multirun" / "labs" / dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs: list[LabRun] = []
+    started = dt.datetime.now()
+    for i, name in enumerate(chosen, 1):
+        run = run_lab(name, overrides, out_dir / f"{name}.log")
+        runs.append(run)
+        print(f"=== [{i}/{len(chosen)}] {name}: {'ok' if run.ok else 'NOT OK'}, {dict(run.counts)} in "
+              f"{_minutes(run.wall_s)}", flush=True)
+    lines = [f"Labs run {started:%Y-%m-%d %H:%M} on {machine()}"
+             + (f" with {' '.join(overrides)}" if overrides else "") + ":", "", *table(runs)]
+    (out_dir / "labs.md").write_text("\n".join(lines) + "\n")
+    print("\n" + "\n".join(lines) + f"\n\n(also in {out_dir / 'labs.md'})", flush=True)
+    return 0 if all(r.ok for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
