@@ -26,8 +26,9 @@ def test_each_trial_run_has_accuracy_scored_from_the_servers_answers(tmp_path):
     name = f"test_eval_{os.getpid()}"
     cmd = [sys.executable, "-m", "orchestrator", "model=tiny_adder", "eval=addition", "engine.max_num_seqs=4,8",
            "engine.max_model_len=512", "workload.classes={main:{input_tokens:32,output_tokens:8}}",
-           "workload.load_points=[{concurrency:2}]", "workload.num_requests=4", f"experiment={name}",
+           "workload.load_points=[{concurrency:2}]", "workload.num_requests=4", f"tracking.experiment_name={name}",
            f"tracking.uri={store}", "-m"]
+    before = set((ROOT / "multirun" / "default").glob("*"))
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1700)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -35,7 +36,7 @@ def test_each_trial_run_has_accuracy_scored_from_the_servers_answers(tmp_path):
         where = re.search(r"results in (\S+)", p.stdout)
         assert where, p.stdout[-3000:]
         sweep_dir = Path(where.group(1))
-        assert sweep_dir.is_absolute() and sweep_dir.is_relative_to(ROOT / "multirun" / name), sweep_dir
+        assert sweep_dir.is_absolute() and sweep_dir.parent == ROOT / "multirun" / "default", sweep_dir
         trials = [r for r in search_runs(store, name) if r.data.tags.get("run_kind") == "trial"]
         assert len(trials) == 2
         for t in trials:
@@ -51,5 +52,6 @@ def test_each_trial_run_has_accuracy_scored_from_the_servers_answers(tmp_path):
         right = [r for r in rows if r["exact_match"] == 1.0]
         assert right and all(r["filtered_resps"][0].strip() == r["target"] for r in right)
         assert not engine_processes()
-    finally:
-        shutil.rmtree(ROOT / "multirun" / name, ignore_errors=True)
+    finally:  # only the sweep folders this test made
+        for d in set((ROOT / "multirun" / "default").glob("*")) - before:
+            shutil.rmtree(d, ignore_errors=True)
