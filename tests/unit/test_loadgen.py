@@ -80,8 +80,8 @@ def test_multi_token_chunks_counted(factory):
 def test_closing_chunk_counted_only_when_it_carries_a_token(factory, closing):
     # vLLM sends its last token with the finish reason, with empty text when that token is a
     # partial UTF-8 byte; SGLang sends an extra empty chunk. The final usage tells them apart.
-    # Chunks 40 ms apart: the last token's time must be its own chunk's (received after it was
-    # sent, and well before the next chunk would have been due), whatever the machine's lag.
+    # Chunks 40 ms apart: each token's time is its own chunk's, nearer to it than to the next or
+    # the previous one by a margin no scheduling lag of this machine reaches.
     with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.04, usage=False, closing=closing)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
         truth = srv.truth.by_request
@@ -89,8 +89,8 @@ def test_closing_chunk_counted_only_when_it_carries_a_token(factory, closing):
         assert r.ok and r.output_tokens == 8
         assert r.chunk_tokens == [1] * 8 and len(r.chunk_times_s) == 8
         sent = truth[f"lab-{r.request_id}"]["chunks"]
-        assert sent[7] <= r.chunk_times_s[-1] < sent[7] + 0.02  # the last token's own chunk
-        assert all(s <= c for s, c in zip(sent, r.chunk_times_s))  # no token timed before it was sent
+        # (the fake notes a chunk's time after its write returns: the client may have it first)
+        assert all(abs(c - s) < 0.02 for s, c in zip(sent, r.chunk_times_s))  # each token at its own chunk
 
 
 def test_errors_become_records(factory):
