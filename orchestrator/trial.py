@@ -38,7 +38,9 @@ from orchestrator.feasibility import assess, describe, trial_decode_floor
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.loadgen.capacity import CapacitySearch, judge
 from orchestrator.loadgen.datasets import load_sharegpt, load_trace
+from orchestrator.loadgen.preflight import preflight
 from orchestrator.metrics import hardware, prometheus
+from orchestrator.metrics.fidelity import clock_gap, server_latency, workload_fidelity
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, save_result
@@ -276,24 +278,22 @@ class _PointHooks:
         for key, value in resources.items():  # engine gauges are server-side numbers
             metrics[key if key == "memory_peak_gb" else f"server_{key}"] = value
         metrics.update(client)
-        crash = self._server_failure(records)
-        if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
-            metrics["invalid"], metrics["server_failed"] = 1.0, 1.0
-            self.progress(f"[{self.label}] point {point.label}: the server failed: {str(crash).splitlines()[0]}")
-        else:
-            valid, reasons = client_validity(metrics, self.spec.workload.validity,
-                                             capped=point.max_concurrency is not None)
-            metrics["invalid"] = 0.0 if valid else 1.0
-            if not valid:
-                self.progress(f"[{self.label}] point {point.label} INVALID (the client was the bottleneck): "
-                              + "; ".join(reasons))
         after = self._scrape()
         for key, value in prometheus.deltas(self._before, after, self.engine_metrics).items():
             metrics[f"server_{key}"] = value
+        metrics.update(server_latency(prometheus.latency_buckets(self._before, after, self.engine_metrics)))
+        crash = self._server_failure(records)
+        reasons: list[str] = []
+        if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
+            metrics["invalid"], metrics["server_failed"] = 1.0, 1.0
+            reasons.append(f"the server failed: {str(crash).splitlines()[0]}")
+            self.progress(f"[{self.label}] point {point.label}: {reasons[0]}")
+        else:
+            reasons = self._judge(point, records, metrics)
         metrics.update(roofline_metrics(self.spec, point, metrics))
         classes = summarize_by_class(records) if len(self.spec.workload.classes) > 1 else {}
         self.points.append(PointResult(index=index, label=point.label, setting=point.model_dump(exclude_none=True),
-                                       metrics=metrics, class_metrics=classes))
+                                       metrics=metrics, class_metrics=classes, invalid_reasons=reasons))
         self.progress(
             f"[{self.label}] {self.which(index)} {point.label}: "
             f"{int(metrics.get('completed', 0))}/{len(records)} ok in {time.monotonic() - self._t0:.1f}s, "
@@ -306,6 +306,28 @@ class _PointHooks:
             self.crash = crash
             return False
         return True
+
+    def _judge(self, point: LoadPointSpec, records: list[RequestRecord], metrics: dict[str, float]) -> list[str]:
+        """Whether the point's numbers describe the server under the planned workload: the
+        client kept up (client validity), the server got the planned requests (workload
+        fidelity) and its own clock agrees with ours. Adds the verdicts to ``metrics`` and
+        returns the reasons (empty: valid)."""
+        w = self.spec.workload
+        _, client_reasons = client_validity(metrics, w.validity, capped=point.max_concurrency is not None)
+        found, workload_reasons = workload_fidelity(records, metrics, w)
+        gap, gap_reasons = clock_gap(metrics, w.fidelity)
+        metrics.update(found)
+        metrics.update(gap)
+        metrics["client_invalid"] = 1.0 if client_reasons or gap_reasons else 0.0
+        metrics["workload_invalid"] = 1.0 if workload_reasons else 0.0
+        metrics["invalid"] = max(metrics["client_invalid"], metrics["workload_invalid"])
+        if client_reasons or gap_reasons:
+            self.progress(f"[{self.label}] point {point.label} INVALID (the client was the bottleneck): "
+                          + "; ".join(client_reasons + gap_reasons))
+        if workload_reasons:
+            self.progress(f"[{self.label}] point {point.label} INVALID (the server got another workload than "
+                          "planned): " + "; ".join(workload_reasons))
+        return client_reasons + gap_reasons + workload_reasons
 
     def _server_failure(self, records: list[RequestRecord]) -> ServerCrashedError | None:
         """The servers' state after a point: a process gone, an engine dead under a live API
@@ -554,6 +576,11 @@ class _TrialRun:
         workload = spec.workload
         if (first, last) != (0, len(workload.load_points)):
             workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
+        if first == 0 and (self.hooks is None or not self.hooks.points):
+            # the server is the one the plan was made for (model name, tokenizer): before any load
+            check = preflight(front.base_url, spec.model.name, endpoint.api_key, factory, spec.workload,
+                              resolve_tokenizer(spec.model, self.model_path), spec.seed)
+            self.progress(f"[{self.label}] {check.describe()}")
         points: Iterable[LoadPointSpec] = workload.load_points
         if last == len(spec.workload.load_points) and spec.workload.capacity is not None:
             points = self._then_capacity_search(workload.load_points)

@@ -38,6 +38,21 @@ class Script:
     # > 0: the "engine" dies on that request, as vLLM's does under a live API server: every
     # completion from then on answers HTTP 500 (EngineDeadError) and /health answers 503.
     die_after: int = 0
+    # Prompt tokens in usage: counted with this tokenizer (a model folder), times ``token_scale``
+    # (2.0 plays a server whose tokenizer makes twice the tokens of ours); without a tokenizer the
+    # fake does not know them and leaves prompt_tokens out of usage.
+    tokenizer: str | None = None
+    token_scale: float = 1.0
+    served: tuple[str, ...] = ()  # names listed by GET /v1/models (none: 404, a gateway without it)
+    tokenize_endpoint: bool = False  # POST /tokenize as vLLM's (needs a tokenizer)
+    ignore_max_tokens: int = 0  # > 0: every stream has this many tokens, whatever was asked
+
+
+def usage_of(prompt_tokens: int | None, completion: int) -> dict[str, int]:
+    usage = {"completion_tokens": completion}
+    if prompt_tokens is not None:
+        usage.update(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens + completion)
+    return usage
 
 
 @dataclass
@@ -58,6 +73,16 @@ class FakeOpenAIServer:
         self.truth = Truth()
         self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tok = None
+        if self.script.tokenizer:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.script.tokenizer)
+
+    def count_tokens(self, text: str) -> int | None:
+        if self._tok is None:
+            return None
+        return round(len(self._tok.encode(text, add_special_tokens=False)) * self.script.token_scale)
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
 
@@ -111,7 +136,10 @@ class FakeOpenAIServer:
             n = int(body.get("max_completion_tokens" if chat else "max_tokens", 16) or 16)
             messages = body["messages"] if chat else [{"role": "user", "content": body.get("prompt", "")}]
             t.by_request[rid]["messages"] = messages
-            prompt_tokens = sum(len(str(m["content"]).split()) for m in messages)
+            counts = [self.count_tokens(str(m["content"])) for m in messages]
+            prompt_tokens = None if None in counts else sum(c for c in counts if c is not None)
+            if self.script.ignore_max_tokens:
+                n = self.script.ignore_max_tokens
             # Deadlines from the arrival, not sleeps in a row: a late wake-up does not push
             # every later chunk back (the truth records when chunks really went out).
             start = max(arrival, time.perf_counter()) if self.script.slots else arrival
@@ -131,8 +159,7 @@ class FakeOpenAIServer:
                 finish = "length" if last and self.script.closing == "last_token" else None
                 chunk = {"choices": [{**choice, "finish_reason": finish}]}
                 if self.script.usage:
-                    chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
-                                      "total_tokens": prompt_tokens + sent}
+                    chunk["usage"] = usage_of(prompt_tokens, sent)
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 now = time.perf_counter()
                 chunks.append(now)
@@ -141,13 +168,23 @@ class FakeOpenAIServer:
             if self.script.closing == "separate":
                 empty = {"index": 0, "delta": {"content": ""}} if chat else {"index": 0, "text": ""}
                 await resp.write(f"data: {json.dumps({'choices': [{**empty, 'finish_reason': 'length'}]})}\n\n".encode())
-            final = {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sent,
-                                              "total_tokens": prompt_tokens + sent}}
+            final = {"choices": [], "usage": usage_of(prompt_tokens, sent)}
             await resp.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
             await resp.write_eof()
             return resp
         finally:
             t.in_flight -= 1
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if not self.script.served:
+            return web.Response(status=404)
+        return web.json_response({"object": "list", "data": [{"id": n, "object": "model"} for n in self.script.served]})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        if not self.script.tokenize_endpoint or self._tok is None:
+            return web.Response(status=404)
+        body = await request.json()
+        return web.json_response({"count": self.count_tokens(body["prompt"]), "max_model_len": 4096})
 
     def _dead(self) -> bool:
         return bool(self.script.die_after) and self.truth.requests >= self.script.die_after
@@ -171,6 +208,8 @@ class FakeOpenAIServer:
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/truth", self._get_truth)
         app.router.add_post("/truth/reset", self._reset_truth)
         return app

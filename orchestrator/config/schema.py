@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator,
+                      model_validator)
 
 
 ArrivalKind = Literal["poisson", "gamma", "constant"]
@@ -321,6 +322,11 @@ class ModelSpec(StrictModel):
             raise ValueError("source 'tiny_trained' needs 'tiny.train' (the task it is trained on)")
         if self.source in ("path", "hub") and not self.path:
             raise ValueError(f"source '{self.source}' needs 'path'")
+        if self.source in ("tiny_random", "tiny_trained") and self.path:
+            # A key a chosen config makes dead is an error, never silently ignored (issue 20): the
+            # run would build and measure the tiny model, or tokenize for it, not the one named.
+            raise ValueError(f"path '{self.path}' is not used when source is '{self.source}' (the model is built "
+                             "locally): set model.source=path for a local folder, or model.source=hub for a hub id")
         return self
 
 
@@ -460,6 +466,32 @@ class ValiditySpec(StrictModel):
     min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / scheduled rate")
 
 
+class FidelitySpec(StrictModel):
+    """When a load point's numbers describe another workload than the planned one (point
+    invalid; :mod:`orchestrator.metrics.fidelity`). Defaults: a tokenizer mismatch (tens of
+    percent) or a server ignoring ``ignore_eos`` is caught, a BOS token or a chat template's
+    few tokens are not."""
+
+    prompt_tokens_slack: NonNegativeInt = Field(
+        default=16, description="tokens the server may count beyond the plan (BOS, chat template) before the "
+        "relative limit applies")
+    max_prompt_tokens_error: PositiveFloat = Field(
+        default=0.1, description="median |server - plan| prompt tokens as a fraction of the plan")
+    max_output_tokens_off: float = Field(
+        default=0.05, ge=0, le=1, description="fraction of requests whose completion tokens differ from the plan "
+        "(with ignore_eos; without it, only longer ones count)")
+    max_unexpected_hit_rate: float = Field(
+        default=0.1, ge=0, le=1, description="prefix-cache hit rate allowed on prompts that share no prefix")
+    min_hit_fraction: float = Field(
+        default=0.5, ge=0, le=1, description="shared-prefix / multi-turn prompts with caching on: hit rate at least "
+        "this fraction of what the workload implies")
+    max_preemptions_per_request: float = Field(default=0.1, ge=0)
+    max_rejected_fraction: float = Field(default=0.0, ge=0, le=1, description="requests refused with HTTP 4xx")
+    max_gap_ms: PositiveFloat | None = Field(
+        default=50.0, description="client TTFT/ITL median above the top of the server histogram's bucket by "
+        "more than this: the client or the network (null: report only)")
+
+
 SLO_METRIC = re.compile(r"^(?:(?P<cls>[A-Za-z0-9_.-]+)/)?(?:ttft|tpot|itl|e2e|itl_worst)_ms_(?:mean|p50|p90|p95|p99|max)$")
 
 
@@ -548,6 +580,7 @@ class WorkloadSpec(StrictModel):
     )
     slo: SLOSpec = Field(default_factory=SLOSpec)
     validity: ValiditySpec = Field(default_factory=ValiditySpec)
+    fidelity: FidelitySpec = Field(default_factory=FidelitySpec)
     repeats: PositiveInt = Field(default=1, description="run each load point this many times (fresh requests each)")
     max_ci_rel_width: PositiveFloat = Field(
         default=0.2, description="flag a repeated point whose 95% CI half-width exceeds this fraction of the mean"
@@ -688,6 +721,11 @@ class TrialSpec(StrictModel):
                 f"(input + output at the top of range_ratio) but the context is {limit} "
                 "(engine.max_model_len / model)"
             )
+        if (self.model.tokenizer and self.model.source in ("tiny_random", "tiny_trained")
+                and self.engine.name in ("vllm", "sglang")):
+            raise ValueError(f"model.tokenizer '{self.model.tokenizer}': the tiny model ({self.model.source}) is built "
+                             "with its own tokenizer and cannot be served with another; model.tokenizer is for "
+                             "model.source=path/hub (passed to the server too) or engine=external")
         if self.workload.capacity is not None and getattr(self.engine, "restart_between_points", False):
             raise ValueError("workload.capacity searches one running server: it cannot be combined with "
                              "engine.restart_between_points")

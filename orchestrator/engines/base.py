@@ -11,7 +11,8 @@ from typing import Literal
 
 from orchestrator.config.secrets import REDACTED, is_secret_name, redact_argv
 
-MetricKind = Literal["counter", "gauge", "histogram"]
+# "latency": a histogram in seconds whose buckets give the point's server-side percentiles
+MetricKind = Literal["counter", "gauge", "histogram", "latency"]
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ METRICS: dict[str, EngineMetric] = {
     "requests_waiting": EngineMetric("sglang:num_queue_reqs", "gauge"),
     "spec_decode_accept_length": EngineMetric("sglang:spec_accept_length", "gauge"),
     "retractions": EngineMetric("sglang:num_retracted_reqs", "gauge"),
+    "ttft": EngineMetric("sglang:time_to_first_token_seconds", "latency"),
+    "itl": EngineMetric("sglang:inter_token_latency_seconds", "latency"),
+    "e2e": EngineMetric("sglang:e2e_request_latency_seconds", "latency"),
 }
 
 # Where each server's GPUs come from within the trial's assigned list.
@@ -40,11 +43,12 @@ BOOTSTRAP_PORT_OFFSET = 1000
 
 def build_argv(engine: SGLangEngineSpec, model_path: str, served_name: str, port: int, *,
                tp: int | None = None, mode: str | None = None, bootstrap_port: int | None = None,
-               head: list[str]) -> list[str]:
+               head: list[str], tokenizer: str | None = None) -> list[str]:
     """One SGLang server's command line as an argv list (never a shell string). ``head``: the
     launch prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
     argv = list(head)
     argv += ["--model-path", model_path, "--served-model-name", served_name]
+    argv += opt("tokenizer-path", tokenizer)  # model.tokenizer: the one our prompts are made with
     argv += ["--host", engine.host, "--port", str(port)]
     argv += ["--dtype", engine.dtype]
     argv += ["--tp-size", str(tp or engine.tensor_parallel_size)]
@@ -93,7 +97,8 @@ def _spec(spec: TrialSpec) -> SGLangEngineSpec:
 def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
     engine = _spec(spec)
     return ServerLaunch(
-        name="server", argv=build_argv(engine, model_path, spec.model.name, port, head=envs.command(spec, SERVER_MODULE)),
+        name="server", argv=build_argv(engine, model_path, spec.model.name, port, head=envs.command(spec, SERVER_MODULE),
+                                         tokenizer=spec.model.tokenizer),
         env=build_env(spec),
         host=engine.host, port=port, startup_timeout_s=engine.startup_timeout_s,
         gpus=tuple(range(engine.tensor_parallel_size)), fatal_log_markers=FATAL_LOG_MARKERS,
@@ -116,12 +121,13 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
     prefill = ServerLaunch(
         name="prefill", env=env, host=engine.host, port=p_port, startup_timeout_s=engine.startup_timeout_s,
         argv=build_argv(engine, model_path, spec.model.name, p_port, tp=pd.prefill_tp, mode="prefill",
-                        bootstrap_port=bootstrap, head=head),
+                        bootstrap_port=bootstrap, head=head, tokenizer=spec.model.tokenizer),
         gpus=tuple(range(pd.prefill_tp)), fatal_log_markers=FATAL_LOG_MARKERS,
     )
     decode = ServerLaunch(
         name="decode", env=env, host=engine.host, port=d_port, startup_timeout_s=engine.startup_timeout_s,
-        argv=build_argv(engine, model_path, spec.model.name, d_port, tp=pd.decode_tp, mode="decode", head=head),
+        argv=build_argv(engine, model_path, spec.model.name, d_port, tp=pd.decode_tp, mode="decode", head=head,
+                        tokenizer=spec.model.tokenizer),
         gpus=tuple(range(pd.prefill_tp, pd.prefill_tp + pd.decode_tp)), fatal_log_markers=FATAL_LOG_MARKERS,
     )
     # The router (PyPI sglang-router) is installed in SGLang's environment.

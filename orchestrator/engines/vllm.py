@@ -51,6 +51,10 @@ METRICS: dict[str, EngineMetric] = {
     "requests_waiting": EngineMetric("vllm:num_requests_waiting", "gauge"),
     "queue_time_s": EngineMetric("vllm:request_queue_time_seconds", "histogram"),
     "prefill_time_s": EngineMetric("vllm:request_prefill_time_seconds", "histogram"),
+    # The server's own clock (issue 20): TTFT from the request's arrival, ITL, end to end.
+    "ttft": EngineMetric("vllm:time_to_first_token_seconds", "latency"),
+    "itl": EngineMetric("vllm:inter_token_latency_seconds", "latency"),
+    "e2e": EngineMetric("vllm:e2e_request_latency_seconds", "latency"),
     # Tokens a KV connector (P/D, LMCache) supplied instead of computing them.
     "external_prefix_cache_hits": EngineMetric("vllm:external_prefix_cache_hits", "counter"),
     "external_prefix_cache_queries": EngineMetric("vllm:external_prefix_cache_queries", "counter"),
@@ -65,11 +69,14 @@ def _bool_flag(name: str, value: bool | None) -> list[str]:
 
 
 def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: int, head: list[str],
-               tp: int | None = None, kv_transfer_config: dict[str, object] | None = None) -> list[str]:
+               tp: int | None = None, kv_transfer_config: dict[str, object] | None = None,
+               tokenizer: str | None = None) -> list[str]:
     """The server command line as an argv list (never a shell string). ``head``: the launch
-    prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
+    prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`).
+    ``tokenizer`` (model.tokenizer): the server tokenizes with the one our prompts are made with."""
     argv = list(head)
     argv += ["--model", model_path, "--served-model-name", served_name]
+    argv += opt("tokenizer", tokenizer)
     argv += ["--host", engine.host, "--port", str(port)]
     argv += ["--dtype", engine.dtype]
     argv += opt("max-model-len", engine.max_model_len)
@@ -169,7 +176,8 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
             files = {path: render_lmcache(engine.lmcache)}
             kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
         return [ServerLaunch(name="server", port=port, env=env, files=files, gpus=tuple(range(engine.num_gpus)),
-                             argv=build_argv(engine, model_path, spec.model.name, port, head, kv_transfer_config=kv),
+                             argv=build_argv(engine, model_path, spec.model.name, port, head, kv_transfer_config=kv,
+                                             tokenizer=spec.model.tokenizer),
                              **common)]
     kv: dict[str, object] = {"kv_connector": pd.connector, "kv_role": "kv_both"}
     scratch: tuple[str, ...] = ()
@@ -184,7 +192,8 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
         if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
             # Each server's threads on their own cores (prefill first, decode next), not both on all.
             server_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(first + i) for i in range(tp))
-        argv = build_argv(engine, model_path, spec.model.name, p, head, tp=tp, kv_transfer_config=kv)
+        argv = build_argv(engine, model_path, spec.model.name, p, head, tp=tp, kv_transfer_config=kv,
+                          tokenizer=spec.model.tokenizer)
         if name == "prefill" and pd.connector == "ExampleConnector":
             # The ExampleConnector saves a prompt's KV only when the prompt is scheduled whole: a
             # chunked prefill stores its first chunk under the whole prompt's key, and the decode
@@ -216,7 +225,8 @@ def _replicas_behind_router(spec: TrialSpec, model_path: str, port: int, next_po
         if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
             replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
         replicas.append(ServerLaunch(name=f"replica{i}", port=p, env=replica_env,
-                                     argv=build_argv(engine, model_path, spec.model.name, p, head),
+                                     argv=build_argv(engine, model_path, spec.model.name, p, head,
+                                                     tokenizer=spec.model.tokenizer),
                                      gpus=tuple(range(i * per, (i + 1) * per)), **common))
     router_metrics = next_port()  # its Prometheus listener (0.0.0.0:29000 unless told)
     router = ServerLaunch(

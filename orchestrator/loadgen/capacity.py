@@ -43,6 +43,8 @@ def judge(metrics: dict[str, float], class_metrics: dict[str, dict[str, float]],
     the completed rate, or (rate probes) when the server completed requests slower than the
     schedule offered them (``qps < min_sustained x schedule_rate``: a growing queue).
     ``invalid`` when the client was the bottleneck: such a probe must not decide."""
+    if metrics.get("workload_invalid"):
+        return Judgement("invalid", ("the server got another workload than planned (see the point's reasons)",))
     if metrics.get("invalid"):
         return Judgement("invalid", ("the client could not drive this load",))
     reasons = []

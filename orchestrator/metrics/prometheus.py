@@ -24,7 +24,9 @@ def parse(text: str) -> Sample:
     out: Sample = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+            # a histogram's buckets stay apart by their bound: ``name_bucket{le="0.25"}``
+            name = f'{s.name}{{le="{s.labels["le"]}"}}' if s.name.endswith("_bucket") and "le" in s.labels else s.name
+            out[name] = out.get(name, 0.0) + float(s.value)
     return out
 
 
@@ -86,8 +88,27 @@ def deltas(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict
             c0, c1 = before.get(ref.family + "_count"), after.get(ref.family + "_count")
             if None not in (s0, s1, c0, c1) and c1 - c0 > 0:  # type: ignore[operator]
                 out[name + "_mean"] = (s1 - s0) / (c1 - c0)  # type: ignore[operator]
+        # "latency" histograms: their buckets, for percentiles (latency_buckets)
     if out.get("prefix_cache_queries"):
         out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / out["prefix_cache_queries"]
     if out.get("spec_decode_draft_tokens"):
         out["spec_decode_acceptance_rate"] = out.get("spec_decode_accepted_tokens", 0.0) / out["spec_decode_draft_tokens"]
+    return out
+
+
+def latency_buckets(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
+    """Per ``latency`` histogram of ``metric_map``: its (upper bound, cumulative count) bucket
+    deltas between two scrapes, bounds in the histogram's unit; histograms without a new
+    observation are left out."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for name, ref in metric_map.items():
+        if ref.kind != "latency":
+            continue
+        prefix = ref.family + '_bucket{le="'
+        pairs = []
+        for key, value in after.items():
+            if key.startswith(prefix):
+                pairs.append((float(key[len(prefix):-2]), value - before.get(key, 0.0)))
+        if pairs and max(c for _, c in pairs) > 0:
+            out[name] = sorted(pairs)
     return out

@@ -22,6 +22,7 @@ class PointResult(BaseModel):
     setting: dict[str, Any]
     metrics: dict[str, float] = Field(default_factory=dict)
     class_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)
+    invalid_reasons: list[str] = Field(default_factory=list, description="why the point is INVALID (empty: valid)")
 
 
 class TrialResult(BaseModel):

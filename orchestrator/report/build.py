@@ -150,6 +150,10 @@ def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float 
         for p in t.points:
             lines.append("| " + " | ".join([t.name, t.status, *params, p.label,
                                              *[_fmt(p.metrics.get(k)) for k, _ in COLUMNS], *acc]) + " |")
+    invalid = [(t, p) for t in data.trials for p in t.points if p.metrics.get("invalid")]
+    if invalid:  # a number read at such a point describes the client or another workload, not the server
+        lines += ["", "**INVALID points** (not a measurement of the server under the planned workload):", ""]
+        lines += [f"- {t.name} {p.label}: {p.invalid_reasons or 'invalid'}" for t, p in invalid]
     if data.objective is not None:
         lines += ["", *decide(data.finished, data.objective).lines, ""]
         lines += knob_effects(data.finished, varied, data.objective)

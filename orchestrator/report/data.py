@@ -27,6 +27,7 @@ class Point:
     label: str
     setting: dict[str, Any]
     metrics: dict[str, float]
+    invalid_reasons: str = ""  # why the point is INVALID ("; "-joined), empty when valid
 
     def x(self) -> float | None:
         """The point's offered load: its rate (req/s, may be inf) or concurrency."""
@@ -97,7 +98,7 @@ def from_results(results: list[TrialResult], experiment: str, sweep_run_id: str 
             metrics = dict(p.metrics)
             for cls, m in p.class_metrics.items():
                 metrics.update({f"{cls}/{k}": v for k, v in m.items()})
-            points.append(Point(p.index, p.label, dict(p.setting), metrics))
+            points.append(Point(p.index, p.label, dict(p.setting), metrics, "; ".join(p.invalid_reasons)))
         params = trial_params(r)  # the very params MLflow gets: a report reads the same either way
         parquet = r.records_parquet
 
@@ -121,8 +122,10 @@ def parse_points_csv(text: str) -> list[Point]:
     header, out = rows[0], []
     for row in rows[1:]:
         values = dict(zip(header, row))
-        metrics = {k: float(v) for k, v in values.items() if k not in ("point", "label", "setting") and v != ""}
-        out.append(Point(int(values["point"]), values["label"], json.loads(values["setting"] or "{}"), metrics))
+        text = ("point", "label", "setting", "invalid_reasons")
+        metrics = {k: float(v) for k, v in values.items() if k not in text and v != ""}
+        out.append(Point(int(values["point"]), values["label"], json.loads(values["setting"] or "{}"), metrics,
+                         values.get("invalid_reasons", "")))
     return out
 
 

@@ -170,9 +170,11 @@ class MlflowTracker:
                 for a in lost), 5000)
         if result.capacity.get("explanation"):  # the SLO capacity and the probe that bounds it, in words
             run_tags["slo_capacity"] = truncate(str(result.capacity["explanation"]), 5000)
-        invalid = [p.label for p in result.points if p.metrics.get("invalid")]
-        if invalid:
-            run_tags["invalid_points"] = ",".join(invalid)  # the client, not the server, was the bottleneck
+        invalid = [p for p in result.points if p.metrics.get("invalid")]
+        if invalid:  # the client was the bottleneck, or the server got another workload than planned
+            run_tags["invalid_points"] = ",".join(p.label for p in invalid)
+            run_tags["invalid_reasons"] = truncate(" | ".join(
+                f"{p.label}: {'; '.join(p.invalid_reasons) or 'invalid'}" for p in invalid), 5000)
         name = result.variant or f"trial-{result.trial_hash[:8]}"
         run = self.client.create_run(self.experiment_id, run_name=truncate(name, 250), tags=run_tags,
                                      start_time=int(result.started_at * 1000))
@@ -259,9 +261,10 @@ def points_csv(result: TrialResult) -> str:
     keys = sorted({k for row in rows for k in row if "/" not in k}) + sorted({k for row in rows for k in row if "/" in k})
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["point", "label", "setting", *keys])
+    w.writerow(["point", "label", "setting", "invalid_reasons", *keys])
     for p, row in zip(result.points, rows):
-        w.writerow([p.index, p.label, json.dumps(p.setting, sort_keys=True), *(row.get(k, "") for k in keys)])
+        w.writerow([p.index, p.label, json.dumps(p.setting, sort_keys=True), "; ".join(p.invalid_reasons),
+                    *(row.get(k, "") for k in keys)])
     return buf.getvalue()
 
 

@@ -36,12 +36,21 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
         assert m["server_generation_tokens"] == 8 * 16  # the engine's own count agrees with ours
         assert m["output_tokens"] == 8 * 16
         assert 0.5 < m["memory_peak_gb"] < 20
+        # the server got the planned workload, and its own clock agrees with ours (issue 20)
+        assert m["invalid"] == 0.0 and m["workload_invalid"] == 0.0 and p.invalid_reasons == [], p.invalid_reasons
+        assert m["prompt_tokens_gap_p50"] == 0 and m["output_tokens_off_fraction"] == 0.0
+        for name in ("ttft", "itl", "e2e"):
+            assert m[f"server_{name}_ms_p50"] > 0 and m[f"server_{name}_ms_p50_res_ms"] > 0, name
+        # our median lies within the server's bucket widened by the default gap limit (50 ms)
+        assert m["ttft_ms_p50"] <= m["server_ttft_ms_p50_high"] + 50, m
+        assert m["itl_ms_p50"] <= m["server_itl_ms_p50_high"] + 50, m
     # batching is real: 4 concurrent streams give more tokens/s than 1
     assert result.points[1].metrics["tokens_per_second"] > result.points[0].metrics["tokens_per_second"]
     table = parquet_bytes_to_table(result.records_parquet)
     assert table.num_rows == 16 and set(table.column("point").to_pylist()) == {0, 1}
     assert set(table.column("prompt_tokens").to_pylist()) == {64}  # prompts are token-exact
     assert "point 2/2 c4" in "\n".join(lines)
+    assert "pre-flight: the server serves 'tiny-llama'; its tokenizer counts 64/64/64 tokens" in "\n".join(lines)
     assert "Application startup complete" in result.server_log
     pid_alive = [p for p in psutil.process_iter(["cmdline"]) if "api_server.entry" in " ".join(p.info["cmdline"] or [])]
     assert not pid_alive and not engine_processes()
@@ -65,4 +74,33 @@ def test_restart_between_points_and_cache_reset(compose, tmp_path, tiny_model_di
     assert sum("server healthy" in line for line in lines) == 2
     assert result.server_log.count("===== server (start") == 2
     assert "reset_prefix_cache" in result.server_log
+    assert not engine_processes()
+
+
+def test_a_running_server_with_another_tokenizer_is_refused_before_load(compose, tmp_path, tiny_model_dir):
+    """The issue-20 run: measuring a running vLLM server while tokenizing with another
+    tokenizer. Refused before any load, naming model.tokenizer; with the server's own
+    tokenizer the same external trial is valid."""
+    from orchestrator.engines import adapter_for, free_port, server_for
+    from orchestrator.models.tiny import SPECIAL_TOKENS, build_tokenizer
+    from orchestrator.trial import server_env
+
+    other = tmp_path / "byte-tokenizer"
+    build_tokenizer(len(SPECIAL_TOKENS) + 256, other, ["a"])  # bytes only: ~2x the tokens of the BPE
+    served, _ = to_specs(compose(["engine.max_model_len=512"]))
+    port = free_port("127.0.0.1")
+    launch = adapter_for("vllm").launch(served, str(tiny_model_dir), port)
+    with server_for(launch, server_env(launch, []), tmp_path / "server.log") as server:
+        server.wait_healthy(launch.startup_timeout_s)
+        common = ["engine=external", f"engine.url=http://127.0.0.1:{port}", "model.source=path",
+                  f"model.path={tiny_model_dir}", "workload.classes={main:{input_tokens:64,output_tokens:8}}",
+                  "workload.load_points=[{concurrency:2}]", "workload.num_requests=4"]
+        wrong, _ = to_specs(compose([*common, f"model.tokenizer={other}"]))
+        result = run_trial(wrong, tmp_path / "wrong", progress=lambda _: None)
+        assert result.status == "FAILED" and not result.points
+        assert "model.tokenizer: the server's tokenizer counts" in result.error, result.error
+        right, _ = to_specs(compose(common))
+        result = run_trial(right, tmp_path / "right", progress=lambda _: None)
+        assert result.status == "FINISHED", result.error
+        assert result.points[0].metrics["invalid"] == 0.0, result.points[0].invalid_reasons
     assert not engine_processes()

@@ -130,12 +130,13 @@ def test_relative_file_paths_become_absolute_where_the_command_runs(compose, tmp
     spec, _ = to_specs(compose([
         "workload=sharegpt", "workload.classes.main.path=data/sg.json",
         "workload.load_points=[{trace:data/t.jsonl},{concurrency:2}]",
-        "model.tokenizer=data/tok", "model.cache_dir='~/models'",
+        "model.source=path", "model.path=data/model", "model.tokenizer=data/tok", "model.cache_dir='~/models'",
         "+engine.lmcache={local_disk:kv}", "engine.python=envs/bin/python",
     ]))
     assert spec.workload.classes["main"].path == str(tmp_path / "data" / "sg.json")
     assert spec.workload.load_points[0].trace == str(tmp_path / "data" / "t.jsonl")
     assert spec.model.tokenizer == str(tmp_path / "data" / "tok")
+    assert spec.model.path == str(tmp_path / "data" / "model")
     import os
 
     assert spec.model.cache_dir == os.path.expanduser("~/models")

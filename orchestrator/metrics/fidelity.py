@@ -1,0 +1,247 @@
+"""Workload fidelity: did the server receive the workload the point planned to send?
+
+Client validity (:func:`orchestrator.metrics.summary.client_validity`) asks whether the client
+kept up. This module asks the other half: whether the requests the server saw were the ones
+planned, judged from the server's own counts in the records (``usage``) and the point's
+server-side deltas (``server_*`` metrics). A point that fails is INVALID with the reasons:
+its numbers describe a different workload than the one configured (issue 20).
+
+Rules, each skipped when what it needs was not measured:
+
+* prompt length: the server's ``usage.prompt_tokens`` of each first turn against the plan's
+  ``input_tokens`` (median difference beyond ``prompt_tokens_slack`` tokens and
+  ``max_prompt_tokens_error`` of the plan: another tokenizer, a template we did not expect);
+  without per-request usage, the server's prompt-token counter over the point instead;
+* output length: completion tokens against the plan: with ``ignore_eos`` every request must get
+  exactly its planned tokens (a server that ignores it, or stops early); without, none more;
+* prefix-cache hits against what the workload implies: hits on prompts that share nothing
+  (``random``, ``sharegpt``: the prompts are not what we think), too few on ``shared_prefix``
+  or ``multi_turn`` prompts with caching on (cache evicted, or a router lost affinity);
+* preemptions per request (KV pressure changed what was measured);
+* rejected requests (HTTP 4xx: the server refused the planned request).
+
+Server-side errors and timeouts are a load outcome (goodput, the capacity search), not a
+workload mismatch; a server that answered nothing is :func:`summary.server_failure`.
+
+The server's own latency histograms (vLLM and SGLang export TTFT, ITL, end-to-end) give a
+second opinion: :func:`server_latency` turns the bucket deltas of a point into percentiles
+(linear inside a bucket, as Prometheus' ``histogram_quantile``; the bucket's width is the
+resolution) and :func:`clock_gap` flags a client that saw more than ``max_gap_ms`` beyond the
+server's bucket: that time is the client or the network, not the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrator.config.schema import FidelitySpec, WorkloadSpec
+from orchestrator.metrics.records import RequestRecord
+from orchestrator.metrics.summary import output_tokens_of
+
+# Datasets whose prompts share no prefix on purpose (vllm_random shares leading blocks by design).
+NO_SHARED_PREFIX = ("random", "sharegpt")
+SHARED_PREFIX = ("shared_prefix", "multi_turn")
+
+
+def prompt_length(records: Sequence[RequestRecord], metrics: Mapping[str, float],
+                  limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+    """Prompt tokens the server counted against the plan (first turns: later turns' plans are
+    built from the server's own counts)."""
+    first = [r for r in records if r.ok and r.turn == 0]
+    counted = [r for r in first if r.prompt_tokens is not None]
+    out: dict[str, float] = {}
+    if counted:
+        planned = np.asarray([r.input_tokens_target for r in counted], dtype=float)
+        served = np.asarray([r.prompt_tokens for r in counted], dtype=float)
+        gap, plan = float(np.median(served - planned)), float(np.median(planned))
+        out["prompt_tokens_gap_p50"] = gap
+        out["prompt_tokens_server_over_plan"] = float(np.median(served / np.maximum(planned, 1)))
+        source = f"the server counted {np.median(served):.0f} prompt tokens per request (median)"
+    else:
+        sent = [r for r in records if r.turn == 0 and r.http_status in (None, 200)]
+        server = metrics.get("server_prompt_tokens")
+        if not sent or server is None or any(r.turn > 0 for r in records) or any(not r.ok for r in sent):
+            return out, []
+        plan = float(np.mean([r.input_tokens_target for r in sent]))
+        gap = server / len(sent) - plan
+        out["prompt_tokens_gap_p50"] = gap
+        out["prompt_tokens_server_over_plan"] = (server / len(sent)) / max(plan, 1.0)
+        source = f"the server's prompt-token counter grew by {server / len(sent):.0f} per request"
+    if abs(gap) > max(limits.prompt_tokens_slack, limits.max_prompt_tokens_error * plan):
+        return out, [f"prompt length: {source}, {plan:.0f} planned ({out['prompt_tokens_server_over_plan']:.2f}x): "
+                     "the prompts were tokenized with another tokenizer than the server's (model.tokenizer, "
+                     "model.source/path) or wrapped in a template the plan did not count"]
+    return out, []
+
+
+def output_length(records: Sequence[RequestRecord], ignore_eos: bool,
+                  limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+    """Completion tokens against the plan."""
+    ok = [r for r in records if r.ok]
+    if not ok:
+        return {}, []
+    got = np.asarray([output_tokens_of(r) for r in ok])
+    planned = np.asarray([r.output_tokens_target for r in ok])
+    short, long = int((got < planned).sum()), int((got > planned).sum())
+    off = (short + long) if ignore_eos else long
+    out = {"output_tokens_off_fraction": off / len(ok)}
+    if off / len(ok) > limits.max_output_tokens_off:
+        what = []
+        if long:
+            what.append(f"{long} got more tokens than planned")
+        if short and ignore_eos:
+            what.append(f"{short} stopped short (ignore_eos is on: the server ignored it or hit a limit)")
+        return out, [f"output length: {off} of {len(ok)} requests off the plan: " + "; ".join(what)]
+    return out, []
+
+
+def prefix_hits(workload: WorkloadSpec, metrics: Mapping[str, float],
+                limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+    """Prefix-cache hits against what the workload implies (only where the engine counted)."""
+    rate = metrics.get("server_prefix_cache_hit_rate")
+    if rate is None:
+        return {}, []
+    datasets = {c.dataset for c in workload.classes.values()}
+    if datasets <= set(NO_SHARED_PREFIX) and rate > limits.max_unexpected_hit_rate:
+        return {}, [f"prefix cache: hit rate {rate:.2f} on prompts that share no prefix "
+                    f"(> {limits.max_unexpected_hit_rate:g}): the prompts are not what the plan made"]
+    expected = expected_hit_rate(workload, int(metrics.get("requests", 0)))
+    if datasets <= set(SHARED_PREFIX) and expected and rate < limits.min_hit_fraction * expected:
+        return {"prefix_cache_hit_rate_expected": expected}, [
+            f"prefix cache: hit rate {rate:.2f}, the workload implies about {expected:.2f} "
+            f"(< {limits.min_hit_fraction:g} of it): cache off or evicted, or a router lost affinity"]
+    return ({"prefix_cache_hit_rate_expected": expected} if expected else {}), []
+
+
+def expected_hit_rate(workload: WorkloadSpec, requests: int) -> float | None:
+    """The share of prompt tokens a prefix cache can serve, weighted by class: a shared prefix
+    of ``prefix_tokens`` (once a group's first request has filled it: ``requests`` of the point,
+    0 = unknown), a later turn's history. An upper bound: the server rounds down to whole blocks,
+    so the rule compares with a fraction of it (``min_hit_fraction``). None when a class
+    implies nothing."""
+    total, weights = 0.0, 0.0
+    for c in workload.classes.values():
+        if c.rate is not None:
+            continue
+        if c.dataset == "shared_prefix" and c.prefix_tokens and c.input_tokens and c.num_groups:
+            warm = max(0.0, 1 - c.num_groups / requests) if requests else 1.0
+            share = warm * c.prefix_tokens / (c.prefix_tokens + c.input_tokens)
+        elif c.dataset == "multi_turn" and c.turns and c.input_tokens and c.output_tokens:
+            per_turn = c.input_tokens + c.output_tokens
+            history = sum(k * per_turn for k in range(c.turns))
+            prompts = history + c.turns * c.input_tokens
+            share = history / prompts
+        else:
+            return None
+        total += c.weight * share
+        weights += c.weight
+    return total / weights if weights else None
+
+
+def preemptions(records: Sequence[RequestRecord], metrics: Mapping[str, float],
+                limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+    n = metrics.get("server_preemptions")
+    if n is None or not records:
+        return {}, []
+    per_request = n / len(records)
+    out = {"preemptions_per_request": per_request}
+    if per_request > limits.max_preemptions_per_request:
+        return out, [f"preemptions: {n:.0f} during the point ({per_request:.2f} per request > "
+                     f"{limits.max_preemptions_per_request:g}): KV pressure recomputed requests"]
+    return out, []
+
+
+def rejections(records: Sequence[RequestRecord], limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+    rejected = [r for r in records if r.http_status is not None and 400 <= r.http_status < 500]
+    if not records:
+        return {}, []
+    out = {"rejected_fraction": len(rejected) / len(records)}
+    if len(rejected) / len(records) > limits.max_rejected_fraction:
+        first = (rejected[0].error or "").splitlines()[0][:200] if rejected else ""
+        return out, [f"rejected: {len(rejected)} of {len(records)} requests got HTTP "
+                     f"{rejected[0].http_status}: {first}"]
+    return out, []
+
+
+def workload_fidelity(records: Sequence[RequestRecord], metrics: Mapping[str, float],
+                      workload: WorkloadSpec) -> tuple[dict[str, float], list[str]]:
+    """Every rule on one load point: (metrics to add, reasons it is INVALID)."""
+    limits = workload.fidelity
+    out: dict[str, float] = {}
+    reasons: list[str] = []
+    for found, why in (prompt_length(records, metrics, limits), output_length(records, workload.ignore_eos, limits),
+                       prefix_hits(workload, metrics, limits), preemptions(records, metrics, limits),
+                       rejections(records, limits)):
+        out.update(found)
+        reasons += why
+    return out, reasons
+
+
+# --------------------------------------------------------------------------- the server's clock
+
+
+@dataclass(frozen=True)
+class Quantile:
+    value: float
+    low: float  # the bucket it falls in
+    high: float
+
+    @property
+    def resolution(self) -> float:
+        return self.high - self.low
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> Quantile | None:
+    """The q-quantile of a histogram given as (upper bound, cumulative count) pairs: linear
+    inside its bucket (Prometheus' histogram_quantile). None without observations."""
+    pairs = sorted(buckets)
+    if not pairs or pairs[-1][1] <= 0:
+        return None
+    total = pairs[-1][1]
+    rank = q * total
+    low, below = 0.0, 0.0
+    for le, cum in pairs:
+        if cum >= rank and cum > below:
+            if math.isinf(le):
+                return Quantile(low, low, le)
+            return Quantile(low + (le - low) * (rank - below) / (cum - below), low, le)
+        low, below = le, cum
+    return None
+
+
+def server_latency(bucket_deltas: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, float]:
+    """``server_<name>_ms_p50/p99`` (and ``..._res_ms``, the width of the bucket the value lies
+    in) from each histogram's bucket deltas over the point, in seconds."""
+    out: dict[str, float] = {}
+    for name, buckets in bucket_deltas.items():
+        for q in (50, 99):
+            found = histogram_quantile(q / 100, buckets)
+            if found is None:
+                continue
+            out[f"server_{name}_ms_p{q}"] = found.value * 1e3
+            out[f"server_{name}_ms_p{q}_res_ms"] = found.resolution * 1e3
+            out[f"server_{name}_ms_p{q}_low"] = found.low * 1e3
+            out[f"server_{name}_ms_p{q}_high"] = found.high * 1e3
+    return out
+
+
+def clock_gap(metrics: Mapping[str, float], limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+    """Client minus server medians of TTFT and ITL (``<name>_gap_ms_p50``); a client median
+    beyond the top of the server's bucket by more than ``max_gap_ms`` flags the point."""
+    out: dict[str, float] = {}
+    reasons: list[str] = []
+    for name in ("ttft", "itl"):
+        client, server = metrics.get(f"{name}_ms_p50"), metrics.get(f"server_{name}_ms_p50")
+        high = metrics.get(f"server_{name}_ms_p50_high")
+        if client is None or server is None or high is None:
+            continue
+        out[f"{name}_gap_ms_p50"] = client - server
+        if limits.max_gap_ms is not None and not math.isinf(high) and client - high > limits.max_gap_ms:
+            reasons.append(f"server clock: the client's {name.upper()} p50 {client:.1f} ms is {client - high:.1f} ms "
+                           f"above the server's ({server:.1f} ms, bucket up to {high:.0f} ms; > {limits.max_gap_ms:g}):"
+                           " that time is the client or the network, not the engine")
+    return out, reasons
