@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import psutil
 import pytest
 
@@ -85,8 +86,11 @@ def test_a_running_server_with_another_tokenizer_is_refused_before_load(compose,
     from orchestrator.models.tiny import SPECIAL_TOKENS, build_tokenizer
     from orchestrator.trial import server_env
 
-    other = tmp_path / "byte-tokenizer"
-    build_tokenizer(len(SPECIAL_TOKENS) + 256, other, ["a"])  # bytes only: ~2x the tokens of the BPE
+    # a tokenizer whose tokens are whole made-up words: the served BPE splits each into ~3 tokens
+    rng = np.random.default_rng(0)
+    words = ["".join(chr(97 + int(c)) for c in rng.integers(0, 26, int(rng.integers(6, 11)))) for _ in range(400)]
+    other = tmp_path / "word-tokenizer"
+    build_tokenizer(len(SPECIAL_TOKENS) + 256 + 3000, other, [" ".join(words)] * 4)
     served, _ = to_specs(compose(["engine.max_model_len=512"]))
     port = free_port("127.0.0.1")
     launch = adapter_for("vllm").launch(served, str(tiny_model_dir), port)
