@@ -385,6 +385,19 @@ class RequestClass(StrictModel):
         missing = [k for k in need if getattr(self, k) is None]
         if missing:
             raise ValueError(f"dataset '{self.dataset}' needs {', '.join(missing)}")
+        # keys this dataset never reads: an error, never silently ignored (issue 20)
+        owners = {"num_groups": "shared_prefix", "prefix_tokens": "shared_prefix", "path": "sharegpt",
+                  "max_input_tokens": "sharegpt", "turns": "multi_turn", "think_time_s": "multi_turn"}
+        dead = [k for k, owner in owners.items() if k in self.model_fields_set and self.dataset != owner
+                and getattr(self, k) != type(self).model_fields[k].default]
+        if dead:
+            raise ValueError(f"{', '.join(dead)}: not used by dataset '{self.dataset}' (only by "
+                             f"{', '.join(sorted({owners[k] for k in dead}))}); remove it or set dataset")
+        if self.rate is None and (self.arrival != "poisson" or self.burstiness != 1):
+            raise ValueError("'arrival' and 'burstiness' of a class apply to background traffic only (set 'rate'); "
+                             "a foreground class arrives as the load point says")
+        if self.burstiness != 1 and self.arrival != "gamma":
+            raise ValueError(f"'burstiness' shapes gamma arrivals only (arrival is '{self.arrival}'): set arrival: gamma")
         if self.output_tokens_choices is not None:
             if not self.output_tokens_choices:
                 raise ValueError("output_tokens_choices: expected a non-empty list")
@@ -433,6 +446,17 @@ class LoadPointSpec(StrictModel):
             raise ValueError("a load point needs exactly one of 'concurrency', 'rate' or 'trace'")
         if self.rate is None and (self.max_concurrency is not None or self.ramp_up_s):
             raise ValueError("'max_concurrency' and 'ramp_up_s' apply to 'rate' points only")
+        if self.rate is None and self.arrival != "poisson":
+            raise ValueError("'arrival' applies to 'rate' points only (a concurrency point is a closed loop, "
+                             "a trace replays its own timestamps)")
+        if self.trace is None and self.time_scale != 1:
+            raise ValueError("'time_scale' applies to 'trace' points only")
+        return self
+
+    @model_validator(mode="after")
+    def _burstiness_of_gamma(self) -> LoadPointSpec:
+        if self.burstiness != 1 and self.arrival != "gamma":
+            raise ValueError(f"'burstiness' shapes gamma arrivals only (arrival is '{self.arrival}'): set arrival: gamma")
         return self
 
     @property

@@ -216,6 +216,25 @@ def test_model_path_with_a_tiny_source_is_an_error(compose):
         to_specs(compose(["engine=external", "engine.url=http://127.0.0.1:1", "model.path=/some/folder"]))
 
 
+@pytest.mark.parametrize("override, message", [
+    ("+workload.classes.main.prefix_tokens=256", r"workload.classes.main.*prefix_tokens: not used by dataset 'random'"),
+    ("+workload.classes.main.think_time_s=2", r"think_time_s: not used by dataset 'random' \(only by multi_turn\)"),
+    ("+workload.classes.main.arrival=gamma", r"background traffic only"),
+    ("workload.load_points=[{concurrency:4,arrival:constant}]", r"load_points.0.*'arrival' applies to 'rate' points"),
+    ("workload.load_points=[{rate:2,burstiness:0.5}]", r"load_points.0.*'burstiness' shapes gamma arrivals only"),
+    ("workload.load_points=[{rate:2,time_scale:2}]", r"load_points.0.*'time_scale' applies to 'trace'"),
+])
+def test_a_key_the_chosen_config_makes_dead_is_an_error(compose, override, message):
+    with pytest.raises(ConfigError, match=message):
+        to_specs(compose([override]))
+
+
+def test_the_keys_a_dataset_reads_are_accepted(compose):
+    to_specs(compose(["workload=shared_prefix"]))
+    to_specs(compose(["workload=multi_turn"]))
+    to_specs(compose(["workload.load_points=[{rate:2,arrival:gamma,burstiness:0.5}]"]))
+
+
 def test_model_tokenizer_is_refused_for_a_tiny_model_we_launch_and_passed_to_other_servers(compose, tmp_path):
     from orchestrator.engines import adapter_for
 
