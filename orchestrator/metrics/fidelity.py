@@ -187,7 +187,7 @@ def workload_fidelity(records: Sequence[RequestRecord], metrics: Mapping[str, fl
 @dataclass(frozen=True)
 class Quantile:
     value: float
-    low: float  # the bucket it falls in
+    low: float  # the sample quantile lies in [low, high]: the buckets of the order statistics it is made of
     high: float
 
     @property
@@ -197,20 +197,40 @@ class Quantile:
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> Quantile | None:
     """The q-quantile of a histogram given as (upper bound, cumulative count) pairs: linear
-    inside its bucket (Prometheus' histogram_quantile). None without observations."""
+    inside its bucket (Prometheus' histogram_quantile), None without observations.
+
+    ``low``/``high`` bound the sample quantile a client computes from the same N values
+    (numpy's: between the order statistics floor and ceil of (N-1)q): from the lower edge of
+    the bucket holding the first to the upper edge of the bucket holding the second. A rank
+    that lands on a bucket's edge (half the requests at most 500 ms) leaves the median
+    anywhere up to the next edge."""
     pairs = sorted(buckets)
     if not pairs or pairs[-1][1] <= 0:
         return None
     total = pairs[-1][1]
     rank = q * total
+    value = None
     low, below = 0.0, 0.0
     for le, cum in pairs:
         if cum >= rank and cum > below:
-            if math.isinf(le):
-                return Quantile(low, low, le)
-            return Quantile(low + (le - low) * (rank - below) / (cum - below), low, le)
+            value = low if math.isinf(le) else low + (le - low) * (rank - below) / (cum - below)
+            break
         low, below = le, cum
-    return None
+    if value is None:
+        return None
+    n = round(total)
+    first, second = math.floor((n - 1) * q) + 1, math.ceil((n - 1) * q) + 1
+    return Quantile(value, _bucket_of(first, pairs)[0], _bucket_of(second, pairs)[1])
+
+
+def _bucket_of(k: int, pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(lower, upper) edge of the bucket that holds the k-th smallest observation."""
+    low = 0.0
+    for le, cum in pairs:
+        if cum >= k:
+            return low, le
+        low = le
+    return low, math.inf
 
 
 def server_latency(bucket_deltas: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, float]:

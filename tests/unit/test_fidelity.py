@@ -162,9 +162,11 @@ def test_limits_come_from_the_workload():
 def test_histogram_quantile_interpolates_inside_its_bucket():
     buckets = [(0.1, 0.0), (0.25, 10.0), (0.5, 20.0), (math.inf, 20.0)]
     q = histogram_quantile(0.5, buckets)
-    assert q is not None and q.value == pytest.approx(0.25) and (q.low, q.high) == (0.1, 0.25)
+    # the rank lands on the 0.25 edge: the 10th value is at most 0.25, the 11th above it, and
+    # a client's median of the 20 (their mean) may be anywhere up to 0.5
+    assert q is not None and q.value == pytest.approx(0.25) and (q.low, q.high) == (0.1, 0.5)
     q = histogram_quantile(0.75, buckets)
-    assert q.value == pytest.approx(0.375) and q.resolution == pytest.approx(0.25)
+    assert q.value == pytest.approx(0.375) and (q.low, q.high) == (0.25, 0.5) and q.resolution == pytest.approx(0.25)
     # above the last finite bound: its lower bound, with an infinite resolution
     q = histogram_quantile(0.99, [(1.0, 1.0), (math.inf, 10.0)])
     assert q.value == 1.0 and math.isinf(q.resolution)
@@ -302,3 +304,13 @@ def test_a_server_that_ignores_max_tokens_makes_the_point_invalid(compose, tmp_p
         result = run_trial(external(compose, srv.base_url), tmp_path, progress=lambda _: None)
     p = result.points[0]
     assert p.metrics["workload_invalid"] == 1.0 and "output length" in p.invalid_reasons[0]
+
+
+def test_a_median_on_a_bucket_edge_is_bounded_by_the_next_edge():
+    """make labs, chunked_prefill budget_256 c4: 8 of 16 first tokens within 500 ms, 8 more
+    within 750 ms; the client's median (617.6 ms, the mean of the 8th and 9th) is no gap."""
+    buckets = [(0.25, 0.0), (0.5, 8.0), (0.75, 16.0), (math.inf, 16.0)]
+    m = server_latency({"ttft": buckets})
+    assert m["server_ttft_ms_p50"] == pytest.approx(500.0) and m["server_ttft_ms_p50_high"] == pytest.approx(750.0)
+    assert clock_gap({"ttft_ms_p50": 617.6, **m}, LIMITS)[1] == []
+    assert clock_gap({"ttft_ms_p50": 850.0, **m}, LIMITS)[1]  # beyond the next edge by more than 50 ms
