@@ -262,6 +262,7 @@ def clock_gap(metrics: Mapping[str, float], limits: FidelitySpec) -> tuple[dict[
         out[f"{name}_gap_ms_p50"] = client - server
         if limits.max_gap_ms is not None and not math.isinf(high) and client - high > limits.max_gap_ms:
             reasons.append(f"server clock: the client's {name.upper()} p50 {client:.1f} ms is {client - high:.1f} ms "
-                           f"above the server's ({server:.1f} ms, bucket up to {high:.0f} ms; > {limits.max_gap_ms:g}):"
+                           f"above the most the server's histogram allows ({high:.0f} ms; its p50 {server:.1f} ms) "
+                           f"(> {limits.max_gap_ms:g}):"
                            " that time is the client or the network, not the engine")
     return out, reasons
