@@ -205,6 +205,12 @@ class ServerGroup:
         launch = self.metrics_launch()
         return [launch.metrics_url] if launch is not None else []
 
+    def engine_launches(self) -> list[ServerLaunch]:
+        """The servers that run the model (replicas, prefill and decode): a router or a P/D proxy
+        in front lists no real model (SGLang's router answers 'unknown') and tokenizes nothing.
+        The front alone when nothing says it is an engine (``engine=external`` without metrics)."""
+        return [x for x in self.launches if x.metrics_path] or [self.launches[-1]]
+
     def check_alive(self) -> None:
         for s in self.servers:
             s.check_alive()
@@ -577,10 +583,11 @@ class _TrialRun:
         if (first, last) != (0, len(workload.load_points)):
             workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
         if first == 0 and (self.hooks is None or not self.hooks.points):
-            # the server is the one the plan was made for (model name, tokenizer): before any load
-            check = preflight(front.base_url, spec.model.name, endpoint.api_key, factory, spec.workload,
-                              resolve_tokenizer(spec.model, self.model_path), spec.seed)
-            self.progress(f"[{self.label}] {check.describe()}")
+            # the servers are the ones the plan was made for (model name, tokenizer): before any load
+            for launch in group.engine_launches():
+                check = preflight(launch.base_url, spec.model.name, endpoint.api_key, factory, spec.workload,
+                                  resolve_tokenizer(spec.model, self.model_path), spec.seed)
+                self.progress(f"[{self.label}] pre-flight of {launch.name}: {check.describe()}")
         points: Iterable[LoadPointSpec] = workload.load_points
         if last == len(spec.workload.load_points) and spec.workload.capacity is not None:
             points = self._then_capacity_search(workload.load_points)

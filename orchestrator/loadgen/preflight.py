@@ -41,7 +41,7 @@ class Preflight:
                if self.counted is None else
                f"its tokenizer counts {'/'.join(map(str, self.counted))} tokens in prompts of "
                f"{'/'.join(map(str, self.planned))}")
-        return f"pre-flight: the server serves {names}; {tok}"
+        return f"serves {names}; {tok}"
 
 
 def _call(url: str, api_key: str | None, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> Any:

@@ -51,7 +51,7 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
     assert table.num_rows == 16 and set(table.column("point").to_pylist()) == {0, 1}
     assert set(table.column("prompt_tokens").to_pylist()) == {64}  # prompts are token-exact
     assert "point 2/2 c4" in "\n".join(lines)
-    assert "pre-flight: the server serves 'tiny-llama'; its tokenizer counts 64/64/64 tokens" in "\n".join(lines)
+    assert ": serves 'tiny-llama'; its tokenizer counts 64/64/64 tokens" in "\n".join(lines)
     assert "Application startup complete" in result.server_log
     pid_alive = [p for p in psutil.process_iter(["cmdline"]) if "api_server.entry" in " ".join(p.info["cmdline"] or [])]
     assert not pid_alive and not engine_processes()

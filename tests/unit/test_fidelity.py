@@ -314,3 +314,19 @@ def test_a_median_on_a_bucket_edge_is_bounded_by_the_next_edge():
     assert m["server_ttft_ms_p50"] == pytest.approx(500.0) and m["server_ttft_ms_p50_high"] == pytest.approx(750.0)
     assert clock_gap({"ttft_ms_p50": 617.6, **m}, LIMITS)[1] == []
     assert clock_gap({"ttft_ms_p50": 850.0, **m}, LIMITS)[1]  # beyond the next edge by more than 50 ms
+
+
+def test_preflight_asks_the_engines_not_the_router_or_proxy_in_front():
+    """make labs, scheduling_policies: vLLM's router lists the model as 'unknown'."""
+    from orchestrator.engines.base import ServerLaunch
+    from orchestrator.trial import ServerGroup
+
+    def launch(name, port, metrics="/metrics"):
+        return ServerLaunch(name=name, argv=["x"], env={}, host="127.0.0.1", port=port, metrics_path=metrics)
+
+    routed = ServerGroup([launch("replica0", 1), launch("replica1", 2), launch("router", 3, "")], [])
+    assert [x.name for x in routed.engine_launches()] == ["replica0", "replica1"]
+    pd = ServerGroup([launch("prefill", 1), launch("decode", 2), launch("proxy", 3, "")], [])
+    assert [x.name for x in pd.engine_launches()] == ["prefill", "decode"]
+    external = ServerGroup([launch("server", 1, "")], [])  # engine=external without a metrics path
+    assert [x.name for x in external.engine_launches()] == ["server"]
