@@ -205,6 +205,10 @@ class ServerGroup:
         launch = self.metrics_launch()
         return [launch.metrics_url] if launch is not None else []
 
+    def disaggregated(self) -> bool:
+        """Prefill and decode on separate servers (P/D): the sampled server is the decode one."""
+        return any(x.name == "prefill" for x in self.launches)
+
     def engine_launches(self) -> list[ServerLaunch]:
         """The servers that run the model (replicas, prefill and decode): a router or a P/D proxy
         in front lists no real model (SGLang's router answers 'unknown') and tokenizes nothing.
@@ -287,7 +291,13 @@ class _PointHooks:
         after = self._scrape()
         for key, value in prometheus.deltas(self._before, after, self.engine_metrics).items():
             metrics[f"server_{key}"] = value
-        metrics.update(server_latency(prometheus.latency_buckets(self._before, after, self.engine_metrics)))
+        latency = prometheus.latency_buckets(self._before, after, self.engine_metrics)
+        if self.server.disaggregated():
+            # the decode server's clock starts when the prefill server is done: its TTFT and
+            # end-to-end leave the prefill and the KV transfer out, so they are named for what they are
+            # and not set against ours (its ITL is the whole decode: that one is compared)
+            latency = {(f"decode_{k}" if k in ("ttft", "e2e") else k): v for k, v in latency.items()}
+        metrics.update(server_latency(latency))
         crash = self._server_failure(records)
         reasons: list[str] = []
         if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault

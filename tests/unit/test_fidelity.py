@@ -328,5 +328,6 @@ def test_preflight_asks_the_engines_not_the_router_or_proxy_in_front():
     assert [x.name for x in routed.engine_launches()] == ["replica0", "replica1"]
     pd = ServerGroup([launch("prefill", 1), launch("decode", 2), launch("proxy", 3, "")], [])
     assert [x.name for x in pd.engine_launches()] == ["prefill", "decode"]
+    assert pd.disaggregated() and not routed.disaggregated()  # P/D: the decode server's TTFT is not ours
     external = ServerGroup([launch("server", 1, "")], [])  # engine=external without a metrics path
     assert [x.name for x in external.engine_launches()] == ["server"]
