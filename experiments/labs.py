@@ -115,7 +115,8 @@ def table(runs: list[LabRun]) -> list[str]:
     for r in runs:
         verdict = r.verdict.replace("|", "/") or (
             f"(sweep exited with {r.returncode})" if r.returncode else
-            "none: no trial runs on this machine" if not r.counts.get("FINISHED") else "")
+            "none: every trial that could run FAILED (below)" if not r.counts.get("FINISHED") and r.counts.get("FAILED")
+            else "none: no trial runs on this machine" if not r.counts.get("FINISHED") else "")
         out.append(f"| {r.name} | {r.counts.get('FINISHED', 0)} | {r.counts.get('SKIPPED', 0)} | "
                    f"{r.counts.get('FAILED', 0)} | {verdict} | {_minutes(r.wall_s)} |")
     total = sum(r.wall_s for r in runs)
