@@ -69,6 +69,8 @@ def test_static_baseline_times_every_token(tiny_model_dir):
 def test_the_labs_table_is_read_from_the_console_and_the_results_on_disk(tmp_path):
     import json
 
+    from collections import Counter
+
     from experiments.labs import LabRun, read_outcome, table
 
     trials = tmp_path / "sweep" / "trials"
@@ -86,4 +88,6 @@ def test_the_labs_table_is_read_from_the_console_and_the_results_on_disk(tmp_pat
     assert lines[2] == ("| quantization | 1 | 1 | 1 | Verdict: a: tokens_per_second 700; objective: maximize "
                         "tokens_per_second. | 2m05s |")
     assert "| moe | 0 | 0 | 0 | none: no trial runs on this machine | 0m05s |" in lines
+    failed = LabRun("scheduling_policies", 0, 5.0, tmp_path / "s.log", counts=Counter(FAILED=2, SKIPPED=2))
+    assert "| scheduling_policies | 0 | 2 | 2 | none: every trial that could run FAILED (below) | 0m05s |" in table([failed])
     assert "- quantization / c: EvalError: lm-eval exited with 1: boom" in lines
