@@ -5,7 +5,7 @@
 One trial of the default config (the tiny model on vLLM's CPU build) through ``run_trial``,
 the product's own path, at closed-loop concurrency 1 and 8 and at a Poisson rate; per point
 the client's TTFT and ITL medians, the server's (vLLM's ``time_to_first_token_seconds`` and
-``inter_token_latency_seconds`` bucket deltas, interpolated; the bucket is the resolution),
+``inter_token_latency_seconds`` bucket deltas, interpolated; the bracket where the median can lie is the resolution),
 the gap (client minus server) and the point's verdict. docs/benchmarks.md keeps a table.
 """
 
@@ -42,7 +42,7 @@ def main() -> None:
     if result.status != "FINISHED":
         raise SystemExit(f"trial {result.status}: {result.error}")
     print(f"\n{result.engine_version}; {a.requests} requests per point, {a.input} in / {a.output} out tokens\n")
-    head = ("point", "TTFT p50 client", "server [bucket]", "gap", "ITL p50 client", "server [bucket]", "gap", "verdict")
+    head = ("point", "TTFT p50 client", "server [bracket]", "gap", "ITL p50 client", "server [bracket]", "gap", "verdict")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for p in result.points:
         m = p.metrics
