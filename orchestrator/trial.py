@@ -215,6 +215,11 @@ class ServerGroup:
         The front alone when nothing says it is an engine (``engine=external`` without metrics)."""
         return [x for x in self.launches if x.metrics_path] or [self.launches[-1]]
 
+    def front(self) -> str | None:
+        """The name of the router or proxy the client talks to, None when it talks to an engine."""
+        front = self.launches[-1]
+        return None if front.metrics_path or len(self.launches) == 1 else front.name
+
     def check_alive(self) -> None:
         for s in self.servers:
             s.check_alive()
@@ -331,7 +336,7 @@ class _PointHooks:
         w = self.spec.workload
         _, client_reasons = client_validity(metrics, w.validity, capped=point.max_concurrency is not None)
         found, workload_reasons = workload_fidelity(records, metrics, w)
-        gap, gap_reasons = clock_gap(metrics, w.fidelity)
+        gap, gap_reasons = clock_gap(metrics, w.fidelity, via=self.server.front())
         metrics.update(found)
         metrics.update(gap)
         metrics["client_invalid"] = 1.0 if client_reasons or gap_reasons else 0.0

@@ -203,6 +203,9 @@ def test_a_client_far_above_the_servers_bucket_is_flagged():
     found, reasons = clock_gap({**m, "ttft_ms_p50": 400.0}, LIMITS)
     assert "150.0 ms above" in reasons[0] and "not the engine" in reasons[0]
     assert clock_gap({**m, "ttft_ms_p50": 400.0}, FidelitySpec(max_gap_ms=None))[1] == []
+    # behind a router the gap holds the router's hop too: logged, not judged
+    found, reasons = clock_gap({**m, "ttft_ms_p50": 400.0}, LIMITS, via="router")
+    assert found == {"ttft_gap_ms_p50": 225.0} and reasons == []
 
 
 # -- pre-flight and the model-source trap ----------------------------------------------------
@@ -331,3 +334,6 @@ def test_preflight_asks_the_engines_not_the_router_or_proxy_in_front():
     assert pd.disaggregated() and not routed.disaggregated()  # P/D: the decode server's TTFT is not ours
     external = ServerGroup([launch("server", 1, "")], [])  # engine=external without a metrics path
     assert [x.name for x in external.engine_launches()] == ["server"]
+    # what the client talks to when it is not an engine: the clock gap then holds its hop
+    assert routed.front() == "router" and pd.front() == "proxy" and external.front() is None
+    assert ServerGroup([launch("server", 1)], []).front() is None
