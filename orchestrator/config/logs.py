@@ -4,15 +4,26 @@ one line that names the cause, and its last lines, for error messages.
 An error message built from a log puts the cause on its first line: consoles, progress lines
 and status tables show only that line (``ValueError: Tasks not found: addition``, not
 ``lm-eval exited with 1; log tail:``).
+
+Also the one progress printer of sweeps and trials (:data:`Progress`, :func:`print_progress`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 TAIL_LINES = 30
+
+Progress = Callable[[str], None]
+"""Where progress lines go: one line per trial event and per load point."""
+
+
+def print_progress(msg: str) -> None:
+    """The default :data:`Progress`: the console, at once."""
+    print(msg, flush=True)
 
 # An exception line, possibly behind a log prefix like "(Worker pid=7) ERROR 11-22 09:23:13 [x.py:1] ".
 _EXC_LINE = re.compile(r"^(?:\(.*?\)\s+)?(?:[A-Z]+\s+[\d-]+\s+[\d:]+\s+\[[^\]]*\]\s+)?"

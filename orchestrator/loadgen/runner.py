@@ -22,8 +22,9 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -431,15 +432,16 @@ def run_points(
     factory: PromptFactory,
     seed: Seed,
     on_point_start: Callable[[int, LoadPointSpec], None] | None = None,
-    on_point_end: Callable[[int, LoadPointSpec, list[RequestRecord], dict[str, float]], bool] | None = None,
+    on_point_end: Callable[[int, LoadPointSpec, list[RequestRecord], dict[str, float]], Any] | None = None,
     first_index: int = 0,
     points: Iterable[LoadPointSpec] | None = None,
 ) -> list[RequestRecord]:
     """Warm up, then run every load point in order; returns all records (``point`` = index).
 
-    ``points`` replaces ``workload.load_points``; it may be a generator that decides the
-    next point from the results so far (``on_point_end`` has run before it is asked again:
-    an SLO capacity search's probes).
+    ``points`` replaces ``workload.load_points``. Points are fed forward: when ``points`` is a
+    generator, it is sent what ``on_point_end`` returned for the point it last yielded (the
+    point's result), so it can choose the next point from it (an SLO capacity search's probes)
+    or stop (a server that died); it ends the run by returning.
 
     ``first_index`` numbers the points from there (a trial that restarts its server between
     points runs them one call at a time; each point keeps its own seeded draws).
@@ -447,41 +449,30 @@ def run_points(
     With ``workload.client_processes`` > 1 each point's plan is split over that many client
     processes (:mod:`orchestrator.loadgen.fleet`) that share one start instant; their
     records merge into one list. ``on_point_end`` gets the point's records and the client's
-    own stats (CPU use, event-loop lag; the worst process's); it may return False to stop
-    after that point (e.g. the server died).
+    own stats (CPU use, event-loop lag; the worst process's).
     """
     from orchestrator.loadgen.fleet import ClientFleet  # imports this module
 
     planner = RequestPlanner(workload, factory)
     fleet = ClientFleet(workload.client_processes, endpoint, workload) if workload.client_processes > 1 else None
+    schedule = iter(workload.load_points if points is None else points)
+    send = schedule.send if isinstance(schedule, Generator) else None
     out: list[RequestRecord] = []
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             session = runner.run(_open_session_async())
             try:
                 runner.run(_warmup(endpoint, workload, planner, session, seed))
-                for i, point in enumerate(workload.load_points if points is None else points, start=first_index):
-                    records: list[RequestRecord] = []
-                    stats: list[dict[str, float]] = []
-                    for r in range(workload.repeats):
-                        run_seed = repeat_seed(seed, r)
-                        plan = plan_point(workload, point, i, planner, run_seed, r)  # before the clock
-                        started = (lambda: on_point_start(i, point)) if on_point_start and r == 0 else None
-                        if fleet is not None:
-                            recs, st = fleet.run(plan, started)
-                        else:
-                            fg_rng = stream_rng(run_seed, i, FOREGROUND_PLAN + 100)
-                            sender = PointSender(plan, endpoint, workload, session,
-                                                 make_more=lambda: planner.foreground_batch(1, fg_rng)[0])
-                            runner.run(prewarm(session, endpoint, prewarm_count(plan)))
-                            if started:
-                                started()
-                            recs = runner.run(sender.run())
-                            st = sender.client_stats
-                        records += recs
-                        stats.append(st)
+                point, i = next(schedule, None), first_index
+                while point is not None:
+                    started = (lambda i=i, point=point: on_point_start(i, point)) if on_point_start else None
+                    records, stats = _run_point(runner, session, fleet, endpoint, workload, planner, seed, point, i,
+                                                started)
                     out.extend(records)
-                    if on_point_end and on_point_end(i, point, records, worst_client_stats(stats)) is False:
+                    result = on_point_end(i, point, records, stats) if on_point_end else None
+                    try:
+                        point, i = (send(result) if send else next(schedule)), i + 1
+                    except StopIteration:
                         break
             finally:
                 runner.run(session.close())
@@ -489,6 +480,33 @@ def run_points(
         if fleet is not None:
             fleet.close()
     return out
+
+
+def _run_point(runner: asyncio.Runner, session: aiohttp.ClientSession, fleet: Any, endpoint: Endpoint,
+               workload: WorkloadSpec, planner: RequestPlanner, seed: Seed, point: LoadPointSpec, i: int,
+               started: Callable[[], None] | None) -> tuple[list[RequestRecord], dict[str, float]]:
+    """One load point, every repeat of it (``started`` is called once, when the first begins):
+    its records and the client's worst stats."""
+    records: list[RequestRecord] = []
+    stats: list[dict[str, float]] = []
+    for r in range(workload.repeats):
+        run_seed = repeat_seed(seed, r)
+        plan = plan_point(workload, point, i, planner, run_seed, r)  # before the clock
+        first = started if r == 0 else None
+        if fleet is not None:
+            recs, st = fleet.run(plan, first)
+        else:
+            fg_rng = stream_rng(run_seed, i, FOREGROUND_PLAN + 100)
+            sender = PointSender(plan, endpoint, workload, session,
+                                 make_more=lambda: planner.foreground_batch(1, fg_rng)[0])
+            runner.run(prewarm(session, endpoint, prewarm_count(plan)))
+            if first:
+                first()
+            recs = runner.run(sender.run())
+            st = sender.client_stats
+        records += recs
+        stats.append(st)
+    return records, worst_client_stats(stats)
 
 
 async def _open_session_async() -> aiohttp.ClientSession:

@@ -15,11 +15,12 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import OrchestratorError
+from orchestrator.config.logs import Progress, print_progress
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
 from orchestrator.scheduling.jobs import TrialJob
@@ -31,12 +32,7 @@ from orchestrator.trial import plan_trial, server_key, skipped_result
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str], None]
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _print(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def git_commit(root: Path = PROJECT_ROOT) -> str:
@@ -80,7 +76,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def dry_run(jobs: list[TrialJob], progress: Progress = _print) -> list[dict[str, Any]]:
+def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[dict[str, Any]]:
     """One JSON line per trial: hash, overrides, ``feasible`` or ``skipped`` with the reason,
     GPUs, every server command (argv + env). Starts nothing, not even Ray: the cluster's GPUs
     are ``cluster.num_gpus`` when set (0 on the CPU platform), else unknown."""
@@ -167,7 +163,7 @@ def run_sweep(
     sweep_dir: Path,
     sweep_name: str,
     sweep_params: dict[str, Any] | None = None,
-    progress: Progress = _print,
+    progress: Progress = print_progress,
     continuing: bool = False,
 ) -> list[TrialResult]:
     """Run every job, persist and log each result; returns the results in completion order.

@@ -1,0 +1,85 @@
+"""Before a trial runs: can it run here (:func:`check_feasible`), what it would do (a dry
+run's :func:`plan_trial`), are its inputs readable (:func:`check_inputs`), and the result of
+one found infeasible before it was submitted (:func:`skipped_result`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.errors import ConfigError, InfeasibleConfigError
+from orchestrator.config.hashing import trial_hash
+from orchestrator.config.schema import TrialSpec
+from orchestrator.config.secrets import redact_mapping, redact_override
+from orchestrator.engines import adapter_for, envs
+from orchestrator.feasibility import assess, describe
+from orchestrator.loadgen.datasets import load_sharegpt, load_trace
+from orchestrator.metrics.result import TrialResult
+from orchestrator.models import resolve_model
+from orchestrator.trial.servers import planned_launches
+
+
+def check_feasible(spec: TrialSpec, gpu_ids: list[int]) -> None:
+    """Raise :class:`InfeasibleConfigError` when this trial cannot run on this platform or on
+    the GPUs it was given."""
+    reason = assess(spec)
+    if reason:
+        raise InfeasibleConfigError(reason)
+    need = spec.engine.num_gpus
+    if spec.platform.device == "cuda" and len(gpu_ids) < need:
+        raise InfeasibleConfigError(
+            f"needs {need} GPU(s) (tensor_parallel_size x pipeline_parallel_size) but {len(gpu_ids)} were assigned"
+        )
+
+
+def plan_trial(spec: TrialSpec, cluster_gpus: int | None = None) -> dict[str, Any]:
+    """What the trial would do, without starting or building anything (for dry runs)."""
+    reason = assess(spec, cluster_gpus)
+    plan: dict[str, Any] = {"feasible": reason is None, "reason": reason, **describe(spec)}
+    plan["servers"] = [x.redacted() for x in planned_launches(spec)]
+    missing_env = envs.missing(spec)
+    if missing_env:
+        plan["engine_environment"] = missing_env
+    return plan
+
+
+def skipped_result(spec: TrialSpec, overrides: list[str], reason: str) -> TrialResult:
+    """The result of a trial found infeasible before it was submitted."""
+    now = time.time()
+    return TrialResult(trial_hash=trial_hash(spec), experiment=spec.experiment, variant=spec.variant,
+                       overrides=[redact_override(o) for o in overrides],
+                       spec=redact_mapping(spec.model_dump(mode="json")), status="SKIPPED", error=reason,
+                       started_at=now, ended_at=now, engine_version=adapter_for(spec.engine.name).version(spec))
+
+
+def check_inputs(spec: TrialSpec) -> list[str]:
+    """Read every file the workload names (datasets, traces); raise ConfigError if one is bad.
+
+    Returns notes for the user (e.g. malformed entries skipped). Runs before anything starts.
+    """
+    notes = []
+    if spec.model.source == "path":
+        resolve_model(spec.model)  # a ConfigError naming model.path when it is not a model folder
+    if spec.model.tokenizer and not Path(spec.model.tokenizer).expanduser().exists() and spec.model.source != "hub":
+        raise ConfigError(f"model.tokenizer: '{spec.model.tokenizer}' does not exist")
+    key_env = getattr(spec.engine, "api_key_env", None)
+    if key_env and not os.environ.get(key_env):
+        raise ConfigError(f"engine.api_key_env: environment variable {key_env} is not set")
+    for name, c in spec.workload.classes.items():
+        if c.dataset == "sharegpt" and c.path:
+            try:
+                data = load_sharegpt(c.path)
+            except ConfigError as exc:
+                raise ConfigError(f"workload.classes.{name}.path: {exc}") from None
+            notes.append(f"workload.classes.{name}: {len(data.conversations)} conversations from {c.path}"
+                         + (f", {data.malformed} malformed entries skipped" if data.malformed else ""))
+    for i, p in enumerate(spec.workload.load_points):
+        if p.trace:
+            try:
+                trace = load_trace(p.trace)
+            except ConfigError as exc:
+                raise ConfigError(f"workload.load_points.{i}.trace: {exc}") from None
+            notes.append(f"workload.load_points.{i}: {len(trace)} requests from trace {p.trace}")
+    return notes

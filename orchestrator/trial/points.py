@@ -1,0 +1,211 @@
+"""One load point, measured: what is gathered around it (:class:`RawPoint`), the metrics made
+from that (:func:`point_metrics`, pure), the verdict on them (:func:`judge_point`, pure), and
+:class:`PointMeasurer`, which scrapes and samples a running server group around each point."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from orchestrator.config.errors import ServerCrashedError
+from orchestrator.config.logs import Progress
+from orchestrator.config.schema import LoadPointSpec, TrialSpec
+from orchestrator.engines import EngineMetric
+from orchestrator.feasibility import trial_decode_floor
+from orchestrator.metrics import prometheus
+from orchestrator.metrics.fidelity import clock_gap, server_latency, workload_fidelity
+from orchestrator.metrics.monitor import ResourceMonitor
+from orchestrator.metrics.records import RequestRecord
+from orchestrator.metrics.result import PointResult
+from orchestrator.metrics.summary import (
+    client_validity,
+    server_failure,
+    summarize_by_class,
+    summarize_point,
+    summarize_repeats,
+)
+from orchestrator.trial.servers import ServerGroup, reset_caches
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RawPoint:
+    """What was gathered around one load point, before any arithmetic."""
+
+    records: list[RequestRecord]
+    client: dict[str, float]  # the client's own stats (CPU, loop lag; the worst process's)
+    resources: dict[str, float]  # the resource monitor's summary (memory peak, engine gauges)
+    before: prometheus.Sample  # the engines' counters and histograms before the point...
+    after: prometheus.Sample  # ...and after it
+
+
+@dataclass
+class Verdict:
+    """Whether a point's numbers describe the server under the planned workload."""
+
+    metrics: dict[str, float]  # client_invalid, workload_invalid, invalid and what the checks found
+    client: list[str]  # the client did not keep up, or the server's clock disagrees with ours
+    workload: list[str]  # the server got another workload than planned
+
+    @property
+    def reasons(self) -> list[str]:
+        return self.client + self.workload
+
+
+def point_metrics(spec: TrialSpec, point: LoadPointSpec, raw: RawPoint, engine_metrics: dict[str, EngineMetric],
+                  disaggregated: bool = False) -> dict[str, float]:
+    """The point's metrics from its raw inputs: the client's summary (per repeat and their
+    intervals when repeated), the engine's gauges, the client's own stats, the engines'
+    counter deltas and their latency histograms' percentiles. Under P/D the sampled decode
+    server's TTFT and end-to-end start after the prefill: named ``decode_*``, not ours."""
+    w = spec.workload
+    arriving = ["trace"] if point.trace else [n for n, c in w.classes.items() if c.rate is None]
+    if w.repeats > 1:
+        per_repeat = [summarize_point([x for x in raw.records if x.repeat == r], w.slo, point.rate, arriving)
+                      for r in range(w.repeats)]
+        metrics = summarize_repeats(per_repeat, w.max_ci_rel_width)
+    else:
+        metrics = summarize_point(raw.records, w.slo, point.rate, arriving)
+    for key, value in raw.resources.items():  # engine gauges are server-side numbers
+        metrics[key if key == "memory_peak_gb" else f"server_{key}"] = value
+    metrics.update(raw.client)
+    for key, value in prometheus.deltas(raw.before, raw.after, engine_metrics).items():
+        metrics[f"server_{key}"] = value
+    latency = prometheus.latency_buckets(raw.before, raw.after, engine_metrics)
+    if disaggregated:
+        latency = {(f"decode_{k}" if k in ("ttft", "e2e") else k): v for k, v in latency.items()}
+    metrics.update(server_latency(latency))
+    return metrics
+
+
+def judge_point(spec: TrialSpec, point: LoadPointSpec, records: list[RequestRecord], metrics: dict[str, float],
+                front: str | None = None) -> Verdict:
+    """The client kept up (client validity), its clock agrees with the server's (judged only
+    when nothing sits between them: ``front`` names a router or proxy) and the server got the
+    planned requests (workload fidelity)."""
+    w = spec.workload
+    _, client = client_validity(metrics, w.validity, capped=point.max_concurrency is not None)
+    found, workload = workload_fidelity(records, metrics, w)
+    gap, gap_reasons = clock_gap(metrics, w.fidelity, via=front)
+    client = client + gap_reasons
+    out = {**found, **gap, "client_invalid": 1.0 if client else 0.0, "workload_invalid": 1.0 if workload else 0.0}
+    out["invalid"] = max(out["client_invalid"], out["workload_invalid"])
+    return Verdict(out, client, workload)
+
+
+def roofline_metrics(spec: TrialSpec, point: LoadPointSpec, metrics: dict[str, float]) -> dict[str, float]:
+    """The decode-step floor at this point's batch and context, and measured TPOT over it.
+
+    Batch: the point's concurrency, else the most requests the server ran at once
+    (``server_requests_running_max``), else 1. Context: the mean prompt plus half the mean
+    output (the middle of a decode)."""
+    requests = metrics.get("completed") or metrics.get("requests") or 0.0
+    if not requests:
+        return {}
+    batch = point.concurrency or int(round(metrics.get("server_requests_running_max", 1.0) or 1.0))
+    context = metrics.get("input_tokens", 0.0) / requests + metrics.get("output_tokens", 0.0) / requests / 2
+    try:
+        floor = trial_decode_floor(spec, batch, int(context))
+    except Exception as exc:  # a missing roof is not a trial failure
+        log.warning("decode floor: %s", exc)
+        return {}
+    if floor is None:
+        return {}
+    out = {"decode_floor_ms": floor.floor_ms, "decode_floor_batch": float(floor.batch)}
+    tpot = metrics.get("tpot_ms_p50")
+    if tpot:
+        out["decode_floor_ratio"] = tpot / floor.floor_ms
+    return out
+
+
+class PointMeasurer:
+    """Measures load points on one running server group: before a point, the servers are
+    alive, their caches emptied where asked, their counters read and the resource monitor
+    started; after it, the same read again and the point's :class:`PointResult` made."""
+
+    def __init__(self, spec: TrialSpec, group: ServerGroup, engine_metrics: dict[str, EngineMetric],
+                 monitor: ResourceMonitor, progress: Progress, cache_reset: tuple[str, str] | None = None) -> None:
+        self.spec, self.group, self.engine_metrics = spec, group, engine_metrics
+        self.monitor, self.progress, self.cache_reset = monitor, progress, cache_reset
+        self.launch = group.metrics_launch()
+        self._before: prometheus.Sample = {}
+        self._t0 = 0.0
+
+    def _scrape(self) -> prometheus.Sample:
+        if not self.engine_metrics or self.launch is None:
+            return {}
+        total: prometheus.Sample = {}
+        try:
+            for url in self.group.counter_urls():
+                for name, value in prometheus.scrape(url).items():
+                    total[name] = total.get(name, 0.0) + value
+        except OSError as exc:
+            log.warning("metrics scrape failed: %s", exc)
+            return {}
+        return total
+
+    def which(self, index: int) -> str:
+        """``point 2/4`` for a fixed point, ``probe 3`` for a capacity search's probe."""
+        n = len(self.spec.workload.load_points)
+        return f"point {index + 1}/{n}" if index < n else f"probe {index - n + 1}"
+
+    def start(self, index: int, point: LoadPointSpec) -> None:
+        """Raises :class:`ServerCrashedError` for a server that died during warm-up or since the
+        last point: it is not measured."""
+        self.group.check_alive()
+        if self.cache_reset is not None:
+            reset_caches(self.group, self.cache_reset)
+        self.progress(f"{self.which(index)} {point.label}: running")
+        self._before = self._scrape()
+        self.monitor.reset()
+        self.monitor.start()
+        self._t0 = time.monotonic()
+
+    def finish(self, index: int, point: LoadPointSpec, records: list[RequestRecord],
+               client: dict[str, float]) -> tuple[PointResult, ServerCrashedError | None]:
+        """The point's result, and the servers' failure when they were not serving."""
+        raw = RawPoint(records, client, self.monitor.stop(), self._before, self._scrape())
+        metrics = point_metrics(self.spec, point, raw, self.engine_metrics, self.group.disaggregated())
+        crash = self._server_failure(records)
+        reasons: list[str] = []
+        if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
+            metrics["invalid"], metrics["server_failed"] = 1.0, 1.0
+            reasons.append(f"the server failed: {str(crash).splitlines()[0]}")
+            self.progress(f"point {point.label}: {reasons[0]}")
+        else:
+            verdict = judge_point(self.spec, point, records, metrics, self.group.front())
+            metrics.update(verdict.metrics)
+            reasons = verdict.reasons
+            if verdict.client:
+                self.progress(f"point {point.label} INVALID (the client was the bottleneck): "
+                              + "; ".join(verdict.client))
+            if verdict.workload:
+                self.progress(f"point {point.label} INVALID (the server got another workload than planned): "
+                              + "; ".join(verdict.workload))
+        metrics.update(roofline_metrics(self.spec, point, metrics))
+        classes = summarize_by_class(records) if len(self.spec.workload.classes) > 1 else {}
+        result = PointResult(index=index, label=point.label, setting=point.model_dump(exclude_none=True),
+                             metrics=metrics, class_metrics=classes, invalid_reasons=reasons)
+        self.progress(
+            f"{self.which(index)} {point.label}: "
+            f"{int(metrics.get('completed', 0))}/{len(records)} ok in {time.monotonic() - self._t0:.1f}s, "
+            f"ttft p50 {metrics.get('ttft_ms_p50', float('nan')):.1f} ms, "
+            f"itl p99 {metrics.get('itl_ms_p99', float('nan')):.1f} ms, "
+            f"{metrics.get('tokens_per_second', 0):.0f} tok/s"
+        )
+        return result, crash
+
+    def _server_failure(self, records: list[RequestRecord]) -> ServerCrashedError | None:
+        """The servers' state after a point: a process gone, an engine dead under a live API
+        server (its log, its health), or every request failing on the server's side."""
+        try:
+            self.group.check_alive()
+        except ServerCrashedError as exc:
+            return exc
+        failed = server_failure(records)
+        if failed is None:
+            return None
+        return ServerCrashedError(f"the server answered no request of the point: {failed} "
+                                  "(its process is up and its health check answers 200)")

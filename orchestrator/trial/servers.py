@@ -1,0 +1,201 @@
+"""A trial's servers: ports, each server's GPUs and environment, starting a group, the group
+while it runs (:class:`ServerGroup`), emptying caches, and which trials can share a start."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from orchestrator.config.errors import TrialError
+from orchestrator.config.logs import Progress
+from orchestrator.config.schema import SGLangEngineSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.engines import (
+    ExternalServer,
+    ServerLaunch,
+    ServerProcess,
+    adapter_for,
+    free_port,
+    port_is_free,
+    server_for,
+)
+from orchestrator.models import resolve_model
+
+
+def port_for(spec: TrialSpec, pick_free: bool = True) -> int:
+    """The configured port, else a free one for engines we launch (0 for external servers, or
+    when ``pick_free`` is off: a plan binds nothing)."""
+    engine = spec.engine
+    if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and engine.port:
+        if pick_free and not port_is_free(engine.host, engine.port):
+            raise TrialError(f"engine.port: {engine.host}:{engine.port} is already in use (another server?); "
+                             "choose another port, or leave engine.port null to get a free one")
+        return engine.port
+    if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and pick_free:
+        return free_port(engine.host)
+    return 0
+
+
+def port_picker(spec: TrialSpec, taken: set[int]) -> Callable[[], int]:
+    """Free ports for a trial's other servers (P/D, side channels), never the same one twice."""
+    host = getattr(spec.engine, "host", "127.0.0.1")
+
+    def pick() -> int:
+        for _ in range(100):
+            port = free_port(host)
+            if port not in taken:
+                taken.add(port)
+                return port
+        raise TrialError("no free port found")
+
+    return pick
+
+
+def planned_launches(spec: TrialSpec) -> list[ServerLaunch]:
+    """The trial's server launches with placeholder ports and folder: nothing is bound or built."""
+    ports = iter(range(1, 100))
+    return adapter_for(spec.engine.name).launches(spec, resolve_model(spec.model, build=False),
+                                                  port_for(spec, pick_free=False), lambda: next(ports),
+                                                  "<trial dir>")
+
+
+def server_gpus(launch: ServerLaunch, gpu_ids: list[int]) -> list[int]:
+    """The GPUs one server of the trial gets: its slots of the trial's assigned GPUs."""
+    if launch.gpus is None:
+        return list(gpu_ids)
+    return [gpu_ids[i] for i in launch.gpus if i < len(gpu_ids)]
+
+
+def describe_servers(launches: list[ServerLaunch], gpu_ids: list[int]) -> list[dict[str, Any]]:
+    """Each server's redacted command and the GPUs it is given (for results, logs and tests)."""
+    return [{**x.redacted(), "cuda_visible_devices": ",".join(str(g) for g in server_gpus(x, gpu_ids))}
+            for x in launches]
+
+
+def server_env(launch: ServerLaunch, gpu_ids: list[int]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in launch.unset_env}
+    env.update(launch.env)
+    mine = server_gpus(launch, gpu_ids)
+    if mine:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mine)
+    elif gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a proxy/router: no GPU
+    return env
+
+
+class ServerGroup:
+    """The running servers of a trial (one, or prefill + decode + proxy), front last."""
+
+    def __init__(self, launches: list[ServerLaunch], servers: list[ServerProcess | ExternalServer]) -> None:
+        self.launches, self.servers = launches, servers
+
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.servers if s.pid]
+
+    def metrics_launch(self) -> ServerLaunch | None:
+        """Whose Prometheus endpoint is sampled for gauges: the last engine server (decode under P/D)."""
+        return next((x for x in reversed(self.launches) if x.metrics_path), None)
+
+    def counter_urls(self) -> list[str]:
+        """Whose counters make a point's server deltas: every replica behind a router (summed),
+        else the sampled server."""
+        replicas = [x.metrics_url for x in self.launches if x.metrics_path and x.name.startswith("replica")]
+        if replicas:
+            return replicas
+        launch = self.metrics_launch()
+        return [launch.metrics_url] if launch is not None else []
+
+    def disaggregated(self) -> bool:
+        """Prefill and decode on separate servers (P/D): the sampled server is the decode one."""
+        return any(x.name == "prefill" for x in self.launches)
+
+    def engine_launches(self) -> list[ServerLaunch]:
+        """The servers that run the model (replicas, prefill and decode): a router or a P/D proxy
+        in front lists no real model (SGLang's router answers 'unknown') and tokenizes nothing.
+        The front alone when nothing says it is an engine (``engine=external`` without metrics)."""
+        return [x for x in self.launches if x.metrics_path] or [self.launches[-1]]
+
+    def front(self) -> str | None:
+        """The name of the router or proxy the client talks to, None when it talks to an engine."""
+        front = self.launches[-1]
+        return None if front.metrics_path or len(self.launches) == 1 else front.name
+
+    def check_alive(self) -> None:
+        for s in self.servers:
+            s.check_alive()
+
+
+def start_servers(stack: contextlib.ExitStack, adapter: ModuleType, spec: TrialSpec, model_path: str,
+                  workdir: Path, gpu_ids: list[int], log_name: Callable[[str, bool], Path],
+                  progress: Progress) -> tuple[ServerGroup, float]:
+    """Start the servers of ``spec`` one after the other, each healthy before the next; they are
+    stopped when ``stack`` closes (their scratch folders removed after). ``log_name(server,
+    several)`` is where each server logs. Returns the group and its start-up seconds: one
+    server's own (0 for an external one), several: until all are up."""
+    port = port_for(spec)
+    launches = adapter.launches(spec, model_path, port, port_picker(spec, {port}), str(workdir))
+    servers = []
+    t0 = time.monotonic()
+    healthy_after = 0.0
+    for launch in launches:
+        for path, content in launch.files.items():
+            Path(path).write_text(content)
+        for folder in launch.scratch:  # registered first: removed after the server has stopped
+            stack.callback(shutil.rmtree, folder, True)
+        log_path = log_name(launch.name, len(launches) > 1)
+        progress(f"starting {spec.engine.name} {launch.name} on {launch.base_url}")
+        server = stack.enter_context(server_for(launch, server_env(launch, gpu_ids), log_path))
+        healthy_after = server.wait_healthy(launch.startup_timeout_s)
+        servers.append(server)
+    return ServerGroup(launches, servers), healthy_after if len(launches) == 1 else time.monotonic() - t0
+
+
+def reset_caches(group: ServerGroup, how: tuple[str, str] | None) -> None:
+    """Empty every engine server's prefix cache (a busy SGLang refuses: retried)."""
+    if how is None:
+        return
+    method, path = how
+    for launch in group.launches:
+        if not launch.metrics_path:  # a proxy or router has no cache
+            continue
+        for attempt in range(20):
+            try:
+                req = urllib.request.Request(launch.base_url + path, method=method)
+                with urllib.request.urlopen(req, timeout=30):
+                    break
+            except urllib.error.HTTPError as exc:
+                if exc.code != 400 or attempt == 19:
+                    raise TrialError(f"cache reset {method} {path} on {launch.name} failed: HTTP {exc.code}")
+                time.sleep(0.5)
+            except OSError as exc:
+                raise TrialError(f"cache reset {method} {path} on {launch.name} failed: {exc}") from exc
+
+
+def shared_server_spec(spec: TrialSpec) -> TrialSpec:
+    """The spec a shared server is started from: with the prefix-cache reset endpoint on, so
+    that each trial of the group starts on an empty cache."""
+    if hasattr(spec.engine, "reset_cache_between_points"):
+        return spec.model_copy(update={"engine": spec.engine.model_copy(update={"reset_cache_between_points": True})})
+    return spec
+
+
+def server_key(spec: TrialSpec) -> str | None:
+    """Identity of the servers a trial starts (every argv, env, file, GPU slot, the platform),
+    or None when its servers cannot be shared: trials with the same key differ only in
+    workload/load settings and can run one after the other on one server start."""
+    engine = spec.engine
+    if not isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) or engine.restart_between_points:
+        return None
+    launches = planned_launches(shared_server_spec(spec))
+    ident = {"servers": [[x.argv, x.env, x.files, x.gpus, x.unset_env] for x in launches],
+             "model": spec.model.model_dump(mode="json"), "platform": spec.platform.model_dump(mode="json")}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]

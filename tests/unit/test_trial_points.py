@@ -1,0 +1,93 @@
+"""A load point's metrics and verdict as pure functions of what was gathered around it, and
+points fed forward: a schedule is sent each point's result and chooses (or stops) from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import to_specs
+from orchestrator.engines.vllm import METRICS
+from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.metrics import prometheus
+from orchestrator.metrics.records import RequestRecord
+from orchestrator.trial import RawPoint, judge_point, point_metrics
+from tests.fake_openai_server import FakeOpenAIServer, Script
+from tests.unit.test_fidelity import VLLM_PAGE
+
+
+def rec(i: int, served_in: int = 128, ttft: float = 0.2) -> RequestRecord:
+    return RequestRecord(request_id=i, point=0, request_class="main", intended_send_s=i * 0.1, sent_s=i * 0.1,
+                         input_tokens_target=128, output_tokens_target=4,
+                         chunk_times_s=[i * 0.1 + ttft + 0.01 * k for k in range(4)], chunk_tokens=[1] * 4,
+                         done_s=i * 0.1 + ttft + 0.04, prompt_tokens=served_in, output_tokens=4, status="ok",
+                         http_status=200)
+
+
+@pytest.fixture
+def spec(compose):
+    spec, _ = to_specs(compose(["workload.classes={main:{input_tokens:128,output_tokens:4}}",
+                                "workload.load_points=[{concurrency:2}]", "workload.num_requests=10"]))
+    return spec
+
+
+def raw(records, ttft_a=4, ttft_b=14):
+    before = prometheus.parse(VLLM_PAGE.format(a=4, b=4))
+    after = prometheus.parse(VLLM_PAGE.format(a=ttft_a, b=ttft_b))
+    return RawPoint(records, {"client_cpu_cores": 0.2}, {"memory_peak_gb": 1.5, "kv_cache_usage_max": 0.3},
+                    before, after)
+
+
+def test_point_metrics_are_made_from_the_raw_inputs_alone(spec):
+    point = spec.workload.load_points[0]
+    m = point_metrics(spec, point, raw([rec(i) for i in range(10)]), METRICS)
+    assert m["completed"] == 10 and m["ttft_ms_p50"] == pytest.approx(200.0)
+    assert m["memory_peak_gb"] == 1.5 and m["server_kv_cache_usage_max"] == 0.3  # gauges are the server's
+    assert m["client_cpu_cores"] == 0.2
+    assert m["server_ttft_ms_p50"] == pytest.approx(175.0) and m["server_ttft_ms_p50_high"] == 250.0
+    # under P/D the decode server's TTFT is its own, not set against ours
+    pd = point_metrics(spec, point, raw([rec(i) for i in range(10)]), METRICS, disaggregated=True)
+    assert "server_ttft_ms_p50" not in pd and pd["server_decode_ttft_ms_p50"] == pytest.approx(175.0)
+
+
+def test_judge_point_a_valid_point_and_two_kinds_of_invalid(spec):
+    point = spec.workload.load_points[0]
+    good = [rec(i) for i in range(10)]
+    m = point_metrics(spec, point, raw(good), METRICS)
+    v = judge_point(spec, point, good, m)
+    assert v.reasons == [] and v.metrics["invalid"] == 0.0
+    # another tokenizer: the server counted twice the planned prompt
+    twice = [rec(i, served_in=256) for i in range(10)]
+    v = judge_point(spec, point, twice, point_metrics(spec, point, raw(twice), METRICS))
+    assert v.metrics["workload_invalid"] == 1.0 and v.client == [] and "model.tokenizer" in v.workload[0]
+    # our TTFT far above the server's histogram: the client or the network...
+    slow = [rec(i, ttft=0.6) for i in range(10)]
+    m = point_metrics(spec, point, raw(slow), METRICS)
+    v = judge_point(spec, point, slow, m)
+    assert v.metrics["client_invalid"] == 1.0 and "server clock" in v.client[0]
+    # ...unless a router sits between them: its hop is part of what is measured
+    v = judge_point(spec, point, slow, m, front="router")
+    assert v.reasons == [] and v.metrics["ttft_gap_ms_p50"] == pytest.approx(600.0 - 175.0)
+
+
+def test_points_are_fed_forward_to_a_generator(tiny_model_dir):
+    """run_points sends each point's result (what on_point_end returned) to the schedule,
+    which picks the next point from it, and stops the run by returning."""
+    from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
+
+    w = WorkloadSpec.model_validate({"name": "f", "warmup_requests": 0, "num_requests": 3,
+                                     "classes": {"a": {"input_tokens": 8, "output_tokens": 2}},
+                                     "load_points": [{"concurrency": 1}]})
+    seen = []
+
+    def schedule():
+        result = yield LoadPointSpec(concurrency=1)
+        seen.append(result)
+        result = yield LoadPointSpec(concurrency=result // 10 + 1)  # chosen from what the first point gave
+        seen.append(result)  # then stop: no third point
+
+    with FakeOpenAIServer(Script(ttft_s=0.005, itl_s=0.001)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), w, PromptFactory(str(tiny_model_dir)), seed=0,
+                             on_point_end=lambda i, p, recs, st: p.concurrency * 10 + len(recs),
+                             points=schedule())
+    assert seen == [13, 23]  # c1 with 3 requests, then c2 with 3
+    assert sorted({r.point for r in records}) == [0, 1] and len(records) == 6
