@@ -30,7 +30,7 @@ from orchestrator.config.resolvers import register
 from orchestrator.config.schema import SweepSettings, TrialSpec
 from orchestrator.loadgen import PromptFactory
 from orchestrator.loadgen.client import PlannedRequest
-from orchestrator.loadgen.runner import RequestPlanner, plan_point
+from orchestrator.loadgen.plan import RequestPlanner, plan_point
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, save_result
 from orchestrator.metrics.summary import summarize_point

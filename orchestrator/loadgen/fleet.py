@@ -35,8 +35,8 @@ from typing import Any
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, now, prewarm
-from orchestrator.loadgen.runner import (PointPlan, PointSender, _loop_factory, _open_session_async,
-                                         prewarm_count, worst_client_stats)
+from orchestrator.loadgen.plan import PointPlan
+from orchestrator.loadgen.sender import PointSender, loop_factory, open_session_async, prewarm_count, worst_client_stats
 from orchestrator.metrics.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -154,8 +154,8 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _serve(rx: Connection, tx: Connection) -> None:
     endpoint, workload = rx.recv()
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        session = runner.run(_open_session_async())
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        session = runner.run(open_session_async())
         tx.send(("hello", os.getpid()))
         try:
             while True:

@@ -11,7 +11,7 @@ from orchestrator.config import ConfigError
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen import PromptFactory
 from orchestrator.loadgen.datasets import load_sharegpt, load_trace
-from orchestrator.loadgen.runner import RequestPlanner, ramp
+from orchestrator.loadgen.plan import RequestPlanner, ramp
 from tests.conftest import ROOT
 
 DATA = ROOT / "tests" / "data"

@@ -130,7 +130,7 @@ def test_duration_bounded_point(factory):
 
 def test_points_draw_from_their_own_streams(factory):
     """A point's requests do not depend on earlier points: same seed, same second point."""
-    from orchestrator.loadgen.runner import RequestPlanner, plan_point
+    from orchestrator.loadgen.plan import RequestPlanner, plan_point
 
     w = workload(classes={"fg": {"input_tokens": 16, "output_tokens": 4, "range_ratio": 0.5},
                           "bg": {"input_tokens": 32, "output_tokens": 1, "rate": 5.0}},

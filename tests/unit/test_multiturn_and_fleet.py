@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
-from orchestrator.loadgen.runner import RequestPlanner, plan_point
+from orchestrator.loadgen.plan import RequestPlanner, plan_point
 from orchestrator.metrics.records import records_to_table, table_to_records
 from orchestrator.metrics.summary import summarize_point
 from tests.fake_openai_server import FakeOpenAIServer, Script

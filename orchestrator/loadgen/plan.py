@@ -1,0 +1,230 @@
+"""A load point's plan: every request and arrival instant, drawn before the point's clock starts.
+
+Foreground classes follow the point's arrival setting (closed-loop ``concurrency``, Poisson or
+other ``rate`` processes, a trace); background classes (with a ``rate`` of their own) arrive on
+their own process for as long as the foreground is sending.
+
+Every random draw comes from a generator seeded by (seed, point, stream), so a point's
+requests do not depend on how earlier points went, and every variant of a sweep sees the
+same requests. Prompts and arrival times are made before the point's clock starts, so the
+client's own tokenizer work never delays a send or the reading of a stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from orchestrator.config.errors import LoadError
+from orchestrator.config.schema import LoadPointSpec, RequestClass, WorkloadSpec
+from orchestrator.loadgen.arrivals import arrival_offsets, weighted_choice
+from orchestrator.loadgen.client import PlannedRequest, Turn
+from orchestrator.loadgen.datasets import TraceRow, load_sharegpt, load_trace
+from orchestrator.loadgen.prompts import PromptFactory
+
+# Background traffic is planned this far ahead when the point has no duration of its own.
+BACKGROUND_HORIZON_S = 300.0
+# Caps on requests planned ahead (a closed loop bounded by duration, or a background class).
+MAX_PLANNED = 4096
+
+FOREGROUND_PLAN, FOREGROUND_ARRIVALS = 0, 1  # stream ids; background class i uses 2 + i
+
+
+Seed = int | tuple[int, ...]
+
+
+def ramp(t: float, ramp_up_s: float) -> float:
+    """Map an offset of a constant-rate schedule onto one whose rate rises linearly from 0
+    to the full rate over ``ramp_up_s`` (the arrival count up to t is rate * t^2 / 2R there)."""
+    if t < ramp_up_s / 2:
+        return math.sqrt(2 * ramp_up_s * t)
+    return t + ramp_up_s / 2
+
+
+def repeat_seed(seed: Seed, repeat: int) -> Seed:
+    """Repeat 0 keeps the point's own draws; later repeats get fresh requests (identical
+    prompts would hit the prefix cache and measure something else)."""
+    if repeat == 0:
+        return seed
+    return (*(seed if isinstance(seed, tuple) else (seed,)), 1000 + repeat)
+
+
+def stream_rng(seed: Seed, point: int, stream: int) -> np.random.Generator:
+    """The generator of one stream of draws of one point (point -1 = warmup)."""
+    base = list(seed) if isinstance(seed, tuple) else [seed]
+    return np.random.default_rng([*base, point + 1, stream])
+
+
+class RequestPlanner:
+    """Draws request lengths and prompts for a workload, from each class's dataset."""
+
+    def __init__(self, workload: WorkloadSpec, factory: PromptFactory) -> None:
+        self.workload = workload
+        self.factory = factory
+        self._ids = itertools.count()
+        self.foreground = [n for n, c in workload.classes.items() if c.rate is None]
+        self.background = [n for n, c in workload.classes.items() if c.rate is not None]
+        self._prefixes: dict[tuple[str, int], str] = {}
+
+    @staticmethod
+    def _length(n: int, ratio: float, rng: np.random.Generator) -> int:
+        if ratio == 0:
+            return n
+        lo, hi = max(1, int(n * (1 - ratio))), max(1, int(n * (1 + ratio)))
+        return int(rng.integers(lo, hi + 1))
+
+    def make(self, class_name: str, rng: np.random.Generator) -> PlannedRequest:
+        c: RequestClass = self.workload.classes[class_name]
+        if c.dataset == "sharegpt":
+            prompt, n_in, n_out = self._sharegpt(c, rng)
+        else:
+            assert c.input_tokens is not None and c.output_tokens is not None
+            n_in = self._length(c.input_tokens, c.range_ratio, rng)
+            if c.output_tokens_choices:
+                n_out = int(c.output_tokens_choices[int(rng.integers(len(c.output_tokens_choices)))])
+            else:
+                n_out = self._length(c.output_tokens, c.range_ratio, rng)
+            if c.dataset == "vllm_random":
+                prompt = self.factory.ramp_prompt(n_in, rng)
+            else:
+                prompt = self.factory.prompt(n_in, rng)
+            if c.dataset == "shared_prefix":
+                assert c.num_groups is not None and c.prefix_tokens is not None
+                prompt = self._prefix(class_name, c, int(rng.integers(c.num_groups))) + prompt
+                n_in += c.prefix_tokens
+            if c.dataset == "multi_turn":
+                assert c.turns is not None
+                first = next(self._ids)
+                turns = []
+                for _ in range(c.turns - 1):
+                    t_in = self._length(c.input_tokens, c.range_ratio, rng)
+                    t_out = self._length(c.output_tokens, c.range_ratio, rng)
+                    turns.append(Turn(next(self._ids), self.factory.prompt(t_in, rng), t_in, t_out))
+                return PlannedRequest(first, class_name, prompt, n_in, n_out, tuple(turns), c.think_time_s)
+        return PlannedRequest(next(self._ids), class_name, prompt, n_in, n_out)
+
+    def make_sized(self, class_name: str, n_in: int, n_out: int, rng: np.random.Generator) -> PlannedRequest:
+        """A random prompt of exactly ``n_in`` tokens (trace replay)."""
+        return PlannedRequest(next(self._ids), class_name, self.factory.prompt(n_in, rng), n_in, n_out)
+
+    def _prefix(self, class_name: str, c: RequestClass, group: int) -> str:
+        """The fixed prefix of a group: the same text in every point, ending in a newline so
+        the suffix never merges into its last token."""
+        key = (class_name, group)
+        if key not in self._prefixes:
+            assert c.prefix_tokens is not None
+            rng = np.random.default_rng([self.workload.seed, 7919, group])
+            self._prefixes[key] = self.factory.prompt(max(1, c.prefix_tokens - 1), rng) + "\n"
+        return self._prefixes[key]
+
+    def _sharegpt(self, c: RequestClass, rng: np.random.Generator) -> tuple[str, int, int]:
+        assert c.path is not None
+        convs = load_sharegpt(c.path).conversations
+        for _ in range(1000):
+            conv = convs[int(rng.integers(len(convs)))]
+            n_in = self.factory.count(conv.prompt)
+            if 1 <= n_in <= c.max_input_tokens:
+                if c.output_tokens is not None:
+                    n_out = self._length(c.output_tokens, c.range_ratio, rng)
+                else:
+                    n_out = min(max(1, self.factory.count(conv.reply)), c.max_output_tokens)
+                return conv.prompt, n_in, n_out
+        raise LoadError(f"sharegpt dataset '{c.path}': no prompt of at most {c.max_input_tokens} tokens found")
+
+    def foreground_batch(self, n: int, rng: np.random.Generator) -> list[PlannedRequest]:
+        weights = [self.workload.classes[c].weight for c in self.foreground]
+        return [self.make(name, rng) for name in weighted_choice(self.foreground, weights, rng, n)]
+
+
+@dataclass
+class PointPlan:
+    """Everything one load point (one repeat) sends, drawn before its clock starts.
+
+    Plain data: it can be split into shares and pickled to client processes
+    (:meth:`split`). ``offsets`` is None for a closed loop (``concurrency`` streams).
+    """
+
+    index: int
+    repeat: int
+    foreground: list[PlannedRequest]
+    offsets: list[float] | None
+    concurrency: int | None
+    max_concurrency: int | None
+    min_gap_s: float
+    background: list[list[tuple[float, PlannedRequest]]]
+    duration_s: float | None
+    extendable: bool  # a closed loop bounded by duration may make more requests on the fly
+
+    def split(self, n: int) -> list[PointPlan]:
+        """Shares for ``n`` client processes on one clock (fewer if there are fewer streams).
+
+        Open loop: every n-th arrival of the one schedule, so together they send exactly
+        the schedule. Closed loop: streams dealt round-robin, requests dealt by stream.
+        A ``max_concurrency`` cap is divided, and each share keeps to its part of the rate.
+        """
+        if self.offsets is None:
+            assert self.concurrency is not None
+            n = max(1, min(n, self.concurrency))
+            streams = [self.concurrency // n + (1 if i < self.concurrency % n else 0) for i in range(n)]
+            fg: list[list[PlannedRequest]] = [[] for _ in range(n)]
+            for j, req in enumerate(self.foreground):
+                fg[(j % self.concurrency) % n].append(req)
+            return [replace(self, foreground=fg[i], concurrency=streams[i],
+                            background=[b[i::n] for b in self.background]) for i in range(n)]
+        cap = self.max_concurrency
+        n = max(1, min(n, cap)) if cap else n
+        return [replace(self, foreground=self.foreground[i::n], offsets=self.offsets[i::n],
+                        max_concurrency=(cap // n + (1 if i < cap % n else 0)) if cap else None,
+                        min_gap_s=self.min_gap_s * n, background=[b[i::n] for b in self.background])
+                for i in range(n)]
+
+
+def plan_point(workload: WorkloadSpec, point: LoadPointSpec, index: int, planner: RequestPlanner, seed: Seed,
+               repeat: int = 0) -> PointPlan:
+    """Draw a point's requests and arrival instants from its own seeded streams."""
+    num_requests, duration_s = workload.stop_of(point)
+    fg_rng = stream_rng(seed, index, FOREGROUND_PLAN)
+    offsets: list[float] | None = None  # None: closed loop
+    if point.trace is not None:
+        rows = _trace_rows(point, num_requests, duration_s)
+        foreground = [planner.make_sized("trace", r.input_tokens, r.output_tokens, fg_rng) for r in rows]
+        offsets = [r.timestamp_s * point.time_scale for r in rows]
+    elif point.rate is not None:
+        # num_requests arrivals, or every arrival before duration_s (the plan's length follows)
+        offsets = arrival_offsets(point.rate, stream_rng(seed, index, FOREGROUND_ARRIVALS), num_requests,
+                                  duration_s if num_requests is None else None, point.arrival, point.burstiness)
+        if point.ramp_up_s:
+            offsets = [ramp(t, point.ramp_up_s) for t in offsets]
+        foreground = planner.foreground_batch(len(offsets), fg_rng)
+    else:
+        count = num_requests if num_requests is not None else min(MAX_PLANNED, 32 * (point.concurrency or 1))
+        foreground = planner.foreground_batch(count, fg_rng)
+
+    background = []
+    for i, name in enumerate(planner.background):
+        c = workload.classes[name]
+        assert c.rate is not None
+        rng = stream_rng(seed, index, 2 + i)
+        horizon = duration_s if duration_s is not None else BACKGROUND_HORIZON_S
+        n = min(MAX_PLANNED, math.ceil(c.rate * horizon * 1.5) + 4)
+        bg_offsets = arrival_offsets(c.rate, rng, n, horizon, c.arrival, c.burstiness)[1:]  # first one after a gap
+        background.append([(t, planner.make(name, rng)) for t in bg_offsets])
+
+    cap = point.max_concurrency
+    return PointPlan(
+        index=index, repeat=repeat, foreground=foreground, offsets=offsets,
+        concurrency=point.concurrency, max_concurrency=cap,
+        min_gap_s=1.0 / point.rate if cap and point.rate else 0.0,
+        background=background, duration_s=duration_s,
+        extendable=point.concurrency is not None and num_requests is None,
+    )
+
+
+def _trace_rows(point: LoadPointSpec, num_requests: int | None, duration_s: float | None) -> list[TraceRow]:
+    assert point.trace is not None
+    rows = [r for r in load_trace(point.trace)
+            if duration_s is None or r.timestamp_s * point.time_scale < duration_s]
+    return rows[:num_requests] if num_requests is not None else rows

@@ -1,0 +1,210 @@
+"""Sending a planned point: :class:`PointSender` keeps the plan's schedule (closed loop,
+open loop, background classes) on one event loop and records every request; the client's HTTP
+session and event loop are made here too, for the runner and for client processes alike.
+
+Only a closed-loop point bounded by duration (count unknown in advance) may run out of planned
+requests; further ones are then made on the fly and counted in ``PointSender.late``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+
+import aiohttp
+
+from orchestrator.config.schema import WorkloadSpec
+from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, stream_request, trace_config
+from orchestrator.loadgen.plan import PointPlan
+from orchestrator.metrics.records import RequestRecord
+from orchestrator.metrics.summary import distribution
+
+log = logging.getLogger(__name__)
+
+# Connections opened before an open-loop point (closed loops open one per stream).
+PREWARM_OPEN_LOOP = 32
+
+
+def worst_client_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """The client's stats over a point's repeats: the worst value of each."""
+    keys = set().union(*stats) if stats else set()
+    return {k: max(s[k] for s in stats if k in s) for k in keys}
+
+
+class PointSender:
+    """Sends one :class:`PointPlan` (or a share of one) and records what happened.
+
+    ``make_more`` makes further requests when a duration-bounded closed loop outruns its plan
+    (counted in ``late``); without it (a client process has no tokenizer) the stream stops.
+    """
+
+    def __init__(self, plan: PointPlan, endpoint: Endpoint, workload: WorkloadSpec, session: aiohttp.ClientSession,
+                 make_more: Callable[[], PlannedRequest] | None = None) -> None:
+        self.plan, self.endpoint, self.workload, self.session = plan, endpoint, workload, session
+        self.make_more = make_more
+        self.records: list[RequestRecord] = []
+        self.late = 0
+        self.client_stats: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._foreground_done = asyncio.Event()
+
+    def _next_foreground(self, source: Iterator[PlannedRequest]) -> PlannedRequest | None:
+        req = next(source, None)
+        if req is None and self.plan.extendable:
+            self.late += 1  # duration-bounded closed loop outran its plan
+            if self.make_more is not None:
+                req = self.make_more()
+        return req
+
+    def _record(self, req: PlannedRequest, intended: float, conversation: int | None = None,
+                turn: int = 0) -> RequestRecord:
+        rec = RequestRecord(
+            request_id=req.request_id, point=self.plan.index, request_class=req.request_class,
+            intended_send_s=intended, sent_s=intended,
+            input_tokens_target=req.input_tokens, output_tokens_target=req.output_tokens, repeat=self.plan.repeat,
+            conversation_id=conversation, turn=turn,
+        )
+        self.records.append(rec)
+        return rec
+
+    async def _send(self, req: PlannedRequest, intended: float) -> None:
+        """One request, or a whole conversation: each later turn resends the history with the
+        server's actual reply, ``think_time_s`` after that reply ended."""
+        w = self.workload
+        conversation = req.request_id if req.turns else None
+        reply: list[str] | None = [] if req.turns else None
+        rec = self._record(req, intended, conversation)
+        await stream_request(self.session, self.endpoint, req, rec, w.api, w.ignore_eos, w.request_timeout_s,
+                             w.usage_per_chunk, reply)
+        history = (("user", req.prompt),)
+        for k, turn in enumerate(req.turns, start=1):
+            if not rec.ok or reply is None:
+                return  # a failed turn ends its conversation
+            history += (("assistant", "".join(reply)),)
+            prior = (rec.prompt_tokens or rec.input_tokens_target) + (rec.output_tokens or 0)
+            nxt = PlannedRequest(turn.request_id, req.request_class, turn.text, prior + turn.input_tokens,
+                                 turn.output_tokens, history=history)
+            intended = now() + req.think_time_s
+            if req.think_time_s:
+                await asyncio.sleep(req.think_time_s)
+            reply = []
+            rec = self._record(nxt, intended, conversation, k)
+            await stream_request(self.session, self.endpoint, nxt, rec, w.api, w.ignore_eos, w.request_timeout_s,
+                                 w.usage_per_chunk, reply)
+            history += (("user", turn.text),)
+
+    def _spawn(self, req: PlannedRequest, intended: float, slots: asyncio.Semaphore | None = None) -> None:
+        task = asyncio.ensure_future(self._send(req, intended))
+        if slots is not None:
+            task.add_done_callback(lambda _: slots.release())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch_loop(self, lags: list[float], tick_s: float = 0.005) -> None:
+        """How late the event loop wakes up: a busy client shows here before anywhere else."""
+        while not self._foreground_done.is_set():
+            t = now()
+            await asyncio.sleep(tick_s)
+            lags.append((now() - t - tick_s) * 1e3)
+
+    async def run(self, start: float | None = None) -> list[RequestRecord]:
+        """Send the plan; its clock starts at ``start`` (a ``now()`` instant shared by every
+        client process of the point) or at once."""
+        if start is not None and start > now():
+            await asyncio.sleep(start - now())
+        start, cpu0 = now() if start is None else start, time.process_time()
+        wall0 = now()
+        plan = self.plan
+        deadline = start + plan.duration_s if plan.duration_s is not None else None
+        background = [asyncio.ensure_future(self._background(b, start)) for b in plan.background]
+        lags: list[float] = []
+        watcher = asyncio.ensure_future(self._watch_loop(lags))
+        try:
+            if plan.offsets is None:
+                await self._closed_loop(deadline)
+            else:
+                await self._open_loop(start, plan.offsets)
+        finally:
+            self._foreground_done.set()
+            await asyncio.gather(*background, return_exceptions=True)
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            watcher.cancel()
+        wall = max(now() - wall0, 1e-9)
+        self.client_stats = {"client_cpu_util": (time.process_time() - cpu0) / wall,
+                             **distribution("loop_lag_ms", lags)}
+        if self.late:
+            what = "made during the point" if self.make_more else "not sent (no tokenizer in a client process)"
+            log.warning("point %d: plan exhausted, %d requests %s", plan.index, self.late, what)
+        return sorted(self.records, key=lambda r: r.intended_send_s)
+
+    async def _closed_loop(self, deadline: float | None) -> None:
+        source = iter(self.plan.foreground)
+
+        async def worker() -> None:
+            while deadline is None or now() < deadline:
+                req = self._next_foreground(source)
+                if req is None:
+                    return
+                await self._send(req, now())
+
+        assert self.plan.concurrency is not None
+        await asyncio.gather(*(worker() for _ in range(self.plan.concurrency)))
+
+    async def _open_loop(self, start: float, offsets: list[float]) -> None:
+        cap = self.plan.max_concurrency
+        slots = asyncio.Semaphore(cap) if cap else None
+        min_gap = self.plan.min_gap_s
+        last_send = -math.inf
+        for offset, req in zip(offsets, self.plan.foreground):
+            intended = start + offset
+            delay = intended - now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if slots is not None:
+                await slots.acquire()
+                # Waited for a slot: catch up at the rate, never in a burst above it.
+                wait = last_send + min_gap - now()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                last_send = now()
+            self._spawn(req, intended, slots)
+
+    async def _background(self, plan: list[tuple[float, PlannedRequest]], start: float) -> None:
+        for offset, req in plan:
+            intended = start + offset
+            try:
+                await asyncio.wait_for(self._foreground_done.wait(), timeout=max(0.0, intended - now()))
+                return  # foreground finished first
+            except asyncio.TimeoutError:
+                pass
+            self._spawn(req, intended)
+        if plan and not self._foreground_done.is_set():
+            log.warning("point %d: background plan (%d requests, %.0f s) ran out before the foreground finished",
+                        self.plan.index, len(plan), plan[-1][0])
+
+
+def open_session() -> aiohttp.ClientSession:
+    """The client's HTTP session: unlimited keep-alive pool, send instants stamped on the wire."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=120)
+    return aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()])
+
+
+def prewarm_count(plan: PointPlan) -> int:
+    return plan.concurrency or plan.max_concurrency or PREWARM_OPEN_LOOP
+
+
+async def open_session_async() -> aiohttp.ClientSession:
+    return open_session()  # a session belongs to the loop it was made in
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed: a faster event loop means less client-side delay per chunk."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
