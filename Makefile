@@ -36,9 +36,14 @@ demo: install
 labs: install
 	$(PY) -m experiments.labs $(LABS) $(if $(LABS_ARGS),-- $(LABS_ARGS))
 
-test: install
-	$(VENV)/bin/lint-imports
+test: install lint
 	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines"
+
+# The code's own checks, before any test: layers and cycles (import-linter), lint and format (ruff).
+lint: install
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # A real one-node SLURM on localhost (root only): Debian's slurm-wlm and munge, started by
 # slurm/local-cluster.sh inside the test, which submits a tiny sweep with sbatch.

@@ -36,10 +36,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def spec_for(url: str, extra: list[str]):  # type: ignore[no-untyped-def]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        spec, _ = to_specs(compose("config", overrides=[
-            "engine=external", f"engine.url={url}", "engine.metrics=none",
-            "workload.classes={main:{input_tokens:32,output_tokens:32}}", "workload.warmup_requests=2",
-            "workload.num_requests=null", *extra]))
+        spec, _ = to_specs(
+            compose(
+                "config",
+                overrides=[
+                    "engine=external",
+                    f"engine.url={url}",
+                    "engine.metrics=none",
+                    "workload.classes={main:{input_tokens:32,output_tokens:32}}",
+                    "workload.warmup_requests=2",
+                    "workload.num_requests=null",
+                    *extra,
+                ],
+            )
+        )
     return spec
 
 
@@ -56,30 +66,43 @@ def main() -> None:
     with FakeServerProcess("--ttft", str(a.ttft), "--itl", str(a.itl), "--slots", str(a.slots)) as server:
         url = server.url
         service = a.ttft + 32 * a.itl
-        print(f"fake server: {a.slots} slots, {service * 1e3:.0f} ms per request -> saturates near "
-              f"{a.slots / service:.1f} req/s; SLO ttft_ms_p99 <= {a.slo_ttft_p99:g}; {a.probe_s:g} s per point",
-              flush=True)
+        print(
+            f"fake server: {a.slots} slots, {service * 1e3:.0f} ms per request -> saturates near "
+            f"{a.slots / service:.1f} req/s; SLO ttft_ms_p99 <= {a.slo_ttft_p99:g}; {a.probe_s:g} s per point",
+            flush=True,
+        )
         slo = {"ttft_ms_p99": a.slo_ttft_p99}
         lo, hi, step = (float(x) for x in a.dense.split(":"))
         rates = [round(lo + i * step, 3) for i in range(int((hi - lo) / step) + 1)]
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.monotonic()
             points = ",".join(f"{{rate:{r:g}}}" for r in rates)
-            dense = run_trial(spec_for(url, [f"workload.load_points=[{points}]", f"+workload.duration_s={a.probe_s}"]),
-                              Path(tmp) / "dense", progress=lambda _: None)
+            dense = run_trial(
+                spec_for(url, [f"workload.load_points=[{points}]", f"+workload.duration_s={a.probe_s}"]),
+                Path(tmp) / "dense",
+                progress=lambda _: None,
+            )
             dense_s = time.monotonic() - t0
-            verdicts = [(p.setting["rate"], judge(p.metrics, {}, slo, "rate").verdict, p.metrics.get("ttft_ms_p99"))
-                        for p in dense.points]
+            verdicts = [
+                (p.setting["rate"], judge(p.metrics, {}, slo, "rate").verdict, p.metrics.get("ttft_ms_p99"))
+                for p in dense.points
+            ]
             first_fail = next((r for r, v, _ in verdicts if v != "pass"), None)
-            truth = max((r for r, v, _ in verdicts if v == "pass" and (first_fail is None or r < first_fail)),
-                        default=0.0)
+            truth = max(
+                (r for r, v, _ in verdicts if v == "pass" and (first_fail is None or r < first_fail)), default=0.0
+            )
             for r, v, ttft in verdicts:
                 print(f"  dense r{r:<5g} ttft p99 {ttft:8.1f} ms  {v}", flush=True)
             t0 = time.monotonic()
-            cap = ("+workload.capacity={knob:rate,start:8,high:128,precision:0.05,max_probes:8,"
-                   f"slo:{{ttft_ms_p99:{a.slo_ttft_p99:g}}},point:{{duration_s:{a.probe_s:g}}}}}")
-            found = run_trial(spec_for(url, ["workload.load_points=[]", f"+workload.duration_s={a.probe_s}", cap]),
-                              Path(tmp) / "search", progress=lambda _: None)
+            cap = (
+                "+workload.capacity={knob:rate,start:8,high:128,precision:0.05,max_probes:8,"
+                f"slo:{{ttft_ms_p99:{a.slo_ttft_p99:g}}},point:{{duration_s:{a.probe_s:g}}}}}"
+            )
+            found = run_trial(
+                spec_for(url, ["workload.load_points=[]", f"+workload.duration_s={a.probe_s}", cap]),
+                Path(tmp) / "search",
+                progress=lambda _: None,
+            )
             search_s = time.monotonic() - t0
         for p in found.capacity.get("probes", []):
             print(f"  probe {p['label']:<8s} {p['verdict']:5s} {'; '.join(p['reasons'])}", flush=True)

@@ -27,13 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.vllm_client import random_dataset_args, run_vllm_client
 from orchestrator.config.schema import TinyModelSpec, WorkloadSpec
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.metrics.summary import latency_of, summarize_point
 from orchestrator.models.tiny import ensure_tiny_model
-
-from benchmarks.vllm_client import random_dataset_args, run_vllm_client
-
 from tests.fake_openai_server import FakeServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,11 +57,24 @@ def children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_ours(server: FakeServerProcess, factory: PromptFactory, point: dict[str, Any], n: int, out_tokens: int,
-             processes: int = 1) -> dict[str, Any]:
-    w = WorkloadSpec.model_validate({"name": "fidelity", "classes": {"main": {"input_tokens": 32, "output_tokens": out_tokens}},
-                                     "load_points": [point], "num_requests": n, "warmup_requests": 0,
-                                     "client_processes": processes})
+def run_ours(
+    server: FakeServerProcess,
+    factory: PromptFactory,
+    point: dict[str, Any],
+    n: int,
+    out_tokens: int,
+    processes: int = 1,
+) -> dict[str, Any]:
+    w = WorkloadSpec.model_validate(
+        {
+            "name": "fidelity",
+            "classes": {"main": {"input_tokens": 32, "output_tokens": out_tokens}},
+            "load_points": [point],
+            "num_requests": n,
+            "warmup_requests": 0,
+            "client_processes": processes,
+        }
+    )
     server.reset()
     cpu0, child0, t0 = time.process_time(), children_cpu(), time.perf_counter()
     records = run_points(Endpoint(server.url, "tiny"), w, factory, seed=0)
@@ -77,14 +88,20 @@ def run_ours(server: FakeServerProcess, factory: PromptFactory, point: dict[str,
     tokens = sum(x.output_tokens for x in lats)
     m = summarize_point(records, target_rate=point.get("rate"))
     return {
-        "ttft": [x.ttft_ms for x in lats], "itl": [v for x in lats for v in x.itl_ms], "delay": delays,
-        "truth": true_latencies(truth), "cpu_per_100k": cpu / max(tokens, 1) * 1e5, "errors": m.get("errors", 0),
+        "ttft": [x.ttft_ms for x in lats],
+        "itl": [v for x in lats for v in x.itl_ms],
+        "delay": delays,
+        "truth": true_latencies(truth),
+        "cpu_per_100k": cpu / max(tokens, 1) * 1e5,
+        "errors": m.get("errors", 0),
         "rate_ratio": (m["achieved_rate"] / m["schedule_rate"]) if "schedule_rate" in m else None,
         "wall_s": time.perf_counter() - t0,
     }
 
 
-def run_vllm(server: FakeServerProcess, tokenizer: str, point: dict[str, Any], n: int, out_tokens: int) -> dict[str, Any] | None:
+def run_vllm(
+    server: FakeServerProcess, tokenizer: str, point: dict[str, Any], n: int, out_tokens: int
+) -> dict[str, Any] | None:
     try:
         import vllm.benchmarks.serve  # noqa: F401
     except ImportError:
@@ -105,8 +122,16 @@ def run_vllm(server: FakeServerProcess, tokenizer: str, point: dict[str, Any], n
     ttft = [x * 1e3 for x in result.get("ttfts", []) if x]
     itl = [v * 1e3 for xs in result.get("itls", []) for v in xs]
     tokens = sum(result.get("output_lens", [])) or n * out_tokens
-    return {"ttft": ttft, "itl": itl, "delay": [], "truth": true_latencies(truth), "cpu_per_100k": cpu / tokens * 1e5,
-            "errors": result.get("failed", 0), "rate_ratio": None, "wall_s": result.get("duration")}
+    return {
+        "ttft": ttft,
+        "itl": itl,
+        "delay": [],
+        "truth": true_latencies(truth),
+        "cpu_per_100k": cpu / tokens * 1e5,
+        "errors": result.get("failed", 0),
+        "rate_ratio": None,
+        "wall_s": result.get("duration"),
+    }
 
 
 def row(client: str, setting: str, r: dict[str, Any], target_rate: float | None) -> list[str]:
@@ -116,14 +141,42 @@ def row(client: str, setting: str, r: dict[str, Any], target_rate: float | None)
         return "-" if x is None or x != x else f"{x:.1f}"
 
     rate = "-" if target_rate is None or r["rate_ratio"] is None else f"{r['rate_ratio'] * 100:.1f}%"
-    return [client, setting, f(pct(r["ttft"], 50)), f(pct(true_ttft, 50)), f(pct(r["ttft"], 99)), f(pct(true_ttft, 99)),
-            f(pct(r["itl"], 50)), f(pct(true_itl, 50)), f(pct(r["itl"], 99)), f(pct(true_itl, 99)),
-            f(pct(r["delay"], 50) if r["delay"] else None), f(pct(r["delay"], 99) if r["delay"] else None),
-            rate, f(r["cpu_per_100k"]), str(int(r["errors"]))]
+    return [
+        client,
+        setting,
+        f(pct(r["ttft"], 50)),
+        f(pct(true_ttft, 50)),
+        f(pct(r["ttft"], 99)),
+        f(pct(true_ttft, 99)),
+        f(pct(r["itl"], 50)),
+        f(pct(true_itl, 50)),
+        f(pct(r["itl"], 99)),
+        f(pct(true_itl, 99)),
+        f(pct(r["delay"], 50) if r["delay"] else None),
+        f(pct(r["delay"], 99) if r["delay"] else None),
+        rate,
+        f(r["cpu_per_100k"]),
+        str(int(r["errors"])),
+    ]
 
 
-HEADER = ["client", "load", "ttft p50", "true", "ttft p99", "true", "itl p50", "true", "itl p99", "true",
-          "delay p50", "delay p99", "sent/sched", "cpu s/100k tok", "err"]
+HEADER = [
+    "client",
+    "load",
+    "ttft p50",
+    "true",
+    "ttft p99",
+    "true",
+    "itl p50",
+    "true",
+    "itl p99",
+    "true",
+    "delay p50",
+    "delay p99",
+    "sent/sched",
+    "cpu s/100k tok",
+    "err",
+]
 
 
 def print_table(rows: list[list[str]]) -> None:
@@ -142,14 +195,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="requests per stream in concurrency points")
     ap.add_argument("--rate-seconds", type=float, default=10.0, help="length of rate points")
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM's client")
-    ap.add_argument("--client-processes", type=int, nargs="*", default=[1],
-                    help="run our client with each of these numbers of client processes (scale-out)")
+    ap.add_argument(
+        "--client-processes",
+        type=int,
+        nargs="*",
+        default=[1],
+        help="run our client with each of these numbers of client processes (scale-out)",
+    )
     a = ap.parse_args()
     model_dir = str(ensure_tiny_model(TinyModelSpec()))
     factory = PromptFactory(model_dir)
     server = FakeServerProcess("--ttft", str(a.ttft), "--itl", str(a.itl))
-    print(f"fake server: true TTFT {a.ttft * 1e3:.0f} ms, ITL {a.itl * 1e3:.0f} ms, {a.output_tokens} tokens/request; "
-          f"all times in ms; 'true' = what the server actually did", flush=True)
+    print(
+        f"fake server: true TTFT {a.ttft * 1e3:.0f} ms, ITL {a.itl * 1e3:.0f} ms, {a.output_tokens} tokens/request; "
+        f"all times in ms; 'true' = what the server actually did",
+        flush=True,
+    )
     rows: list[list[str]] = []
     try:
         points = [({"concurrency": c}, c * a.rounds, f"{c} streams", None) for c in a.streams]

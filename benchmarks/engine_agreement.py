@@ -81,14 +81,26 @@ class Setup:
     def cli(self, seed: int) -> dict[str, float]:
         a = self.a
         run_dir = self.tmp / f"cli-{seed}"
-        point = ("{rate:%g}" % a.rate) if a.rate else f"{{concurrency:{a.concurrency}}}"
-        argv = [sys.executable, "-m", "orchestrator", "engine=external", f"engine.url={self.url}",
-                f"model.name={self.model_name}", f"model.path={self.model_path}",
-                f"workload.classes.main.input_tokens={a.input_len}",
-                f"workload.classes.main.output_tokens={a.output_len}",
-                f"workload.load_points=[{point}]", f"workload.num_requests={a.requests}",
-                f"workload.warmup_requests={a.warmups}", f"seed={seed}", "resume=false",
-                f"tracking.uri=sqlite:///{self.tmp}/mlflow.db", f"hydra.run.dir={run_dir}", *a.cli_overrides]
+        point = f"{{rate:{a.rate:g}}}" if a.rate else f"{{concurrency:{a.concurrency}}}"
+        argv = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "engine=external",
+            f"engine.url={self.url}",
+            f"model.name={self.model_name}",
+            f"model.path={self.model_path}",
+            f"workload.classes.main.input_tokens={a.input_len}",
+            f"workload.classes.main.output_tokens={a.output_len}",
+            f"workload.load_points=[{point}]",
+            f"workload.num_requests={a.requests}",
+            f"workload.warmup_requests={a.warmups}",
+            f"seed={seed}",
+            "resume=false",
+            f"tracking.uri=sqlite:///{self.tmp}/mlflow.db",
+            f"hydra.run.dir={run_dir}",
+            *a.cli_overrides,
+        ]
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
         results = sorted(run_dir.glob("**/result.json"))
         if proc.returncode != 0 or not results:
@@ -97,66 +109,125 @@ class Setup:
         if result["status"] != "FINISHED":
             raise RuntimeError(f"the CLI's trial ended {result['status']}: {result.get('error')}")
         m = result["points"][0]["metrics"]
-        return {"ttft": m["ttft_ms_p50"], "tpot": m["tpot_ms_p50"], "tok_s": m["tokens_per_second"],
-                "err": m.get("errors", 0.0)}
+        return {
+            "ttft": m["ttft_ms_p50"],
+            "tpot": m["tpot_ms_p50"],
+            "tok_s": m["tokens_per_second"],
+            "err": m.get("errors", 0.0),
+        }
 
     # -- our load generator alone, in this process: no Ray, no monitor, no MLflow --------------
     def bare(self, seed: int) -> dict[str, float]:
         a = self.a
-        workload = WorkloadSpec.model_validate({
-            "name": "agreement", "classes": {"main": {"input_tokens": a.input_len, "output_tokens": a.output_len}},
-            "load_points": [self.load_point], "num_requests": a.requests, "warmup_requests": a.warmups})
+        workload = WorkloadSpec.model_validate(
+            {
+                "name": "agreement",
+                "classes": {"main": {"input_tokens": a.input_len, "output_tokens": a.output_len}},
+                "load_points": [self.load_point],
+                "num_requests": a.requests,
+                "warmup_requests": a.warmups,
+            }
+        )
         records = run_points(Endpoint(self.url, self.model_name), workload, self.factory, seed=seed)
         m = summarize_point(records)  # warmup requests are not returned
-        return {"ttft": m["ttft_ms_p50"], "tpot": m["tpot_ms_p50"], "tok_s": m["tokens_per_second"],
-                "err": m["errors"]}
+        return {"ttft": m["ttft_ms_p50"], "tpot": m["tpot_ms_p50"], "tok_s": m["tokens_per_second"], "err": m["errors"]}
 
     # -- vLLM's client -------------------------------------------------------------------------
     def vllm(self, seed: int) -> dict[str, float]:
         a = self.a
-        args = ["--backend", "openai", "--base-url", self.url, "--endpoint", "/v1/completions",
-                "--model", self.model_name, "--tokenizer", self.model_path, "--num-prompts", str(a.requests),
-                "--ignore-eos", "--seed", str(seed), "--num-warmups", str(a.warmups)]
+        args = [
+            "--backend",
+            "openai",
+            "--base-url",
+            self.url,
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            self.model_name,
+            "--tokenizer",
+            self.model_path,
+            "--num-prompts",
+            str(a.requests),
+            "--ignore-eos",
+            "--seed",
+            str(seed),
+            "--num-warmups",
+            str(a.warmups),
+        ]
         if a.vllm_prompts == "random":
-            args += ["--dataset-name", "random", "--random-input-len", str(a.input_len),
-                     "--random-output-len", str(a.output_len)]
+            args += [
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                str(a.input_len),
+                "--random-output-len",
+                str(a.output_len),
+            ]
         else:  # our prompts, as a custom dataset, sent as they are (no chat template, no shuffle)
             rng = np.random.default_rng([seed, 7919])
             path = self.tmp / f"prompts-{seed}.jsonl"
-            path.write_text("".join(json.dumps({"prompt": self.factory.prompt(a.input_len, rng)}) + "\n"
-                                    for _ in range(a.requests + a.warmups)))
-            args += ["--dataset-name", "custom", "--dataset-path", str(path), "--custom-output-len",
-                     str(a.output_len), "--skip-chat-template", "--disable-shuffle"]
-        args += ["--request-rate", f"{a.rate:g}"] if a.rate else ["--max-concurrency", str(a.concurrency),
-                                                                  "--request-rate", "inf"]
+            path.write_text(
+                "".join(
+                    json.dumps({"prompt": self.factory.prompt(a.input_len, rng)}) + "\n"
+                    for _ in range(a.requests + a.warmups)
+                )
+            )
+            args += [
+                "--dataset-name",
+                "custom",
+                "--dataset-path",
+                str(path),
+                "--custom-output-len",
+                str(a.output_len),
+                "--skip-chat-template",
+                "--disable-shuffle",
+            ]
+        args += (
+            ["--request-rate", f"{a.rate:g}"]
+            if a.rate
+            else ["--max-concurrency", str(a.concurrency), "--request-rate", "inf"]
+        )
         r, _ = run_vllm_client(args)
-        return {"ttft": r["median_ttft_ms"], "tpot": r["median_tpot_ms"], "tok_s": r["output_throughput"],
-                "err": float(r.get("failed", 0))}
+        return {
+            "ttft": r["median_ttft_ms"],
+            "tpot": r["median_tpot_ms"],
+            "tok_s": r["output_throughput"],
+            "err": float(r.get("failed", 0)),
+        }
 
 
 def table(rows: list[tuple[int, str, dict[str, float]]], names: tuple[str, str]) -> None:
     print("\nmedian over rounds; 'range' = lowest..highest round of that client (run-to-run noise)")
-    print(f"{'metric':13s} {names[0]:>9s} {names[1]:>9s} {'diff':>8s}   {names[0] + ' range':>17s}   "
-          f"{names[1] + ' range':>17s}")
+    print(
+        f"{'metric':13s} {names[0]:>9s} {names[1]:>9s} {'diff':>8s}   {names[0] + ' range':>17s}   "
+        f"{names[1] + ' range':>17s}"
+    )
     for k, unit in KEYS:
         vals = {n: [r[k] for _, name, r in rows if name == n] for n in names}
         o, v = median(vals[names[0]]), median(vals[names[1]])
-        print(f"{k + ' (' + unit + ')':13s} {o:9.2f} {v:9.2f} {(o - v) / v * 100:+7.1f}%   "
-              f"{min(vals[names[0]]):8.2f}..{max(vals[names[0]]):<8.2f}   "
-              f"{min(vals[names[1]]):8.2f}..{max(vals[names[1]]):<8.2f}")
+        print(
+            f"{k + ' (' + unit + ')':13s} {o:9.2f} {v:9.2f} {(o - v) / v * 100:+7.1f}%   "
+            f"{min(vals[names[0]]):8.2f}..{max(vals[names[0]]):<8.2f}   "
+            f"{min(vals[names[1]]):8.2f}..{max(vals[names[1]]):<8.2f}"
+        )
     for n in names:
         hits = [r["hit"] for _, name, r in rows if name == n]
         ptok = [r["prompt_tok"] for _, name, r in rows if name == n]
-        print(f"server counters for {n}: prompt tokens per request {median(ptok):.1f}, "
-              f"prefix-cache hit rate {min(hits):.1%}..{max(hits):.1%}")
+        print(
+            f"server counters for {n}: prompt tokens per request {median(ptok):.1f}, "
+            f"prefix-cache hit rate {min(hits):.1%}..{max(hits):.1%}"
+        )
 
 
 def run(a: argparse.Namespace, url: str, model_name: str, model_path: str, tmp: Path) -> None:
     s = Setup(a, url, model_name, model_path, tmp)
     load = f"Poisson {a.rate:g} req/s" if a.rate else f"closed loop c={a.concurrency}"
     clients = (("cli", s.cli), ("bare", s.bare)) if a.observer else (("cli", s.cli), ("vllm", s.vllm))
-    print(f"{load}; {a.requests} requests of {a.input_len}+{a.output_len} tokens per run (+{a.warmups} warmup); "
-          f"{' vs '.join(n for n, _ in clients)}", flush=True)
+    print(
+        f"{load}; {a.requests} requests of {a.input_len}+{a.output_len} tokens per run (+{a.warmups} warmup); "
+        f"{' vs '.join(n for n, _ in clients)}",
+        flush=True,
+    )
     for k, (_, fn) in enumerate(clients):  # one untimed run each: server and client paths warm
         fn(10_000 + k)
     rows: list[tuple[int, str, dict[str, float]]] = []
@@ -165,9 +236,12 @@ def run(a: argparse.Namespace, url: str, model_name: str, model_path: str, tmp: 
         for j, (name, fn) in enumerate(order):
             r = s.measured(fn, 2 * i + j + 1)  # a fresh seed per run: no run's prompts are cached
             rows.append((i, name, r))
-            print(f"round {i}  {name:4s}  ttft p50 {r['ttft']:8.1f} ms  tpot p50 {r['tpot']:6.2f} ms  "
-                  f"{r['tok_s']:7.1f} tok/s  prompt tok/req {r['prompt_tok']:6.1f}  "
-                  f"prefix hits {r['hit']:6.1%}  errors {int(r['err'])}", flush=True)
+            print(
+                f"round {i}  {name:4s}  ttft p50 {r['ttft']:8.1f} ms  tpot p50 {r['tpot']:6.2f} ms  "
+                f"{r['tok_s']:7.1f} tok/s  prompt tok/req {r['prompt_tok']:6.1f}  "
+                f"prefix hits {r['hit']:6.1%}  errors {int(r['err'])}",
+                flush=True,
+            )
     table(rows, (clients[0][0], clients[1][0]))
 
 
@@ -175,8 +249,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--rate", type=float, default=None,
-                    help="open loop: Poisson arrivals at this rate instead of a closed loop at --concurrency")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="open loop: Poisson arrivals at this rate instead of a closed loop at --concurrency",
+    )
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--warmups", type=int, default=2)
     ap.add_argument("--input-len", type=int, default=128)
@@ -186,10 +264,18 @@ def main() -> None:
     ap.add_argument("--url", help="a running server to measure (default: start the default config's server)")
     ap.add_argument("--model-path", help="with --url: the model/tokenizer directory the server serves")
     ap.add_argument("--model-name", default=None, help="with --url: the served model name")
-    ap.add_argument("--server-overrides", nargs="*", default=[],
-                    help="Hydra overrides for the server started here, e.g. engine.dtype=bfloat16")
-    ap.add_argument("--cli-overrides", nargs="*", default=[],
-                    help="extra overrides for our CLI, e.g. platform.monitor_interval_s=0.5")
+    ap.add_argument(
+        "--server-overrides",
+        nargs="*",
+        default=[],
+        help="Hydra overrides for the server started here, e.g. engine.dtype=bfloat16",
+    )
+    ap.add_argument(
+        "--cli-overrides",
+        nargs="*",
+        default=[],
+        help="extra overrides for our CLI, e.g. platform.monitor_interval_s=0.5",
+    )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="agreement-") as tmp:
         if a.url:
@@ -204,8 +290,11 @@ def main() -> None:
         launch = adapter_for("vllm").launch(spec, model_path, free_port())
         env = server_env(launch, [])
         with ServerProcess(launch.argv, env, Path(tmp) / "server.log", launch.health_url) as srv:
-            print(f"vLLM CPU server ({' '.join(a.server_overrides) or 'default config'}) healthy after "
-                  f"{srv.wait_healthy(600):.0f} s", flush=True)
+            print(
+                f"vLLM CPU server ({' '.join(a.server_overrides) or 'default config'}) healthy after "
+                f"{srv.wait_healthy(600):.0f} s",
+                flush=True,
+            )
             run(a, launch.base_url, spec.model.name, str(model_path), Path(tmp))
 
 

@@ -43,14 +43,21 @@ def main() -> None:
     jobs = []
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         for i, (g, s) in enumerate(zip(sizes, seconds)):
-            overrides = ["engine=sleep", f"engine.gpus={g}", f"engine.seconds={s}", "platform=gpu",
-                         "platform.cpus_per_trial=0.1", f"seed={i}"]
+            overrides = [
+                "engine=sleep",
+                f"engine.gpus={g}",
+                f"engine.seconds={s}",
+                "platform=gpu",
+                "platform.cpus_per_trial=0.1",
+                f"seed={i}",
+            ]
             spec, settings = to_specs(compose("config", overrides=overrides))
             jobs.append(TrialJob(i, overrides, spec, settings))
     gpu_seconds = float((sizes * seconds).sum())
     bound = max(gpu_seconds / a.gpus, float(seconds.max()))
-    ray.init(num_cpus=max(4, a.gpus), num_gpus=a.gpus, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
+    ray.init(
+        num_cpus=max(4, a.gpus), num_gpus=a.gpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+    )
     try:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.time()
@@ -63,13 +70,19 @@ def main() -> None:
     ok = sum(r.status == "FINISHED" for _, r, _ in results)
     inside = [r.ended_at - r.started_at - j.spec.engine.seconds for j, r, _ in results]
     to_driver = [seen - r.ended_at for _, r, seen in results]
-    print(f"{a.trials} sleep trials ({(sizes == 1).sum()} x 1 GPU, {(sizes == 2).sum()} x 2, {(sizes == 4).sum()} x 4), "
-          f"{a.min_s:g}-{a.max_s:g} s each, on {a.gpus} fake GPUs; {ok} FINISHED")
-    rows = [("GPU-seconds of work", f"{gpu_seconds:.1f}"), ("lower bound (s)", f"{bound:.1f}"),
-            ("makespan (s)", f"{makespan:.1f}"), ("makespan / bound", f"{makespan / bound:.3f}  (target <= 1.15)"),
-            ("in-worker overhead p50 / max (s)", f"{np.median(inside):.3f} / {max(inside):.3f}"),
-            ("result reaches driver p50 / max (s)", f"{np.median(to_driver):.3f} / {max(to_driver):.3f}"),
-            ("GPU utilisation", f"{gpu_seconds / (makespan * a.gpus):.1%}")]
+    print(
+        f"{a.trials} sleep trials ({(sizes == 1).sum()} x 1 GPU, {(sizes == 2).sum()} x 2, {(sizes == 4).sum()} x 4), "
+        f"{a.min_s:g}-{a.max_s:g} s each, on {a.gpus} fake GPUs; {ok} FINISHED"
+    )
+    rows = [
+        ("GPU-seconds of work", f"{gpu_seconds:.1f}"),
+        ("lower bound (s)", f"{bound:.1f}"),
+        ("makespan (s)", f"{makespan:.1f}"),
+        ("makespan / bound", f"{makespan / bound:.3f}  (target <= 1.15)"),
+        ("in-worker overhead p50 / max (s)", f"{np.median(inside):.3f} / {max(inside):.3f}"),
+        ("result reaches driver p50 / max (s)", f"{np.median(to_driver):.3f} / {max(to_driver):.3f}"),
+        ("GPU utilisation", f"{gpu_seconds / (makespan * a.gpus):.1%}"),
+    ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k.ljust(width)}  {v}")

@@ -46,8 +46,12 @@ def goodputs(store: str) -> list[tuple[int, float]]:
 
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("default")
-    runs = client.search_runs([exp.experiment_id], "tags.run_kind = 'trial' and tags.trial_status = 'FINISHED'",
-                              order_by=["attributes.start_time ASC"], max_results=1000)
+    runs = client.search_runs(
+        [exp.experiment_id],
+        "tags.run_kind = 'trial' and tags.trial_status = 'FINISHED'",
+        order_by=["attributes.start_time ASC"],
+        max_results=1000,
+    )
     return [(r.info.start_time, r.data.metrics.get("goodput", 0.0)) for r in runs]
 
 
@@ -61,10 +65,17 @@ def main() -> None:
         url = server.url
         loads = ",".join(f"[{{concurrency:{c}}}]" for c in CONCURRENCY)
         outs = ",".join(str(n) for n in OUTPUT)
-        common = ["engine=external", f"engine.url={url}", "engine.metrics=none", "workload.warmup_requests=0",
-                  f"workload.num_requests={a.requests}", "workload.slo.ttft_ms=100",
-                  f"workload.load_points=choice({loads})", f"workload.classes.main.output_tokens={outs}",
-                  "objective={maximize:goodput}"]
+        common = [
+            "engine=external",
+            f"engine.url={url}",
+            "engine.metrics=none",
+            "workload.warmup_requests=0",
+            f"workload.num_requests={a.requests}",
+            "workload.slo.ttft_ms=100",
+            f"workload.load_points=choice({loads})",
+            f"workload.classes.main.output_tokens={outs}",
+            "objective={maximize:goodput}",
+        ]
         rows = []
         with tempfile.TemporaryDirectory() as tmp:
             grid_store = f"sqlite:///{tmp}/grid.db"
@@ -73,17 +84,37 @@ def main() -> None:
             best = max(g for _, g in grid)
             rows.append(("grid", len(grid), wall, best, "-"))
             search_store = f"sqlite:///{tmp}/search.db"
-            wall, out = run([*common, "hydra/sweeper=optuna", f"hydra.sweeper.n_trials={a.n_trials}",
-                             f"hydra.sweeper.batch_size={a.batch_size}", f"hydra.sweeper.storage=sqlite:///{tmp}/o.db",
-                             f"tracking.uri={search_store}", f"hydra.sweep.dir={tmp}/search", "-m"])
+            wall, out = run(
+                [
+                    *common,
+                    "hydra/sweeper=optuna",
+                    f"hydra.sweeper.n_trials={a.n_trials}",
+                    f"hydra.sweeper.batch_size={a.batch_size}",
+                    f"hydra.sweeper.storage=sqlite:///{tmp}/o.db",
+                    f"tracking.uri={search_store}",
+                    f"hydra.sweep.dir={tmp}/search",
+                    "-m",
+                ]
+            )
             found = goodputs(search_store)
             reached = next((i + 1 for i, (_, g) in enumerate(found) if g >= 0.95 * best), None)
-            rows.append(("optuna", len(found), wall, max(g for _, g in found),
-                         f"{reached} ({reached / len(grid):.0%} of the grid)" if reached else "not reached"))
+            rows.append(
+                (
+                    "optuna",
+                    len(found),
+                    wall,
+                    max(g for _, g in found),
+                    f"{reached} ({reached / len(grid):.0%} of the grid)" if reached else "not reached",
+                )
+            )
             print("\n".join(line for line in out.splitlines() if line.startswith("optuna: best")))
-        print(f"space: {len(CONCURRENCY)} concurrencies x {len(OUTPUT)} output lengths = "
-              f"{len(CONCURRENCY) * len(OUTPUT)} configurations; objective: maximize goodput (TTFT <= 100 ms)")
-        print(f"{'method':7s} {'trials':>6s} {'wall s':>7s} {'best goodput':>13s}  trials to within 5% of the grid's best")
+        print(
+            f"space: {len(CONCURRENCY)} concurrencies x {len(OUTPUT)} output lengths = "
+            f"{len(CONCURRENCY) * len(OUTPUT)} configurations; objective: maximize goodput (TTFT <= 100 ms)"
+        )
+        print(
+            f"{'method':7s} {'trials':>6s} {'wall s':>7s} {'best goodput':>13s}  trials to within 5% of the grid's best"
+        )
         for name, n, wall, g, reached in rows:
             print(f"{name:7s} {n:6d} {wall:7.0f} {g:13.2f}  {reached}")
 

@@ -32,27 +32,44 @@ def main() -> None:
     a = ap.parse_args()
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[
-            f"workload.classes={{main:{{input_tokens:{a.input},output_tokens:{a.output}}}}}",
-            f"workload.load_points=[{{concurrency:1}},{{concurrency:8}},{{rate:{a.rate}}}]",
-            f"workload.num_requests={a.requests}", "engine.max_model_len=1024"])
+        cfg = compose(
+            "config",
+            overrides=[
+                f"workload.classes={{main:{{input_tokens:{a.input},output_tokens:{a.output}}}}}",
+                f"workload.load_points=[{{concurrency:1}},{{concurrency:8}},{{rate:{a.rate}}}]",
+                f"workload.num_requests={a.requests}",
+                "engine.max_model_len=1024",
+            ],
+        )
     spec, _ = to_specs(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         result = run_trial(spec, tmp, ["benchmark"])
     if result.status != "FINISHED":
         raise SystemExit(f"trial {result.status}: {result.error}")
     print(f"\n{result.engine_version}; {a.requests} requests per point, {a.input} in / {a.output} out tokens\n")
-    head = ("point", "TTFT p50 client", "server [bracket]", "gap", "ITL p50 client", "server [bracket]", "gap", "verdict")
+    head = (
+        "point",
+        "TTFT p50 client",
+        "server [bracket]",
+        "gap",
+        "ITL p50 client",
+        "server [bracket]",
+        "gap",
+        "verdict",
+    )
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for p in result.points:
         m = p.metrics
         cells = [p.label]
         for name in ("ttft", "itl"):
             server = m.get(f"server_{name}_ms_p50")
-            cells += [f"{m[f'{name}_ms_p50']:.1f} ms",
-                      "n/a" if server is None else f"{server:.1f} [{m[f'server_{name}_ms_p50_low']:.0f}-"
-                      f"{m[f'server_{name}_ms_p50_high']:.0f}]",
-                      "n/a" if server is None else f"{m[f'{name}_gap_ms_p50']:+.1f} ms"]
+            cells += [
+                f"{m[f'{name}_ms_p50']:.1f} ms",
+                "n/a"
+                if server is None
+                else f"{server:.1f} [{m[f'server_{name}_ms_p50_low']:.0f}-{m[f'server_{name}_ms_p50_high']:.0f}]",
+                "n/a" if server is None else f"{m[f'{name}_gap_ms_p50']:+.1f} ms",
+            ]
         cells.append("valid" if not m.get("invalid") else "INVALID: " + "; ".join(p.invalid_reasons))
         print("| " + " | ".join(cells) + " |")
 

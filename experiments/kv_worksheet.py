@@ -48,13 +48,14 @@ def main(argv: list[str] | None = None) -> None:
         ("weights per GPU", f"{cap.weights_gib_per_gpu:.1f} GiB"),
         ("KV budget per GPU", f"{cap.kv_budget_gib_per_gpu:.1f} GiB"),
         ("KV capacity", f"{cap.tokens:,} tokens"),
-        ("one sequence at max_model_len", f"{per_token * a.max_model_len / GIB:.2f} GiB "
-                                          f"({a.max_model_len} tokens)"),
+        ("one sequence at max_model_len", f"{per_token * a.max_model_len / GIB:.2f} GiB ({a.max_model_len} tokens)"),
     ]
     for label, prompt, out in (("p50", a.prompt_p50, a.output_p50), ("p95", a.prompt_p95, a.output_p95)):
         seq = prompt + out
         rows.append((f"sequences that fit at {label} ({prompt} + {out} tokens)", f"{cap.tokens // max(seq, 1):,}"))
-    rows.append(("fits max_model_len", "yes" if cap.tokens >= a.max_model_len else "NO: lower it, quantize KV, or add TP"))
+    rows.append(
+        ("fits max_model_len", "yes" if cap.tokens >= a.max_model_len else "NO: lower it, quantize KV, or add TP")
+    )
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k.ljust(width)}  {v}")

@@ -31,9 +31,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The course's order (../shared/seeds: weeks 1-16, then the workload card), then the GPU smoke test.
-ORDER = ["first_serving", "offline_throughput", "roofline", "paged_attention", "prefix_caching", "radix_attention",
-         "continuous_batching", "chunked_prefill", "scheduling_policies", "cuda_graphs", "speculative_decoding",
-         "quantization", "tensor_parallel", "moe", "lmcache", "disaggregated_pd", "serving_workloads", "gpu_smoke"]
+ORDER = [
+    "first_serving",
+    "offline_throughput",
+    "roofline",
+    "paged_attention",
+    "prefix_caching",
+    "radix_attention",
+    "continuous_batching",
+    "chunked_prefill",
+    "scheduling_policies",
+    "cuda_graphs",
+    "speculative_decoding",
+    "quantization",
+    "tensor_parallel",
+    "moe",
+    "lmcache",
+    "disaggregated_pd",
+    "serving_workloads",
+    "gpu_smoke",
+]
 RESULTS_LINE = re.compile(r"^sweep '[^']+': \d+ trial\(s\); results in (.+)$")
 VERDICT_LINE = re.compile(r"^(Verdict: .*|Best configuration: .*)$")
 
@@ -68,8 +85,14 @@ def run_lab(name: str, overrides: list[str], log: Path) -> LabRun:
     t0 = time.monotonic()
     lines: list[str] = []
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -114,15 +137,24 @@ def table(runs: list[LabRun]) -> list[str]:
     out = ["| lab | FINISHED | SKIPPED | FAILED | verdict | wall time |", "|---|---|---|---|---|---|"]
     for r in runs:
         verdict = r.verdict.replace("|", "/") or (
-            f"(sweep exited with {r.returncode})" if r.returncode else
-            "none: every trial that could run FAILED (below)" if not r.counts.get("FINISHED") and r.counts.get("FAILED")
-            else "none: no trial runs on this machine" if not r.counts.get("FINISHED") else "")
-        out.append(f"| {r.name} | {r.counts.get('FINISHED', 0)} | {r.counts.get('SKIPPED', 0)} | "
-                   f"{r.counts.get('FAILED', 0)} | {verdict} | {_minutes(r.wall_s)} |")
+            f"(sweep exited with {r.returncode})"
+            if r.returncode
+            else "none: every trial that could run FAILED (below)"
+            if not r.counts.get("FINISHED") and r.counts.get("FAILED")
+            else "none: no trial runs on this machine"
+            if not r.counts.get("FINISHED")
+            else ""
+        )
+        out.append(
+            f"| {r.name} | {r.counts.get('FINISHED', 0)} | {r.counts.get('SKIPPED', 0)} | "
+            f"{r.counts.get('FAILED', 0)} | {verdict} | {_minutes(r.wall_s)} |"
+        )
     total = sum(r.wall_s for r in runs)
-    out.append(f"| **all {len(runs)}** | {sum(r.counts.get('FINISHED', 0) for r in runs)} | "
-               f"{sum(r.counts.get('SKIPPED', 0) for r in runs)} | {sum(r.counts.get('FAILED', 0) for r in runs)} | "
-               f"| {_minutes(total)} |")
+    out.append(
+        f"| **all {len(runs)}** | {sum(r.counts.get('FINISHED', 0) for r in runs)} | "
+        f"{sum(r.counts.get('SKIPPED', 0) for r in runs)} | {sum(r.counts.get('FAILED', 0) for r in runs)} | "
+        f"| {_minutes(total)} |"
+    )
     failures = [(r.name, t, e) for r in runs for t, e in r.failures]
     failures += [(r.name, "(sweep)", f"exited with {r.returncode}; see {r.log}") for r in runs if r.returncode]
     if failures:
@@ -131,15 +163,25 @@ def table(runs: list[LabRun]) -> list[str]:
 
 
 def machine() -> str:
-    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-                if x.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
+    cpu = (
+        next(
+            (
+                x.split(":", 1)[1].strip()
+                for x in Path("/proc/cpuinfo").read_text().splitlines()
+                if x.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else "?"
+    )
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    overrides = args[args.index("--") + 1:] if "--" in args else []
-    names = args[:args.index("--")] if "--" in args else args
+    overrides = args[args.index("--") + 1 :] if "--" in args else []
+    names = args[: args.index("--")] if "--" in args else args
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("labs", nargs="*", help="experiment names (default: every one)")
     chosen = ap.parse_args(names).labs or experiments()
@@ -154,10 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     for i, name in enumerate(chosen, 1):
         run = run_lab(name, overrides, out_dir / f"{name}.log")
         runs.append(run)
-        print(f"=== [{i}/{len(chosen)}] {name}: {'ok' if run.ok else 'NOT OK'}, {dict(run.counts)} in "
-              f"{_minutes(run.wall_s)}", flush=True)
-    lines = [f"Labs run {started:%Y-%m-%d %H:%M} on {machine()}"
-             + (f" with {' '.join(overrides)}" if overrides else "") + ":", "", *table(runs)]
+        print(
+            f"=== [{i}/{len(chosen)}] {name}: {'ok' if run.ok else 'NOT OK'}, {dict(run.counts)} in "
+            f"{_minutes(run.wall_s)}",
+            flush=True,
+        )
+    lines = [
+        f"Labs run {started:%Y-%m-%d %H:%M} on {machine()}"
+        + (f" with {' '.join(overrides)}" if overrides else "")
+        + ":",
+        "",
+        *table(runs),
+    ]
     (out_dir / "labs.md").write_text("\n".join(lines) + "\n")
     print("\n" + "\n".join(lines) + f"\n\n(also in {out_dir / 'labs.md'})", flush=True)
     return 0 if all(r.ok for r in runs) else 1

@@ -56,15 +56,28 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     model, arch = load_arch(a.model)
     gpu = gpu_spec(a.gpu)
-    print(f"{model.name} on {a.tp}x {gpu.name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.bf16_tflops:g} TFLOP/s bf16, "
-          f"ridge {gpu.ridge_flop_per_byte:.0f} FLOP/byte; context {a.context} tokens")
+    print(
+        f"{model.name} on {a.tp}x {gpu.name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.bf16_tflops:g} TFLOP/s bf16, "
+        f"ridge {gpu.ridge_flop_per_byte:.0f} FLOP/byte; context {a.context} tokens"
+    )
     header = ["batch", "GB read", "GFLOP", "mem floor ms", "compute floor ms", "floor ms", "bound", "FLOP/byte"]
     rows = []
     for b in a.batch:
-        f = decode_floor(arch, gpu.bandwidth_gb_s, gpu.bf16_tflops, b, a.context, a.tp, a.kv_cache_dtype,
-                         a.quantization)
-        rows.append([str(b), f"{f.bytes_read / 1e9:.2f}", f"{f.flops / 1e9:.1f}", f"{f.memory_floor_ms:.3f}",
-                     f"{f.compute_floor_ms:.3f}", f"{f.floor_ms:.3f}", f.bound, f"{f.arithmetic_intensity:.1f}"])
+        f = decode_floor(
+            arch, gpu.bandwidth_gb_s, gpu.bf16_tflops, b, a.context, a.tp, a.kv_cache_dtype, a.quantization
+        )
+        rows.append(
+            [
+                str(b),
+                f"{f.bytes_read / 1e9:.2f}",
+                f"{f.flops / 1e9:.1f}",
+                f"{f.memory_floor_ms:.3f}",
+                f"{f.compute_floor_ms:.3f}",
+                f"{f.floor_ms:.3f}",
+                f.bound,
+                f"{f.arithmetic_intensity:.1f}",
+            ]
+        )
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     for r in [header, ["-" * w for w in widths], *rows]:
         print("  ".join(x.rjust(w) for x, w in zip(r, widths)))

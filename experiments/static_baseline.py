@@ -67,8 +67,9 @@ class StepClock:
         return False
 
 
-def run_static(model_path: str, tokenizer_path: str, requests: list[PlannedRequest], batch_size: int,
-               dtype: str = "float32") -> tuple[list[RequestRecord], dict[str, float]]:
+def run_static(
+    model_path: str, tokenizer_path: str, requests: list[PlannedRequest], batch_size: int, dtype: str = "float32"
+) -> tuple[list[RequestRecord], dict[str, float]]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteriaList
 
@@ -83,27 +84,43 @@ def run_static(model_path: str, tokenizer_path: str, requests: list[PlannedReque
     generated = useful = 0
     t0 = time.perf_counter()
     for start in range(0, len(requests), batch_size):
-        batch = requests[start:start + batch_size]
+        batch = requests[start : start + batch_size]
         longest = max(r.output_tokens for r in batch)
         enc = tok([r.prompt for r in batch], return_tensors="pt", padding=True, add_special_tokens=True)
         clock = StepClock()
         with torch.inference_mode():
-            model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
-                           pad_token_id=tok.pad_token_id, stopping_criteria=StoppingCriteriaList([clock]))
+            model.generate(
+                **enc,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                stopping_criteria=StoppingCriteriaList([clock]),
+            )
         steps = clock.times[:longest]
         generated += longest * len(batch)
         for r in batch:
             useful += r.output_tokens
-            rec = RequestRecord(request_id=r.request_id, point=0, request_class=r.request_class,
-                                intended_send_s=t0, sent_s=t0, input_tokens_target=r.input_tokens,
-                                output_tokens_target=r.output_tokens, prompt_tokens=int(enc["attention_mask"][0].numel()),
-                                output_tokens=r.output_tokens)
-            rec.chunk_times_s = steps[:r.output_tokens]
+            rec = RequestRecord(
+                request_id=r.request_id,
+                point=0,
+                request_class=r.request_class,
+                intended_send_s=t0,
+                sent_s=t0,
+                input_tokens_target=r.input_tokens,
+                output_tokens_target=r.output_tokens,
+                prompt_tokens=int(enc["attention_mask"][0].numel()),
+                output_tokens=r.output_tokens,
+            )
+            rec.chunk_times_s = steps[: r.output_tokens]
             rec.chunk_tokens = [1] * len(rec.chunk_times_s)
             rec.done_s = rec.chunk_times_s[-1] if rec.chunk_times_s else time.perf_counter()
             records.append(rec)
-        print(f"batch {start // batch_size + 1}/{-(-len(requests) // batch_size)}: {len(batch)} requests, "
-              f"{longest} steps, {time.perf_counter() - t0:.1f}s elapsed", flush=True)
+        print(
+            f"batch {start // batch_size + 1}/{-(-len(requests) // batch_size)}: {len(batch)} requests, "
+            f"{longest} steps, {time.perf_counter() - t0:.1f}s elapsed",
+            flush=True,
+        )
     extra = {"padding_waste": 1 - useful / max(generated, 1), "batch_size": float(batch_size)}
     return records, extra
 
@@ -121,27 +138,41 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer_path = resolve_tokenizer(spec.model, model_path)
     requests = plan_requests(spec, PromptFactory(tokenizer_path))
     dtype = spec.platform.dtype if spec.platform.dtype != "auto" else "float32"
-    print(f"static baseline: {len(requests)} requests of {spec.workload.name} ({spec.experiment}), "
-          f"HF generate() in batches of {a.batch_size}, {dtype}", flush=True)
+    print(
+        f"static baseline: {len(requests)} requests of {spec.workload.name} ({spec.experiment}), "
+        f"HF generate() in batches of {a.batch_size}, {dtype}",
+        flush=True,
+    )
     started = time.time()
     records, extra = run_static(model_path, tokenizer_path, requests, a.batch_size, dtype)
     metrics = {**summarize_point(records, spec.workload.slo), **extra}
-    point = PointResult(index=0, label=f"static_bs{a.batch_size}", setting={"batch_size": a.batch_size},
-                        metrics=metrics)
+    point = PointResult(
+        index=0, label=f"static_bs{a.batch_size}", setting={"batch_size": a.batch_size}, metrics=metrics
+    )
     spec_json = spec.model_dump(mode="json")
     spec_json["engine"] = {"name": "hf_static", "batch_size": a.batch_size, "dtype": dtype}
     result = TrialResult(
-        trial_hash=f"static-{trial_hash(spec)}-bs{a.batch_size}"[:40], experiment=spec.experiment,
-        variant=f"static_bs{a.batch_size}", overrides=a.overrides, spec=spec_json, status="FINISHED",
-        started_at=started, ended_at=time.time(), engine_version=f"transformers=={_version('transformers')}",
-        points=[point], metrics={"requests_total": float(len(records))},
+        trial_hash=f"static-{trial_hash(spec)}-bs{a.batch_size}"[:40],
+        experiment=spec.experiment,
+        variant=f"static_bs{a.batch_size}",
+        overrides=a.overrides,
+        spec=spec_json,
+        status="FINISHED",
+        started_at=started,
+        ended_at=time.time(),
+        engine_version=f"transformers=={_version('transformers')}",
+        points=[point],
+        metrics={"requests_total": float(len(records))},
         records_parquet=records_to_parquet_bytes(records),
     )
     out = ROOT / "outputs" / "static_baseline" / spec.experiment / time.strftime("%Y-%m-%d_%H-%M-%S")
     d = save_result(result, out)
-    print(f"tokens/s {metrics['tokens_per_second']:.1f}, ttft p50 {metrics.get('ttft_ms_p50', float('nan')):.0f} ms, "
-          f"e2e p50 {metrics.get('e2e_ms_p50', float('nan')):.0f} ms, padding waste {extra['padding_waste']:.0%}; "
-          f"saved in {d}", flush=True)
+    print(
+        f"tokens/s {metrics['tokens_per_second']:.1f}, ttft p50 {metrics.get('ttft_ms_p50', float('nan')):.0f} ms, "
+        f"e2e p50 {metrics.get('e2e_ms_p50', float('nan')):.0f} ms, padding waste {extra['padding_waste']:.0%}; "
+        f"saved in {d}",
+        flush=True,
+    )
     if not a.no_mlflow:
         from orchestrator.tracking import MlflowTracker
 

@@ -57,8 +57,12 @@ def capacity(spec: TrialSpec) -> Capacity | None:
     """KV capacity of the trial's (smallest) TP group on its GPUs, when the shape and memory are known."""
     arch, mem = arch_of(spec.model), gpu_memory_gb(spec)
     e = spec.engine
-    if spec.platform.device != "cuda" or arch is None or mem is None or not isinstance(e, (VLLMEngineSpec,
-                                                                                            SGLangEngineSpec)):
+    if (
+        spec.platform.device != "cuda"
+        or arch is None
+        or mem is None
+        or not isinstance(e, (VLLMEngineSpec, SGLangEngineSpec))
+    ):
         return None
     share = e.gpu_memory_utilization if isinstance(e, VLLMEngineSpec) else e.mem_fraction_static
     util = share or DEFAULT_UTILIZATION[e.name]
@@ -72,8 +76,10 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
         dtype_bytes = 4.0 if str(getattr(spec.engine, "dtype", "")) in ("float32", "float") else 2.0
         need_gb, have_gb = arch.params_b * dtype_bytes, host_memory_gb()
         if have_gb is not None and need_gb > have_gb:
-            return (f"model {spec.model.name} needs ~{need_gb:.0f} GB for its weights on the CPU platform; "
-                    f"this host has {have_gb:.0f} GB")
+            return (
+                f"model {spec.model.name} needs ~{need_gb:.0f} GB for its weights on the CPU platform; "
+                f"this host has {have_gb:.0f} GB"
+            )
     reason = adapter_for(spec.engine.name).unsupported(spec)
     if reason:
         return reason
@@ -83,18 +89,24 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
     if arch is not None:
         for tp in _tp_sizes(spec):
             if arch.num_heads % tp or (arch.num_kv_heads % tp and tp % arch.num_kv_heads):
-                return (f"tensor parallel size {tp} does not divide the model's {arch.num_heads} attention heads "
-                        f"/ {arch.num_kv_heads} KV heads")
+                return (
+                    f"tensor parallel size {tp} does not divide the model's {arch.num_heads} attention heads "
+                    f"/ {arch.num_kv_heads} KV heads"
+                )
     cap = capacity(spec)
     if cap is not None:
         if cap.tokens == 0:
-            return (f"weights take {cap.weights_gib_per_gpu:.1f} GiB per GPU and leave no room for the KV cache "
-                    f"({gpu_memory_gb(spec):g} GB GPUs)")
+            return (
+                f"weights take {cap.weights_gib_per_gpu:.1f} GiB per GPU and leave no room for the KV cache "
+                f"({gpu_memory_gb(spec):g} GB GPUs)"
+            )
         limit = getattr(spec.engine, "max_model_len", None) or getattr(spec.engine, "context_length", None)
         needed = max(spec.workload.max_request_tokens(), limit or 0)
         if cap.tokens < needed:
-            return (f"the KV cache holds {cap.tokens} tokens ({cap.kv_budget_gib_per_gpu:.1f} GiB per GPU at "
-                    f"{cap.kv_bytes_per_token / 1024:.0f} KiB/token) but one request needs up to {needed}")
+            return (
+                f"the KV cache holds {cap.tokens} tokens ({cap.kv_budget_gib_per_gpu:.1f} GiB per GPU at "
+                f"{cap.kv_bytes_per_token / 1024:.0f} KiB/token) but one request needs up to {needed}"
+            )
     return None
 
 
@@ -168,5 +180,4 @@ def trial_decode_floor(spec: TrialSpec, batch: int = 1, context_tokens: int = 0)
         if kv_dtype in (None, "auto"):
             kv_dtype = "float32"
     tp = getattr(engine, "tensor_parallel_size", 1) or 1
-    return decode_floor(arch, hw[0], hw[1], max(1, batch), context_tokens, tp=tp, kv_dtype=kv_dtype,
-                        quantization=quant)
+    return decode_floor(arch, hw[0], hw[1], max(1, batch), context_tokens, tp=tp, kv_dtype=kv_dtype, quantization=quant)

@@ -41,8 +41,11 @@ def tiny_model_dir() -> Path:
 def engine_processes() -> list[str]:
     """Engine processes still running (zombies waiting for init to reap them hold nothing)."""
     out = subprocess.run(["pgrep", "-fa", ENGINE_PATTERN], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines()
-            if "pgrep" not in line and "<defunct>" not in line and str(os.getpid()) != line.split()[0]]
+    return [
+        line
+        for line in out.stdout.splitlines()
+        if "pgrep" not in line and "<defunct>" not in line and str(os.getpid()) != line.split()[0]
+    ]
 
 
 def search_runs(store: str, experiment: str) -> list:

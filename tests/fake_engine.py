@@ -13,7 +13,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-
 ENGINE_DEAD = threading.Event()
 # What vLLM 0.32's CPU server logged when its engine died on a missing kernel (trimmed).
 DEATH_LOG = """\
@@ -55,11 +54,16 @@ def main() -> None:
     if a.spawn_child:
         cmd = [sys.executable, "-c", "import time; time.sleep(600)"]
         if a.ignore_term:
-            cmd = [sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"]
+            cmd = [
+                sys.executable,
+                "-c",
+                "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+            ]
         subprocess.Popen(cmd)
     if a.die_after is not None:
         threading.Timer(a.die_after, lambda: __import__("os")._exit(9)).start()
     if a.engine_dies_after is not None:
+
         def engine_dies() -> None:
             if not a.quietly:
                 print(DEATH_LOG, flush=True)

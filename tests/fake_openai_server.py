@@ -102,21 +102,33 @@ class FakeOpenAIServer:
         chunks: list[float] = []
         t.by_request[rid] = {"arrival": arrival, "chunks": chunks}
         if self._dead():
-            return web.json_response({"error": {"message": "EngineCore encountered an issue. See stack trace (above) "
-                                                           "for the root cause.", "type": "EngineDeadError"}},
-                                     status=500)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                        "type": "EngineDeadError",
+                    }
+                },
+                status=500,
+            )
         if self.script.fail_every and t.requests % self.script.fail_every == 0:
             return web.json_response({"error": {"message": "scripted failure"}}, status=500)
         t.by_request[rid]["kv_transfer_params"] = body.get("kv_transfer_params")
         t.by_request[rid]["stream"] = body.get("stream", False)
         if not body.get("stream", False):  # a non-streaming answer (a P/D proxy's prefill leg)
             await asyncio.sleep(self.script.ttft_s)
-            answer: dict[str, object] = {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-                                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            answer: dict[str, object] = {
+                "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
             if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
-                answer["kv_transfer_params"] = {"do_remote_prefill": True, "remote_engine_id": f"fake-{self.port}",
-                                                "remote_block_ids": [0, 1], "remote_host": "127.0.0.1",
-                                                "remote_port": self.port}
+                answer["kv_transfer_params"] = {
+                    "do_remote_prefill": True,
+                    "remote_engine_id": f"fake-{self.port}",
+                    "remote_block_ids": [0, 1],
+                    "remote_host": "127.0.0.1",
+                    "remote_port": self.port,
+                }
             return web.json_response(answer)
         if self.script.slots:
             if self._slots is None:
@@ -125,8 +137,9 @@ class FakeOpenAIServer:
                 return await self._stream(request, body, arrival, rid, chunks, chat)
         return await self._stream(request, body, arrival, rid, chunks, chat)
 
-    async def _stream(self, request: web.Request, body: dict, arrival: float, rid: str, chunks: list[float],
-                      chat: bool) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, body: dict, arrival: float, rid: str, chunks: list[float], chat: bool
+    ) -> web.StreamResponse:
         t = self.truth
         t.in_flight += 1
         t.max_in_flight = max(t.max_in_flight, t.in_flight)
@@ -167,7 +180,9 @@ class FakeOpenAIServer:
                 due += self.script.itl_s
             if self.script.closing == "separate":
                 empty = {"index": 0, "delta": {"content": ""}} if chat else {"index": 0, "text": ""}
-                await resp.write(f"data: {json.dumps({'choices': [{**empty, 'finish_reason': 'length'}]})}\n\n".encode())
+                await resp.write(
+                    f"data: {json.dumps({'choices': [{**empty, 'finish_reason': 'length'}]})}\n\n".encode()
+                )
             final = {"choices": [], "usage": usage_of(prompt_tokens, sent)}
             await resp.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
             await resp.write_eof()
@@ -264,9 +279,12 @@ class FakeServerProcess:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fake_openai_server", "--port", str(self.port), *args],
-                                     cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fake_openai_server", "--port", str(self.port), *args],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.url = f"http://127.0.0.1:{self.port}"
         for _ in range(100):
             try:
@@ -314,8 +332,16 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    server = FakeOpenAIServer(Script(ttft_s=a.ttft, itl_s=a.itl, tokens_per_chunk=a.tokens_per_chunk, slots=a.slots,
-                                   ttft_per_in_flight_s=a.ttft_per_in_flight), a.port)
+    server = FakeOpenAIServer(
+        Script(
+            ttft_s=a.ttft,
+            itl_s=a.itl,
+            tokens_per_chunk=a.tokens_per_chunk,
+            slots=a.slots,
+            ttft_per_in_flight_s=a.ttft_per_in_flight,
+        ),
+        a.port,
+    )
     web.run_app(server.app(), host="127.0.0.1", port=a.port, access_log=None, print=None)
 
 

@@ -7,9 +7,8 @@ It searches the same parameter spaces as the grid (``hydra.sweeper.params`` and 
 overrides such as ``engine.block_size=16,32``) for the experiment's ``objective``.
 """
 
-
 from dataclasses import dataclass, field  # no `from __future__ import annotations`: Hydra scans this module
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
@@ -18,18 +17,17 @@ from hydra.plugins.sweeper import Sweeper
 @dataclass
 class OptunaTrialSweeperConf:
     _target_: str = "hydra_plugins.orchestrator_launcher.optuna_sweeper.OptunaTrialSweeper"
-    n_trials: int = 10            # trials of the study in all (a resumed study counts its earlier ones)
-    batch_size: int = 1           # trials asked at once; they run in parallel on Ray, sharing servers
-    sampler: str = "tpe"          # tpe | random | nsga2 (nsga2 for a frontier)
+    n_trials: int = 10  # trials of the study in all (a resumed study counts its earlier ones)
+    batch_size: int = 1  # trials asked at once; they run in parallel on Ray, sharing servers
+    sampler: str = "tpe"  # tpe | random | nsga2 (nsga2 for a frontier)
     seed: int = 0
-    multi_objective: bool = False     # true: two objectives, the experiment's objective.frontier
-    storage: Optional[str] = None     # default: sqlite:///optuna.db in the working directory
-    study_name: Optional[str] = None  # default: the experiment's name and its search space
-    params: Dict[str, str] = field(default_factory=dict)
+    multi_objective: bool = False  # true: two objectives, the experiment's objective.frontier
+    storage: str | None = None  # default: sqlite:///optuna.db in the working directory
+    study_name: str | None = None  # default: the experiment's name and its search space
+    params: dict[str, str] = field(default_factory=dict)
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaTrialSweeperConf,
-                             provider="orchestrator")
+ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaTrialSweeperConf, provider="orchestrator")
 
 
 class OptunaTrialSweeper(Sweeper):
@@ -44,10 +42,11 @@ class OptunaTrialSweeper(Sweeper):
 
         self.hydra_context = hydra_context
         self.config = config
-        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
-                                                                task_function=task_function, config=config)
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         import sys
 
         from orchestrator.config import ConfigError

@@ -4,8 +4,9 @@ Hydra only loads launchers from the ``hydra_plugins`` namespace package and impo
 plugin at start, so heavy imports (ray) happen inside :meth:`launch`.
 """
 
-
-from collections.abc import Sequence  # no `from __future__ import annotations`: Hydra scans this module before it is in sys.modules
+from collections.abc import (
+    Sequence,  # no `from __future__ import annotations`: Hydra scans this module before it is in sys.modules
+)
 from dataclasses import dataclass
 from typing import Any
 

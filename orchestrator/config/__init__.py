@@ -26,8 +26,24 @@ from orchestrator.config.schema import (
 )
 
 __all__ = [
-    "ClusterSpec", "ConfigError", "EngineSpec", "InfeasibleConfigError", "LoadError", "LoadPointSpec",
-    "ModelSpec", "OrchestratorError", "PlatformSpec", "RequestClass", "SLOSpec", "ServerCrashedError",
-    "ServerStartError", "SweepSettings", "TrackingSpec", "TrialError", "TrialSpec", "WorkloadSpec",
-    "to_specs", "trial_hash",
+    "ClusterSpec",
+    "ConfigError",
+    "EngineSpec",
+    "InfeasibleConfigError",
+    "LoadError",
+    "LoadPointSpec",
+    "ModelSpec",
+    "OrchestratorError",
+    "PlatformSpec",
+    "RequestClass",
+    "SLOSpec",
+    "ServerCrashedError",
+    "ServerStartError",
+    "SweepSettings",
+    "TrackingSpec",
+    "TrialError",
+    "TrialSpec",
+    "WorkloadSpec",
+    "to_specs",
+    "trial_hash",
 ]

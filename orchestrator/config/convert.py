@@ -82,7 +82,9 @@ def apply_overlays(data: dict[str, Any]) -> dict[str, Any]:
     variants = data.pop("variants", None) or {}
     platform_name = (data.get("platform") or {}).get("name")
     if not isinstance(per_platform, Mapping):
-        raise ConfigError(f"per_platform: expected a mapping of platform name -> overlay, got {type(per_platform).__name__}")
+        raise ConfigError(
+            f"per_platform: expected a mapping of platform name -> overlay, got {type(per_platform).__name__}"
+        )
     if platform_name in per_platform and per_platform[platform_name]:
         overlay = per_platform[platform_name]
         _check_overlay("per_platform." + str(platform_name), overlay)
@@ -114,9 +116,7 @@ def to_specs(cfg: Any) -> tuple[TrialSpec, SweepSettings]:
     data = apply_overlays(config_to_dict(cfg))
     unknown = sorted(k for k in data if k not in TOP_LEVEL_KEYS)
     if unknown:
-        raise ConfigError(
-            f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_LEVEL_KEYS)}"
-        )
+        raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
     data = absolute_paths(data)
     trial_data = {k: data[k] for k in TRIAL_KEYS if k in data}
     settings_data = {k: data[k] for k in SETTINGS_KEYS if k in data}
@@ -241,4 +241,13 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return found
 
 
-__all__ = ["ClusterSpec", "TrackingSpec", "absolute_paths", "apply_overlays", "config_to_dict", "deep_merge", "format_validation_error", "to_specs"]
+__all__ = [
+    "ClusterSpec",
+    "TrackingSpec",
+    "absolute_paths",
+    "apply_overlays",
+    "config_to_dict",
+    "deep_merge",
+    "format_validation_error",
+    "to_specs",
+]

@@ -12,8 +12,12 @@ _EXCLUDE = {
     "experiment": True,
     "variant": True,
     "engine": {"host": True, "port": True, "startup_timeout_s": True, "python": True, "launch_prefix": True},
-    "platform": {"max_concurrent_trials": True, "monitor_interval_s": True, "monitor_budget": True,
-                 "engine_envs": True},
+    "platform": {
+        "max_concurrent_trials": True,
+        "monitor_interval_s": True,
+        "monitor_budget": True,
+        "engine_envs": True,
+    },
 }
 
 

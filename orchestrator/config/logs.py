@@ -25,12 +25,18 @@ def print_progress(msg: str) -> None:
     """The default :data:`Progress`: the console, at once."""
     print(msg, flush=True)
 
+
 # An exception line, possibly behind a log prefix like "(Worker pid=7) ERROR 11-22 09:23:13 [x.py:1] ".
-_EXC_LINE = re.compile(r"^(?:\(.*?\)\s+)?(?:[A-Z]+\s+[\d-]+\s+[\d:]+\s+\[[^\]]*\]\s+)?"
-                       r"((?:[A-Za-z_][\w.]*)?(?:Error|Exception)(?::|\s*\().*)$")
+_EXC_LINE = re.compile(
+    r"^(?:\(.*?\)\s+)?(?:[A-Z]+\s+[\d-]+\s+[\d:]+\s+\[[^\]]*\]\s+)?"
+    r"((?:[A-Za-z_][\w.]*)?(?:Error|Exception)(?::|\s*\().*)$"
+)
 # Lines that only point elsewhere ("see root cause above"): a cause is looked for before them.
-_WRAPPERS = re.compile(r"root cause|see stack trace|EngineDeadError|Engine core initialization failed"
-                       r"|EngineGenerateError", re.IGNORECASE)
+_WRAPPERS = re.compile(
+    r"root cause|see stack trace|EngineDeadError|Engine core initialization failed"
+    r"|EngineGenerateError",
+    re.IGNORECASE,
+)
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> str:

@@ -9,9 +9,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator,
-                      model_validator)
-
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 ArrivalKind = Literal["poisson", "gamma", "constant"]
 
@@ -35,12 +42,24 @@ def _check_extra_args(extra_args: list[str | int | float], managed: dict[str, st
 
 
 # Where an engine's servers come from (orchestrator/engines/envs.py); shared by vLLM and SGLang.
-EnginePython = Annotated[str | None, Field(description=(
-    "interpreter for the server; None = the engine environment of `make engines-gpu` on platform=gpu, "
-    "this interpreter on the CPU"))]
-LaunchPrefix = Annotated[list[str], Field(description=(
-    "argv put before the interpreter, e.g. [apptainer, exec, --nv, vllm.sif] or "
-    "[srun, --container-image=IMAGE]; the interpreter is then engine.python or python3 inside it"))]
+EnginePython = Annotated[
+    str | None,
+    Field(
+        description=(
+            "interpreter for the server; None = the engine environment of `make engines-gpu` on platform=gpu, "
+            "this interpreter on the CPU"
+        )
+    ),
+]
+LaunchPrefix = Annotated[
+    list[str],
+    Field(
+        description=(
+            "argv put before the interpreter, e.g. [apptainer, exec, --nv, vllm.sif] or "
+            "[srun, --container-image=IMAGE]; the interpreter is then engine.python or python3 inside it"
+        )
+    ),
+]
 
 
 class DisaggregationSpec(StrictModel):
@@ -86,8 +105,11 @@ class VLLMEngineSpec(StrictModel):
     name: Literal["vllm"] = "vllm"
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535, description="None picks a free port")
-    api_key_env: str | None = Field(default=None, description="name of an environment variable holding the "
-                                    "server's API key (passed to vLLM as VLLM_API_KEY, never on argv)")
+    api_key_env: str | None = Field(
+        default=None,
+        description="name of an environment variable holding the "
+        "server's API key (passed to vLLM as VLLM_API_KEY, never on argv)",
+    )
     dtype: str = "auto"
     max_model_len: PositiveInt | None = None
     block_size: PositiveInt | None = None
@@ -107,10 +129,13 @@ class VLLMEngineSpec(StrictModel):
     lmcache: LMCacheSpec | None = None
     router: RouterSpec | None = None
     reset_cache_between_points: bool = Field(
-        default=False, description="POST /reset_prefix_cache before each load point (needs VLLM_SERVER_DEV_MODE=1, "
-        "which the adapter sets)")
+        default=False,
+        description="POST /reset_prefix_cache before each load point (needs VLLM_SERVER_DEV_MODE=1, "
+        "which the adapter sets)",
+    )
     restart_between_points: bool = Field(
-        default=False, description="a fresh server for every load point (cold vs warm across a restart, LMCache)")
+        default=False, description="a fresh server for every load point (cold vs warm across a restart, LMCache)"
+    )
     seed: int | None = None
     cpu_kvcache_space_gib: PositiveInt | None = Field(
         default=None, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on the CPU build"
@@ -124,16 +149,23 @@ class VLLMEngineSpec(StrictModel):
 
     @model_validator(mode="after")
     def _extra_args_not_managed(self) -> VLLMEngineSpec:
-        _check_extra_args(self.extra_args, {"--model": "model", "--served-model-name": "model.name",
-                                            "--host": "engine.host", "--port": "engine.port"})
+        _check_extra_args(
+            self.extra_args,
+            {"--model": "model", "--served-model-name": "model.name", "--host": "engine.host", "--port": "engine.port"},
+        )
         if sum(x is not None for x in (self.kv_transfer_config, self.disaggregation, self.lmcache)) > 1:
             raise ValueError("set at most one of kv_transfer_config, disaggregation and lmcache")
         if self.router is not None and self.disaggregation is not None:
             raise ValueError("set router (data parallel replicas) or disaggregation, not both")
-        if self.disaggregation is not None and self.disaggregation.connector == "ExampleConnector" \
-                and self.max_model_len is None:
-            raise ValueError("disaggregation.connector ExampleConnector needs engine.max_model_len: the prefill "
-                             "server takes whole prompts in one step (max_num_batched_tokens = max_model_len)")
+        if (
+            self.disaggregation is not None
+            and self.disaggregation.connector == "ExampleConnector"
+            and self.max_model_len is None
+        ):
+            raise ValueError(
+                "disaggregation.connector ExampleConnector needs engine.max_model_len: the prefill "
+                "server takes whole prompts in one step (max_num_batched_tokens = max_model_len)"
+            )
         if self.disaggregation is not None and self.tensor_parallel_size != 1:
             raise ValueError("with disaggregation, set disaggregation.prefill_tp / decode_tp, not tensor_parallel_size")
         return self
@@ -182,9 +214,17 @@ class SGLangEngineSpec(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SGLangEngineSpec:
-        _check_extra_args(self.extra_args, {"--model-path": "model", "--model": "model",
-                                            "--served-model-name": "model.name", "--host": "engine.host",
-                                            "--port": "engine.port", "--tp-size": "engine.tensor_parallel_size"})
+        _check_extra_args(
+            self.extra_args,
+            {
+                "--model-path": "model",
+                "--model": "model",
+                "--served-model-name": "model.name",
+                "--host": "engine.host",
+                "--port": "engine.port",
+                "--tp-size": "engine.tensor_parallel_size",
+            },
+        )
         spec_knobs = (self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens)
         if any(k is not None for k in spec_knobs) and self.speculative_algorithm is None:
             raise ValueError("speculative_num_steps/eagle_topk/num_draft_tokens need speculative_algorithm")
@@ -193,10 +233,15 @@ class SGLangEngineSpec(StrictModel):
             raise ValueError("speculative_num_steps needs speculative_eagle_topk and speculative_num_draft_tokens too")
         if self.speculative_algorithm == "STANDALONE" and not self.speculative_draft_model_path:
             raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
-        if (self.page_size and self.chunked_prefill_size and self.chunked_prefill_size > 0
-                and self.chunked_prefill_size % self.page_size):
-            raise ValueError(f"chunked_prefill_size {self.chunked_prefill_size} must be divisible by "
-                             f"page_size {self.page_size}")
+        if (
+            self.page_size
+            and self.chunked_prefill_size
+            and self.chunked_prefill_size > 0
+            and self.chunked_prefill_size % self.page_size
+        ):
+            raise ValueError(
+                f"chunked_prefill_size {self.chunked_prefill_size} must be divisible by page_size {self.page_size}"
+            )
         return self
 
     @property
@@ -239,8 +284,9 @@ class SleepEngineSpec(StrictModel):
         return self.gpus
 
 
-EngineSpec = Annotated[VLLMEngineSpec | SGLangEngineSpec | ExternalEngineSpec | SleepEngineSpec,
-                       Field(discriminator="name")]
+EngineSpec = Annotated[
+    VLLMEngineSpec | SGLangEngineSpec | ExternalEngineSpec | SleepEngineSpec, Field(discriminator="name")
+]
 
 # --------------------------------------------------------------------------- model
 
@@ -270,10 +316,14 @@ class TinyModelSpec(StrictModel):
     max_position_embeddings: PositiveInt = 8192
     seed: int = 0
     train: TinyTrainSpec | None = None
-    quantization: Literal["w8a8", "w4a16"] | None = Field(default=None, description=(
-        "quantize the built model here, data-free, with compressed-tensors (week 12 on the CPU): "
-        "w8a8 = INT8 weights per channel + dynamic per-token INT8 activations (serves in float32); "
-        "w4a16 = 4-bit weights in groups of 128 (the CPU kernel needs engine.dtype=bfloat16)"))
+    quantization: Literal["w8a8", "w4a16"] | None = Field(
+        default=None,
+        description=(
+            "quantize the built model here, data-free, with compressed-tensors (week 12 on the CPU): "
+            "w8a8 = INT8 weights per channel + dynamic per-token INT8 activations (serves in float32); "
+            "w4a16 = 4-bit weights in groups of 128 (the CPU kernel needs engine.dtype=bfloat16)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModelSpec:
@@ -325,8 +375,10 @@ class ModelSpec(StrictModel):
         if self.source in ("tiny_random", "tiny_trained") and self.path:
             # A key a chosen config makes dead is an error, never silently ignored (issue 20): the
             # run would build and measure the tiny model, or tokenize for it, not the one named.
-            raise ValueError(f"path '{self.path}' is not used when source is '{self.source}' (the model is built "
-                             "locally): set model.source=path for a local folder, or model.source=hub for a hub id")
+            raise ValueError(
+                f"path '{self.path}' is not used when source is '{self.source}' (the model is built "
+                "locally): set model.source=path for a local folder, or model.source=hub for a hub id"
+            )
         return self
 
 
@@ -359,8 +411,9 @@ class RequestClass(StrictModel):
     output_tokens: PositiveInt | None = None
     range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0, description="lengths drawn in [n(1-r), n(1+r)]")
     output_tokens_choices: list[PositiveInt] | None = Field(
-        default=None, description="output lengths drawn uniformly from this list (week 7); "
-        "output_tokens must be their maximum")
+        default=None,
+        description="output lengths drawn uniformly from this list (week 7); output_tokens must be their maximum",
+    )
     num_groups: PositiveInt | None = None
     prefix_tokens: PositiveInt | None = None
     path: str | None = None
@@ -386,24 +439,43 @@ class RequestClass(StrictModel):
         if missing:
             raise ValueError(f"dataset '{self.dataset}' needs {', '.join(missing)}")
         # keys this dataset never reads: an error, never silently ignored (issue 20)
-        owners = {"num_groups": "shared_prefix", "prefix_tokens": "shared_prefix", "path": "sharegpt",
-                  "max_input_tokens": "sharegpt", "turns": "multi_turn", "think_time_s": "multi_turn"}
-        dead = [k for k, owner in owners.items() if k in self.model_fields_set and self.dataset != owner
-                and getattr(self, k) != type(self).model_fields[k].default]
+        owners = {
+            "num_groups": "shared_prefix",
+            "prefix_tokens": "shared_prefix",
+            "path": "sharegpt",
+            "max_input_tokens": "sharegpt",
+            "turns": "multi_turn",
+            "think_time_s": "multi_turn",
+        }
+        dead = [
+            k
+            for k, owner in owners.items()
+            if k in self.model_fields_set
+            and self.dataset != owner
+            and getattr(self, k) != type(self).model_fields[k].default
+        ]
         if dead:
-            raise ValueError(f"{', '.join(dead)}: not used by dataset '{self.dataset}' (only by "
-                             f"{', '.join(sorted({owners[k] for k in dead}))}); remove it or set dataset")
+            raise ValueError(
+                f"{', '.join(dead)}: not used by dataset '{self.dataset}' (only by "
+                f"{', '.join(sorted({owners[k] for k in dead}))}); remove it or set dataset"
+            )
         if self.rate is None and (self.arrival != "poisson" or self.burstiness != 1):
-            raise ValueError("'arrival' and 'burstiness' of a class apply to background traffic only (set 'rate'); "
-                             "a foreground class arrives as the load point says")
+            raise ValueError(
+                "'arrival' and 'burstiness' of a class apply to background traffic only (set 'rate'); "
+                "a foreground class arrives as the load point says"
+            )
         if self.burstiness != 1 and self.arrival != "gamma":
-            raise ValueError(f"'burstiness' shapes gamma arrivals only (arrival is '{self.arrival}'): set arrival: gamma")
+            raise ValueError(
+                f"'burstiness' shapes gamma arrivals only (arrival is '{self.arrival}'): set arrival: gamma"
+            )
         if self.output_tokens_choices is not None:
             if not self.output_tokens_choices:
                 raise ValueError("output_tokens_choices: expected a non-empty list")
             if self.output_tokens != max(self.output_tokens_choices):
-                raise ValueError(f"output_tokens must be max(output_tokens_choices) = "
-                                 f"{max(self.output_tokens_choices)} (it bounds the context)")
+                raise ValueError(
+                    f"output_tokens must be max(output_tokens_choices) = "
+                    f"{max(self.output_tokens_choices)} (it bounds the context)"
+                )
         return self
 
     def max_tokens(self) -> int:
@@ -447,8 +519,10 @@ class LoadPointSpec(StrictModel):
         if self.rate is None and (self.max_concurrency is not None or self.ramp_up_s):
             raise ValueError("'max_concurrency' and 'ramp_up_s' apply to 'rate' points only")
         if self.rate is None and self.arrival != "poisson":
-            raise ValueError("'arrival' applies to 'rate' points only (a concurrency point is a closed loop, "
-                             "a trace replays its own timestamps)")
+            raise ValueError(
+                "'arrival' applies to 'rate' points only (a concurrency point is a closed loop, "
+                "a trace replays its own timestamps)"
+            )
         if self.trace is None and self.time_scale != 1:
             raise ValueError("'time_scale' applies to 'trace' points only")
         return self
@@ -456,7 +530,9 @@ class LoadPointSpec(StrictModel):
     @model_validator(mode="after")
     def _burstiness_of_gamma(self) -> LoadPointSpec:
         if self.burstiness != 1 and self.arrival != "gamma":
-            raise ValueError(f"'burstiness' shapes gamma arrivals only (arrival is '{self.arrival}'): set arrival: gamma")
+            raise ValueError(
+                f"'burstiness' shapes gamma arrivals only (arrival is '{self.arrival}'): set arrival: gamma"
+            )
         return self
 
     @property
@@ -497,26 +573,42 @@ class FidelitySpec(StrictModel):
     few tokens are not."""
 
     prompt_tokens_slack: NonNegativeInt = Field(
-        default=16, description="tokens the server may count beyond the plan (BOS, chat template) before the "
-        "relative limit applies")
+        default=16,
+        description="tokens the server may count beyond the plan (BOS, chat template) before the "
+        "relative limit applies",
+    )
     max_prompt_tokens_error: PositiveFloat = Field(
-        default=0.1, description="median |server - plan| prompt tokens as a fraction of the plan")
+        default=0.1, description="median |server - plan| prompt tokens as a fraction of the plan"
+    )
     max_output_tokens_off: float = Field(
-        default=0.05, ge=0, le=1, description="fraction of requests whose completion tokens differ from the plan "
-        "(with ignore_eos; without it, only longer ones count)")
+        default=0.05,
+        ge=0,
+        le=1,
+        description="fraction of requests whose completion tokens differ from the plan "
+        "(with ignore_eos; without it, only longer ones count)",
+    )
     max_unexpected_hit_rate: float = Field(
-        default=0.1, ge=0, le=1, description="prefix-cache hit rate allowed on prompts that share no prefix")
+        default=0.1, ge=0, le=1, description="prefix-cache hit rate allowed on prompts that share no prefix"
+    )
     min_hit_fraction: float = Field(
-        default=0.5, ge=0, le=1, description="shared-prefix / multi-turn prompts with caching on: hit rate at least "
-        "this fraction of what the workload implies")
+        default=0.5,
+        ge=0,
+        le=1,
+        description="shared-prefix / multi-turn prompts with caching on: hit rate at least "
+        "this fraction of what the workload implies",
+    )
     max_preemptions_per_request: float = Field(default=0.1, ge=0)
     max_rejected_fraction: float = Field(default=0.0, ge=0, le=1, description="requests refused with HTTP 4xx")
     max_gap_ms: PositiveFloat | None = Field(
-        default=50.0, description="client TTFT/ITL median above the top of the server histogram's bucket by "
-        "more than this: the client or the network (null: report only)")
+        default=50.0,
+        description="client TTFT/ITL median above the top of the server histogram's bucket by "
+        "more than this: the client or the network (null: report only)",
+    )
 
 
-SLO_METRIC = re.compile(r"^(?:(?P<cls>[A-Za-z0-9_.-]+)/)?(?:ttft|tpot|itl|e2e|itl_worst)_ms_(?:mean|p50|p90|p95|p99|max)$")
+SLO_METRIC = re.compile(
+    r"^(?:(?P<cls>[A-Za-z0-9_.-]+)/)?(?:ttft|tpot|itl|e2e|itl_worst)_ms_(?:mean|p50|p90|p95|p99|max)$"
+)
 
 
 class CapacitySpec(StrictModel):
@@ -532,10 +624,13 @@ class CapacitySpec(StrictModel):
 
     knob: Literal["rate", "concurrency"] = "rate"
     slo: dict[str, PositiveFloat] = Field(
-        default_factory=dict, description="metric -> highest allowed value, e.g. ttft_ms_p99: 2000 or "
-        "short/itl_ms_p99: 300 (a request class's metric)")
-    min_goodput_fraction: float | None = Field(default=None, gt=0.0, le=1.0,
-                                               description="goodput (workload.slo) >= this share of completions")
+        default_factory=dict,
+        description="metric -> highest allowed value, e.g. ttft_ms_p99: 2000 or "
+        "short/itl_ms_p99: 300 (a request class's metric)",
+    )
+    min_goodput_fraction: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="goodput (workload.slo) >= this share of completions"
+    )
     start: PositiveFloat = 1.0
     low: PositiveFloat | None = Field(default=None, description="lowest probe; default start / 16 (rate) or 1")
     high: PositiveFloat = 64.0
@@ -552,8 +647,10 @@ class CapacitySpec(StrictModel):
             raise ValueError("capacity: set slo (metric -> limit) and/or min_goodput_fraction")
         bad = [k for k in self.slo if not SLO_METRIC.match(k)]
         if bad:
-            raise ValueError(f"capacity.slo: {', '.join(bad)}: expected [<class>/]<ttft|tpot|itl|e2e|itl_worst>"
-                             "_ms_<mean|p50|p90|p95|p99|max>")
+            raise ValueError(
+                f"capacity.slo: {', '.join(bad)}: expected [<class>/]<ttft|tpot|itl|e2e|itl_worst>"
+                "_ms_<mean|p50|p90|p95|p99|max>"
+            )
         for key in ("rate", "concurrency", "trace"):
             if key in self.point:
                 raise ValueError(f"capacity.point: '{key}' is set by the search (knob), not in point")
@@ -561,8 +658,9 @@ class CapacitySpec(StrictModel):
             raise ValueError("capacity.point.max_concurrency applies to rate probes only")
         self.probe(self.start)  # the template must make a valid point
         if self.lowest > self.start or self.start > self.high:
-            raise ValueError(f"capacity: expected low <= start <= high, got {self.lowest:g}, {self.start:g}, "
-                             f"{self.high:g}")
+            raise ValueError(
+                f"capacity: expected low <= start <= high, got {self.lowest:g}, {self.start:g}, {self.high:g}"
+            )
         return self
 
     @property
@@ -620,11 +718,14 @@ class WorkloadSpec(StrictModel):
             for key in self.capacity.slo:
                 cls = SLO_METRIC.match(key).group("cls")  # type: ignore[union-attr]
                 if cls is not None and cls not in self.classes:
-                    raise ValueError(f"capacity.slo.{key}: no request class '{cls}' (classes: "
-                                     f"{', '.join(self.classes)})")
+                    raise ValueError(
+                        f"capacity.slo.{key}: no request class '{cls}' (classes: {', '.join(self.classes)})"
+                    )
             probe = self.capacity.probe(self.capacity.start)
-            if probe.trace is None and (probe.num_requests or self.num_requests or probe.duration_s
-                                        or self.duration_s) is None:
+            if (
+                probe.trace is None
+                and (probe.num_requests or self.num_requests or probe.duration_s or self.duration_s) is None
+            ):
                 raise ValueError("capacity probes have no stop: set num_requests or duration_s")
         for i, p in enumerate(self.load_points):
             if p.trace is None and (p.num_requests or self.num_requests or p.duration_s or self.duration_s) is None:
@@ -660,9 +761,15 @@ class PlatformSpec(StrictModel):
     )
     cpus_per_trial: PositiveFloat = 1.0
     monitor_interval_s: PositiveFloat = 0.5
-    monitor_budget: float = Field(default=0.01, gt=0.0, le=1.0, description=(
-        "share of wall time each kind of sample (memory, engine gauges) may take: a sample that "
-        "took w seconds waits max(monitor_interval_s, w / monitor_budget) before the next"))
+    monitor_budget: float = Field(
+        default=0.01,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "share of wall time each kind of sample (memory, engine gauges) may take: a sample that "
+            "took w seconds waits max(monitor_interval_s, w / monitor_budget) before the next"
+        ),
+    )
     gpu_name: str | None = Field(default=None, description="a key of orchestrator/models/gpus.py, e.g. A100-80GB")
     gpu_memory_gb: PositiveFloat | None = Field(default=None, description="None = from gpu_name")
     # The roofline of a decode step (week 3): None = from gpu_name on GPUs; on CPU the memory
@@ -673,9 +780,13 @@ class PlatformSpec(StrictModel):
     dtype: str = "auto"
     enforce_eager: bool = False
     cpu_kvcache_space_gib: PositiveInt | None = None
-    engine_envs: str | None = Field(default=None, description=(
-        "folder holding the engine environments (vllm-gpu/, sglang-gpu/) that `make engines-gpu` creates; "
-        "None = $INFERENCE_LAB_ENGINES, else <project>/.engines. Used on device cuda"))
+    engine_envs: str | None = Field(
+        default=None,
+        description=(
+            "folder holding the engine environments (vllm-gpu/, sglang-gpu/) that `make engines-gpu` creates; "
+            "None = $INFERENCE_LAB_ENGINES, else <project>/.engines. Used on device cuda"
+        ),
+    )
 
 
 class ClusterSpec(StrictModel):
@@ -745,14 +856,21 @@ class TrialSpec(StrictModel):
                 f"(input + output at the top of range_ratio) but the context is {limit} "
                 "(engine.max_model_len / model)"
             )
-        if (self.model.tokenizer and self.model.source in ("tiny_random", "tiny_trained")
-                and self.engine.name in ("vllm", "sglang")):
-            raise ValueError(f"model.tokenizer '{self.model.tokenizer}': the tiny model ({self.model.source}) is built "
-                             "with its own tokenizer and cannot be served with another; model.tokenizer is for "
-                             "model.source=path/hub (passed to the server too) or engine=external")
+        if (
+            self.model.tokenizer
+            and self.model.source in ("tiny_random", "tiny_trained")
+            and self.engine.name in ("vllm", "sglang")
+        ):
+            raise ValueError(
+                f"model.tokenizer '{self.model.tokenizer}': the tiny model ({self.model.source}) is built "
+                "with its own tokenizer and cannot be served with another; model.tokenizer is for "
+                "model.source=path/hub (passed to the server too) or engine=external"
+            )
         if self.workload.capacity is not None and getattr(self.engine, "restart_between_points", False):
-            raise ValueError("workload.capacity searches one running server: it cannot be combined with "
-                             "engine.restart_between_points")
+            raise ValueError(
+                "workload.capacity searches one running server: it cannot be combined with "
+                "engine.restart_between_points"
+            )
         return self
 
 
@@ -782,8 +900,10 @@ class ObjectiveSpec(StrictModel):
             raise ValueError("objective: set exactly one of maximize / minimize (a metric or a knob)")
         for key, bound in self.subject_to.items():
             if isinstance(bound, str) and not re.fullmatch(r"base-\d+(\.\d+)?", bound):
-                raise ValueError(f"objective.subject_to.{key}: expected a number, {{min: x}}, {{max: x}} or "
-                                 f"'base-D' (at least the baseline minus D), got {bound!r}")
+                raise ValueError(
+                    f"objective.subject_to.{key}: expected a number, {{min: x}}, {{max: x}} or "
+                    f"'base-D' (at least the baseline minus D), got {bound!r}"
+                )
         if self.frontier is not None and len(self.frontier) != 2:
             raise ValueError("objective.frontier: expected {maximize: metric, minimize: metric}")
         return self

@@ -24,8 +24,9 @@ def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> Ser
     """A context manager that runs the launched server, or only watches an external one."""
     if not launch.argv:
         return ExternalServer(launch)
-    return ServerProcess(launch.argv, env, log_path, launch.health_url, name=launch.name,
-                         fatal_log_markers=launch.fatal_log_markers)
+    return ServerProcess(
+        launch.argv, env, log_path, launch.health_url, name=launch.name, fatal_log_markers=launch.fatal_log_markers
+    )
 
 
 def adapter_for(name: str) -> ModuleType:
@@ -35,5 +36,14 @@ def adapter_for(name: str) -> ModuleType:
         raise ConfigError(f"engine.name: unknown engine '{name}'; expected one of: {', '.join(ADAPTERS)}") from None
 
 
-__all__ = ["ADAPTERS", "EngineMetric", "ExternalServer", "ServerLaunch", "ServerProcess", "adapter_for", "free_port",
-           "port_is_free", "server_for"]
+__all__ = [
+    "ADAPTERS",
+    "EngineMetric",
+    "ExternalServer",
+    "ServerLaunch",
+    "ServerProcess",
+    "adapter_for",
+    "free_port",
+    "port_is_free",
+    "server_for",
+]

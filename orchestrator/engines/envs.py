@@ -85,16 +85,23 @@ def missing(spec: TrialSpec) -> str | None:
         return None
     env = environment(spec)
     router = engines_dir(spec) / ROUTER_ENVIRONMENT
-    if getattr(spec.engine, "router", None) is not None and spec.platform.device == "cuda" \
-            and not (router / "bin" / "python").exists():
-        return (f"the SGLang router's environment is missing: {router} (engine.router runs sglang-router from "
-                f"it). Create it with `{CREATE_COMMAND}` or point platform.engine_envs at it")
+    if (
+        getattr(spec.engine, "router", None) is not None
+        and spec.platform.device == "cuda"
+        and not (router / "bin" / "python").exists()
+    ):
+        return (
+            f"the SGLang router's environment is missing: {router} (engine.router runs sglang-router from "
+            f"it). Create it with `{CREATE_COMMAND}` or point platform.engine_envs at it"
+        )
     if env is None or (env / "bin" / "python").exists():
         return None
-    return (f"the {spec.engine.name} engine environment is missing: {env} (platform=gpu launches "
-            f"{spec.engine.name} from its own virtualenv). Create it with `{CREATE_COMMAND}`, point "
-            f"platform.engine_envs (or ${ENV_VAR}) at the folder holding it, or set engine.python / "
-            "engine.launch_prefix")
+    return (
+        f"the {spec.engine.name} engine environment is missing: {env} (platform=gpu launches "
+        f"{spec.engine.name} from its own virtualenv). Create it with `{CREATE_COMMAND}`, point "
+        f"platform.engine_envs (or ${ENV_VAR}) at the folder holding it, or set engine.python / "
+        "engine.launch_prefix"
+    )
 
 
 def package_version(spec: TrialSpec, *dists: str) -> str:

@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from types import TracebackType
 from urllib.parse import urlparse
 
@@ -27,14 +27,21 @@ def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
     assert isinstance(engine, ExternalEngineSpec)
     u = urlparse(engine.url)
     return ServerLaunch(
-        name="external", argv=[], env={}, host=u.hostname or "", port=u.port or (443 if u.scheme == "https" else 80),
-        health_path=engine.health_path or "", metrics_path=engine.metrics_path or "",
-        startup_timeout_s=engine.startup_timeout_s, scheme=u.scheme,
+        name="external",
+        argv=[],
+        env={},
+        host=u.hostname or "",
+        port=u.port or (443 if u.scheme == "https" else 80),
+        health_path=engine.health_path or "",
+        metrics_path=engine.metrics_path or "",
+        startup_timeout_s=engine.startup_timeout_s,
+        scheme=u.scheme,
     )
 
 
-def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int],
-             workdir: str) -> list[ServerLaunch]:
+def launches(
+    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+) -> list[ServerLaunch]:
     return [launch(spec, model_path, port)]
 
 
@@ -99,11 +106,15 @@ class ExternalServer:
                 return
             if attempt < 2:
                 time.sleep(1.0)
-        raise ServerCrashedError(f"external server {self.launch.base_url}: its health check "
-                                 f"{self.launch.health_path} fails (the engine behind it may have died)")
+        raise ServerCrashedError(
+            f"external server {self.launch.base_url}: its health check "
+            f"{self.launch.health_path} fails (the engine behind it may have died)"
+        )
 
     def __enter__(self) -> ExternalServer:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         return None

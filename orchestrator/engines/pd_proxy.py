@@ -30,8 +30,14 @@ FORWARDED_HEADERS = ("Authorization", "X-Request-Id")
 def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
     """The prefill leg: one token, no streaming, asking the server to keep the KV for a remote decode."""
     req = copy.deepcopy(body)
-    req["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
+    req["kv_transfer_params"] = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
     req["stream"] = False
     req.pop("stream_options", None)
     req["max_tokens"] = 1
@@ -53,8 +59,9 @@ class PDProxy:
         self.session: aiohttp.ClientSession | None = None
 
     async def _start(self, app: web.Application) -> None:
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                             timeout=aiohttp.ClientTimeout(total=None))
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        )
 
     async def _stop(self, app: web.Application) -> None:
         if self.session is not None:
@@ -68,10 +75,12 @@ class PDProxy:
             if r.status != 200:
                 return web.Response(status=r.status, body=await r.read(), content_type="application/json")
             kv_params = (await r.json()).get("kv_transfer_params")
-        async with self.session.post(self.decode + request.path, json=decode_request(body, kv_params),
-                                     headers=headers) as r:
-            resp = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get("Content-Type",
-                                                                                               "application/json")})
+        async with self.session.post(
+            self.decode + request.path, json=decode_request(body, kv_params), headers=headers
+        ) as r:
+            resp = web.StreamResponse(
+                status=r.status, headers={"Content-Type": r.headers.get("Content-Type", "application/json")}
+            )
             await resp.prepare(request)
             async for chunk in r.content.iter_any():
                 await resp.write(chunk)

@@ -51,6 +51,7 @@ def port_is_free(host: str, port: int) -> bool:
             return False
     return True
 
+
 class ServerProcess:
     """One server subprocess (argv list, never a shell string) with its log file."""
 
@@ -119,17 +120,13 @@ class ServerProcess:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise ServerStartError(
-                    f"{self.name} exited with code {code} during start-up: {explain(self.log_path)}"
-                )
+                raise ServerStartError(f"{self.name} exited with code {code} during start-up: {explain(self.log_path)}")
             if self.is_healthy():
                 self.startup_s = time.monotonic() - t0
                 self._healthy_at = self._log_scanned = self._log_size()
                 return self.startup_s
             if time.monotonic() - t0 > timeout_s:
-                raise ServerStartError(
-                    f"{self.name} not healthy after {timeout_s:.0f} s: {explain(self.log_path)}"
-                )
+                raise ServerStartError(f"{self.name} not healthy after {timeout_s:.0f} s: {explain(self.log_path)}")
             time.sleep(poll_s)
 
     def is_healthy(self) -> bool:
@@ -150,15 +147,16 @@ class ServerProcess:
         exited, its log says its engine died (the API process may live on, answering 5xx), or its
         health check fails three times. The message's first line is the engine's own error."""
         if self.proc is not None and self.proc.poll() is not None:
-            raise ServerCrashedError(
-                f"{self.name} died (exit code {self.proc.returncode}): {explain(self.log_path)}"
-            )
+            raise ServerCrashedError(f"{self.name} died (exit code {self.proc.returncode}): {explain(self.log_path)}")
         marker = self._fatal_marker()
         status = None if marker else self._health_after_retries()
         if marker is None and status == 200:
             return
-        why = f"its log says '{marker}'" if marker else (
-            f"its health check answers HTTP {status}" if status else "its health check does not answer")
+        why = (
+            f"its log says '{marker}'"
+            if marker
+            else (f"its health check answers HTTP {status}" if status else "its health check does not answer")
+        )
         raise ServerCrashedError(f"{self.name}: the engine died ({why}): {self._run_cause()}")
 
     def _health_after_retries(self, tries: int = 3) -> int | None:

@@ -40,10 +40,18 @@ METRICS: dict[str, EngineMetric] = {
 BOOTSTRAP_PORT_OFFSET = 1000
 
 
-
-def build_argv(engine: SGLangEngineSpec, model_path: str, served_name: str, port: int, *,
-               tp: int | None = None, mode: str | None = None, bootstrap_port: int | None = None,
-               head: list[str], tokenizer: str | None = None) -> list[str]:
+def build_argv(
+    engine: SGLangEngineSpec,
+    model_path: str,
+    served_name: str,
+    port: int,
+    *,
+    tp: int | None = None,
+    mode: str | None = None,
+    bootstrap_port: int | None = None,
+    head: list[str],
+    tokenizer: str | None = None,
+) -> list[str]:
     """One SGLang server's command line as an argv list (never a shell string). ``head``: the
     launch prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
     argv = list(head)
@@ -74,8 +82,7 @@ def build_argv(engine: SGLangEngineSpec, model_path: str, served_name: str, port
     argv += opt("random-seed", engine.random_seed)
     if mode is not None:
         assert engine.disaggregation is not None
-        argv += ["--disaggregation-mode", mode,
-                 "--disaggregation-transfer-backend", engine.disaggregation.connector]
+        argv += ["--disaggregation-mode", mode, "--disaggregation-transfer-backend", engine.disaggregation.connector]
         argv += opt("disaggregation-bootstrap-port", bootstrap_port)
     argv += [str(a) for a in engine.extra_args]
     return argv
@@ -97,16 +104,27 @@ def _spec(spec: TrialSpec) -> SGLangEngineSpec:
 def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
     engine = _spec(spec)
     return ServerLaunch(
-        name="server", argv=build_argv(engine, model_path, spec.model.name, port, head=envs.command(spec, SERVER_MODULE),
-                                         tokenizer=spec.model.tokenizer),
+        name="server",
+        argv=build_argv(
+            engine,
+            model_path,
+            spec.model.name,
+            port,
+            head=envs.command(spec, SERVER_MODULE),
+            tokenizer=spec.model.tokenizer,
+        ),
         env=build_env(spec),
-        host=engine.host, port=port, startup_timeout_s=engine.startup_timeout_s,
-        gpus=tuple(range(engine.tensor_parallel_size)), fatal_log_markers=FATAL_LOG_MARKERS,
+        host=engine.host,
+        port=port,
+        startup_timeout_s=engine.startup_timeout_s,
+        gpus=tuple(range(engine.tensor_parallel_size)),
+        fatal_log_markers=FATAL_LOG_MARKERS,
     )
 
 
-def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int],
-             workdir: str) -> list[ServerLaunch]:
+def launches(
+    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+) -> list[ServerLaunch]:
     """Every server of the trial, the measured front last: one server, or prefill + decode +
     the SGLang router (``--pd-disaggregation``) with disjoint GPUs."""
     engine = _spec(spec)
@@ -119,24 +137,69 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
     bootstrap = next_port()
     router_metrics = next_port()  # its Prometheus listener (0.0.0.0:29000 unless told): ours, per trial
     prefill = ServerLaunch(
-        name="prefill", env=env, host=engine.host, port=p_port, startup_timeout_s=engine.startup_timeout_s,
-        argv=build_argv(engine, model_path, spec.model.name, p_port, tp=pd.prefill_tp, mode="prefill",
-                        bootstrap_port=bootstrap, head=head, tokenizer=spec.model.tokenizer),
-        gpus=tuple(range(pd.prefill_tp)), fatal_log_markers=FATAL_LOG_MARKERS,
+        name="prefill",
+        env=env,
+        host=engine.host,
+        port=p_port,
+        startup_timeout_s=engine.startup_timeout_s,
+        argv=build_argv(
+            engine,
+            model_path,
+            spec.model.name,
+            p_port,
+            tp=pd.prefill_tp,
+            mode="prefill",
+            bootstrap_port=bootstrap,
+            head=head,
+            tokenizer=spec.model.tokenizer,
+        ),
+        gpus=tuple(range(pd.prefill_tp)),
+        fatal_log_markers=FATAL_LOG_MARKERS,
     )
     decode = ServerLaunch(
-        name="decode", env=env, host=engine.host, port=d_port, startup_timeout_s=engine.startup_timeout_s,
-        argv=build_argv(engine, model_path, spec.model.name, d_port, tp=pd.decode_tp, mode="decode", head=head,
-                        tokenizer=spec.model.tokenizer),
-        gpus=tuple(range(pd.prefill_tp, pd.prefill_tp + pd.decode_tp)), fatal_log_markers=FATAL_LOG_MARKERS,
+        name="decode",
+        env=env,
+        host=engine.host,
+        port=d_port,
+        startup_timeout_s=engine.startup_timeout_s,
+        argv=build_argv(
+            engine,
+            model_path,
+            spec.model.name,
+            d_port,
+            tp=pd.decode_tp,
+            mode="decode",
+            head=head,
+            tokenizer=spec.model.tokenizer,
+        ),
+        gpus=tuple(range(pd.prefill_tp, pd.prefill_tp + pd.decode_tp)),
+        fatal_log_markers=FATAL_LOG_MARKERS,
     )
     # The router (PyPI sglang-router) is installed in SGLang's environment.
     router = ServerLaunch(
-        name="router", env={}, host=engine.host, port=port, startup_timeout_s=120.0, gpus=(),
-        argv=[*envs.command(spec, ROUTER_MODULE), "--pd-disaggregation",
-              "--prefill", prefill.base_url, str(bootstrap), "--decode", decode.base_url,
-              "--host", engine.host, "--port", str(port),
-              "--prometheus-host", engine.host, "--prometheus-port", str(router_metrics)],
+        name="router",
+        env={},
+        host=engine.host,
+        port=port,
+        startup_timeout_s=120.0,
+        gpus=(),
+        argv=[
+            *envs.command(spec, ROUTER_MODULE),
+            "--pd-disaggregation",
+            "--prefill",
+            prefill.base_url,
+            str(bootstrap),
+            "--decode",
+            decode.base_url,
+            "--host",
+            engine.host,
+            "--port",
+            str(port),
+            "--prometheus-host",
+            engine.host,
+            "--prometheus-port",
+            str(router_metrics),
+        ],
         metrics_path="",
     )
     return [prefill, decode, router]

@@ -13,8 +13,9 @@ from orchestrator.config.schema import SleepEngineSpec, TrialSpec
 from orchestrator.engines.base import EngineMetric, ServerLaunch
 
 
-def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int],
-             workdir: str) -> list[ServerLaunch]:
+def launches(
+    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+) -> list[ServerLaunch]:
     return []  # nothing to start
 
 

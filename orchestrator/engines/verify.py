@@ -19,8 +19,12 @@ from orchestrator.engines import sglang, vllm
 from orchestrator.engines.base import ServerLaunch
 
 CHECKER = Path(__file__).with_name("enginecheck.py")
-KINDS = {vllm.SERVER_MODULE: "vllm", sglang.SERVER_MODULE: "sglang", sglang.ROUTER_MODULE: "router",
-         vllm.ROUTER_MODULE: "router"}
+KINDS = {
+    vllm.SERVER_MODULE: "vllm",
+    sglang.SERVER_MODULE: "sglang",
+    sglang.ROUTER_MODULE: "router",
+    vllm.ROUTER_MODULE: "router",
+}
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ def checks_for(launch: ServerLaunch) -> list[Check]:
         return []
     kind = KINDS[argv[at + 1]]
     python = argv[at - 1]
-    out = [Check(python, kind, {"argv": argv[at + 2:]}, f"{launch.name} argv")]
+    out = [Check(python, kind, {"argv": argv[at + 2 :]}, f"{launch.name} argv")]
     for path, text in launch.files.items():
         if path.endswith("lmcache.yaml"):
             out.append(Check(python, "lmcache", {"text": text}, f"{Path(path).name} of {launch.name}"))
@@ -58,15 +62,22 @@ def run_checks(checks: list[Check], timeout_s: float = 600.0) -> list[dict[str, 
     for python, idx in by_python.items():
         items = [{"kind": checks[i].kind, **checks[i].payload} for i in idx]
         try:
-            proc = subprocess.run([python, str(CHECKER)], input=json.dumps(items), capture_output=True, text=True,
-                                  timeout=timeout_s, check=False)
+            proc = subprocess.run(
+                [python, str(CHECKER)],
+                input=json.dumps(items),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise OrchestratorError(f"could not run the engine check with {python}: {exc}") from None
         try:
             out = json.loads(proc.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            raise OrchestratorError(f"the engine check with {python} failed (exit {proc.returncode}): "
-                                    f"{proc.stderr.strip()[-2000:]}") from None
+            raise OrchestratorError(
+                f"the engine check with {python} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+            ) from None
         for i, r in zip(idx, out["results"]):
             results[i] = {**r, "what": checks[i].what, "python": python, "versions": out["versions"]}
     return [r for r in results if r is not None]

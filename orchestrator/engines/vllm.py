@@ -67,10 +67,16 @@ def _bool_flag(name: str, value: bool | None) -> list[str]:
     return [f"--{name}"] if value else [f"--no-{name}"]
 
 
-
-def build_argv(engine: VLLMEngineSpec, model_path: str, served_name: str, port: int, head: list[str],
-               tp: int | None = None, kv_transfer_config: dict[str, object] | None = None,
-               tokenizer: str | None = None) -> list[str]:
+def build_argv(
+    engine: VLLMEngineSpec,
+    model_path: str,
+    served_name: str,
+    port: int,
+    head: list[str],
+    tp: int | None = None,
+    kv_transfer_config: dict[str, object] | None = None,
+    tokenizer: str | None = None,
+) -> list[str]:
     """The server command line as an argv list (never a shell string). ``head``: the launch
     prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`).
     ``tokenizer`` (model.tokenizer): the server tokenizes with the one our prompts are made with."""
@@ -143,15 +149,22 @@ def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
 
 def render_lmcache(c: LMCacheSpec) -> str:
     """LMCache's config file (YAML keys of LMCache's ``LMCACHE_CONFIG_FILE``)."""
-    lines = [f"chunk_size: {c.chunk_size}", f"local_cpu: {str(c.local_cpu).lower()}",
-             f"max_local_cpu_size: {c.max_local_cpu_size_gb:g}"]
+    lines = [
+        f"chunk_size: {c.chunk_size}",
+        f"local_cpu: {str(c.local_cpu).lower()}",
+        f"max_local_cpu_size: {c.max_local_cpu_size_gb:g}",
+    ]
     if c.local_disk:
-        lines += [f"local_disk: {json.dumps('file://' + c.local_disk)}", f"max_local_disk_size: {c.max_local_disk_size_gb:g}"]
+        lines += [
+            f"local_disk: {json.dumps('file://' + c.local_disk)}",
+            f"max_local_disk_size: {c.max_local_disk_size_gb:g}",
+        ]
     return "\n".join(lines) + "\n"
 
 
-def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int],
-             workdir: str) -> list[ServerLaunch]:
+def launches(
+    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+) -> list[ServerLaunch]:
     """Every server of the trial, the measured front last.
 
     * one server (optionally with LMCache: its config file rendered into ``workdir``);
@@ -162,8 +175,12 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
     env = build_env(spec)
     head = envs.command(spec, SERVER_MODULE)
     # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
-    common = {"host": engine.host, "startup_timeout_s": engine.startup_timeout_s, "fatal_log_markers": FATAL_LOG_MARKERS,
-              "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else ()}
+    common = {
+        "host": engine.host,
+        "startup_timeout_s": engine.startup_timeout_s,
+        "fatal_log_markers": FATAL_LOG_MARKERS,
+        "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else (),
+    }
     if engine.router is not None:
         return _replicas_behind_router(spec, model_path, port, next_port, env, head, common)
     pd = engine.disaggregation
@@ -175,10 +192,25 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
             env = {**env, "LMCACHE_CONFIG_FILE": path}
             files = {path: render_lmcache(engine.lmcache)}
             kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-        return [ServerLaunch(name="server", port=port, env=env, files=files, gpus=tuple(range(engine.num_gpus)),
-                             argv=build_argv(engine, model_path, spec.model.name, port, head, kv_transfer_config=kv,
-                                             tokenizer=spec.model.tokenizer),
-                             **common)]
+        return [
+            ServerLaunch(
+                name="server",
+                port=port,
+                env=env,
+                files=files,
+                gpus=tuple(range(engine.num_gpus)),
+                argv=build_argv(
+                    engine,
+                    model_path,
+                    spec.model.name,
+                    port,
+                    head,
+                    kv_transfer_config=kv,
+                    tokenizer=spec.model.tokenizer,
+                ),
+                **common,
+            )
+        ]
     kv: dict[str, object] = {"kv_connector": pd.connector, "kv_role": "kv_both"}
     scratch: tuple[str, ...] = ()
     if pd.connector == "ExampleConnector":  # prefill writes each prompt's KV here, decode reads it
@@ -192,27 +224,61 @@ def launches(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[]
         if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
             # Each server's threads on their own cores (prefill first, decode next), not both on all.
             server_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(first + i) for i in range(tp))
-        argv = build_argv(engine, model_path, spec.model.name, p, head, tp=tp, kv_transfer_config=kv,
-                          tokenizer=spec.model.tokenizer)
+        argv = build_argv(
+            engine, model_path, spec.model.name, p, head, tp=tp, kv_transfer_config=kv, tokenizer=spec.model.tokenizer
+        )
         if name == "prefill" and pd.connector == "ExampleConnector":
             # The ExampleConnector saves a prompt's KV only when the prompt is scheduled whole: a
             # chunked prefill stores its first chunk under the whole prompt's key, and the decode
             # server then dies loading it ("shape mismatch", vLLM 0.32). Prefill in one step.
             argv = _without(argv, "--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill")
             argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(engine.max_model_len)]
-        servers.append(ServerLaunch(
-            name=name, port=p, env=server_env, argv=argv,
-            gpus=tuple(range(first, first + tp)), scratch=scratch, **common))
+        servers.append(
+            ServerLaunch(
+                name=name,
+                port=p,
+                env=server_env,
+                argv=argv,
+                gpus=tuple(range(first, first + tp)),
+                scratch=scratch,
+                **common,
+            )
+        )
     # Our proxy is orchestrator code: it runs with this interpreter, never the engine's.
     proxy = ServerLaunch(
-        name="proxy", port=port, env={}, host=engine.host, startup_timeout_s=60.0, gpus=(), metrics_path="",
-        argv=[sys.executable, "-m", PROXY_MODULE, "--prefill", servers[0].base_url, "--decode", servers[1].base_url,
-              "--host", engine.host, "--port", str(port)])
+        name="proxy",
+        port=port,
+        env={},
+        host=engine.host,
+        startup_timeout_s=60.0,
+        gpus=(),
+        metrics_path="",
+        argv=[
+            sys.executable,
+            "-m",
+            PROXY_MODULE,
+            "--prefill",
+            servers[0].base_url,
+            "--decode",
+            servers[1].base_url,
+            "--host",
+            engine.host,
+            "--port",
+            str(port),
+        ],
+    )
     return [*servers, proxy]
 
 
-def _replicas_behind_router(spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int],
-                            env: dict[str, str], head: list[str], common: dict[str, Any]) -> list[ServerLaunch]:
+def _replicas_behind_router(
+    spec: TrialSpec,
+    model_path: str,
+    port: int,
+    next_port: Callable[[], int],
+    env: dict[str, str],
+    head: list[str],
+    common: dict[str, Any],
+) -> list[ServerLaunch]:
     """``router.replicas`` identical servers (their own GPUs; one core each on the CPU) and the
     SGLang router in front (measured there). Every replica's counters are summed per point."""
     engine = _engine(spec)
@@ -224,17 +290,42 @@ def _replicas_behind_router(spec: TrialSpec, model_path: str, port: int, next_po
         replica_env = dict(env)
         if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
             replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
-        replicas.append(ServerLaunch(name=f"replica{i}", port=p, env=replica_env,
-                                     argv=build_argv(engine, model_path, spec.model.name, p, head,
-                                                     tokenizer=spec.model.tokenizer),
-                                     gpus=tuple(range(i * per, (i + 1) * per)), **common))
+        replicas.append(
+            ServerLaunch(
+                name=f"replica{i}",
+                port=p,
+                env=replica_env,
+                argv=build_argv(engine, model_path, spec.model.name, p, head, tokenizer=spec.model.tokenizer),
+                gpus=tuple(range(i * per, (i + 1) * per)),
+                **common,
+            )
+        )
     router_metrics = next_port()  # its Prometheus listener (0.0.0.0:29000 unless told)
     router = ServerLaunch(
-        name="router", port=port, env={}, host=engine.host, startup_timeout_s=120.0, gpus=(), metrics_path="",
-        argv=[*envs.router_command(spec, ROUTER_MODULE), "--worker-urls", *(r.base_url for r in replicas),
-              "--policy", engine.router.policy, "--host", engine.host, "--port", str(port),
-              "--prometheus-host", engine.host, "--prometheus-port", str(router_metrics),
-              *(str(a) for a in engine.router.extra_args)])
+        name="router",
+        port=port,
+        env={},
+        host=engine.host,
+        startup_timeout_s=120.0,
+        gpus=(),
+        metrics_path="",
+        argv=[
+            *envs.router_command(spec, ROUTER_MODULE),
+            "--worker-urls",
+            *(r.base_url for r in replicas),
+            "--policy",
+            engine.router.policy,
+            "--host",
+            engine.host,
+            "--port",
+            str(port),
+            "--prometheus-host",
+            engine.host,
+            "--prometheus-port",
+            str(router_metrics),
+            *(str(a) for a in engine.router.extra_args),
+        ],
+    )
     return [*replicas, router]
 
 
@@ -256,27 +347,39 @@ def unsupported(spec: TrialSpec) -> str | None:
     """Why vLLM cannot run this trial on its platform, or None."""
     engine = _engine(spec)
     if engine.disaggregation is not None and engine.disaggregation.connector not in PD_CONNECTORS:
-        return (f"engine.disaggregation.connector '{engine.disaggregation.connector}': the P/D proxy supports "
-                f"{', '.join(PD_CONNECTORS)}")
+        return (
+            f"engine.disaggregation.connector '{engine.disaggregation.connector}': the P/D proxy supports "
+            f"{', '.join(PD_CONNECTORS)}"
+        )
     if spec.platform.device != "cpu":
         return None
     if engine.disaggregation is not None and engine.disaggregation.connector not in CPU_PD_CONNECTORS:
-        return (f"prefill/decode disaggregation with {engine.disaggregation.connector} needs GPUs; on the CPU "
-                f"build use connector {' or '.join(CPU_PD_CONNECTORS)} (docs/gpu.md)")
+        return (
+            f"prefill/decode disaggregation with {engine.disaggregation.connector} needs GPUs; on the CPU "
+            f"build use connector {' or '.join(CPU_PD_CONNECTORS)} (docs/gpu.md)"
+        )
     if engine.lmcache is not None:
-        return ("LMCache 0.5.6 has no CPU KV connector: with vLLM's CPU build it logs 'No supported cpu connector "
-                "found' and recomputes everything (docs/gpu.md)")
+        return (
+            "LMCache 0.5.6 has no CPU KV connector: with vLLM's CPU build it logs 'No supported cpu connector "
+            "found' and recomputes everything (docs/gpu.md)"
+        )
     connector = (engine.kv_transfer_config or {}).get("kv_connector")
     if engine.kv_transfer_config is not None and connector not in CPU_PD_CONNECTORS:
-        return (f"KV connector '{connector}' does not run on vLLM's CPU build here "
-                f"(runs: {', '.join(CPU_PD_CONNECTORS)}; docs/gpu.md)")
+        return (
+            f"KV connector '{connector}' does not run on vLLM's CPU build here "
+            f"(runs: {', '.join(CPU_PD_CONNECTORS)}; docs/gpu.md)"
+        )
     if engine.quantization not in (None, "compressed-tensors"):
-        return (f"quantization '{engine.quantization}' needs GPU kernels on this CPU build; it serves "
-                "compressed-tensors INT8 W8A8 and 4-bit W4A16 checkpoints (model.tiny.quantization=w8a8|w4a16)")
+        return (
+            f"quantization '{engine.quantization}' needs GPU kernels on this CPU build; it serves "
+            "compressed-tensors INT8 W8A8 and 4-bit W4A16 checkpoints (model.tiny.quantization=w8a8|w4a16)"
+        )
     tiny = spec.model.tiny
     if tiny is not None and tiny.quantization == "w4a16" and engine.dtype not in ("bfloat16", "float16", "half"):
-        return (f"model.tiny.quantization=w4a16: the CPU build's 4-bit kernel runs in bfloat16/float16 only; "
-                f"engine.dtype is {engine.dtype}")
+        return (
+            f"model.tiny.quantization=w4a16: the CPU build's 4-bit kernel runs in bfloat16/float16 only; "
+            f"engine.dtype is {engine.dtype}"
+        )
     if tiny is not None and tiny.quantization is not None:
         gap = _kernel_gap(spec, tiny.quantization)
         if gap:
@@ -291,10 +394,13 @@ def unsupported(spec: TrialSpec) -> str | None:
         return f"{engine.num_gpus} CPU ranks (TP x PP, or prefill + decode) need one core each; this host has {cores}"
     if engine.router is not None and importlib.util.find_spec("sglang_router") is None:
         return "engine.router needs sglang-router in this environment (the project's cpu extra installs it)"
-    if engine.num_gpus > 1 and not engine.cpu_omp_threads_bind and engine.disaggregation is None \
-            and engine.router is None:
-        return ("tensor/pipeline parallel on CPU needs engine.cpu_omp_threads_bind (one core set per rank, "
-                "e.g. '0|1')")
+    if (
+        engine.num_gpus > 1
+        and not engine.cpu_omp_threads_bind
+        and engine.disaggregation is None
+        and engine.router is None
+    ):
+        return "tensor/pipeline parallel on CPU needs engine.cpu_omp_threads_bind (one core set per rank, e.g. '0|1')"
     return None
 
 
@@ -316,8 +422,10 @@ def _kernel_gap(spec: TrialSpec, feature: str) -> str | None:
     if not lacking:
         return None
     where = KERNEL_HOMES.get(feature)
-    return (f"model.tiny.quantization={feature}: vLLM's CPU kernels for this CPU ({cpu_kernels.describe_cpu()}) "
-            f"lack {', '.join('torch.ops._C.' + op for op in lacking)}" + (f" ({where})" if where else ""))
+    return (
+        f"model.tiny.quantization={feature}: vLLM's CPU kernels for this CPU ({cpu_kernels.describe_cpu()}) "
+        f"lack {', '.join('torch.ops._C.' + op for op in lacking)}" + (f" ({where})" if where else "")
+    )
 
 
 def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:

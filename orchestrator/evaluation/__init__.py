@@ -41,17 +41,40 @@ def local_task_names() -> list[str]:
     return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
 
 
-def eval_argv(spec: EvalSpec, model_name: str, completions_url: str, tokenizer: str, out_dir: Path,
-              include_path: Path | None) -> list[str]:
+def eval_argv(
+    spec: EvalSpec, model_name: str, completions_url: str, tokenizer: str, out_dir: Path, include_path: Path | None
+) -> list[str]:
     """The lm-eval command line (an argv list)."""
     for label, value in (("model name", model_name), ("tokenizer path", tokenizer), ("URL", completions_url)):
         if "," in value:  # model_args is a comma-separated key=value list
             raise EvalError(f"lm-eval model_args cannot carry a {label} with ',': {value!r}")
-    model_args = ",".join([f"model={model_name}", f"base_url={completions_url}", f"tokenizer={tokenizer}",
-                           f"num_concurrent={spec.num_concurrent}", "tokenized_requests=False",
-                           f"max_gen_toks={spec.max_gen_toks}", "max_retries=3"])
-    argv = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", model_args,
-            "--tasks", ",".join(spec.tasks), "--batch_size", "1", "--output_path", str(out_dir), "--log_samples"]
+    model_args = ",".join(
+        [
+            f"model={model_name}",
+            f"base_url={completions_url}",
+            f"tokenizer={tokenizer}",
+            f"num_concurrent={spec.num_concurrent}",
+            "tokenized_requests=False",
+            f"max_gen_toks={spec.max_gen_toks}",
+            "max_retries=3",
+        ]
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "local-completions",
+        "--model_args",
+        model_args,
+        "--tasks",
+        ",".join(spec.tasks),
+        "--batch_size",
+        "1",
+        "--output_path",
+        str(out_dir),
+        "--log_samples",
+    ]
     if include_path is not None:
         argv += ["--include_path", str(include_path)]
     if spec.limit is not None:
@@ -105,8 +128,15 @@ def parse_results(out_dir: Path, tasks: list[str]) -> dict[str, float]:
     return metrics
 
 
-def run_eval(spec: EvalSpec, base_url: str, model_name: str, tokenizer: str, workdir: Path,
-             api_key: str | None = None, progress=print) -> dict[str, float]:
+def run_eval(
+    spec: EvalSpec,
+    base_url: str,
+    model_name: str,
+    tokenizer: str,
+    workdir: Path,
+    api_key: str | None = None,
+    progress=print,
+) -> dict[str, float]:
     """Score the server at ``base_url`` on ``spec.tasks``; returns metrics (see module doc)."""
     if not spec.tasks:
         return {}
@@ -126,8 +156,9 @@ def run_eval(spec: EvalSpec, base_url: str, model_name: str, tokenizer: str, wor
     progress(f"evaluating accuracy: lm-eval {','.join(spec.tasks)} on {base_url}")
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, cwd=include or workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, cwd=include or workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             code = proc.wait(timeout=spec.timeout_s)
         except subprocess.TimeoutExpired:
@@ -140,8 +171,10 @@ def run_eval(spec: EvalSpec, base_url: str, model_name: str, tokenizer: str, wor
         raise EvalError(f"lm-eval exited with {code}: {explain(log_path, last=True)}")
     metrics = parse_results(out_dir, spec.tasks)
     metrics["eval_s"] = time.monotonic() - t0
-    progress(f"accuracy {metrics.get('accuracy', float('nan')):.3f} "
-             f"(+/- {metrics.get('accuracy_stderr', float('nan')):.3f}) in {metrics['eval_s']:.0f}s")
+    progress(
+        f"accuracy {metrics.get('accuracy', float('nan')):.3f} "
+        f"(+/- {metrics.get('accuracy_stderr', float('nan')):.3f}) in {metrics['eval_s']:.0f}s"
+    )
     return metrics
 
 

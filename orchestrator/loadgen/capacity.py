@@ -35,8 +35,14 @@ def metric_of(metrics: dict[str, float], class_metrics: dict[str, dict[str, floa
     return None if value is None or not math.isfinite(value) else float(value)
 
 
-def judge(metrics: dict[str, float], class_metrics: dict[str, dict[str, float]], slo: dict[str, float],
-          knob: str, min_goodput_fraction: float | None = None, min_sustained: float = 0.9) -> Judgement:
+def judge(
+    metrics: dict[str, float],
+    class_metrics: dict[str, dict[str, float]],
+    slo: dict[str, float],
+    knob: str,
+    min_goodput_fraction: float | None = None,
+    min_sustained: float = 0.9,
+) -> Judgement:
     """Did a probe meet every SLO (``slo``: metric -> highest allowed value)?
 
     ``fail`` also when requests failed, when goodput fell below ``min_goodput_fraction`` of
@@ -104,8 +110,10 @@ class CapacitySearch:
         if self.stop_reason:
             return None
         if self.probes and self.probes[-1].judgement.verdict == "invalid":
-            return self._stop(f"probe {self.probes[-1].label} could not be driven by the client; "
-                              "it decides nothing and higher loads would not either")
+            return self._stop(
+                f"probe {self.probes[-1].label} could not be driven by the client; "
+                "it decides nothing and higher loads would not either"
+            )
         if len(self.probes) >= self.max_probes:
             return self._stop(f"{self.max_probes} probes spent")
         if out_of_time:
@@ -142,8 +150,11 @@ class CapacitySearch:
         """``capacity`` (0 when nothing passed), the bracket, probes run, and whether the
         capacity is only a lower bound (``capacity_censored``: every probe passed)."""
         ok, bad = self.best_pass, self.lowest_fail
-        out = {"capacity": ok.value if ok else 0.0, "capacity_probes": float(len(self.probes)),
-               "capacity_lo": ok.value if ok else 0.0}
+        out = {
+            "capacity": ok.value if ok else 0.0,
+            "capacity_probes": float(len(self.probes)),
+            "capacity_lo": ok.value if ok else 0.0,
+        }
         if bad is not None:
             out["capacity_hi"] = bad.value
         out["capacity_censored"] = float(ok is not None and bad is None)
@@ -152,13 +163,18 @@ class CapacitySearch:
     def explanation(self, unit: str) -> str:
         ok, bad = self.best_pass, self.lowest_fail
         if ok is None:
-            where = f"no probe met the SLOs (lowest tried {min(p.value for p in self.probes):g} {unit})" \
-                if self.probes else "no probe ran"
+            where = (
+                f"no probe met the SLOs (lowest tried {min(p.value for p in self.probes):g} {unit})"
+                if self.probes
+                else "no probe ran"
+            )
             head = f"capacity 0 {unit}: {where}"
         elif bad is None:
             head = f"capacity >= {ok.value:g} {unit} (probe {ok.label}): every probe met the SLOs"
         else:
             why = "; ".join(bad.judgement.reasons)
-            head = (f"capacity {ok.value:g} {unit} (probe {ok.label} met the SLOs; "
-                    f"probe {bad.label} at {bad.value:g} did not: {why})")
+            head = (
+                f"capacity {ok.value:g} {unit} (probe {ok.label} met the SLOs; "
+                f"probe {bad.label} at {bad.value:g} did not: {why})"
+            )
         return f"{head}; stopped: {self.stop_reason or 'not finished'}"

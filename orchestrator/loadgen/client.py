@@ -71,8 +71,9 @@ class PlannedRequest:
         return "\n".join([c for _, c in self.history] + [self.prompt])
 
 
-def completions_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool,
-                        usage_per_chunk: bool = False) -> dict[str, Any]:
+def completions_payload(
+    endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool, usage_per_chunk: bool = False
+) -> dict[str, Any]:
     options: dict[str, bool] = {"include_usage": True}
     if usage_per_chunk:  # vLLM extension; costs the server work on every token
         options["continuous_usage_stats"] = True
@@ -95,8 +96,9 @@ def completions_delta(chunk: dict[str, Any]) -> str | None:
     return choices[0].get("text") or ""
 
 
-def chat_payload(endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool,
-                 usage_per_chunk: bool = False) -> dict[str, Any]:
+def chat_payload(
+    endpoint: Endpoint, req: PlannedRequest, ignore_eos: bool, usage_per_chunk: bool = False
+) -> dict[str, Any]:
     payload = completions_payload(endpoint, req, ignore_eos, usage_per_chunk)
     del payload["prompt"], payload["max_tokens"]
     payload["messages"] = req.messages()
@@ -134,8 +136,9 @@ async def prewarm(session: aiohttp.ClientSession, endpoint: Endpoint, connection
 
     async def one() -> None:
         try:
-            async with session.get(endpoint.base_url + "/v1/models", headers=endpoint.headers(),
-                                   timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            async with session.get(
+                endpoint.base_url + "/v1/models", headers=endpoint.headers(), timeout=aiohttp.ClientTimeout(total=10)
+            ) as resp:
                 await resp.read()
         except Exception:  # best effort: a refused warm-up changes nothing about the measurement
             pass
@@ -171,8 +174,9 @@ async def stream_request(
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         headers = {**endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}
-        async with session.post(url, data=body, headers=headers, timeout=timeout,
-                                trace_request_ctx={"record": record}) as resp:
+        async with session.post(
+            url, data=body, headers=headers, timeout=timeout, trace_request_ctx={"record": record}
+        ) as resp:
             record.http_status = resp.status
             if resp.status != 200:
                 body = (await resp.text())[:500]
@@ -227,8 +231,11 @@ async def stream_request(
                     record.prompt_tokens = int(usage["prompt_tokens"])
             if not saw_done and record.status != STATUS_ERROR:
                 record.status, record.error = STATUS_ERROR, "stream ended without [DONE]"
-            if (closing_s is not None and record.output_tokens is not None
-                    and record.output_tokens > sum(record.chunk_tokens)):
+            if (
+                closing_s is not None
+                and record.output_tokens is not None
+                and record.output_tokens > sum(record.chunk_tokens)
+            ):
                 record.chunk_times_s.append(closing_s)  # the closing chunk carried a token
                 record.chunk_tokens.append(1)
             if record.output_tokens is None and completion_tokens:

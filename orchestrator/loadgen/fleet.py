@@ -66,7 +66,7 @@ class ClientFleet:
                 self.procs.append(proc)
                 self.tx.append(Connection(down_w, readable=False))
                 self.rx.append(Connection(up_r, writable=False))
-            for i, tx in enumerate(self.tx):
+            for tx in self.tx:
                 tx.send((endpoint, workload))
             for i in range(n):
                 self._expect(i, "hello", READY_TIMEOUT_S)
@@ -94,8 +94,9 @@ class ClientFleet:
             raise LoadError(f"client process {i} sent '{msg[0]}', expected '{kind}'")
         return msg
 
-    def run(self, plan: PointPlan, started: Callable[[], None] | None = None) -> tuple[list[RequestRecord],
-                                                                                          dict[str, float]]:
+    def run(
+        self, plan: PointPlan, started: Callable[[], None] | None = None
+    ) -> tuple[list[RequestRecord], dict[str, float]]:
         """Send ``plan`` split over the processes; returns merged records and the worst client stats."""
         shares = plan.split(len(self.procs))
         for i, share in enumerate(shares):
@@ -118,8 +119,9 @@ class ClientFleet:
         merged = worst_client_stats(stats)
         merged["client_processes"] = float(len(shares))
         if late:
-            log.warning("point %d: %d requests past the plan were not sent (duration-bounded closed loop)",
-                        plan.index, late)
+            log.warning(
+                "point %d: %d requests past the plan were not sent (duration-bounded closed loop)", plan.index, late
+            )
         return sorted(records, key=lambda r: r.intended_send_s), merged
 
     def close(self) -> None:

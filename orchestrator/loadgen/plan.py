@@ -172,18 +172,28 @@ class PointPlan:
             fg: list[list[PlannedRequest]] = [[] for _ in range(n)]
             for j, req in enumerate(self.foreground):
                 fg[(j % self.concurrency) % n].append(req)
-            return [replace(self, foreground=fg[i], concurrency=streams[i],
-                            background=[b[i::n] for b in self.background]) for i in range(n)]
+            return [
+                replace(self, foreground=fg[i], concurrency=streams[i], background=[b[i::n] for b in self.background])
+                for i in range(n)
+            ]
         cap = self.max_concurrency
         n = max(1, min(n, cap)) if cap else n
-        return [replace(self, foreground=self.foreground[i::n], offsets=self.offsets[i::n],
-                        max_concurrency=(cap // n + (1 if i < cap % n else 0)) if cap else None,
-                        min_gap_s=self.min_gap_s * n, background=[b[i::n] for b in self.background])
-                for i in range(n)]
+        return [
+            replace(
+                self,
+                foreground=self.foreground[i::n],
+                offsets=self.offsets[i::n],
+                max_concurrency=(cap // n + (1 if i < cap % n else 0)) if cap else None,
+                min_gap_s=self.min_gap_s * n,
+                background=[b[i::n] for b in self.background],
+            )
+            for i in range(n)
+        ]
 
 
-def plan_point(workload: WorkloadSpec, point: LoadPointSpec, index: int, planner: RequestPlanner, seed: Seed,
-               repeat: int = 0) -> PointPlan:
+def plan_point(
+    workload: WorkloadSpec, point: LoadPointSpec, index: int, planner: RequestPlanner, seed: Seed, repeat: int = 0
+) -> PointPlan:
     """Draw a point's requests and arrival instants from its own seeded streams."""
     num_requests, duration_s = workload.stop_of(point)
     fg_rng = stream_rng(seed, index, FOREGROUND_PLAN)
@@ -194,8 +204,14 @@ def plan_point(workload: WorkloadSpec, point: LoadPointSpec, index: int, planner
         offsets = [r.timestamp_s * point.time_scale for r in rows]
     elif point.rate is not None:
         # num_requests arrivals, or every arrival before duration_s (the plan's length follows)
-        offsets = arrival_offsets(point.rate, stream_rng(seed, index, FOREGROUND_ARRIVALS), num_requests,
-                                  duration_s if num_requests is None else None, point.arrival, point.burstiness)
+        offsets = arrival_offsets(
+            point.rate,
+            stream_rng(seed, index, FOREGROUND_ARRIVALS),
+            num_requests,
+            duration_s if num_requests is None else None,
+            point.arrival,
+            point.burstiness,
+        )
         if point.ramp_up_s:
             offsets = [ramp(t, point.ramp_up_s) for t in offsets]
         foreground = planner.foreground_batch(len(offsets), fg_rng)
@@ -215,16 +231,20 @@ def plan_point(workload: WorkloadSpec, point: LoadPointSpec, index: int, planner
 
     cap = point.max_concurrency
     return PointPlan(
-        index=index, repeat=repeat, foreground=foreground, offsets=offsets,
-        concurrency=point.concurrency, max_concurrency=cap,
+        index=index,
+        repeat=repeat,
+        foreground=foreground,
+        offsets=offsets,
+        concurrency=point.concurrency,
+        max_concurrency=cap,
         min_gap_s=1.0 / point.rate if cap and point.rate else 0.0,
-        background=background, duration_s=duration_s,
+        background=background,
+        duration_s=duration_s,
         extendable=point.concurrency is not None and num_requests is None,
     )
 
 
 def _trace_rows(point: LoadPointSpec, num_requests: int | None, duration_s: float | None) -> list[TraceRow]:
     assert point.trace is not None
-    rows = [r for r in load_trace(point.trace)
-            if duration_s is None or r.timestamp_s * point.time_scale < duration_s]
+    rows = [r for r in load_trace(point.trace) if duration_s is None or r.timestamp_s * point.time_scale < duration_s]
     return rows[:num_requests] if num_requests is not None else rows

@@ -37,10 +37,12 @@ class Preflight:
 
     def describe(self) -> str:
         names = ", ".join(repr(s) for s in self.served) if self.served else "(no /v1/models listing)"
-        tok = ("no tokenize endpoint: prompt lengths are checked per point from the server's usage"
-               if self.counted is None else
-               f"its tokenizer counts {'/'.join(map(str, self.counted))} tokens in prompts of "
-               f"{'/'.join(map(str, self.planned))}")
+        tok = (
+            "no tokenize endpoint: prompt lengths are checked per point from the server's usage"
+            if self.counted is None
+            else f"its tokenizer counts {'/'.join(map(str, self.counted))} tokens in prompts of "
+            f"{'/'.join(map(str, self.planned))}"
+        )
         return f"serves {names}; {tok}"
 
 
@@ -90,13 +92,22 @@ def server_counts(base_url: str, model: str, api_key: str | None, prompts: list[
     return counts
 
 
-def preflight(base_url: str, model: str, api_key: str | None, factory: PromptFactory, workload: WorkloadSpec,
-              tokenizer: str, seed: int = 0) -> Preflight:
+def preflight(
+    base_url: str,
+    model: str,
+    api_key: str | None,
+    factory: PromptFactory,
+    workload: WorkloadSpec,
+    tokenizer: str,
+    seed: int = 0,
+) -> Preflight:
     """Both checks; raises :class:`ConfigError` naming the key to fix."""
     served = served_models(base_url, api_key)
     if served and model not in served:
-        raise ConfigError(f"model.name: '{model}' is not served at {base_url}; it serves "
-                          f"{', '.join(repr(s) for s in served)} (set model.name to one of them)")
+        raise ConfigError(
+            f"model.name: '{model}' is not served at {base_url}; it serves "
+            f"{', '.join(repr(s) for s in served)} (set model.name to one of them)"
+        )
     rng = np.random.default_rng([seed, 20])
     planned = sample_lengths(workload)
     prompts = [factory.prompt(n, rng) for n in planned]
@@ -115,4 +126,5 @@ def check_counts(planned: list[int], counted: list[int], limits: FidelitySpec, t
             raise ConfigError(
                 f"model.tokenizer: the server's tokenizer counts {theirs} tokens in a prompt of {ours} tokens by "
                 f"ours ({tokenizer}): the prompts would not be the planned workload. Set model.tokenizer to the "
-                "server's tokenizer (a folder or hub id), or model.source=path model.path=<the served model's folder>")
+                "server's tokenizer (a folder or hub id), or model.source=path model.path=<the served model's folder>"
+            )

@@ -26,13 +26,22 @@ from orchestrator.loadgen.sender import (
 from orchestrator.metrics.records import RequestRecord
 
 
-async def _warmup(endpoint: Endpoint, workload: WorkloadSpec, planner: RequestPlanner,
-                  session: aiohttp.ClientSession, seed: Seed) -> None:
+async def _warmup(
+    endpoint: Endpoint, workload: WorkloadSpec, planner: RequestPlanner, session: aiohttp.ClientSession, seed: Seed
+) -> None:
     for req in planner.foreground_batch(workload.warmup_requests, stream_rng(seed, -1, FOREGROUND_PLAN)):
         t = now()
         rec = RequestRecord(req.request_id, -1, req.request_class, t, t, req.input_tokens, req.output_tokens)
-        await stream_request(session, endpoint, req, rec, workload.api, workload.ignore_eos, workload.request_timeout_s,
-                             workload.usage_per_chunk)
+        await stream_request(
+            session,
+            endpoint,
+            req,
+            rec,
+            workload.api,
+            workload.ignore_eos,
+            workload.request_timeout_s,
+            workload.usage_per_chunk,
+        )
 
 
 def run_points(
@@ -73,8 +82,9 @@ def run_points(
                 point, i = next(schedule, None), first_index
                 while point is not None:
                     started = (lambda i=i, point=point: on_point_start(i, point)) if on_point_start else None
-                    records, stats = _run_point(runner, session, fleet, endpoint, workload, planner, seed, point, i,
-                                                started)
+                    records, stats = _run_point(
+                        runner, session, fleet, endpoint, workload, planner, seed, point, i, started
+                    )
                     out.extend(records)
                     result = on_point_end(i, point, records, stats) if on_point_end else None
                     try:
@@ -89,9 +99,18 @@ def run_points(
     return out
 
 
-def _run_point(runner: asyncio.Runner, session: aiohttp.ClientSession, fleet: ClientFleet | None, endpoint: Endpoint,
-               workload: WorkloadSpec, planner: RequestPlanner, seed: Seed, point: LoadPointSpec, i: int,
-               started: Callable[[], None] | None) -> tuple[list[RequestRecord], dict[str, float]]:
+def _run_point(
+    runner: asyncio.Runner,
+    session: aiohttp.ClientSession,
+    fleet: ClientFleet | None,
+    endpoint: Endpoint,
+    workload: WorkloadSpec,
+    planner: RequestPlanner,
+    seed: Seed,
+    point: LoadPointSpec,
+    i: int,
+    started: Callable[[], None] | None,
+) -> tuple[list[RequestRecord], dict[str, float]]:
     """One load point, every repeat of it (``started`` is called once, when the first begins):
     its records and the client's worst stats."""
     records: list[RequestRecord] = []
@@ -104,8 +123,9 @@ def _run_point(runner: asyncio.Runner, session: aiohttp.ClientSession, fleet: Cl
             recs, st = fleet.run(plan, first)
         else:
             fg_rng = stream_rng(run_seed, i, FOREGROUND_PLAN + 100)
-            sender = PointSender(plan, endpoint, workload, session,
-                                 make_more=lambda: planner.foreground_batch(1, fg_rng)[0])
+            sender = PointSender(
+                plan, endpoint, workload, session, make_more=lambda rng=fg_rng: planner.foreground_batch(1, rng)[0]
+            )
             runner.run(prewarm(session, endpoint, prewarm_count(plan)))
             if first:
                 first()

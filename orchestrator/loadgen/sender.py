@@ -41,8 +41,14 @@ class PointSender:
     (counted in ``late``); without it (a client process has no tokenizer) the stream stops.
     """
 
-    def __init__(self, plan: PointPlan, endpoint: Endpoint, workload: WorkloadSpec, session: aiohttp.ClientSession,
-                 make_more: Callable[[], PlannedRequest] | None = None) -> None:
+    def __init__(
+        self,
+        plan: PointPlan,
+        endpoint: Endpoint,
+        workload: WorkloadSpec,
+        session: aiohttp.ClientSession,
+        make_more: Callable[[], PlannedRequest] | None = None,
+    ) -> None:
         self.plan, self.endpoint, self.workload, self.session = plan, endpoint, workload, session
         self.make_more = make_more
         self.records: list[RequestRecord] = []
@@ -59,13 +65,20 @@ class PointSender:
                 req = self.make_more()
         return req
 
-    def _record(self, req: PlannedRequest, intended: float, conversation: int | None = None,
-                turn: int = 0) -> RequestRecord:
+    def _record(
+        self, req: PlannedRequest, intended: float, conversation: int | None = None, turn: int = 0
+    ) -> RequestRecord:
         rec = RequestRecord(
-            request_id=req.request_id, point=self.plan.index, request_class=req.request_class,
-            intended_send_s=intended, sent_s=intended,
-            input_tokens_target=req.input_tokens, output_tokens_target=req.output_tokens, repeat=self.plan.repeat,
-            conversation_id=conversation, turn=turn,
+            request_id=req.request_id,
+            point=self.plan.index,
+            request_class=req.request_class,
+            intended_send_s=intended,
+            sent_s=intended,
+            input_tokens_target=req.input_tokens,
+            output_tokens_target=req.output_tokens,
+            repeat=self.plan.repeat,
+            conversation_id=conversation,
+            turn=turn,
         )
         self.records.append(rec)
         return rec
@@ -77,23 +90,39 @@ class PointSender:
         conversation = req.request_id if req.turns else None
         reply: list[str] | None = [] if req.turns else None
         rec = self._record(req, intended, conversation)
-        await stream_request(self.session, self.endpoint, req, rec, w.api, w.ignore_eos, w.request_timeout_s,
-                             w.usage_per_chunk, reply)
+        await stream_request(
+            self.session, self.endpoint, req, rec, w.api, w.ignore_eos, w.request_timeout_s, w.usage_per_chunk, reply
+        )
         history = (("user", req.prompt),)
         for k, turn in enumerate(req.turns, start=1):
             if not rec.ok or reply is None:
                 return  # a failed turn ends its conversation
             history += (("assistant", "".join(reply)),)
             prior = (rec.prompt_tokens or rec.input_tokens_target) + (rec.output_tokens or 0)
-            nxt = PlannedRequest(turn.request_id, req.request_class, turn.text, prior + turn.input_tokens,
-                                 turn.output_tokens, history=history)
+            nxt = PlannedRequest(
+                turn.request_id,
+                req.request_class,
+                turn.text,
+                prior + turn.input_tokens,
+                turn.output_tokens,
+                history=history,
+            )
             intended = now() + req.think_time_s
             if req.think_time_s:
                 await asyncio.sleep(req.think_time_s)
             reply = []
             rec = self._record(nxt, intended, conversation, k)
-            await stream_request(self.session, self.endpoint, nxt, rec, w.api, w.ignore_eos, w.request_timeout_s,
-                                 w.usage_per_chunk, reply)
+            await stream_request(
+                self.session,
+                self.endpoint,
+                nxt,
+                rec,
+                w.api,
+                w.ignore_eos,
+                w.request_timeout_s,
+                w.usage_per_chunk,
+                reply,
+            )
             history += (("user", turn.text),)
 
     def _spawn(self, req: PlannedRequest, intended: float, slots: asyncio.Semaphore | None = None) -> None:
@@ -134,8 +163,10 @@ class PointSender:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
             watcher.cancel()
         wall = max(now() - wall0, 1e-9)
-        self.client_stats = {"client_cpu_util": (time.process_time() - cpu0) / wall,
-                             **distribution("loop_lag_ms", lags)}
+        self.client_stats = {
+            "client_cpu_util": (time.process_time() - cpu0) / wall,
+            **distribution("loop_lag_ms", lags),
+        }
         if self.late:
             what = "made during the point" if self.make_more else "not sent (no tokenizer in a client process)"
             log.warning("point %d: plan exhausted, %d requests %s", plan.index, self.late, what)
@@ -179,12 +210,16 @@ class PointSender:
             try:
                 await asyncio.wait_for(self._foreground_done.wait(), timeout=max(0.0, intended - now()))
                 return  # foreground finished first
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._spawn(req, intended)
         if plan and not self._foreground_done.is_set():
-            log.warning("point %d: background plan (%d requests, %.0f s) ran out before the foreground finished",
-                        self.plan.index, len(plan), plan[-1][0])
+            log.warning(
+                "point %d: background plan (%d requests, %.0f s) ran out before the foreground finished",
+                self.plan.index,
+                len(plan),
+                plan[-1][0],
+            )
 
 
 def open_session() -> aiohttp.ClientSession:

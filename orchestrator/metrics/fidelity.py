@@ -47,8 +47,9 @@ NO_SHARED_PREFIX = ("random", "sharegpt")
 SHARED_PREFIX = ("shared_prefix", "multi_turn")
 
 
-def prompt_length(records: Sequence[RequestRecord], metrics: Mapping[str, float],
-                  limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+def prompt_length(
+    records: Sequence[RequestRecord], metrics: Mapping[str, float], limits: FidelitySpec
+) -> tuple[dict[str, float], list[str]]:
     """Prompt tokens the server counted against the plan (first turns: later turns' plans are
     built from the server's own counts)."""
     first = [r for r in records if r.ok and r.turn == 0]
@@ -72,14 +73,17 @@ def prompt_length(records: Sequence[RequestRecord], metrics: Mapping[str, float]
         out["prompt_tokens_server_over_plan"] = (server / len(sent)) / max(plan, 1.0)
         source = f"the server's prompt-token counter grew by {server / len(sent):.0f} per request"
     if abs(gap) > max(limits.prompt_tokens_slack, limits.max_prompt_tokens_error * plan):
-        return out, [f"prompt length: {source}, {plan:.0f} planned ({out['prompt_tokens_server_over_plan']:.2f}x): "
-                     "the prompts were tokenized with another tokenizer than the server's (model.tokenizer, "
-                     "model.source/path) or wrapped in a template the plan did not count"]
+        return out, [
+            f"prompt length: {source}, {plan:.0f} planned ({out['prompt_tokens_server_over_plan']:.2f}x): "
+            "the prompts were tokenized with another tokenizer than the server's (model.tokenizer, "
+            "model.source/path) or wrapped in a template the plan did not count"
+        ]
     return out, []
 
 
-def output_length(records: Sequence[RequestRecord], ignore_eos: bool,
-                  limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+def output_length(
+    records: Sequence[RequestRecord], ignore_eos: bool, limits: FidelitySpec
+) -> tuple[dict[str, float], list[str]]:
     """Completion tokens against the plan."""
     ok = [r for r in records if r.ok]
     if not ok:
@@ -99,21 +103,25 @@ def output_length(records: Sequence[RequestRecord], ignore_eos: bool,
     return out, []
 
 
-def prefix_hits(workload: WorkloadSpec, metrics: Mapping[str, float],
-                limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+def prefix_hits(
+    workload: WorkloadSpec, metrics: Mapping[str, float], limits: FidelitySpec
+) -> tuple[dict[str, float], list[str]]:
     """Prefix-cache hits against what the workload implies (only where the engine counted)."""
     rate = metrics.get("server_prefix_cache_hit_rate")
     if rate is None:
         return {}, []
     datasets = {c.dataset for c in workload.classes.values()}
     if datasets <= set(NO_SHARED_PREFIX) and rate > limits.max_unexpected_hit_rate:
-        return {}, [f"prefix cache: hit rate {rate:.2f} on prompts that share no prefix "
-                    f"(> {limits.max_unexpected_hit_rate:g}): the prompts are not what the plan made"]
+        return {}, [
+            f"prefix cache: hit rate {rate:.2f} on prompts that share no prefix "
+            f"(> {limits.max_unexpected_hit_rate:g}): the prompts are not what the plan made"
+        ]
     expected = expected_hit_rate(workload, int(metrics.get("requests", 0)))
     if datasets <= set(SHARED_PREFIX) and expected and rate < limits.min_hit_fraction * expected:
         return {"prefix_cache_hit_rate_expected": expected}, [
             f"prefix cache: hit rate {rate:.2f}, the workload implies about {expected:.2f} "
-            f"(< {limits.min_hit_fraction:g} of it): cache off or evicted, or a router lost affinity"]
+            f"(< {limits.min_hit_fraction:g} of it): cache off or evicted, or a router lost affinity"
+        ]
     return ({"prefix_cache_hit_rate_expected": expected} if expected else {}), []
 
 
@@ -142,16 +150,19 @@ def expected_hit_rate(workload: WorkloadSpec, requests: int) -> float | None:
     return total / weights if weights else None
 
 
-def preemptions(records: Sequence[RequestRecord], metrics: Mapping[str, float],
-                limits: FidelitySpec) -> tuple[dict[str, float], list[str]]:
+def preemptions(
+    records: Sequence[RequestRecord], metrics: Mapping[str, float], limits: FidelitySpec
+) -> tuple[dict[str, float], list[str]]:
     n = metrics.get("server_preemptions")
     if n is None or not records:
         return {}, []
     per_request = n / len(records)
     out = {"preemptions_per_request": per_request}
     if per_request > limits.max_preemptions_per_request:
-        return out, [f"preemptions: {n:.0f} during the point ({per_request:.2f} per request > "
-                     f"{limits.max_preemptions_per_request:g}): KV pressure recomputed requests"]
+        return out, [
+            f"preemptions: {n:.0f} during the point ({per_request:.2f} per request > "
+            f"{limits.max_preemptions_per_request:g}): KV pressure recomputed requests"
+        ]
     return out, []
 
 
@@ -162,20 +173,26 @@ def rejections(records: Sequence[RequestRecord], limits: FidelitySpec) -> tuple[
     out = {"rejected_fraction": len(rejected) / len(records)}
     if len(rejected) / len(records) > limits.max_rejected_fraction:
         first = (rejected[0].error or "").splitlines()[0][:200] if rejected else ""
-        return out, [f"rejected: {len(rejected)} of {len(records)} requests got HTTP "
-                     f"{rejected[0].http_status}: {first}"]
+        return out, [
+            f"rejected: {len(rejected)} of {len(records)} requests got HTTP {rejected[0].http_status}: {first}"
+        ]
     return out, []
 
 
-def workload_fidelity(records: Sequence[RequestRecord], metrics: Mapping[str, float],
-                      workload: WorkloadSpec) -> tuple[dict[str, float], list[str]]:
+def workload_fidelity(
+    records: Sequence[RequestRecord], metrics: Mapping[str, float], workload: WorkloadSpec
+) -> tuple[dict[str, float], list[str]]:
     """Every rule on one load point: (metrics to add, reasons it is INVALID)."""
     limits = workload.fidelity
     out: dict[str, float] = {}
     reasons: list[str] = []
-    for found, why in (prompt_length(records, metrics, limits), output_length(records, workload.ignore_eos, limits),
-                       prefix_hits(workload, metrics, limits), preemptions(records, metrics, limits),
-                       rejections(records, limits)):
+    for found, why in (
+        prompt_length(records, metrics, limits),
+        output_length(records, workload.ignore_eos, limits),
+        prefix_hits(workload, metrics, limits),
+        preemptions(records, metrics, limits),
+        rejections(records, limits),
+    ):
         out.update(found)
         reasons += why
     return out, reasons
@@ -249,8 +266,9 @@ def server_latency(bucket_deltas: Mapping[str, Sequence[tuple[float, float]]]) -
     return out
 
 
-def clock_gap(metrics: Mapping[str, float], limits: FidelitySpec,
-              via: str | None = None) -> tuple[dict[str, float], list[str]]:
+def clock_gap(
+    metrics: Mapping[str, float], limits: FidelitySpec, via: str | None = None
+) -> tuple[dict[str, float], list[str]]:
     """Client minus server medians of TTFT and ITL (``<name>_gap_ms_p50``); a client median
     beyond the top of the server's bucket by more than ``max_gap_ms`` flags the point.
 
@@ -267,8 +285,10 @@ def clock_gap(metrics: Mapping[str, float], limits: FidelitySpec,
             continue
         out[f"{name}_gap_ms_p50"] = client - server
         if via is None and limits.max_gap_ms is not None and not math.isinf(high) and client - high > limits.max_gap_ms:
-            reasons.append(f"server clock: the client's {name.upper()} p50 {client:.1f} ms is {client - high:.1f} ms "
-                           f"above the most the server's histogram allows ({high:.0f} ms; its p50 {server:.1f} ms) "
-                           f"(> {limits.max_gap_ms:g}):"
-                           " that time is the client or the network, not the engine")
+            reasons.append(
+                f"server clock: the client's {name.upper()} p50 {client:.1f} ms is {client - high:.1f} ms "
+                f"above the most the server's histogram allows ({high:.0f} ms; its p50 {server:.1f} ms) "
+                f"(> {limits.max_gap_ms:g}):"
+                " that time is the client or the network, not the engine"
+            )
     return out, reasons

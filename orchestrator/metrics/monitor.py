@@ -51,7 +51,9 @@ def gpu_used_bytes(device_indices: list[int]) -> int | None:
     try:
         pynvml.nvmlInit()
         try:
-            return int(sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in device_indices))
+            return int(
+                sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in device_indices)
+            )
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # NVML raises its own error tree; no GPU means no number
@@ -103,8 +105,9 @@ class ResourceMonitor:
         if self.metrics_url and self.gauges:
             self.scrapes += 1
             try:
-                scraped = prometheus.scrape(self.metrics_url, timeout_s=2.0,
-                                            families=[ref.family for ref in self.gauges.values()])
+                scraped = prometheus.scrape(
+                    self.metrics_url, timeout_s=2.0, families=[ref.family for ref in self.gauges.values()]
+                )
             except OSError as exc:
                 log.debug("gauge scrape failed: %s", exc)
             else:

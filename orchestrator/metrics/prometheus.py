@@ -92,11 +92,15 @@ def deltas(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict
     if out.get("prefix_cache_queries"):
         out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / out["prefix_cache_queries"]
     if out.get("spec_decode_draft_tokens"):
-        out["spec_decode_acceptance_rate"] = out.get("spec_decode_accepted_tokens", 0.0) / out["spec_decode_draft_tokens"]
+        out["spec_decode_acceptance_rate"] = (
+            out.get("spec_decode_accepted_tokens", 0.0) / out["spec_decode_draft_tokens"]
+        )
     return out
 
 
-def latency_buckets(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
+def latency_buckets(
+    before: Sample, after: Sample, metric_map: Mapping[str, Any]
+) -> dict[str, list[tuple[float, float]]]:
     """Per ``latency`` histogram of ``metric_map``: its (upper bound, cumulative count) bucket
     deltas between two scrapes, bounds in the histogram's unit; histograms without a new
     observation are left out."""
@@ -108,7 +112,7 @@ def latency_buckets(before: Sample, after: Sample, metric_map: Mapping[str, Any]
         pairs = []
         for key, value in after.items():
             if key.startswith(prefix):
-                pairs.append((float(key[len(prefix):-2]), value - before.get(key, 0.0)))
+                pairs.append((float(key[len(prefix) : -2]), value - before.get(key, 0.0)))
         if pairs and max(c for _, c in pairs) > 0:
             out[name] = sorted(pairs)
     return out

@@ -132,8 +132,10 @@ def summarize_point(
     wanted = set(arrival_classes) if arrival_classes is not None else None
     # Arrivals: a conversation arrives once; its later turns follow the replies, not the schedule.
     arriving = [r for r in records if (wanted is None or r.request_class in wanted) and r.turn == 0]
-    for key, instants in (("achieved_rate", [r.sent_s for r in arriving]),
-                          ("schedule_rate", [r.intended_send_s for r in arriving])):
+    for key, instants in (
+        ("achieved_rate", [r.sent_s for r in arriving]),
+        ("schedule_rate", [r.intended_send_s for r in arriving]),
+    ):
         ts = sorted(instants)
         if len(ts) > 1 and ts[-1] > ts[0]:
             out[key] = (len(ts) - 1) / (ts[-1] - ts[0])
@@ -174,8 +176,13 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
     if metrics.get("client_cpu_util", 0.0) > limits.max_client_cpu_util:
         reasons.append(f"client CPU {metrics['client_cpu_util']:.2f} of a core > {limits.max_client_cpu_util:g}")
     schedule, achieved = metrics.get("schedule_rate"), metrics.get("achieved_rate")
-    if (not capped and schedule and achieved is not None and metrics.get("target_rate") != float("inf")
-            and achieved < schedule * limits.min_rate_ratio):
+    if (
+        not capped
+        and schedule
+        and achieved is not None
+        and metrics.get("target_rate") != float("inf")
+        and achieved < schedule * limits.min_rate_ratio
+    ):
         reasons.append(f"achieved rate {achieved:.2f} < {limits.min_rate_ratio:g} x schedule {schedule:.2f}")
     return not reasons, reasons
 
@@ -206,10 +213,48 @@ def _server_side(r: RequestRecord) -> bool:
 
 
 # Two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-CI_METRICS = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "itl_ms_p50", "itl_ms_p99", "e2e_ms_p50",
-              "tokens_per_second", "qps")
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
+CI_METRICS = (
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "itl_ms_p50",
+    "itl_ms_p99",
+    "e2e_ms_p50",
+    "tokens_per_second",
+    "qps",
+)
 
 
 def summarize_repeats(per_repeat: Sequence[dict[str, float]], max_ci_rel_width: float) -> dict[str, float]:

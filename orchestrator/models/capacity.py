@@ -15,11 +15,30 @@ from orchestrator.config.schema import ModelArch, ModelSpec
 GIB = 1024**3
 
 # Bytes per KV value for an engine's kv_cache_dtype ("auto" = the model's 16-bit dtype).
-KV_DTYPE_BYTES = {"auto": 2.0, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "half": 2.0, "float32": 4.0,
-                  "float": 4.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
+KV_DTYPE_BYTES = {
+    "auto": 2.0,
+    "bfloat16": 2.0,
+    "bf16": 2.0,
+    "float16": 2.0,
+    "half": 2.0,
+    "float32": 4.0,
+    "float": 4.0,
+    "fp8": 1.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+}
 # Bytes per weight for a quantization method (None = the checkpoint's own, ModelArch.weight_bytes_per_param).
-QUANT_BYTES = {"fp8": 1.0, "awq": 0.5, "awq_marlin": 0.5, "gptq": 0.5, "gptq_marlin": 0.5, "bitsandbytes": 0.5,
-               "w8a8_int8": 1.0, "w8a8_fp8": 1.0, "modelopt_fp4": 0.5}
+QUANT_BYTES = {
+    "fp8": 1.0,
+    "awq": 0.5,
+    "awq_marlin": 0.5,
+    "gptq": 0.5,
+    "gptq_marlin": 0.5,
+    "bitsandbytes": 0.5,
+    "w8a8_int8": 1.0,
+    "w8a8_fp8": 1.0,
+    "modelopt_fp4": 0.5,
+}
 
 
 def arch_of(model: ModelSpec) -> ModelArch | None:
@@ -29,12 +48,19 @@ def arch_of(model: ModelSpec) -> ModelArch | None:
     if model.tiny is not None:
         t = model.tiny
         head_dim = t.hidden_size // t.num_heads
-        per_layer = (t.hidden_size * head_dim * (t.num_heads + 2 * t.num_kv_heads)  # q, k, v
-                     + t.hidden_size * t.hidden_size  # o
-                     + 3 * t.hidden_size * t.intermediate_size)  # gate, up, down
+        per_layer = (
+            t.hidden_size * head_dim * (t.num_heads + 2 * t.num_kv_heads)  # q, k, v
+            + t.hidden_size * t.hidden_size  # o
+            + 3 * t.hidden_size * t.intermediate_size
+        )  # gate, up, down
         params = t.num_layers * per_layer + 2 * t.vocab_size * t.hidden_size
-        return ModelArch(num_layers=t.num_layers, num_heads=t.num_heads, num_kv_heads=t.num_kv_heads,
-                         head_dim=head_dim, params_b=params / 1e9)
+        return ModelArch(
+            num_layers=t.num_layers,
+            num_heads=t.num_heads,
+            num_kv_heads=t.num_kv_heads,
+            head_dim=head_dim,
+            params_b=params / 1e9,
+        )
     return None
 
 
@@ -55,8 +81,14 @@ class Capacity:
     tokens: int  # concurrent tokens the KV cache holds across the TP group
 
 
-def kv_capacity(arch: ModelArch, gpu_memory_gb: float, utilization: float, tp: int = 1,
-                kv_dtype: str | None = None, quantization: str | None = None) -> Capacity:
+def kv_capacity(
+    arch: ModelArch,
+    gpu_memory_gb: float,
+    utilization: float,
+    tp: int = 1,
+    kv_dtype: str | None = None,
+    quantization: str | None = None,
+) -> Capacity:
     """How many tokens fit in the KV cache of a TP group (activations and graphs not counted)."""
     weights = weight_bytes(arch, quantization) / tp
     kv_token = kv_bytes_per_token(arch, kv_dtype) / tp

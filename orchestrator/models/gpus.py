@@ -25,16 +25,19 @@ class GPUSpec:
         return self.bf16_tflops * 1e12 / (self.bandwidth_gb_s * 1e9)
 
 
-GPUS: dict[str, GPUSpec] = {g.name: g for g in (
-    GPUSpec("A100-40GB", 40, 1555, 312),
-    GPUSpec("A100-80GB", 80, 2039, 312),
-    GPUSpec("H100-SXM-80GB", 80, 3350, 989, 1979),
-    GPUSpec("H100-PCIe-80GB", 80, 2000, 756, 1513),
-    GPUSpec("H200-141GB", 141, 4800, 989, 1979),
-    GPUSpec("L40S-48GB", 48, 864, 362, 733),
-    GPUSpec("L4-24GB", 24, 300, 121, 242),
-    GPUSpec("A10G-24GB", 24, 600, 125),
-)}
+GPUS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        GPUSpec("A100-40GB", 40, 1555, 312),
+        GPUSpec("A100-80GB", 80, 2039, 312),
+        GPUSpec("H100-SXM-80GB", 80, 3350, 989, 1979),
+        GPUSpec("H100-PCIe-80GB", 80, 2000, 756, 1513),
+        GPUSpec("H200-141GB", 141, 4800, 989, 1979),
+        GPUSpec("L40S-48GB", 48, 864, 362, 733),
+        GPUSpec("L4-24GB", 24, 300, 121, 242),
+        GPUSpec("A10G-24GB", 24, 600, 125),
+    )
+}
 
 
 def gpu_spec(name: str) -> GPUSpec:

@@ -39,16 +39,29 @@ class DecodeFloor:
         return self.flops / self.bytes_read
 
 
-def decode_floor(arch: ModelArch, bandwidth_gb_s: float, peak_tflops: float, batch: int = 1,
-                 context_tokens: int = 0, tp: int = 1, kv_dtype: str | None = None,
-                 quantization: str | None = None) -> DecodeFloor:
+def decode_floor(
+    arch: ModelArch,
+    bandwidth_gb_s: float,
+    peak_tflops: float,
+    batch: int = 1,
+    context_tokens: int = 0,
+    tp: int = 1,
+    kv_dtype: str | None = None,
+    quantization: str | None = None,
+) -> DecodeFloor:
     """Floor of one decode step for ``batch`` sequences of ``context_tokens`` each, per TP rank."""
     weights = weight_bytes(arch, quantization) / tp
     kv = kv_bytes_per_token(arch, kv_dtype) * context_tokens * batch / tp
     active = (arch.active_params_b or arch.params_b) * 1e9
     flops = 2 * active * batch / tp
-    return DecodeFloor(batch, context_tokens, weights + kv, flops,
-                       (weights + kv) / (bandwidth_gb_s * 1e9) * 1e3, flops / (peak_tflops * 1e12) * 1e3)
+    return DecodeFloor(
+        batch,
+        context_tokens,
+        weights + kv,
+        flops,
+        (weights + kv) / (bandwidth_gb_s * 1e9) * 1e3,
+        flops / (peak_tflops * 1e12) * 1e3,
+    )
 
 
 @functools.lru_cache(maxsize=1)

@@ -118,10 +118,18 @@ def llama_config(spec: TinyModelSpec, dtype: str) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False, torch_dtype=dtype,
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype=dtype,
     )
 
 
@@ -153,14 +161,21 @@ def quantize_model(base: Path, out_dir: Path, method: str) -> None:
     INT8 for w8a8, the WNA16 kernel for w4a16)."""
     import torch
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus, apply_quantization_config,
-                                                 preset_name_to_scheme)
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
     from compressed_tensors.quantization.utils.helpers import calculate_qparams
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16)
-    config = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme(QUANT_PRESETS[method], ["Linear"])},
-                                ignore=["lm_head"], quantization_status=QuantizationStatus.INITIALIZED)
+    config = QuantizationConfig(
+        config_groups={"group_0": preset_name_to_scheme(QUANT_PRESETS[method], ["Linear"])},
+        ignore=["lm_head"],
+        quantization_status=QuantizationStatus.INITIALIZED,
+    )
     apply_quantization_config(model, config)
     for module in model.modules():
         scheme = getattr(module, "quantization_scheme", None)
@@ -248,23 +263,23 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
                 rows.append(ids[:-1])
                 targets.append(target)
             x, y = torch.tensor(rows), torch.tensor(targets)
-            loss = torch.nn.functional.cross_entropy(model(input_ids=x).logits.reshape(-1, config.vocab_size),
-                                                     y.reshape(-1), ignore_index=-100)
+            loss = torch.nn.functional.cross_entropy(
+                model(input_ids=x).logits.reshape(-1, config.vocab_size), y.reshape(-1), ignore_index=-100
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
             loss_value = loss.item()
             if step % 200 == 0 or step == train.steps - 1:
-                log(f"tiny_trained: step {step + 1}/{train.steps}, loss {loss_value:.3f}, "
-                    f"{time.monotonic() - t0:.0f}s")
+                log(f"tiny_trained: step {step + 1}/{train.steps}, loss {loss_value:.3f}, {time.monotonic() - t0:.0f}s")
         model.eval()
         correct = 0
         with torch.no_grad():
             for a, b in held:
                 prompt = torch.tensor([tok.encode(f"{a}+{b}=")])
                 out = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=2)
-                correct += tok.decode(out[0, prompt.shape[1]:].tolist()).split("\n")[0] == str(a + b)
+                correct += tok.decode(out[0, prompt.shape[1] :].tolist()).split("\n")[0] == str(a + b)
     finally:
         torch.set_num_threads(threads)
         torch.random.set_rng_state(state)

@@ -15,9 +15,16 @@ from orchestrator.report.verdict import decide, knob_effects, value_of
 
 log = logging.getLogger(__name__)
 
-COLUMNS = [("ttft_ms_p50", "TTFT p50 (ms)"), ("ttft_ms_p99", "TTFT p99 (ms)"), ("itl_ms_p99", "ITL p99 (ms)"),
-           ("tpot_ms_p50", "TPOT p50 (ms)"), ("tokens_per_second", "output tok/s"), ("goodput", "goodput (req/s)"),
-           ("memory_peak_gb", "memory peak (GB)"), ("decode_floor_ratio", "TPOT / roofline floor")]
+COLUMNS = [
+    ("ttft_ms_p50", "TTFT p50 (ms)"),
+    ("ttft_ms_p99", "TTFT p99 (ms)"),
+    ("itl_ms_p99", "ITL p99 (ms)"),
+    ("tpot_ms_p50", "TPOT p50 (ms)"),
+    ("tokens_per_second", "output tok/s"),
+    ("goodput", "goodput (req/s)"),
+    ("memory_peak_gb", "memory peak (GB)"),
+    ("decode_floor_ratio", "TPOT / roofline floor"),
+]
 
 
 def build_report(data: SweepData, out: Path, accuracy_delta: float = 0.01) -> list[Path]:
@@ -34,7 +41,9 @@ def build_report(data: SweepData, out: Path, accuracy_delta: float = 0.01) -> li
             def value(t: TrialData, key: str) -> float | None:
                 v = value_of(t, key, goal.at)
                 return v.value if v else None
+
             return frontier(d, o, front["minimize"], front["maximize"], value)
+
         builders.append(pareto_plot)
     for builder in builders:
         try:
@@ -52,8 +61,13 @@ def _fmt(v: float | None) -> str:
     return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
 
 
-def best_configuration(trials: list[TrialData], metric: str = "tokens_per_second", accuracy_key: str = "accuracy",
-                       delta: float = 0.01, baseline: TrialData | None = None) -> tuple[TrialData | None, str]:
+def best_configuration(
+    trials: list[TrialData],
+    metric: str = "tokens_per_second",
+    accuracy_key: str = "accuracy",
+    delta: float = 0.01,
+    baseline: TrialData | None = None,
+) -> tuple[TrialData | None, str]:
     """The trial with the highest ``metric`` at its heaviest load point whose accuracy is at
     least the baseline's minus ``delta`` (baseline: the first trial with an accuracy). Without
     accuracy scores, simply the fastest. Returns (trial, why)."""
@@ -73,14 +87,16 @@ def best_configuration(trials: list[TrialData], metric: str = "tokens_per_second
     floor = base.metrics[accuracy_key] - delta
     ok = [t for t in with_acc if t.metrics[accuracy_key] >= floor]
     best = max(ok, key=speed)
-    return best, (f"highest {metric} among trials with {accuracy_key} >= {floor:.3f} "
-                  f"(baseline {base.name} {base.metrics[accuracy_key]:.3f} - {delta})")
+    return best, (
+        f"highest {metric} among trials with {accuracy_key} >= {floor:.3f} "
+        f"(baseline {base.name} {base.metrics[accuracy_key]:.3f} - {delta})"
+    )
 
 
 DATASETS = {
     "random": "uniformly random token ids of exact length (prompts share no prefix)",
     "vllm_random": "runs of consecutive token ids from a random start, as `vllm bench serve --dataset-name "
-                   "random` builds them (on a small vocabulary they share leading blocks: prefix-cache hits)",
+    "random` builds them (on a small vocabulary they share leading blocks: prefix-cache hits)",
     "shared_prefix": "one of a few fixed prefixes, then random tokens",
     "sharegpt": "first user turns of a ShareGPT file",
     "multi_turn": "conversations; every turn resends the conversation so far",
@@ -103,13 +119,17 @@ def load_description(trials: list[TrialData]) -> list[str]:
                 rates.add((str(s.get("arrival", "poisson")), float(s.get("burstiness", 1.0)), s.get("max_concurrency")))
     out = []
     if closed:
-        out.append("Concurrency points (`cN`) are closed loops: N streams, each sending its next request the moment "
-                   "its previous one completes, with no think time (as `vllm bench serve --max-concurrency N "
-                   "--request-rate inf`).")
+        out.append(
+            "Concurrency points (`cN`) are closed loops: N streams, each sending its next request the moment "
+            "its previous one completes, with no think time (as `vllm bench serve --max-concurrency N "
+            "--request-rate inf`)."
+        )
     for arrival, burst, cap in sorted(rates, key=str):
         shape = f"{arrival} arrivals" + (f" (gamma shape {burst:g})" if arrival == "gamma" or burst != 1.0 else "")
-        out.append(f"Rate points (`rX`) are open loops: {shape} at X req/s, drawn before the point starts; a send "
-                   "never waits for a completion" + (f", at most {cap} in flight." if cap else "."))
+        out.append(
+            f"Rate points (`rX`) are open loops: {shape} at X req/s, drawn before the point starts; a send "
+            "never waits for a completion" + (f", at most {cap} in flight." if cap else ".")
+        )
     if trace:
         out.append("Trace points replay the trace file's own arrival times and lengths.")
     classes: dict[str, set[str]] = {}
@@ -120,21 +140,31 @@ def load_description(trials: list[TrialData]) -> list[str]:
                 classes.setdefault(m.group(1), set()).add(value)
     for cls, kinds in sorted(classes.items()):
         out.append(f"Prompts of class `{cls}`: " + "; ".join(f"{k}: {DATASETS.get(k, k)}" for k in sorted(kinds)) + ".")
-        background = sorted({(t.param(f"workload.classes.{cls}.rate"), t.param(f"workload.classes.{cls}.arrival"))
-                             for t in trials if t.param(f"workload.classes.{cls}.rate") is not None})
+        background = sorted(
+            {
+                (t.param(f"workload.classes.{cls}.rate"), t.param(f"workload.classes.{cls}.arrival"))
+                for t in trials
+                if t.param(f"workload.classes.{cls}.rate") is not None
+            }
+        )
         for rate, arrival in background:
-            out.append(f"Class `{cls}` is background traffic: {arrival or 'poisson'} arrivals at {rate} req/s "
-                       "during every point, whatever the point's setting.")
+            out.append(
+                f"Class `{cls}` is background traffic: {arrival or 'poisson'} arrivals at {rate} req/s "
+                "during every point, whatever the point's setting."
+            )
     return out
 
 
 def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float = 0.01) -> str:
     varied = data.varied_params()
-    lines = [f"# {data.experiment}: sweep report", "",
-             f"Built {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} from {data.source}. "
-             f"{len(data.trials)} trial(s): " + ", ".join(
-                 f"{sum(t.status == s for t in data.trials)} {s}" for s in sorted({t.status for t in data.trials})),
-             ""]
+    lines = [
+        f"# {data.experiment}: sweep report",
+        "",
+        f"Built {dt.datetime.now().strftime('%Y-%m-%d %H:%M')} from {data.source}. "
+        f"{len(data.trials)} trial(s): "
+        + ", ".join(f"{sum(t.status == s for t in data.trials)} {s}" for s in sorted({t.status for t in data.trials})),
+        "",
+    ]
     load = load_description(data.trials)
     if load:
         lines += ["**How the load was generated.** " + " ".join(load), ""]
@@ -148,8 +178,11 @@ def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float 
         if not t.points:
             lines.append("| " + " | ".join([t.name, t.status, *params, "", *[""] * len(COLUMNS), *acc]) + " |")
         for p in t.points:
-            lines.append("| " + " | ".join([t.name, t.status, *params, p.label,
-                                             *[_fmt(p.metrics.get(k)) for k, _ in COLUMNS], *acc]) + " |")
+            lines.append(
+                "| "
+                + " | ".join([t.name, t.status, *params, p.label, *[_fmt(p.metrics.get(k)) for k, _ in COLUMNS], *acc])
+                + " |"
+            )
     invalid = [(t, p) for t in data.trials for p in t.points if p.metrics.get("invalid")]
     if invalid:  # a number read at such a point describes the client or another workload, not the server
         lines += ["", "**INVALID points** (not a measurement of the server under the planned workload):", ""]
@@ -159,8 +192,11 @@ def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float 
         lines += knob_effects(data.finished, varied, data.objective)
     else:
         best, why = best_configuration(data.finished, delta=accuracy_delta)
-        lines += ["", f"**Best configuration:** {best.name if best else 'none'} ({why}; the experiment declares "
-                  "no `objective`, see README)."]
+        lines += [
+            "",
+            f"**Best configuration:** {best.name if best else 'none'} ({why}; the experiment declares "
+            "no `objective`, see README).",
+        ]
     skipped = [t for t in data.trials if t.status != "FINISHED"]
     if skipped:
         lines += ["", "Not measured: " + "; ".join(f"{t.name} {t.status}" for t in skipped) + "."]

@@ -88,8 +88,9 @@ def _finite(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def from_results(results: list[TrialResult], experiment: str, sweep_run_id: str | None = None,
-                 objective: ObjectiveSpec | None = None) -> SweepData:
+def from_results(
+    results: list[TrialResult], experiment: str, sweep_run_id: str | None = None, objective: ObjectiveSpec | None = None
+) -> SweepData:
     """Report data from the driver's own results (no MLflow needed)."""
     trials = []
     for r in results:
@@ -109,8 +110,17 @@ def from_results(results: list[TrialResult], experiment: str, sweep_run_id: str 
 
             return pq.read_table(io.BytesIO(parquet))
 
-        trials.append(TrialData(name=r.variant or f"trial-{r.trial_hash[:8]}", status=r.status, params=params,
-                                metrics=dict(r.metrics), points=points, trial_hash=r.trial_hash, records=load))
+        trials.append(
+            TrialData(
+                name=r.variant or f"trial-{r.trial_hash[:8]}",
+                status=r.status,
+                params=params,
+                metrics=dict(r.metrics),
+                points=points,
+                trial_hash=r.trial_hash,
+                records=load,
+            )
+        )
     return SweepData(experiment, trials, "results", sweep_run_id, objective)
 
 
@@ -124,8 +134,15 @@ def parse_points_csv(text: str) -> list[Point]:
         values = dict(zip(header, row))
         text = ("point", "label", "setting", "invalid_reasons")
         metrics = {k: float(v) for k, v in values.items() if k not in text and v != ""}
-        out.append(Point(int(values["point"]), values["label"], json.loads(values["setting"] or "{}"), metrics,
-                         values.get("invalid_reasons", "")))
+        out.append(
+            Point(
+                int(values["point"]),
+                values["label"],
+                json.loads(values["setting"] or "{}"),
+                metrics,
+                values.get("invalid_reasons", ""),
+            )
+        )
     return out
 
 
@@ -140,19 +157,28 @@ def from_mlflow(uri: str, experiment: str, sweep_run_id: str | None = None) -> S
         known = ", ".join(sorted(e.name for e in client.search_experiments())) or "none"
         raise LookupError(f"no MLflow experiment {experiment!r} at {uri} (experiments: {known})")
     if sweep_run_id is None:
-        sweeps = client.search_runs([exp.experiment_id], filter_string="tags.run_kind = 'sweep'",
-                                    order_by=["attributes.start_time DESC"], max_results=50)
+        sweeps = client.search_runs(
+            [exp.experiment_id],
+            filter_string="tags.run_kind = 'sweep'",
+            order_by=["attributes.start_time DESC"],
+            max_results=50,
+        )
         for sweep in sweeps:  # the latest sweep that ran something (a resumed no-op logs none)
-            if client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{sweep.info.run_id}'",
-                                  max_results=1):
+            if client.search_runs(
+                [exp.experiment_id], f"tags.mlflow.parentRunId = '{sweep.info.run_id}'", max_results=1
+            ):
                 sweep_run_id = sweep.info.run_id
                 break
         if sweep_run_id is None:
             raise LookupError(f"experiment {experiment!r} at {uri} has no sweep with trial runs")
     logged = client.get_run(sweep_run_id).data.params.get("objective")
     objective = ObjectiveSpec.model_validate_json(logged) if logged else None
-    runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{sweep_run_id}'",
-                              order_by=["attributes.start_time ASC"], max_results=5000)
+    runs = client.search_runs(
+        [exp.experiment_id],
+        f"tags.mlflow.parentRunId = '{sweep_run_id}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=5000,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         trials = [_trial_of_run(client, run, tmp) for run in runs]
     return SweepData(experiment, trials, f"mlflow:{uri} run {sweep_run_id}", sweep_run_id, objective)
@@ -180,9 +206,15 @@ def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
 
     tags = run.data.tags
     return TrialData(
-        name=tags.get("variant") or run.info.run_name or run_id[:8], status=tags.get("trial_status", "?"),
-        params=dict(run.data.params), metrics={k: v for k, v in run.data.metrics.items() if "/" not in k},
-        points=points, run_id=run_id, trial_hash=tags.get("trial_hash", ""), records=load)
+        name=tags.get("variant") or run.info.run_name or run_id[:8],
+        status=tags.get("trial_status", "?"),
+        params=dict(run.data.params),
+        metrics={k: v for k, v in run.data.metrics.items() if "/" not in k},
+        points=points,
+        run_id=run_id,
+        trial_hash=tags.get("trial_hash", ""),
+        records=load,
+    )
 
 
 def finished_trials(uri: str, experiment: str, hashes: list[str]) -> dict[str, TrialData]:
@@ -197,9 +229,12 @@ def finished_trials(uri: str, experiment: str, hashes: list[str]) -> dict[str, T
         return out
     with tempfile.TemporaryDirectory() as tmp:
         for h in dict.fromkeys(hashes):
-            runs = client.search_runs([exp.experiment_id], f"tags.trial_hash = '{h}' and tags.trial_status = "
-                                      "'FINISHED' and tags.run_kind = 'trial'",
-                                      order_by=["attributes.start_time DESC"], max_results=1)
+            runs = client.search_runs(
+                [exp.experiment_id],
+                f"tags.trial_hash = '{h}' and tags.trial_status = 'FINISHED' and tags.run_kind = 'trial'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
             if runs:
                 out[h] = _trial_of_run(client, runs[0], tmp)
     return out

@@ -58,8 +58,9 @@ def load_axis(trials: list[TrialData]) -> tuple[str, Callable[[Point], float], l
     return label, x, ticks, labels
 
 
-def _lines(ax: Any, trials: list[TrialData], key: str, x: Callable[[Point], float], style: str = "o-",
-           suffix: str = "") -> None:
+def _lines(
+    ax: Any, trials: list[TrialData], key: str, x: Callable[[Point], float], style: str = "o-", suffix: str = ""
+) -> None:
     for t in trials:
         pts = sorted(t.points, key=x)
         ax.plot([x(p) for p in pts], [_value(p, key) for p in pts], style, label=f"{t.name}{suffix}")
@@ -106,9 +107,14 @@ def first_serving(data: SweepData, out: Path) -> list[Path]:
         if k is not None:
             for ax in axes:
                 ax.axvline(x(k), color="grey", linestyle=":", linewidth=1.2)
-            axes[0].annotate(f"knee ({t.name}): {tick_labels[ticks.index(x(k))] if x(k) in ticks else x(k)}",
-                             (x(k), _value(k, "ttft_ms_p50")), textcoords="offset points", xytext=(-90, 12),
-                             fontsize=8, arrowprops={"arrowstyle": "->", "color": "grey"})
+            axes[0].annotate(
+                f"knee ({t.name}): {tick_labels[ticks.index(x(k))] if x(k) in ticks else x(k)}",
+                (x(k), _value(k, "ttft_ms_p50")),
+                textcoords="offset points",
+                xytext=(-90, 12),
+                fontsize=8,
+                arrowprops={"arrowstyle": "->", "color": "grey"},
+            )
     for ax in axes:
         ax.set_xlabel(label)
         ax.set_xticks(ticks, tick_labels)
@@ -139,14 +145,23 @@ def chunked_prefill(data: SweepData, out: Path) -> list[Path]:
     long_ = "long" if "long" in classes else None
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for label in labels:
-        def at(t: TrialData, key: str) -> float:
+
+        def at(t: TrialData, key: str, label: str = label) -> float:
             p = next((p for p in t.points if p.label == label), None)
             return _value(p, key) if p else math.nan
 
-        axes[0].plot(positions, [at(t, f"{short}/itl_ms_p99" if short else "itl_ms_p99") for t in trials], "o-",
-                     label=f"{label}: ITL p99" + (" (short streams)" if short else ""))
-        axes[1].plot(positions, [at(t, f"{long_}/ttft_ms_p99" if long_ else "ttft_ms_p99") for t in trials], "s-",
-                     label=f"{label}: TTFT p99" + (" (long prompts)" if long_ else ""))
+        axes[0].plot(
+            positions,
+            [at(t, f"{short}/itl_ms_p99" if short else "itl_ms_p99") for t in trials],
+            "o-",
+            label=f"{label}: ITL p99" + (" (short streams)" if short else ""),
+        )
+        axes[1].plot(
+            positions,
+            [at(t, f"{long_}/ttft_ms_p99" if long_ else "ttft_ms_p99") for t in trials],
+            "s-",
+            label=f"{label}: TTFT p99" + (" (long prompts)" if long_ else ""),
+        )
     axes[0].set_ylabel("ITL p99 (ms)")
     axes[0].set_title("decode stalls vs chunk budget")
     axes[1].set_ylabel("TTFT p99 (ms)")
@@ -161,8 +176,9 @@ def chunked_prefill(data: SweepData, out: Path) -> list[Path]:
     return paths + ([over_time] if over_time else [])
 
 
-def _itl_over_time(trials: list[TrialData], names: list[str], short: str | None, long_: str | None,
-                   out: Path) -> Path | None:
+def _itl_over_time(
+    trials: list[TrialData], names: list[str], short: str | None, long_: str | None, out: Path
+) -> Path | None:
     """Every inter-token gap of the short streams at the heaviest load point, against time,
     with the arrivals of long prompts marked: the stalls line up with them."""
     plt = _plt()
@@ -186,12 +202,12 @@ def _itl_over_time(trials: list[TrialData], names: list[str], short: str | None,
                 ys.append((b - a) * 1000)
         ax.scatter(xs, ys, s=4, alpha=0.6, label=f"ITL of {short or 'all'} requests")
         for i, r in enumerate(r for r in rows if long_ and r["request_class"] == long_):
-            ax.axvline(r["sent_s"] - t0, color="red", alpha=0.35, linewidth=0.8,
-                       label="long prompt sent" if i == 0 else None)
+            ax.axvline(
+                r["sent_s"] - t0, color="red", alpha=0.35, linewidth=0.8, label="long prompt sent" if i == 0 else None
+            )
         ax.set_yscale("log")
         ax.set_ylabel("ITL (ms)")
-        ax.set_title(f"budget {name}, point {next((p.label for p in t.points if p.index == last), last)}",
-                     fontsize=9)
+        ax.set_title(f"budget {name}, point {next((p.label for p in t.points if p.index == last), last)}", fontsize=9)
         ax.legend(fontsize=7, loc="upper right")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("time since the load point started (s)")
@@ -210,7 +226,8 @@ def prefix_caching(data: SweepData, out: Path) -> list[Path]:
         if p is None:
             continue
         groups.setdefault("prefix caching on" if on else "prefix caching off", []).append(
-            (prefix, _value(p, "ttft_ms_p50"), _value(p, "server_prefix_cache_hit_rate")))
+            (prefix, _value(p, "ttft_ms_p50"), _value(p, "server_prefix_cache_hit_rate"))
+        )
     for name, pts in sorted(groups.items()):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
@@ -261,14 +278,25 @@ def quantization(data: SweepData, out: Path) -> list[Path]:
     """Memory vs throughput, labelled by accuracy when the sweep scored it; Pareto front."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.8))
-    pts = [(t.metrics.get("memory_peak_gb_max", math.nan), t.points[-1].metrics.get("tokens_per_second", math.nan)
-            if t.points else math.nan, t) for t in data.finished]
+    pts = [
+        (
+            t.metrics.get("memory_peak_gb_max", math.nan),
+            t.points[-1].metrics.get("tokens_per_second", math.nan) if t.points else math.nan,
+            t,
+        )
+        for t in data.finished
+    ]
     pts = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
     for mem, tps, t in pts:
         acc = t.metrics.get("accuracy")
         ax.scatter([mem], [tps], s=40)
-        ax.annotate(t.name + (f" (acc {acc:.3f})" if acc is not None else ""), (mem, tps),
-                    textcoords="offset points", xytext=(5, 5), fontsize=8)
+        ax.annotate(
+            t.name + (f" (acc {acc:.3f})" if acc is not None else ""),
+            (mem, tps),
+            textcoords="offset points",
+            xytext=(5, 5),
+            fontsize=8,
+        )
     front = pareto(pts)
     if len(front) > 1:
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", linewidth=1, label="Pareto front")
@@ -289,11 +317,15 @@ def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, A
     return front
 
 
-def frontier(data: SweepData, out: Path, minimize: str, maximize: str,
-             value: Callable[[TrialData, str], float | None]) -> list[Path]:
+def frontier(
+    data: SweepData, out: Path, minimize: str, maximize: str, value: Callable[[TrialData, str], float | None]
+) -> list[Path]:
     """Each finished trial at (``minimize``, ``maximize``); the Pareto frontier joined."""
-    pts = [(x, y, t.name) for t in data.finished
-           if (x := value(t, minimize)) is not None and (y := value(t, maximize)) is not None]
+    pts = [
+        (x, y, t.name)
+        for t in data.finished
+        if (x := value(t, minimize)) is not None and (y := value(t, maximize)) is not None
+    ]
     if len(pts) < 2:
         return []
     plt = _plt()
@@ -336,17 +368,36 @@ def _by_param(data: SweepData, out: Path, key: str, xlabel: str, name: str, titl
 
 
 def tensor_parallel(data: SweepData, out: Path) -> list[Path]:
-    return _by_param(data, out, "engine.tensor_parallel_size", "tensor parallel size (GPUs or CPU ranks)",
-                     "tensor_parallel.png", "latency and throughput vs tensor parallelism")
+    return _by_param(
+        data,
+        out,
+        "engine.tensor_parallel_size",
+        "tensor parallel size (GPUs or CPU ranks)",
+        "tensor_parallel.png",
+        "latency and throughput vs tensor parallelism",
+    )
 
 
 def disaggregated_pd(data: SweepData, out: Path) -> list[Path]:
-    return _by_param(data, out, "workload.classes.main.input_tokens", "input length (tokens)",
-                     "disaggregated_pd.png", "TTFT (includes the KV transfer under P/D) vs input length")
+    return _by_param(
+        data,
+        out,
+        "workload.classes.main.input_tokens",
+        "input length (tokens)",
+        "disaggregated_pd.png",
+        "TTFT (includes the KV transfer under P/D) vs input length",
+    )
 
 
-def _per_point(data: SweepData, out: Path, panels: list[tuple[str, str]], name: str, legend_title: str | None,
-               title: str | None = None, log_first: bool = False) -> list[Path]:
+def _per_point(
+    data: SweepData,
+    out: Path,
+    panels: list[tuple[str, str]],
+    name: str,
+    legend_title: str | None,
+    title: str | None = None,
+    log_first: bool = False,
+) -> list[Path]:
     """One panel per metric against the load axis, one line per finished trial."""
     plt = _plt()
     trials = data.finished
@@ -371,16 +422,34 @@ def _per_point(data: SweepData, out: Path, panels: list[tuple[str, str]], name: 
 
 def serving_workloads(data: SweepData, out: Path) -> list[Path]:
     """TTFT, TPOT and throughput against load, one line per workload."""
-    return _per_point(data, out, [("ttft_ms_p50", "TTFT p50 (ms)"), ("tpot_ms_p50", "TPOT p50 (ms/token)"),
-                                  ("tokens_per_second", "output throughput (tokens/s)")],
-                      "serving_workloads.png", "workload", log_first=True)
+    return _per_point(
+        data,
+        out,
+        [
+            ("ttft_ms_p50", "TTFT p50 (ms)"),
+            ("tpot_ms_p50", "TPOT p50 (ms/token)"),
+            ("tokens_per_second", "output throughput (tokens/s)"),
+        ],
+        "serving_workloads.png",
+        "workload",
+        log_first=True,
+    )
 
 
 def generic(data: SweepData, out: Path) -> list[Path]:
     """Any sweep: TTFT p50, ITL p99 and throughput per load point, one line per trial."""
-    return _per_point(data, out, [("ttft_ms_p50", "TTFT p50 (ms)"), ("itl_ms_p99", "ITL p99 (ms)"),
-                                  ("tokens_per_second", "output throughput (tokens/s)")],
-                      "overview.png", None, f"{data.experiment}: per load point")
+    return _per_point(
+        data,
+        out,
+        [
+            ("ttft_ms_p50", "TTFT p50 (ms)"),
+            ("itl_ms_p99", "ITL p99 (ms)"),
+            ("tokens_per_second", "output throughput (tokens/s)"),
+        ],
+        "overview.png",
+        None,
+        f"{data.experiment}: per load point",
+    )
 
 
 LAB_PLOTS: dict[str, Builder] = {

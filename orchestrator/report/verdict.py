@@ -63,8 +63,9 @@ def _show(v: Value) -> str:
     return _fmt(v.value) + (f" ± {_fmt(v.ci95)}" if v.ci95 else "")
 
 
-def _check(t: TrialData, key: str, bound: object, objective: ObjectiveSpec,
-           trials: list[TrialData]) -> tuple[bool, str]:
+def _check(
+    t: TrialData, key: str, bound: object, objective: ObjectiveSpec, trials: list[TrialData]
+) -> tuple[bool, str]:
     """Does ``t`` meet one constraint? Returns (ok, "<key> <value>[, needs <= limit]")."""
     lo: float | None = None
     hi: float | None = None
@@ -136,31 +137,39 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
     for t, v in scored:  # overlapping 95% intervals: a tie, not a win
         if t is not best and bv.ci95 and v.ci95 and abs(v.value - bv.value) <= bv.ci95 + v.ci95:
             verdict.ties.append(t)
+
     def quoted(t: TrialData) -> str:
-        cons = {k: value_of(t, k, objective.at) for k in dict.fromkeys([*objective.subject_to, *objective.show])
-                if k != key}
+        cons = {
+            k: value_of(t, k, objective.at) for k in dict.fromkeys([*objective.subject_to, *objective.show]) if k != key
+        }
         return ", ".join(f"{k} {_show(v)}" for k, v in cons.items() if v is not None)
 
     extra = quoted(best)
     head = f"**Verdict:** {best.name}: {key} {_show(bv)}" + (f" ({extra})" if extra else "") + f"; objective: {goal}."
     if verdict.ties:
-        head += (" Tied within the 95% intervals: " + ", ".join(
-            f"{t.name} ({_show(value_of(t, key, objective.at))})" for t in verdict.ties)  # type: ignore[arg-type]
-            + "; the data cannot tell them apart.")
+        head += (
+            " Tied within the 95% intervals: "
+            + ", ".join(f"{t.name} ({_show(value_of(t, key, objective.at))})" for t in verdict.ties)  # type: ignore[arg-type]
+            + "; the data cannot tell them apart."
+        )
     elif bv.where != "knob" and bv.ci95 is None and len(scored) > 1:
         head += " No repeats: run-to-run noise was not measured (workload.repeats >= 3 gives intervals)."
     verdict.lines = [head]
     others = [(t, v) for t, v in sorted(scored, key=lambda tv: -sign * tv[1].value) if t is not best]
     if others:
-        verdict.lines.append("Also meeting the constraints: " + "; ".join(
-            f"{t.name} {key} {_show(v)}" + (f" ({q})" if (q := quoted(t)) else "") for t, v in others) + ".")
+        verdict.lines.append(
+            "Also meeting the constraints: "
+            + "; ".join(f"{t.name} {key} {_show(v)}" + (f" ({q})" if (q := quoted(t)) else "") for t, v in others)
+            + "."
+        )
     flagged = [t.name for t, v in scored if _read_at_invalid_point(t, v)]
     if flagged:
-        verdict.lines.append("Caution: the value of " + ", ".join(flagged) + " was read at a load point flagged "
-                             "INVALID (the client could not keep up, or the server failed): compare with care.")
+        verdict.lines.append(
+            "Caution: the value of " + ", ".join(flagged) + " was read at a load point flagged "
+            "INVALID (the client could not keep up, or the server failed): compare with care."
+        )
     if verdict.excluded:
-        verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded)
-                             + ".")
+        verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded) + ".")
     return verdict
 
 
@@ -172,15 +181,22 @@ def _read_at_invalid_point(t: TrialData, v: Value) -> bool:
 def knob_effects(trials: list[TrialData], varied: list[str], objective: ObjectiveSpec) -> list[str]:
     """For each varied knob, a markdown table: its value per trial and what the objective's
     metric and constraints measured there."""
-    keys = [k for k in dict.fromkeys([objective.key, *objective.subject_to, *objective.show])
-            if not ("." in k and "/" not in k)]
+    keys = [
+        k
+        for k in dict.fromkeys([objective.key, *objective.subject_to, *objective.show])
+        if not ("." in k and "/" not in k)
+    ]
     out: list[str] = []
     for knob in varied:
         if knob in keys:
             continue
         rows = sorted(trials, key=lambda t: (t.num(knob) is None, t.num(knob) or 0.0, str(t.param(knob))))
-        out += [f"What `{knob}` changed:", "", "| " + " | ".join([knob, "trial", *keys]) + " |",
-                "|" + "---|" * (2 + len(keys))]
+        out += [
+            f"What `{knob}` changed:",
+            "",
+            "| " + " | ".join([knob, "trial", *keys]) + " |",
+            "|" + "---|" * (2 + len(keys)),
+        ]
         for t in rows:
             cells = [(lambda v: _show(v) if v else "")(value_of(t, k, objective.at)) for k in keys]
             out.append("| " + " | ".join([str(t.param(knob)), t.name, *cells]) + " |")

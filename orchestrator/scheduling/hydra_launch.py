@@ -32,7 +32,9 @@ def _exit_on_config_error(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @_exit_on_config_error
-def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
+def launch_multirun(
+    hydra_context: Any, config: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> list[Any]:
     """Hydra launcher body: validate all jobs, run them as one sweep, return JobReturns."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import JobReturn, JobStatus, configure_log
@@ -57,8 +59,14 @@ def launch_multirun(hydra_context: Any, config: Any, job_overrides: Sequence[Seq
     outcomes = trial_outcomes(jobs, results)
     returns = []
     for job, cfg, outcome in zip(jobs, job_cfgs, outcomes):
-        ret = JobReturn(overrides=job.overrides, cfg=cfg, hydra_cfg=cfg, working_dir=str(sweep_dir),
-                        task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED)
+        ret = JobReturn(
+            overrides=job.overrides,
+            cfg=cfg,
+            hydra_cfg=cfg,
+            working_dir=str(sweep_dir),
+            task_name=str(cfg.hydra.job.name),
+            status=JobStatus.COMPLETED,
+        )
         ret.return_value = outcome
         returns.append(ret)
     return returns
@@ -78,15 +86,21 @@ def trial_outcomes(jobs: list[Any], results: list[Any]) -> list[dict[str, Any]]:
     missing = [j.trial_hash for j in jobs if j.trial_hash not in by_hash]
     if missing and settings is not None and settings.tracking.enabled and not settings.dry_run:
         try:
-            data.update(finished_trials(settings.tracking.uri, settings.tracking.experiment_name
-                                        or jobs[0].spec.experiment, missing))
+            data.update(
+                finished_trials(
+                    settings.tracking.uri, settings.tracking.experiment_name or jobs[0].spec.experiment, missing
+                )
+            )
         except Exception as exc:  # no store: those trials have no numbers to tell
             log.warning("could not read finished trials back from MLflow: %s", exc)
     out = []
     for job in jobs:
         t = data.get(job.trial_hash)
-        status = by_hash[job.trial_hash].status if job.trial_hash in by_hash else (
-            "FINISHED" if t is not None else "DRY_RUN" if job.settings.dry_run else "NOT_RUN")
+        status = (
+            by_hash[job.trial_hash].status
+            if job.trial_hash in by_hash
+            else ("FINISHED" if t is not None else "DRY_RUN" if job.settings.dry_run else "NOT_RUN")
+        )
         outcome: dict[str, Any] = {"status": status, "trial_hash": job.trial_hash}
         goal = job.settings.objective
         if goal is not None and t is not None and status == "FINISHED":

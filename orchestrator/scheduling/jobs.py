@@ -102,6 +102,7 @@ def _shared_settings_problems(jobs: list[TrialJob]) -> list[str]:
     for key, get in shared.items():
         other = next((j for j in jobs[1:] if get(j) != get(first)), None)
         if other is not None:
-            problems.append(f"{key}: must be the same for every trial of a sweep "
-                            f"(job {first.index} and job {other.index} differ)")
+            problems.append(
+                f"{key}: must be the same for every trial of a sweep (job {first.index} and job {other.index} differ)"
+            )
     return problems

@@ -47,8 +47,14 @@ ATTEMPTS_FILE = "attempts.jsonl"
 # The worker process or its node went away: the trial itself did not fail, so it is run again
 # (on another node when the node is gone). Anything else (an exception in the trial body,
 # a server that exits at start, a cancelled task) is deterministic or wanted: not retried.
-LOST = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "OwnerDiedError", "ObjectLostError",
-        "OutOfMemoryError")
+LOST = (
+    "WorkerCrashedError",
+    "NodeDiedError",
+    "LocalRayletDiedError",
+    "OwnerDiedError",
+    "ObjectLostError",
+    "OutOfMemoryError",
+)
 
 
 def note_attempt(workdir: str, node_id: str) -> None:
@@ -68,14 +74,28 @@ class _Attempts:
     def lost(self, workdir: str, error: str) -> None:
         n = len(self.history) + 1
         started = _last_attempt_note(workdir)
-        self.history.append({"attempt": n, "outcome": "LOST", "error": error, "node_id": started.get("node_id"),
-                             "started_at": started.get("started_at"), "ended_at": time.time(),
-                             "kept_in": _set_aside(workdir, n)})
+        self.history.append(
+            {
+                "attempt": n,
+                "outcome": "LOST",
+                "error": error,
+                "node_id": started.get("node_id"),
+                "started_at": started.get("started_at"),
+                "ended_at": time.time(),
+                "kept_in": _set_aside(workdir, n),
+            }
+        )
 
     def final(self, result: TrialResult) -> TrialResult:
-        self.history.append({"attempt": len(self.history) + 1, "outcome": result.status,
-                             "node_id": result.hardware.get("ray_node_id"), "started_at": result.started_at,
-                             "ended_at": result.ended_at})
+        self.history.append(
+            {
+                "attempt": len(self.history) + 1,
+                "outcome": result.status,
+                "node_id": result.hardware.get("ray_node_id"),
+                "started_at": result.started_at,
+                "ended_at": result.ended_at,
+            }
+        )
         result.attempts = self.history
         return result
 
@@ -91,8 +111,9 @@ def _set_aside(workdir: str, n: int) -> str | None:
     """Move what a lost attempt wrote (points measured so far, server logs) to attempt-N/, so
     the next attempt starts clean and nothing measured is lost."""
     d = Path(workdir)
-    entries = [e for e in d.glob("*") if e.name != ATTEMPTS_FILE and not e.name.startswith("attempt-")] \
-        if d.is_dir() else []
+    entries = (
+        [e for e in d.glob("*") if e.name != ATTEMPTS_FILE and not e.name.startswith("attempt-")] if d.is_dir() else []
+    )
     if not entries:
         return None
     keep = d / f"attempt-{n}"
@@ -221,11 +242,14 @@ def run_jobs(
                 opts: dict[str, Any] = {"num_cpus": job.spec.platform.cpus_per_trial, "num_gpus": job.num_gpus}
                 if len(unit) == 1:
                     ref = remote.options(**opts, name=f"trial:{job.label}"[:100]).remote(
-                        job.spec.model_dump_json(), workdir_of(job), job.overrides)
+                        job.spec.model_dump_json(), workdir_of(job), job.overrides
+                    )
                 else:
                     ref = group_remote.options(**opts, name=f"trials:{job.label}+{len(unit) - 1}"[:100]).remote(
-                        [j.spec.model_dump_json() for j in unit], [workdir_of(j) for j in unit],
-                        [j.overrides for j in unit])
+                        [j.spec.model_dump_json() for j in unit],
+                        [workdir_of(j) for j in unit],
+                        [j.overrides for j in unit],
+                    )
                 running[ref] = unit
             # Short waits: a blocking ray.wait would keep Ctrl-C / SIGTERM from reaching Python.
             done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
@@ -237,9 +261,11 @@ def run_jobs(
                 if lost is not None and len(tries.history) + 1 < max_attempts:
                     for job in unit:
                         attempts[job.index].lost(workdir_of(job), lost)
-                    progress(f"{unit[0].label}{f' (+{len(unit) - 1} sharing its server)' if len(unit) > 1 else ''}: "
-                             f"attempt {len(tries.history)} lost ({lost.splitlines()[0][:160]}); "
-                             f"running it again ({len(tries.history) + 1}/{max_attempts})")
+                    progress(
+                        f"{unit[0].label}{f' (+{len(unit) - 1} sharing its server)' if len(unit) > 1 else ''}: "
+                        f"attempt {len(tries.history)} lost ({lost.splitlines()[0][:160]}); "
+                        f"running it again ({len(tries.history) + 1}/{max_attempts})"
+                    )
                     queue.insert(0, unit)
                     continue
                 for job, result in zip(unit, _results_of(unit, value, error)):
@@ -279,11 +305,19 @@ def _results_of(unit: list[TrialJob], value: Any, error: Exception | None) -> li
     """The unit's results, in job order (a group task returns one per job)."""
     if error is not None:
         now = time.time()
-        return [TrialResult(
-            trial_hash=job.trial_hash, experiment=job.spec.experiment, variant=job.spec.variant,
-            overrides=[redact_override(o) for o in job.overrides],
-            spec=redact_mapping(job.spec.model_dump(mode="json")), status="FAILED",
-            error=f"{type(error).__name__}: {error}", started_at=now, ended_at=now,
-        ) for job in unit]
+        return [
+            TrialResult(
+                trial_hash=job.trial_hash,
+                experiment=job.spec.experiment,
+                variant=job.spec.variant,
+                overrides=[redact_override(o) for o in job.overrides],
+                spec=redact_mapping(job.spec.model_dump(mode="json")),
+                status="FAILED",
+                error=f"{type(error).__name__}: {error}",
+                started_at=now,
+                ended_at=now,
+            )
+            for job in unit
+        ]
     values = value if isinstance(value, list) else [value]
     return [TrialResult.model_validate(v) for v in values]

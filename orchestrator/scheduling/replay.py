@@ -30,14 +30,18 @@ def replay(sweep_dir: Path, uri: str, experiment: str | None = None, progress=pr
     known = tracker.logged_result_ids()
     todo = [(d, r) for d, r in results if result_id(r) not in known]
     if todo and tracker.attach_sweep(str(sweep_dir)) is None:
-        tracker.start_sweep(f"replay:{sweep_dir.name}", {"experiment": name, "num_trials": len(results)},
-                            {"sweep_dir": str(sweep_dir), "replayed": "true"})
+        tracker.start_sweep(
+            f"replay:{sweep_dir.name}",
+            {"experiment": name, "num_trials": len(results)},
+            {"sweep_dir": str(sweep_dir), "replayed": "true"},
+        )
         tracker.end_sweep({}, "FINISHED")
     for d, r in todo:
         tracker.log_trial(r, d, {"replayed": "true"})
         progress(f"logged {d.name}: {r.status}")
-    progress(f"replay of {sweep_dir}: {len(todo)} logged, {len(results) - len(todo)} already in "
-             f"experiment '{name}' at {uri}")
+    progress(
+        f"replay of {sweep_dir}: {len(todo)} logged, {len(results) - len(todo)} already in experiment '{name}' at {uri}"
+    )
     return len(todo), len(results) - len(todo)
 
 
@@ -47,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     opts = dict(a.split("=", 1) for a in args if "=" in a)
     unknown = sorted(set(opts) - {"tracking.uri", "experiment"})
     if len(dirs) != 1 or unknown:
-        print("usage: python -m orchestrator.replay SWEEP_DIR [tracking.uri=URI] [experiment=NAME]"
-              + (f"\nunknown option(s): {', '.join(unknown)}" if unknown else ""), file=sys.stderr)
+        print(
+            "usage: python -m orchestrator.replay SWEEP_DIR [tracking.uri=URI] [experiment=NAME]"
+            + (f"\nunknown option(s): {', '.join(unknown)}" if unknown else ""),
+            file=sys.stderr,
+        )
         return 2
     uri = opts.get("tracking.uri") or DEFAULT_TRACKING_URI
     try:

@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random", "nsga2")
 
 
-def search_space(hydra_context: Any, params: dict[str, Any], arguments: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+def search_space(
+    hydra_context: Any, params: dict[str, Any], arguments: list[str]
+) -> tuple[list[str], dict[str, list[str]]]:
     """(fixed overrides, {key: choices}) from the sweeper's params and the command line."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -48,8 +50,10 @@ def search_space(hydra_context: Any, params: dict[str, Any], arguments: list[str
         else:
             fixed.append(o.input_line)
     if not space:
-        raise ConfigError("hydra/sweeper=optuna: nothing to search; give choice lists (e.g. engine.block_size=32,64) "
-                          "or an experiment with hydra.sweeper.params")
+        raise ConfigError(
+            "hydra/sweeper=optuna: nothing to search; give choice lists (e.g. engine.block_size=32,64) "
+            "or an experiment with hydra.sweeper.params"
+        )
     return fixed, space
 
 
@@ -58,8 +62,10 @@ def objective_of(config: Any) -> ObjectiveSpec:
 
     raw = OmegaConf.to_container(config.objective, resolve=True) if config.get("objective") is not None else None
     if raw is None:
-        raise ConfigError("hydra/sweeper=optuna needs an objective: set `objective` (e.g. "
-                          "'+objective={maximize:tokens_per_second}') or use an experiment that declares one")
+        raise ConfigError(
+            "hydra/sweeper=optuna needs an objective: set `objective` (e.g. "
+            "'+objective={maximize:tokens_per_second}') or use an experiment that declares one"
+        )
     try:
         return ObjectiveSpec.model_validate(raw)
     except ValueError as exc:
@@ -87,29 +93,38 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
     if sampler_name not in SAMPLERS:
         raise ConfigError(f"hydra.sweeper.sampler: expected one of {', '.join(SAMPLERS)}, got {sampler_name!r}")
     seed = int(options.get("seed", 0))
-    sampler = {"tpe": lambda: optuna.samplers.TPESampler(seed=seed),
-               "random": lambda: optuna.samplers.RandomSampler(seed=seed),
-               "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed)}[sampler_name]()
+    sampler = {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+        "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
+    }[sampler_name]()
     identity = json.dumps({"fixed": sorted(fixed), "space": space, "goals": goals}, sort_keys=True)
     name = options.get("study_name") or f"{config.experiment}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
     storage = options.get("storage") or "sqlite:///optuna.db"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True, sampler=sampler,
-                                directions=[d for _, d in goals])
+    study = optuna.create_study(
+        study_name=name, storage=storage, load_if_exists=True, sampler=sampler, directions=[d for _, d in goals]
+    )
     stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
     for t in stale:  # asked before a Ctrl-C, never told: failed now, asked again first
         study.tell(t.number, state=TrialState.FAIL)
         study.set_user_attr(f"interrupted_{t.number}", True)
         study.enqueue_trial(t.params, skip_if_exists=False)
     interrupted = {int(k.split("_")[1]) for k in study.user_attrs if k.startswith("interrupted_")}
-    done = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.FAIL)
-            and t.number not in interrupted]
+    done = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in interrupted
+    ]
     n_trials = int(options.get("n_trials", 10))
     batch_size = max(1, int(options.get("batch_size", 1)))
-    print(f"optuna: study '{name}' in {storage}: {len(done)} of {n_trials} trial(s) done"
-          + (f", {len(stale)} interrupted one(s) asked again" if stale else "")
-          + f"; searching {', '.join(f'{k} ({len(v)})' for k, v in space.items())} for "
-          + ", ".join(f"{d} {m}" for m, d in goals), flush=True)
+    print(
+        f"optuna: study '{name}' in {storage}: {len(done)} of {n_trials} trial(s) done"
+        + (f", {len(stale)} interrupted one(s) asked again" if stale else "")
+        + f"; searching {', '.join(f'{k} ({len(v)})' for k, v in space.items())} for "
+        + ", ".join(f"{d} {m}" for m, d in goals),
+        flush=True,
+    )
     returns = []
     job_idx = 0
     while len(done) < n_trials:
@@ -122,18 +137,27 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
             values = outcome.get("values") or {}
             trial.set_user_attr("status", outcome.get("status"))
             trial.set_user_attr("trial_hash", outcome.get("trial_hash"))
-            if outcome.get("status") != "FINISHED" or not outcome.get("feasible", False) \
-                    or any(values.get(m) is None for m, _ in goals):
+            if (
+                outcome.get("status") != "FINISHED"
+                or not outcome.get("feasible", False)
+                or any(values.get(m) is None for m, _ in goals)
+            ):
                 missing = [m for m, _ in goals if values.get(m) is None]
-                why = (outcome.get("why") or (f"{', '.join(missing)}: not measured or not set" if missing and
-                                              outcome.get("status") == "FINISHED" else outcome.get("status")))
+                why = outcome.get("why") or (
+                    f"{', '.join(missing)}: not measured or not set"
+                    if missing and outcome.get("status") == "FINISHED"
+                    else outcome.get("status")
+                )
                 trial.set_user_attr("reason", str(why))
                 study.tell(trial, state=TrialState.FAIL)
                 print(f"optuna: trial {trial.number} {trial.params}: not counted ({why})", flush=True)
             else:
                 study.tell(trial, [values[m] for m, _ in goals])
-                print(f"optuna: trial {trial.number} {trial.params}: "
-                      + ", ".join(f"{m} {values[m]:.4g}" for m, _ in goals), flush=True)
+                print(
+                    f"optuna: trial {trial.number} {trial.params}: "
+                    + ", ".join(f"{m} {values[m]:.4g}" for m, _ in goals),
+                    flush=True,
+                )
             done.append(study.trials[trial.number])
         returns.append(results)
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
@@ -141,10 +165,16 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
         print("optuna: no trial met the objective's constraints", flush=True)
     elif multi:
         for t in study.best_trials:
-            print(f"optuna: Pareto trial {t.number} {t.params}: "
-                  + ", ".join(f"{m} {v:.4g}" for (m, _), v in zip(goals, t.values)), flush=True)
+            print(
+                f"optuna: Pareto trial {t.number} {t.params}: "
+                + ", ".join(f"{m} {v:.4g}" for (m, _), v in zip(goals, t.values)),
+                flush=True,
+            )
     else:
         best = study.best_trial
-        print(f"optuna: best trial {best.number} {best.params}: {goals[0][0]} {best.value:.4g} "
-              f"({len(complete)} counted of {len(study.trials)} asked)", flush=True)
+        print(
+            f"optuna: best trial {best.number} {best.params}: {goals[0][0]} {best.value:.4g} "
+            f"({len(complete)} counted of {len(study.trials)} asked)",
+            flush=True,
+        )
     return returns

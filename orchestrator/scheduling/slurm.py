@@ -72,8 +72,9 @@ def params_from(values: dict[str, object]) -> SlurmParams:
     """Validated parameters; an unknown one is an error listing the valid ones."""
     unknown = sorted(set(values) - set(SlurmParams.model_fields))
     if unknown:
-        raise ConfigError(f"slurm: unknown parameter(s) {', '.join(unknown)}; valid: "
-                          + ", ".join(SlurmParams.model_fields))
+        raise ConfigError(
+            f"slurm: unknown parameter(s) {', '.join(unknown)}; valid: " + ", ".join(SlurmParams.model_fields)
+        )
     try:
         return SlurmParams.model_validate(values)
     except ValidationError as exc:
@@ -101,11 +102,20 @@ def render_sbatch(params: SlurmParams, overrides: list[str], template: str | Non
         raise ConfigError(f"slurm: overrides may not contain {', '.join(bad)} (the script adds them)")
     text = template if template is not None else TEMPLATE.read_text()
     return Template(text).substitute(
-        job_name=params.job_name, nodes=params.nodes, gpus_per_node=params.gpus_per_node,
-        cpus_per_node=params.cpus_per_node, mem=params.mem, time=params.time, log_dir=params.log_dir,
-        sbatch_extra="\n".join(extra), activate=params.activate or "# (no environment activation)",
-        workdir=shlex.quote(params.workdir), ray_port=params.ray_port, head_wait_s=params.head_wait_s,
-        join_timeout_s=params.join_timeout_s, overrides=" ".join(shlex.quote(o) for o in overrides),
+        job_name=params.job_name,
+        nodes=params.nodes,
+        gpus_per_node=params.gpus_per_node,
+        cpus_per_node=params.cpus_per_node,
+        mem=params.mem,
+        time=params.time,
+        log_dir=params.log_dir,
+        sbatch_extra="\n".join(extra),
+        activate=params.activate or "# (no environment activation)",
+        workdir=shlex.quote(params.workdir),
+        ray_port=params.ray_port,
+        head_wait_s=params.head_wait_s,
+        join_timeout_s=params.join_timeout_s,
+        overrides=" ".join(shlex.quote(o) for o in overrides),
     )
 
 

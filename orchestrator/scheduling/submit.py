@@ -33,8 +33,20 @@ from orchestrator.config.errors import ConfigError
 from orchestrator.scheduling.slurm import reserved_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
-UPLOAD_EXCLUDES = [".venv/", ".git/", "multirun/", "outputs/", "mlruns/", "mlartifacts/", "mlflow.db",
-                   ".scratch/", "slurm-logs/", ".pytest_cache/", "**/__pycache__/", "*.egg-info/"]
+UPLOAD_EXCLUDES = [
+    ".venv/",
+    ".git/",
+    "multirun/",
+    "outputs/",
+    "mlruns/",
+    "mlartifacts/",
+    "mlflow.db",
+    ".scratch/",
+    "slurm-logs/",
+    ".pytest_cache/",
+    "**/__pycache__/",
+    "*.egg-info/",
+]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
@@ -81,8 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="submit a sweep to a remote Ray cluster (Ray job submission)")
     ap.add_argument("--address", required=True, help="the cluster's job server, e.g. http://HEAD:8265")
     ap.add_argument("--job-id", help="submission id (default: Ray picks one)")
-    ap.add_argument("--python", default="python", help="the cluster's Python with Ray and this project's "
-                    "dependencies (default: python on the head's PATH)")
+    ap.add_argument(
+        "--python",
+        default="python",
+        help="the cluster's Python with Ray and this project's dependencies (default: python on the head's PATH)",
+    )
     ap.add_argument("--no-upload", action="store_true", help="the cluster has this project installed; upload nothing")
     ap.add_argument("--pip", action="append", help="extra pip requirement for the job's environment (repeatable)")
     ap.add_argument("--skip-check", action="store_true", help="do not validate the sweep locally first")
@@ -112,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("ray").setLevel(logging.WARNING)  # packaging chatter about each ignored file
     client = JobSubmissionClient(a.address)
-    job_id = client.submit_job(entrypoint=command, submission_id=a.job_id,
-                               runtime_env=runtime_env(not a.no_upload, a.pip))
+    job_id = client.submit_job(
+        entrypoint=command, submission_id=a.job_id, runtime_env=runtime_env(not a.no_upload, a.pip)
+    )
     print(f"submitted job {job_id} to {a.address}: {command}")
     if a.no_wait:
         print(f"follow it with: ray job logs --address {a.address} -f {job_id}")

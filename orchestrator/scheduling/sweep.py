@@ -22,10 +22,10 @@ from typing import Any
 from orchestrator.config.errors import OrchestratorError
 from orchestrator.config.logs import Progress, print_progress
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
-from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.config.secrets import redact_override
 from orchestrator.feasibility import assess, estimate_seconds
+from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
+from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.ray_exec import cluster_gpus, init_ray, run_jobs
 from orchestrator.tracking import MlflowTracker
 from orchestrator.trial import plan_trial, server_key, skipped_result
@@ -83,9 +83,14 @@ def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[d
     lines = []
     for job in jobs:
         plan = plan_trial(job.spec, _known_gpus(job))
-        line = {"trial_hash": job.trial_hash, "index": job.index, "variant": job.spec.variant,
-                "overrides": [redact_override(o) for o in job.overrides],
-                "status": "feasible" if plan["feasible"] else "skipped", **plan}
+        line = {
+            "trial_hash": job.trial_hash,
+            "index": job.index,
+            "variant": job.spec.variant,
+            "overrides": [redact_override(o) for o in job.overrides],
+            "status": "feasible" if plan["feasible"] else "skipped",
+            **plan,
+        }
         lines.append(line)
         progress(json.dumps(line, sort_keys=True))
     progress(json.dumps({"plan": plan_summary(jobs, lines, _history(jobs))}, sort_keys=True))
@@ -113,11 +118,17 @@ def plan_summary(jobs: list[TrialJob], lines: list[dict[str, Any]], history: dic
     launched = [job for job, _ in feasible if job.spec.engine.name in ("vllm", "sglang")]  # not sleep/external
     keys = [_share_key(job) if job.settings.reuse_servers else None for job in launched]
     starts = len({k for k in keys if k is not None}) + sum(k is None for k in keys)
-    return {"trials": len(jobs), "feasible": len(feasible), "skipped": len(jobs) - len(feasible),
-            "server_starts": starts,
-            "gpus_per_trial": sorted({line["gpus"] for _, line in feasible}),
-            "estimated_s": round(wall_s), "estimated_serial_s": round(serial_s),
-            "gpu_hours": round(gpu_s / 3600, 2), "from_history": sum(h in history for h in est)}
+    return {
+        "trials": len(jobs),
+        "feasible": len(feasible),
+        "skipped": len(jobs) - len(feasible),
+        "server_starts": starts,
+        "gpus_per_trial": sorted({line["gpus"] for _, line in feasible}),
+        "estimated_s": round(wall_s),
+        "estimated_serial_s": round(serial_s),
+        "gpu_hours": round(gpu_s / 3600, 2),
+        "from_history": sum(h in history for h in est),
+    }
 
 
 def _history(jobs: list[TrialJob]) -> dict[str, float]:
@@ -126,7 +137,7 @@ def _history(jobs: list[TrialJob]) -> dict[str, float]:
         return {}
     settings = jobs[0].settings
     uri = settings.tracking.uri
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
         return {}  # a dry run creates no store
     try:
         from mlflow.tracking import MlflowClient
@@ -154,8 +165,10 @@ def _point_summary(result: TrialResult) -> str:
     if not result.points:
         return ""
     m = result.points[-1].metrics
-    return (f"last point {result.points[-1].label}: ttft p50 {m.get('ttft_ms_p50', float('nan')):.0f} ms, "
-            f"itl p99 {m.get('itl_ms_p99', float('nan')):.0f} ms, {m.get('tokens_per_second', 0):.0f} tok/s")
+    return (
+        f"last point {result.points[-1].label}: ttft p50 {m.get('ttft_ms_p50', float('nan')):.0f} ms, "
+        f"itl p99 {m.get('itl_ms_p99', float('nan')):.0f} ms, {m.get('tokens_per_second', 0):.0f} tok/s"
+    )
 
 
 def run_sweep(
@@ -183,17 +196,23 @@ def run_sweep(
     tracker = _open_tracker(settings.tracking.uri, experiment, settings.tracking.enabled, progress)
     done = _already_finished(jobs, tracker, settings.resume, progress)
     if len(done) == len(jobs):
-        progress(f"sweep '{experiment}': all {len(jobs)} trial(s) already FINISHED; nothing to run "
-                 "(resume=false runs them again)")
+        progress(
+            f"sweep '{experiment}': all {len(jobs)} trial(s) already FINISHED; nothing to run "
+            "(resume=false runs them again)"
+        )
         return []
     if tracker is not None and continuing and tracker.attach_sweep(str(sweep_dir.resolve())):
         progress(f"sweep '{experiment}': continuing its MLflow run {tracker.parent_run_id} (a search's next batch)")
     elif tracker is not None:
         try:
-            objective = {"objective": settings.objective.model_dump_json(exclude_none=True)} if settings.objective else {}
-            tracker.start_sweep(sweep_name, {"experiment": experiment, "num_trials": len(jobs), **objective,
-                                             **(sweep_params or {})},
-                                {"git_commit": commit, "sweep_dir": str(sweep_dir.resolve())})
+            objective = (
+                {"objective": settings.objective.model_dump_json(exclude_none=True)} if settings.objective else {}
+            )
+            tracker.start_sweep(
+                sweep_name,
+                {"experiment": experiment, "num_trials": len(jobs), **objective, **(sweep_params or {})},
+                {"git_commit": commit, "sweep_dir": str(sweep_dir.resolve())},
+            )
         except Exception as exc:  # keep measuring; results stay on disk
             progress(f"warning: could not create the MLflow sweep run ({exc}); results are kept on disk only")
             tracker = None
@@ -211,8 +230,10 @@ def run_sweep(
         counts[result.status] += 1
         results.append(result)
         reason = f" ({result.error.splitlines()[0][:200]})" if result.error else ""
-        progress(f"[{len(results)}/{len(jobs) - len(done)}] {job.label}: {result.status}{reason} "
-                 f"{_point_summary(result)} [{time.monotonic() - t0:.0f}s elapsed]")
+        progress(
+            f"[{len(results)}/{len(jobs) - len(done)}] {job.label}: {result.status}{reason} "
+            f"{_point_summary(result)} [{time.monotonic() - t0:.0f}s elapsed]"
+        )
 
     ray_ctx = init_ray(settings.cluster)
     try:
@@ -228,10 +249,14 @@ def run_sweep(
                     runnable.append(job)
                     continue
                 finish(job, skipped_result(job.spec, job.overrides, reason))
-            for job, result in run_jobs(runnable, lambda j: str(trial_dir(sweep_dir, j)),
-                                        jobs[0].spec.platform.max_concurrent_trials,
-                                        max_attempts=settings.cluster.max_attempts, progress=progress,
-                                        share_key=_share_key if settings.reuse_servers else None):
+            for job, result in run_jobs(
+                runnable,
+                lambda j: str(trial_dir(sweep_dir, j)),
+                jobs[0].spec.platform.max_concurrent_trials,
+                max_attempts=settings.cluster.max_attempts,
+                progress=progress,
+                share_key=_share_key if settings.reuse_servers else None,
+            ):
                 finish(job, result)
         status = "FINISHED"
     except KeyboardInterrupt:
@@ -262,11 +287,13 @@ def status_table(results: list[TrialResult]) -> list[str]:
     if not results:
         return []
     rows = [("trial", "engine", "status", "measured / reason")]
-    for r in sorted(results, key=lambda r: (r.variant or r.trial_hash)):
+    for r in sorted(results, key=lambda r: r.variant or r.trial_hash):
         if r.status == "FINISHED" and r.points:
             m = r.points[-1].metrics
-            what = (f"{len(r.points)} point(s); last: {m.get('tokens_per_second', 0):.0f} tok/s, "
-                    f"ttft p50 {m.get('ttft_ms_p50', float('nan')):.0f} ms")
+            what = (
+                f"{len(r.points)} point(s); last: {m.get('tokens_per_second', 0):.0f} tok/s, "
+                f"ttft p50 {m.get('ttft_ms_p50', float('nan')):.0f} ms"
+            )
         else:
             what = (r.error or "").splitlines()[0][:120] if r.error else ""
         rows.append((r.variant or r.trial_hash[:8], r.engine_version or "?", r.status, what))
@@ -276,8 +303,14 @@ def status_table(results: list[TrialResult]) -> list[str]:
     return lines
 
 
-def _report(experiment: str, results: list[TrialResult], sweep_dir: Path, tracker: MlflowTracker | None,
-            progress: Progress, objective: ObjectiveSpec | None = None) -> None:
+def _report(
+    experiment: str,
+    results: list[TrialResult],
+    sweep_dir: Path,
+    tracker: MlflowTracker | None,
+    progress: Progress,
+    objective: ObjectiveSpec | None = None,
+) -> None:
     """The sweep's report (lab plots, summary.md): written to ``<sweep_dir>/report`` first,
     then logged to the sweep's parent run under ``report/``. A report failure costs nothing
     measured; ``python -m orchestrator.report experiment=NAME`` rebuilds it from MLflow."""
@@ -307,15 +340,22 @@ def _report(experiment: str, results: list[TrialResult], sweep_dir: Path, tracke
         if tracker is not None:
             tracker.log_sweep_files(files, "report")
             if verdict is not None:
-                tracker.set_sweep_tags({"verdict": verdict.best.name if verdict.best else "none",
-                                        "verdict_text": verdict.headline.replace("**", "")})
+                tracker.set_sweep_tags(
+                    {
+                        "verdict": verdict.best.name if verdict.best else "none",
+                        "verdict_text": verdict.headline.replace("**", ""),
+                    }
+                )
     except Exception as exc:
-        progress(f"warning: the sweep report failed ({exc}); rebuild it with "
-                 f"`python -m orchestrator.report experiment={experiment}`")
+        progress(
+            f"warning: the sweep report failed ({exc}); rebuild it with "
+            f"`python -m orchestrator.report experiment={experiment}`"
+        )
 
 
-def _already_finished(jobs: list[TrialJob], tracker: MlflowTracker | None, resume: bool,
-                      progress: Progress) -> dict[str, str]:
+def _already_finished(
+    jobs: list[TrialJob], tracker: MlflowTracker | None, resume: bool, progress: Progress
+) -> dict[str, str]:
     """Trials of this sweep that already have a FINISHED run (resume): they are not run again."""
     if not resume or tracker is None:
         return {}
@@ -330,8 +370,14 @@ def _already_finished(jobs: list[TrialJob], tracker: MlflowTracker | None, resum
     return done
 
 
-def _log_partial_results(jobs: list[TrialJob], reported: list[TrialResult], sweep_dir: Path,
-                         tracker: MlflowTracker | None, commit: str, progress: Progress) -> None:
+def _log_partial_results(
+    jobs: list[TrialJob],
+    reported: list[TrialResult],
+    sweep_dir: Path,
+    tracker: MlflowTracker | None,
+    commit: str,
+    progress: Progress,
+) -> None:
     """Trials cut short keep the points they measured: workers save them after every point."""
     done = {r.trial_hash for r in reported}
     for job in jobs:

@@ -40,7 +40,7 @@ def default_artifact_location(uri: str, experiment: str) -> str | None:
     """
     if not uri.startswith("sqlite:///"):
         return None
-    db_path = Path(uri[len("sqlite:///"):].split("?", 1)[0])
+    db_path = Path(uri[len("sqlite:///") :].split("?", 1)[0])
     return (db_path.resolve().parent / "mlartifacts" / sanitize_key(experiment)).as_uri()
 
 
@@ -54,7 +54,9 @@ class MlflowTracker:
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
-            exp_id = self.client.create_experiment(experiment, artifact_location=default_artifact_location(uri, experiment))
+            exp_id = self.client.create_experiment(
+                experiment, artifact_location=default_artifact_location(uri, experiment)
+            )
         else:
             exp_id = exp.experiment_id
         self.experiment_id = exp_id
@@ -66,8 +68,9 @@ class MlflowTracker:
         order = ["attributes.start_time DESC"] if newest_first else None
         token = None
         while True:
-            page = self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=1000,
-                                           page_token=token, order_by=order)
+            page = self.client.search_runs(
+                [self.experiment_id], filter_string=filter_string, max_results=1000, page_token=token, order_by=order
+            )
             yield from page
             token = page.token
             if not token:
@@ -89,8 +92,11 @@ class MlflowTracker:
 
     def finished_durations(self, hashes: Iterable[str]) -> dict[str, float]:
         """trial hash -> seconds its last FINISHED run took (for sweep plans)."""
-        return {h: (run.info.end_time - run.info.start_time) / 1000 for h, run in self._finished_runs(hashes).items()
-                if run.info.end_time and run.info.start_time}
+        return {
+            h: (run.info.end_time - run.info.start_time) / 1000
+            for h, run in self._finished_runs(hashes).items()
+            if run.info.end_time and run.info.start_time
+        }
 
     def logged_result_ids(self) -> set[str]:
         """``result_id`` tags of every trial run in this experiment (replay skips those)."""
@@ -165,19 +171,25 @@ class MlflowTracker:
             run_tags["error"] = truncate(result.error, 5000)
         lost = [a for a in result.attempts if a.get("outcome") == "LOST"]
         if lost:  # the trial was run again after losing its worker/node: say where and why
-            run_tags["lost_attempts"] = truncate("; ".join(
-                f"#{a['attempt']} node {str(a.get('node_id'))[:12]}: {str(a.get('error')).splitlines()[0][:200]}"
-                for a in lost), 5000)
+            run_tags["lost_attempts"] = truncate(
+                "; ".join(
+                    f"#{a['attempt']} node {str(a.get('node_id'))[:12]}: {str(a.get('error')).splitlines()[0][:200]}"
+                    for a in lost
+                ),
+                5000,
+            )
         if result.capacity.get("explanation"):  # the SLO capacity and the probe that bounds it, in words
             run_tags["slo_capacity"] = truncate(str(result.capacity["explanation"]), 5000)
         invalid = [p for p in result.points if p.metrics.get("invalid")]
         if invalid:  # the client was the bottleneck, or the server got another workload than planned
             run_tags["invalid_points"] = ",".join(p.label for p in invalid)
-            run_tags["invalid_reasons"] = truncate(" | ".join(
-                f"{p.label}: {'; '.join(p.invalid_reasons) or 'invalid'}" for p in invalid), 5000)
+            run_tags["invalid_reasons"] = truncate(
+                " | ".join(f"{p.label}: {'; '.join(p.invalid_reasons) or 'invalid'}" for p in invalid), 5000
+            )
         name = result.variant or f"trial-{result.trial_hash[:8]}"
-        run = self.client.create_run(self.experiment_id, run_name=truncate(name, 250), tags=run_tags,
-                                     start_time=int(result.started_at * 1000))
+        run = self.client.create_run(
+            self.experiment_id, run_name=truncate(name, 250), tags=run_tags, start_time=int(result.started_at * 1000)
+        )
         run_id = run.info.run_id
         self._log_params(run_id, trial_params(result))
         self._log_metrics(run_id, _metrics_of(result))
@@ -229,8 +241,13 @@ def result_id(result: TrialResult) -> str:
 def trial_params(result: TrialResult) -> dict[str, str]:
     """A trial run's params: its (redacted) spec flattened, with its variant and overrides."""
     spec = result.spec
-    return flatten_params({"variant": result.variant, "overrides": result.overrides,
-                           **{k: spec[k] for k in ("engine", "model", "workload", "platform", "seed") if k in spec}})
+    return flatten_params(
+        {
+            "variant": result.variant,
+            "overrides": result.overrides,
+            **{k: spec[k] for k in ("engine", "model", "workload", "platform", "seed") if k in spec},
+        }
+    )
 
 
 def _metrics_of(result: TrialResult) -> list[tuple[str, float, int]]:
@@ -258,16 +275,32 @@ def points_csv(result: TrialResult) -> str:
         for cls, metrics in p.class_metrics.items():
             row.update({f"{cls}/{k}": v for k, v in metrics.items()})
         rows.append(row)
-    keys = sorted({k for row in rows for k in row if "/" not in k}) + sorted({k for row in rows for k in row if "/" in k})
+    keys = sorted({k for row in rows for k in row if "/" not in k}) + sorted(
+        {k for row in rows for k in row if "/" in k}
+    )
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["point", "label", "setting", "invalid_reasons", *keys])
     for p, row in zip(result.points, rows):
-        w.writerow([p.index, p.label, json.dumps(p.setting, sort_keys=True), "; ".join(p.invalid_reasons),
-                    *(row.get(k, "") for k in keys)])
+        w.writerow(
+            [
+                p.index,
+                p.label,
+                json.dumps(p.setting, sort_keys=True),
+                "; ".join(p.invalid_reasons),
+                *(row.get(k, "") for k in keys),
+            ]
+        )
     return buf.getvalue()
 
 
-__all__ = ["DEFAULT_TRACKING_URI", "MlflowTracker", "default_artifact_location", "points_csv", "result_id", "trial_params"]
+__all__ = [
+    "DEFAULT_TRACKING_URI",
+    "MlflowTracker",
+    "default_artifact_location",
+    "points_csv",
+    "result_id",
+    "trial_params",
+]
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -23,9 +23,15 @@ class CapacityProbes:
 
     def __init__(self, cap: CapacitySpec, classes: list[str], say: Progress) -> None:
         self.cap, self.classes, self.say = cap, classes, say
-        self.search = CapacitySearch(start=cap.start, low=cap.lowest, high=cap.high, growth=cap.growth,
-                                     precision=cap.precision, max_probes=cap.max_probes,
-                                     integer=cap.knob == "concurrency")
+        self.search = CapacitySearch(
+            start=cap.start,
+            low=cap.lowest,
+            high=cap.high,
+            growth=cap.growth,
+            precision=cap.precision,
+            max_probes=cap.max_probes,
+            integer=cap.knob == "concurrency",
+        )
 
     def probes(self) -> Schedule:
         """Yield the next probe until the search has its answer (or its time budget is spent);
@@ -44,9 +50,15 @@ class CapacityProbes:
             verdict = judge(p.metrics, per_class, cap.slo, cap.knob, cap.min_goodput_fraction, cap.min_sustained)
             search.observe(value, p.label, verdict)
             p.metrics["slo_met"] = 1.0 if verdict.verdict == "pass" else 0.0
-            self.say(f"probe {p.label}: " + ("SLOs met" if verdict.verdict == "pass" else
-                     f"{'not counted' if verdict.verdict == 'invalid' else 'SLOs missed'}: "
-                     + "; ".join(verdict.reasons)))
+            self.say(
+                f"probe {p.label}: "
+                + (
+                    "SLOs met"
+                    if verdict.verdict == "pass"
+                    else f"{'not counted' if verdict.verdict == 'invalid' else 'SLOs missed'}: "
+                    + "; ".join(verdict.reasons)
+                )
+            )
         self.say(f"SLO capacity: {search.explanation(UNITS[cap.knob])}")
         return True
 
@@ -58,8 +70,20 @@ class CapacityProbes:
             return {}, {}
         name = "slo_capacity_rps" if cap.knob == "rate" else "slo_capacity_concurrency"
         metrics = {name if k == "capacity" else k.replace("capacity", name): v for k, v in search.summary().items()}
-        account = {"knob": cap.knob, "metric": name, "slo": dict(cap.slo),
-                   "explanation": search.explanation(UNITS[cap.knob]), "stop_reason": search.stop_reason,
-                   "probes": [{"label": p.label, "value": p.value, "verdict": p.judgement.verdict,
-                               "reasons": list(p.judgement.reasons)} for p in search.probes]}
+        account = {
+            "knob": cap.knob,
+            "metric": name,
+            "slo": dict(cap.slo),
+            "explanation": search.explanation(UNITS[cap.knob]),
+            "stop_reason": search.stop_reason,
+            "probes": [
+                {
+                    "label": p.label,
+                    "value": p.value,
+                    "verdict": p.judgement.verdict,
+                    "reasons": list(p.judgement.reasons),
+                }
+                for p in search.probes
+            ],
+        }
         return metrics, account

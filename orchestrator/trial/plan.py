@@ -48,10 +48,18 @@ def plan_trial(spec: TrialSpec, cluster_gpus: int | None = None) -> dict[str, An
 def skipped_result(spec: TrialSpec, overrides: list[str], reason: str) -> TrialResult:
     """The result of a trial found infeasible before it was submitted."""
     now = time.time()
-    return TrialResult(trial_hash=trial_hash(spec), experiment=spec.experiment, variant=spec.variant,
-                       overrides=[redact_override(o) for o in overrides],
-                       spec=redact_mapping(spec.model_dump(mode="json")), status="SKIPPED", error=reason,
-                       started_at=now, ended_at=now, engine_version=adapter_for(spec.engine.name).version(spec))
+    return TrialResult(
+        trial_hash=trial_hash(spec),
+        experiment=spec.experiment,
+        variant=spec.variant,
+        overrides=[redact_override(o) for o in overrides],
+        spec=redact_mapping(spec.model_dump(mode="json")),
+        status="SKIPPED",
+        error=reason,
+        started_at=now,
+        ended_at=now,
+        engine_version=adapter_for(spec.engine.name).version(spec),
+    )
 
 
 def check_inputs(spec: TrialSpec) -> list[str]:
@@ -73,8 +81,10 @@ def check_inputs(spec: TrialSpec) -> list[str]:
                 data = load_sharegpt(c.path)
             except ConfigError as exc:
                 raise ConfigError(f"workload.classes.{name}.path: {exc}") from None
-            notes.append(f"workload.classes.{name}: {len(data.conversations)} conversations from {c.path}"
-                         + (f", {data.malformed} malformed entries skipped" if data.malformed else ""))
+            notes.append(
+                f"workload.classes.{name}: {len(data.conversations)} conversations from {c.path}"
+                + (f", {data.malformed} malformed entries skipped" if data.malformed else "")
+            )
     for i, p in enumerate(spec.workload.load_points):
         if p.trace:
             try:

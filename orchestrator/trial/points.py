@@ -54,8 +54,13 @@ class Verdict:
         return self.client + self.workload
 
 
-def point_metrics(spec: TrialSpec, point: LoadPointSpec, raw: RawPoint, engine_metrics: dict[str, EngineMetric],
-                  disaggregated: bool = False) -> dict[str, float]:
+def point_metrics(
+    spec: TrialSpec,
+    point: LoadPointSpec,
+    raw: RawPoint,
+    engine_metrics: dict[str, EngineMetric],
+    disaggregated: bool = False,
+) -> dict[str, float]:
     """The point's metrics from its raw inputs: the client's summary (per repeat and their
     intervals when repeated), the engine's gauges, the client's own stats, the engines'
     counter deltas and their latency histograms' percentiles. Under P/D the sampled decode
@@ -63,8 +68,10 @@ def point_metrics(spec: TrialSpec, point: LoadPointSpec, raw: RawPoint, engine_m
     w = spec.workload
     arriving = ["trace"] if point.trace else [n for n, c in w.classes.items() if c.rate is None]
     if w.repeats > 1:
-        per_repeat = [summarize_point([x for x in raw.records if x.repeat == r], w.slo, point.rate, arriving)
-                      for r in range(w.repeats)]
+        per_repeat = [
+            summarize_point([x for x in raw.records if x.repeat == r], w.slo, point.rate, arriving)
+            for r in range(w.repeats)
+        ]
         metrics = summarize_repeats(per_repeat, w.max_ci_rel_width)
     else:
         metrics = summarize_point(raw.records, w.slo, point.rate, arriving)
@@ -80,8 +87,13 @@ def point_metrics(spec: TrialSpec, point: LoadPointSpec, raw: RawPoint, engine_m
     return metrics
 
 
-def judge_point(spec: TrialSpec, point: LoadPointSpec, records: list[RequestRecord], metrics: dict[str, float],
-                front: str | None = None) -> Verdict:
+def judge_point(
+    spec: TrialSpec,
+    point: LoadPointSpec,
+    records: list[RequestRecord],
+    metrics: dict[str, float],
+    front: str | None = None,
+) -> Verdict:
     """The client kept up (client validity), its clock agrees with the server's (judged only
     when nothing sits between them: ``front`` names a router or proxy) and the server got the
     planned requests (workload fidelity)."""
@@ -125,8 +137,15 @@ class PointMeasurer:
     alive, their caches emptied where asked, their counters read and the resource monitor
     started; after it, the same read again and the point's :class:`PointResult` made."""
 
-    def __init__(self, spec: TrialSpec, group: ServerGroup, engine_metrics: dict[str, EngineMetric],
-                 monitor: ResourceMonitor, progress: Progress, cache_reset: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        spec: TrialSpec,
+        group: ServerGroup,
+        engine_metrics: dict[str, EngineMetric],
+        monitor: ResourceMonitor,
+        progress: Progress,
+        cache_reset: tuple[str, str] | None = None,
+    ) -> None:
         self.spec, self.group, self.engine_metrics = spec, group, engine_metrics
         self.monitor, self.progress, self.cache_reset = monitor, progress, cache_reset
         self.launch = group.metrics_launch()
@@ -163,8 +182,9 @@ class PointMeasurer:
         self.monitor.start()
         self._t0 = time.monotonic()
 
-    def finish(self, index: int, point: LoadPointSpec, records: list[RequestRecord],
-               client: dict[str, float]) -> tuple[PointResult, ServerCrashedError | None]:
+    def finish(
+        self, index: int, point: LoadPointSpec, records: list[RequestRecord], client: dict[str, float]
+    ) -> tuple[PointResult, ServerCrashedError | None]:
         """The point's result, and the servers' failure when they were not serving."""
         raw = RawPoint(records, client, self.monitor.stop(), self._before, self._scrape())
         metrics = point_metrics(self.spec, point, raw, self.engine_metrics, self.group.disaggregated())
@@ -179,15 +199,24 @@ class PointMeasurer:
             metrics.update(verdict.metrics)
             reasons = verdict.reasons
             if verdict.client:
-                self.progress(f"point {point.label} INVALID (the client was the bottleneck): "
-                              + "; ".join(verdict.client))
+                self.progress(
+                    f"point {point.label} INVALID (the client was the bottleneck): " + "; ".join(verdict.client)
+                )
             if verdict.workload:
-                self.progress(f"point {point.label} INVALID (the server got another workload than planned): "
-                              + "; ".join(verdict.workload))
+                self.progress(
+                    f"point {point.label} INVALID (the server got another workload than planned): "
+                    + "; ".join(verdict.workload)
+                )
         metrics.update(roofline_metrics(self.spec, point, metrics))
         classes = summarize_by_class(records) if len(self.spec.workload.classes) > 1 else {}
-        result = PointResult(index=index, label=point.label, setting=point.model_dump(exclude_none=True),
-                             metrics=metrics, class_metrics=classes, invalid_reasons=reasons)
+        result = PointResult(
+            index=index,
+            label=point.label,
+            setting=point.model_dump(exclude_none=True),
+            metrics=metrics,
+            class_metrics=classes,
+            invalid_reasons=reasons,
+        )
         self.progress(
             f"{self.which(index)} {point.label}: "
             f"{int(metrics.get('completed', 0))}/{len(records)} ok in {time.monotonic() - self._t0:.1f}s, "
@@ -207,5 +236,7 @@ class PointMeasurer:
         failed = server_failure(records)
         if failed is None:
             return None
-        return ServerCrashedError(f"the server answered no request of the point: {failed} "
-                                  "(its process is up and its health check answers 200)")
+        return ServerCrashedError(
+            f"the server answered no request of the point: {failed} "
+            "(its process is up and its health check answers 200)"
+        )

@@ -41,11 +41,18 @@ from orchestrator.trial.servers import (
 
 log = logging.getLogger(__name__)
 
+
 class TrialRun:
     """The state of one trial while it runs: what it has measured so far and how to report it."""
 
-    def __init__(self, spec: TrialSpec, workdir: str | os.PathLike[str], overrides: list[str], gpu_ids: list[int],
-                 progress: Progress) -> None:
+    def __init__(
+        self,
+        spec: TrialSpec,
+        workdir: str | os.PathLike[str],
+        overrides: list[str],
+        gpu_ids: list[int],
+        progress: Progress,
+    ) -> None:
         # absolute: servers, their files and lm-eval get paths that mean the same in any folder
         self.workdir = Path(os.path.abspath(workdir))
         self.spec, self.gpu_ids, self.overrides = spec, gpu_ids, overrides
@@ -66,10 +73,14 @@ class TrialRun:
         self.capacity: CapacityProbes | None = None  # the SLO capacity search, when the workload asks for one
         self.model_path = ""
         self.base: dict[str, Any] = dict(
-            trial_hash=self.hash, experiment=spec.experiment, variant=spec.variant,
+            trial_hash=self.hash,
+            experiment=spec.experiment,
+            variant=spec.variant,
             overrides=[redact_override(o) for o in overrides],
-            spec=redact_mapping(spec.model_dump(mode="json")), started_at=time.time(),
-            hardware={**hardware.describe(gpu_ids), "gpu_ids": gpu_ids}, engine_version=self.adapter.version(spec),
+            spec=redact_mapping(spec.model_dump(mode="json")),
+            started_at=time.time(),
+            hardware={**hardware.describe(gpu_ids), "gpu_ids": gpu_ids},
+            engine_version=self.adapter.version(spec),
         )
 
     # ------------------------------------------------------------------ servers
@@ -103,20 +114,21 @@ class TrialRun:
         check_feasible(self.spec, self.gpu_ids)
         return self._start(stack, resolve_model(self.spec.model), None, shared_server_spec(self.spec))
 
-    def _start(self, stack: contextlib.ExitStack, model_path: str, start_no: int | None,
-               spec: TrialSpec) -> ServerGroup:
+    def _start(
+        self, stack: contextlib.ExitStack, model_path: str, start_no: int | None, spec: TrialSpec
+    ) -> ServerGroup:
         """Start the servers of ``spec`` (this trial's, or its shared-server variant). ``start_no``
         numbers the starts of a trial that restarts its servers between points."""
         suffix = "" if start_no is None else f"-{start_no}"
 
         def log_name(server: str, several: bool) -> Path:
-            path = self.workdir / (f"server-{server}{suffix}.log" if several or start_no is not None
-                                   else "server.log")
+            path = self.workdir / (f"server-{server}{suffix}.log" if several or start_no is not None else "server.log")
             self.server_logs.append((server + ("" if start_no is None else f" (start {start_no})"), path))
             return path
 
-        group, startup = start_servers(stack, self.adapter, spec, model_path, self.workdir, self.gpu_ids,
-                                       log_name, self.say)
+        group, startup = start_servers(
+            stack, self.adapter, spec, model_path, self.workdir, self.gpu_ids, log_name, self.say
+        )
         self.base["servers"] = describe_servers(group.launches, self.gpu_ids)
         self.starts.append(startup)
         self.say(f"server healthy after {startup:.1f}s")
@@ -129,8 +141,14 @@ class TrialRun:
         spec = self.spec
         engine_metrics = self.adapter.metrics_for(spec)
         scraped = group.metrics_launch()
-        monitor = ResourceMonitor(group.pids(), scraped.metrics_url if scraped else None, engine_metrics,
-                                  spec.platform.monitor_interval_s, self.gpu_ids, spec.platform.monitor_budget)
+        monitor = ResourceMonitor(
+            group.pids(),
+            scraped.metrics_url if scraped else None,
+            engine_metrics,
+            spec.platform.monitor_interval_s,
+            self.gpu_ids,
+            spec.platform.monitor_budget,
+        )
         measurer = PointMeasurer(spec, group, engine_metrics, monitor, self.say, self.adapter.cache_reset(spec))
         front = group.launches[-1]
         endpoint = Endpoint(front.base_url, spec.model.name, api_key=self.adapter.api_key(spec))
@@ -142,26 +160,44 @@ class TrialRun:
             self._preflight(group, factory, endpoint.api_key)
         everything = last == len(spec.workload.load_points)
         try:
-            run_points(endpoint, workload, factory, (spec.seed, spec.workload.seed),
-                       lambda i, p: self._point_start(measurer, i, p),
-                       lambda i, p, recs, client: self._point_end(measurer, i, p, recs, client),
-                       first_index=first,
-                       points=self._schedule(workload.load_points, everything and spec.workload.capacity is not None))
+            run_points(
+                endpoint,
+                workload,
+                factory,
+                (spec.seed, spec.workload.seed),
+                lambda i, p: self._point_start(measurer, i, p),
+                lambda i, p, recs, client: self._point_end(measurer, i, p, recs, client),
+                first_index=first,
+                points=self._schedule(workload.load_points, everything and spec.workload.capacity is not None),
+            )
         finally:
             monitor.stop()  # idempotent; a point that raised must not leave the sampler running
         if everything and spec.eval.tasks and self.crash is None:
             # accuracy of this very server, after its load points (their caches are its own); never of a dead one
             group.check_alive()
-            self.scores = run_eval(spec.eval, front.base_url, spec.model.name,
-                                   resolve_tokenizer(spec.model, self.model_path), self.workdir,
-                                   self.adapter.api_key(spec), self.say)
+            self.scores = run_eval(
+                spec.eval,
+                front.base_url,
+                spec.model.name,
+                resolve_tokenizer(spec.model, self.model_path),
+                self.workdir,
+                self.adapter.api_key(spec),
+                self.say,
+            )
 
     def _preflight(self, group: ServerGroup, factory: PromptFactory, api_key: str | None) -> None:
         """The servers are the ones the plan was made for (model name, tokenizer): before any load."""
         spec = self.spec
         for launch in group.engine_launches():
-            check = preflight(launch.base_url, spec.model.name, api_key, factory, spec.workload,
-                              resolve_tokenizer(spec.model, self.model_path), spec.seed)
+            check = preflight(
+                launch.base_url,
+                spec.model.name,
+                api_key,
+                factory,
+                spec.workload,
+                resolve_tokenizer(spec.model, self.model_path),
+                spec.seed,
+            )
             self.say(f"pre-flight of {launch.name}: {check.describe()}")
 
     def _point_start(self, measurer: PointMeasurer, index: int, point: LoadPointSpec) -> None:
@@ -171,8 +207,14 @@ class TrialRun:
             self.crash = exc
             raise
 
-    def _point_end(self, measurer: PointMeasurer, index: int, point: LoadPointSpec, records: list[RequestRecord],
-                   client: dict[str, float]) -> PointResult:
+    def _point_end(
+        self,
+        measurer: PointMeasurer,
+        index: int,
+        point: LoadPointSpec,
+        records: list[RequestRecord],
+        client: dict[str, float],
+    ) -> PointResult:
         result, crash = measurer.finish(index, point, records, client)
         self.records.extend(records)
         self.points.append(result)
@@ -221,12 +263,22 @@ class TrialRun:
         capacity_metrics, capacity = self.capacity.outcome() if self.capacity else ({}, {})
         metrics = dict(self.held)
         if self.measuring:
-            metrics = {**trial_metrics(self.points, self.starts[0] if self.starts else None),
-                       "server_starts": float(len(self.starts)), "server_reused": float(not self.starts),
-                       **self.floor_at_batch1(), **self.scores, **capacity_metrics}
+            metrics = {
+                **trial_metrics(self.points, self.starts[0] if self.starts else None),
+                "server_starts": float(len(self.starts)),
+                "server_reused": float(not self.starts),
+                **self.floor_at_batch1(),
+                **self.scores,
+                **capacity_metrics,
+            }
         return TrialResult(
-            **self.base, status=status, error=error, ended_at=time.time(), points=list(self.points),
-            metrics=metrics, capacity=capacity,
+            **self.base,
+            status=status,
+            error=error,
+            ended_at=time.time(),
+            points=list(self.points),
+            metrics=metrics,
+            capacity=capacity,
             records_parquet=records_to_parquet_bytes(self.records) if self.records else b"",
             server_log=redact_text(self.server_log()),
         )
@@ -316,8 +368,6 @@ def run_trial_group(
         status = "SKIPPED" if isinstance(exc, InfeasibleConfigError) else "FAILED"
         lead.say(f"{status} (and the {len(runs) - 1} trial(s) sharing its server): {error.splitlines()[0]}")
         return [run.result(status, error) for run in runs]
-    for run in runs[len(results):]:
+    for run in runs[len(results) :]:
         results.append(run_trial(run.spec, run.workdir, run.overrides, gpus, progress))
     return results
-
-

@@ -37,8 +37,10 @@ def port_for(spec: TrialSpec, pick_free: bool = True) -> int:
     engine = spec.engine
     if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and engine.port:
         if pick_free and not port_is_free(engine.host, engine.port):
-            raise TrialError(f"engine.port: {engine.host}:{engine.port} is already in use (another server?); "
-                             "choose another port, or leave engine.port null to get a free one")
+            raise TrialError(
+                f"engine.port: {engine.host}:{engine.port} is already in use (another server?); "
+                "choose another port, or leave engine.port null to get a free one"
+            )
         return engine.port
     if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and pick_free:
         return free_port(engine.host)
@@ -63,9 +65,13 @@ def port_picker(spec: TrialSpec, taken: set[int]) -> Callable[[], int]:
 def planned_launches(spec: TrialSpec) -> list[ServerLaunch]:
     """The trial's server launches with placeholder ports and folder: nothing is bound or built."""
     ports = iter(range(1, 100))
-    return adapter_for(spec.engine.name).launches(spec, resolve_model(spec.model, build=False),
-                                                  port_for(spec, pick_free=False), lambda: next(ports),
-                                                  "<trial dir>")
+    return adapter_for(spec.engine.name).launches(
+        spec,
+        resolve_model(spec.model, build=False),
+        port_for(spec, pick_free=False),
+        lambda: next(ports),
+        "<trial dir>",
+    )
 
 
 def server_gpus(launch: ServerLaunch, gpu_ids: list[int]) -> list[int]:
@@ -77,8 +83,9 @@ def server_gpus(launch: ServerLaunch, gpu_ids: list[int]) -> list[int]:
 
 def describe_servers(launches: list[ServerLaunch], gpu_ids: list[int]) -> list[dict[str, Any]]:
     """Each server's redacted command and the GPUs it is given (for results, logs and tests)."""
-    return [{**x.redacted(), "cuda_visible_devices": ",".join(str(g) for g in server_gpus(x, gpu_ids))}
-            for x in launches]
+    return [
+        {**x.redacted(), "cuda_visible_devices": ",".join(str(g) for g in server_gpus(x, gpu_ids))} for x in launches
+    ]
 
 
 def server_env(launch: ServerLaunch, gpu_ids: list[int]) -> dict[str, str]:
@@ -134,9 +141,16 @@ class ServerGroup:
             s.check_alive()
 
 
-def start_servers(stack: contextlib.ExitStack, adapter: ModuleType, spec: TrialSpec, model_path: str,
-                  workdir: Path, gpu_ids: list[int], log_name: Callable[[str, bool], Path],
-                  progress: Progress) -> tuple[ServerGroup, float]:
+def start_servers(
+    stack: contextlib.ExitStack,
+    adapter: ModuleType,
+    spec: TrialSpec,
+    model_path: str,
+    workdir: Path,
+    gpu_ids: list[int],
+    log_name: Callable[[str, bool], Path],
+    progress: Progress,
+) -> tuple[ServerGroup, float]:
     """Start the servers of ``spec`` one after the other, each healthy before the next; they are
     stopped when ``stack`` closes (their scratch folders removed after). ``log_name(server,
     several)`` is where each server logs. Returns the group and its start-up seconds: one
@@ -174,7 +188,7 @@ def reset_caches(group: ServerGroup, how: tuple[str, str] | None) -> None:
                     break
             except urllib.error.HTTPError as exc:
                 if exc.code != 400 or attempt == 19:
-                    raise TrialError(f"cache reset {method} {path} on {launch.name} failed: HTTP {exc.code}")
+                    raise TrialError(f"cache reset {method} {path} on {launch.name} failed: HTTP {exc.code}") from exc
                 time.sleep(0.5)
             except OSError as exc:
                 raise TrialError(f"cache reset {method} {path} on {launch.name} failed: {exc}") from exc
@@ -196,6 +210,9 @@ def server_key(spec: TrialSpec) -> str | None:
     if not isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) or engine.restart_between_points:
         return None
     launches = planned_launches(shared_server_spec(spec))
-    ident = {"servers": [[x.argv, x.env, x.files, x.gpus, x.unset_env] for x in launches],
-             "model": spec.model.model_dump(mode="json"), "platform": spec.platform.model_dump(mode="json")}
+    ident = {
+        "servers": [[x.argv, x.env, x.files, x.gpus, x.unset_env] for x in launches],
+        "model": spec.model.model_dump(mode="json"),
+        "platform": spec.platform.model_dump(mode="json"),
+    }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]

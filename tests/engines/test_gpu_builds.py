@@ -59,8 +59,9 @@ def test_every_gpu_command_is_accepted_by_the_engines_gpu_builds(compose, tiny_m
             continue
         engines.add(spec.engine.name)
         ports = iter(range(9100, 9200))
-        for launch in adapter_for(spec.engine.name).launches(spec, str(tiny_model_dir), 9000, ports.__next__,
-                                                             "/tmp/trial"):
+        for launch in adapter_for(spec.engine.name).launches(
+            spec, str(tiny_model_dir), 9000, ports.__next__, "/tmp/trial"
+        ):
             for c in checks_for(launch):
                 env = ENVS["sglang"] if c.kind == "router" else ENVS[spec.engine.name]  # the router lives with SGLang
                 assert c.python == str(env / "bin" / "python"), (experiment, variant, c.python)
@@ -95,8 +96,9 @@ def test_what_the_engines_understood_is_what_we_asked(compose, tiny_model_dir):
     assert lm["detail"]["chunk_size"] == 256 and lm["detail"]["local_cpu"] is True
 
     spec, _ = to_specs(compose(["+experiment=disaggregated_pd", "platform=gpu", "variant=pd_sglang_in1024"]))
-    prefill, decode, router = adapter_for("sglang").launches(spec, str(tiny_model_dir), 8000,
-                                                             iter(range(9000, 9100)).__next__, "/t")
+    prefill, decode, router = adapter_for("sglang").launches(
+        spec, str(tiny_model_dir), 8000, iter(range(9000, 9100)).__next__, "/t"
+    )
     p, d, r = run_checks([*checks_for(prefill), *checks_for(decode), *checks_for(router)])
     assert p["ok"] and d["ok"] and r["ok"], (p, d, r)
     assert r["detail"]["pd_disaggregation"] is True
@@ -109,19 +111,37 @@ def test_the_checker_rejects_what_the_engines_reject(tiny_model_dir):
     bad = [
         Check(py["vllm"], "vllm", {"argv": ["--model", model, "--no-such-flag", "1"]}, "unknown flag"),
         Check(py["vllm"], "vllm", {"argv": ["--model", model, "--max-num-seqs", "many"]}, "bad value"),
-        Check(py["vllm"], "vllm", {"argv": ["--model", model, "--kv-transfer-config",
-                                            '{"kv_connector": "NoSuchConnector", "kv_role": "kv_both"}']},
-              "unknown connector"),
-        Check(py["vllm"], "kv_transfer", {"config": {"kv_connector": "NixlConnector", "kv_role": "kv_sideways"}},
-              "bad role"),
+        Check(
+            py["vllm"],
+            "vllm",
+            {
+                "argv": [
+                    "--model",
+                    model,
+                    "--kv-transfer-config",
+                    '{"kv_connector": "NoSuchConnector", "kv_role": "kv_both"}',
+                ]
+            },
+            "unknown connector",
+        ),
+        Check(
+            py["vllm"],
+            "kv_transfer",
+            {"config": {"kv_connector": "NixlConnector", "kv_role": "kv_sideways"}},
+            "bad role",
+        ),
         Check(py["sglang"], "sglang", {"argv": ["--model-path", model, "--schedule-policy", "sideways"]}, "bad choice"),
         Check(py["sglang"], "router", {"argv": ["--policy", "sideways"]}, "bad router policy"),
     ]
     results = run_checks(bad)
     accepted = [c.what for c, r in zip(bad, results) if r["ok"]]
     assert not accepted, f"the engines accepted: {accepted}"
-    good = run_checks([Check(py["vllm"], "kv_transfer", {"config": {"kv_connector": c, "kv_role": "kv_both"}}, c)
-                       for c in (*vllm_adapter.PD_CONNECTORS, "LMCacheConnectorV1")])
+    good = run_checks(
+        [
+            Check(py["vllm"], "kv_transfer", {"config": {"kv_connector": c, "kv_role": "kv_both"}}, c)
+            for c in (*vllm_adapter.PD_CONNECTORS, "LMCacheConnectorV1")
+        ]
+    )
     assert all(r["ok"] for r in good), good
 
 

@@ -26,13 +26,21 @@ SMALL = ["workload.classes={main:{input_tokens:64,output_tokens:32}}", "engine.m
 
 def _sweep(tmp_path: Path, *overrides: str, store: str | None = None) -> list[str]:
     store = store or f"sqlite:///{tmp_path}/mlflow.db"
-    return [sys.executable, "-m", "orchestrator", *overrides, f"tracking.uri={store}",
-            f"hydra.sweep.dir={tmp_path}/sweep", "-m"]
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        *overrides,
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        "-m",
+    ]
 
 
 def _start(cmd: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, **kw)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw
+    )
 
 
 def _read_until(proc: subprocess.Popen, lines: list[str], predicate, timeout: float = 300) -> str:
@@ -77,8 +85,13 @@ def test_server_killed_mid_load(tmp_path):
     """kill -9 of the vLLM server in the middle of a load point: that trial FAILED with the
     cause and the server log's tail, the records measured before the crash kept, the next
     trial runs and finishes."""
-    cmd = _sweep(tmp_path, *SMALL, "engine.max_num_seqs=4,8", "workload.load_points=[{concurrency:2}]",
-                 "workload.num_requests=400")
+    cmd = _sweep(
+        tmp_path,
+        *SMALL,
+        "engine.max_num_seqs=4,8",
+        "workload.load_points=[{concurrency:2}]",
+        "workload.num_requests=400",
+    )
     proc, lines = _start(cmd), []
     try:
         _read_until(proc, lines, lambda s: "point 1/1 c2: running" in s)
@@ -105,8 +118,13 @@ def test_server_exiting_at_start_is_detected_at_once_and_timeouts_carry_the_log(
     """A flag vLLM refuses: the server exits during start-up and the trial fails in seconds,
     not after the start-up timeout. A server not healthy in time: FAILED with the log tail."""
     t0 = time.monotonic()
-    p = subprocess.run(_sweep(tmp_path, *SMALL, "engine.extra_args=[--no-such-flag]", "engine.startup_timeout_s=600"),
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        _sweep(tmp_path, *SMALL, "engine.extra_args=[--no-such-flag]", "engine.startup_timeout_s=600"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     took = time.monotonic() - t0
     assert p.returncode == 0 and "1 FAILED" in p.stdout, p.stdout[-3000:]
     assert took < 120, f"an exit at start took {took:.0f} s to notice"
@@ -115,8 +133,9 @@ def test_server_exiting_at_start_is_detected_at_once_and_timeouts_carry_the_log(
 
     slow = tmp_path / "slow"
     slow.mkdir()
-    p = subprocess.run(_sweep(slow, *SMALL, "engine.startup_timeout_s=3"), cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        _sweep(slow, *SMALL, "engine.startup_timeout_s=3"), cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 0 and "1 FAILED" in p.stdout, p.stdout[-3000:]
     result = json.loads(next((slow / "sweep").glob("trials/*/result.json")).read_text())
     assert "not healthy after 3 s" in result["error"] and "last log lines" in result["error"], result["error"][:500]
@@ -128,8 +147,9 @@ def test_port_already_taken_is_a_clear_error_before_launch(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        p = subprocess.run(_sweep(tmp_path, *SMALL, f"engine.port={port}"), cwd=ROOT, capture_output=True,
-                           text=True, timeout=300)
+        p = subprocess.run(
+            _sweep(tmp_path, *SMALL, f"engine.port={port}"), cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
     assert p.returncode == 0 and "1 FAILED" in p.stdout, p.stdout[-3000:]
     assert f"127.0.0.1:{port} is already in use" in p.stdout
     assert "starting vllm" not in p.stdout
@@ -140,8 +160,13 @@ def test_sigterm_to_the_driver_leaves_nothing_running_within_10s(tmp_path):
     """A scheduler's SIGTERM to the driver (not its group): every engine process group is gone
     within 10 s, and the points measured so far are on disk and in MLflow."""
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = _sweep(tmp_path, *SMALL, "workload.load_points=[{concurrency:2},{concurrency:2,num_requests:400}]",
-                 "workload.num_requests=6", store=store)
+    cmd = _sweep(
+        tmp_path,
+        *SMALL,
+        "workload.load_points=[{concurrency:2},{concurrency:2,num_requests:400}]",
+        "workload.num_requests=6",
+        store=store,
+    )
     proc, lines = _start(cmd), []
     try:
         _read_until(proc, lines, lambda s: "point 2/2" in s and "running" in s)
@@ -167,11 +192,26 @@ def _mlflow_server(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     port.close()
     url = f"http://127.0.0.1:{number}"
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-         f"sqlite:///{tmp_path}/server.db", "--serve-artifacts", "--artifacts-destination", str(tmp_path / "art"),
-         "--host", "127.0.0.1", "--port", str(number), "--workers", "1"],
-        stdout=open(tmp_path / "mlflow.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-        env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/server.db",
+            "--serve-artifacts",
+            "--artifacts-destination",
+            str(tmp_path / "art"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(number),
+            "--workers",
+            "1",
+        ],
+        stdout=open(tmp_path / "mlflow.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+    )
     import urllib.request
 
     deadline = time.monotonic() + 120
@@ -208,6 +248,7 @@ def test_mlflow_dying_mid_sweep_loses_nothing_and_replay_fills_the_gap(tmp_path)
 
     server, url = _mlflow_server(tmp_path)  # the same store, back up
     try:
+
         def trial_runs():
             return [r for r in search_runs(url, "default") if r.data.tags.get("run_kind") == "trial"]
 
@@ -234,8 +275,13 @@ def test_planted_secrets_never_reach_the_store_logs_or_argv(tmp_path):
     and really requires the key (the load generator sends it)."""
     hf, key = "hf_PLANTEDtoken0123456789abcdef", "sk-PLANTEDkey0123456789abcdef"
     env = dict(os.environ, HF_TOKEN=hf, LAB_SERVER_KEY=key)
-    cmd = _sweep(tmp_path, *SMALL, "engine.api_key_env=LAB_SERVER_KEY", "workload.num_requests=4",
-                 "workload.load_points=[{concurrency:2}]")
+    cmd = _sweep(
+        tmp_path,
+        *SMALL,
+        "engine.api_key_env=LAB_SERVER_KEY",
+        "workload.num_requests=4",
+        "workload.load_points=[{concurrency:2}]",
+    )
     proc, lines = _start(cmd, env=env), []
     seen_argv: list[list[str]] = []
     try:
@@ -263,8 +309,17 @@ def test_two_hundred_cheap_trials(tmp_path):
     runs with the right statuses; the driver's memory stays bounded (its RSS is read at every
     progress line)."""
     seeds = ",".join(str(i) for i in range(100))
-    cmd = _sweep(tmp_path, "engine=sleep", "engine.seconds=0.01", f"seed={seeds}", "engine.gpus=0,1",
-                 "platform=gpu", "platform.cpus_per_trial=0.5", "cluster.num_cpus=2", "cluster.num_gpus=0")
+    cmd = _sweep(
+        tmp_path,
+        "engine=sleep",
+        "engine.seconds=0.01",
+        f"seed={seeds}",
+        "engine.gpus=0,1",
+        "platform=gpu",
+        "platform.cpus_per_trial=0.5",
+        "cluster.num_cpus=2",
+        "cluster.num_gpus=0",
+    )
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     driver = psutil.Process(proc.pid)
     rss_at: dict[int, int] = {}  # progress line [k/200] -> the driver's RSS right then
@@ -273,22 +328,25 @@ def test_two_hundred_cheap_trials(tmp_path):
         lines.append(line)
         if line.startswith("[") and "/200]" in line:
             try:
-                rss_at[int(line[1:line.index("/")])] = driver.memory_info().rss
+                rss_at[int(line[1 : line.index("/")])] = driver.memory_info().rss
             except (psutil.Error, ValueError):
                 pass
     proc.wait(timeout=60)
     out = "".join(lines)
     assert proc.returncode == 0, out[-3000:]
     assert "100 FINISHED, 100 SKIPPED" in out, out[-2000:]
-    trials = [r for r in search_runs(f"sqlite:///{tmp_path}/mlflow.db", "default")
-              if r.data.tags.get("run_kind") == "trial"]
+    trials = [
+        r for r in search_runs(f"sqlite:///{tmp_path}/mlflow.db", "default") if r.data.tags.get("run_kind") == "trial"
+    ]
     assert len(trials) == 200
     statuses = sorted(r.data.tags["trial_status"] for r in trials)
     assert statuses.count("FINISHED") == 100 and statuses.count("SKIPPED") == 100
     # the 100 infeasible trials are reported first ([1..100/200]), then the 100 that ran
     peak = max(rss_at.values()) / 2**20
     per_trial = (rss_at[200] - rss_at[125]) / 75 / 2**20
-    print(f"driver RSS: {rss_at[125] / 2**20:.0f} MiB after 25 run trials, {rss_at[200] / 2**20:.0f} MiB after 100 "
-          f"({per_trial * 1024:.0f} KiB per trial), peak {peak:.0f} MiB")
+    print(
+        f"driver RSS: {rss_at[125] / 2**20:.0f} MiB after 25 run trials, {rss_at[200] / 2**20:.0f} MiB after 100 "
+        f"({per_trial * 1024:.0f} KiB per trial), peak {peak:.0f} MiB"
+    )
     assert peak < 1500, f"driver RSS peaked at {peak:.0f} MiB"
     assert per_trial < 1.0, f"driver RSS grows {per_trial:.2f} MiB per trial"

@@ -17,11 +17,21 @@ def test_capacity_of_two_chunked_prefill_budgets_and_the_verdict(tmp_path):
     # each trial searches its own server's capacity (in streams); the verdict names the one
     # that sustains more. Few requests per probe: this checks the path, not the lab's numbers.
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "orchestrator", "+experiment=chunked_prefill", "variant=budget_256,budget_2048",
-           "per_platform.cpu.workload.load_points=[]", "per_platform.cpu.workload.num_requests=8",
-           "+workload.capacity={knob:concurrency,start:2,high:8,max_probes:3,slo:{short/itl_ms_p99:450}}",
-           "~objective", "+objective={maximize:slo_capacity_concurrency,show:[short/itl_ms_p99]}",
-           f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/multirun", "-m"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "+experiment=chunked_prefill",
+        "variant=budget_256,budget_2048",
+        "per_platform.cpu.workload.load_points=[]",
+        "per_platform.cpu.workload.num_requests=8",
+        "+workload.capacity={knob:concurrency,start:2,high:8,max_probes:3,slo:{short/itl_ms_p99:450}}",
+        "~objective",
+        "+objective={maximize:slo_capacity_concurrency,show:[short/itl_ms_p99]}",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+        "-m",
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout
@@ -44,7 +54,8 @@ def test_capacity_of_two_chunked_prefill_budgets_and_the_verdict(tmp_path):
         assert parent.data.tags["verdict"] == best
     assert "objective: maximize slo_capacity_concurrency" in parent.data.tags["verdict_text"]
     assert "Verdict: " in out
-    summary = next((tmp_path / "multirun").glob("*/report/summary.md"), None) or \
-        next((tmp_path / "multirun").glob("**/summary.md"))
+    summary = next((tmp_path / "multirun").glob("*/report/summary.md"), None) or next(
+        (tmp_path / "multirun").glob("**/summary.md")
+    )
     assert "**Verdict:**" in summary.read_text()
     assert not engine_processes()

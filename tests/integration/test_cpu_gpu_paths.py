@@ -18,8 +18,17 @@ pytestmark = pytest.mark.integration
 
 def _sweep(tmp_path, experiment, variants, *extra):
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "orchestrator", f"+experiment={experiment}", f"variant={variants}", *extra,
-           f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/multirun", "-m"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        f"+experiment={experiment}",
+        f"variant={variants}",
+        *extra,
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+        "-m",
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     runs = [r for r in search_runs(store, experiment) if r.data.tags.get("run_kind") == "trial"]
@@ -47,24 +56,38 @@ def test_quantized_tiny_adder_against_the_unquantized_one(tmp_path):
     assert runs["cpu_w8a8"].data.params["model.tiny.quantization"] == "w8a8"
     # the servers really loaded compressed-tensors checkpoints
     for name in runs.keys() - {"cpu_fp32"}:
-        spec = json.loads((next((tmp_path / "multirun" / "trials").glob(f"*-{runs[name].data.tags['trial_hash']}"))
-                           / "result.json").read_text())["spec"]
+        spec = json.loads(
+            (
+                next((tmp_path / "multirun" / "trials").glob(f"*-{runs[name].data.tags['trial_hash']}")) / "result.json"
+            ).read_text()
+        )["spec"]
         assert spec["model"]["tiny"]["quantization"] == name.split("_")[1]
     from orchestrator.config.schema import TinyModelSpec
     from orchestrator.models.tiny import ensure_tiny_model
 
     for q, fmt in (("w8a8", "int-quantized"), ("w4a16", "pack-quantized")):
-        adder = dict(num_layers=3, hidden_size=256, num_heads=4, num_kv_heads=4, intermediate_size=512, vocab_size=300,
-                     max_position_embeddings=2048, train={"task": "addition", "steps": 1200, "batch_size": 64,
-                                                          "seq_len": 48, "lr": 0.002, "threads": 2})
+        adder = dict(
+            num_layers=3,
+            hidden_size=256,
+            num_heads=4,
+            num_kv_heads=4,
+            intermediate_size=512,
+            vocab_size=300,
+            max_position_embeddings=2048,
+            train={"task": "addition", "steps": 1200, "batch_size": 64, "seq_len": 48, "lr": 0.002, "threads": 2},
+        )
         cfg = json.loads((ensure_tiny_model(TinyModelSpec(**adder, quantization=q)) / "config.json").read_text())
         assert cfg["quantization_config"]["format"] == fmt
     assert not engine_processes()
 
 
 def test_pd_on_cpu_against_one_server(tmp_path):
-    out, runs = _sweep(tmp_path, "disaggregated_pd", "pd_cpu_in1000,standard_in1000,pd_vllm_in128",
-                       "per_platform.cpu.workload.num_requests=8")
+    out, runs = _sweep(
+        tmp_path,
+        "disaggregated_pd",
+        "pd_cpu_in1000,standard_in1000,pd_vllm_in128",
+        "per_platform.cpu.workload.num_requests=8",
+    )
     pd, one, nixl = runs["pd_cpu_in1000"], runs["standard_in1000"], runs["pd_vllm_in128"]
     assert pd.data.tags["trial_status"] == "FINISHED" and one.data.tags["trial_status"] == "FINISHED"
     assert nixl.data.tags["trial_status"] == "SKIPPED" and "ExampleConnector" in nixl.data.tags["error"]
@@ -94,8 +117,10 @@ def test_cache_aware_routing_of_two_replicas(tmp_path):
         assert m["completed"] == 48 and m["errors"] == 0
         assert m["invalid"] == 0, run.data.tags.get("invalid_reasons")  # pre-flight asked the replicas, not the router
         assert m["server_prompt_tokens"] >= 48 * (512 + 32)  # both replicas' counters, summed
-    assert ca.data.metrics["server_prefix_cache_hit_rate"] > rr.data.metrics["server_prefix_cache_hit_rate"], \
-        (ca.data.metrics["server_prefix_cache_hit_rate"], rr.data.metrics["server_prefix_cache_hit_rate"])
+    assert ca.data.metrics["server_prefix_cache_hit_rate"] > rr.data.metrics["server_prefix_cache_hit_rate"], (
+        ca.data.metrics["server_prefix_cache_hit_rate"],
+        rr.data.metrics["server_prefix_cache_hit_rate"],
+    )
     (rr_dir,) = (tmp_path / "multirun" / "trials").glob(f"*-{rr.data.tags['trial_hash']}")
     served = [(rr_dir / f"server-replica{i}.log").read_text().count("POST /v1/completions") for i in (0, 1)]
     assert min(served) >= 20, served  # round robin: both replicas served

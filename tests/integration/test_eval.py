@@ -24,10 +24,21 @@ def test_each_trial_run_has_accuracy_scored_from_the_servers_answers(tmp_path):
     still find the task written there (issue 19)."""
     store = f"sqlite:///{tmp_path}/mlflow.db"
     name = f"test_eval_{os.getpid()}"
-    cmd = [sys.executable, "-m", "orchestrator", "model=tiny_adder", "eval=addition", "engine.max_num_seqs=4,8",
-           "engine.max_model_len=512", "workload.classes={main:{input_tokens:32,output_tokens:8}}",
-           "workload.load_points=[{concurrency:2}]", "workload.num_requests=4", f"tracking.experiment_name={name}",
-           f"tracking.uri={store}", "-m"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "model=tiny_adder",
+        "eval=addition",
+        "engine.max_num_seqs=4,8",
+        "engine.max_model_len=512",
+        "workload.classes={main:{input_tokens:32,output_tokens:8}}",
+        "workload.load_points=[{concurrency:2}]",
+        "workload.num_requests=4",
+        f"tracking.experiment_name={name}",
+        f"tracking.uri={store}",
+        "-m",
+    ]
     before = set((ROOT / "multirun" / "default").glob("*"))
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1700)

@@ -17,13 +17,23 @@ pytestmark = pytest.mark.integration
 
 def test_ctrl_c_mid_trial_stops_everything_and_keeps_measured_points(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "orchestrator", "engine.max_num_seqs=4,8",
-           "workload.classes={main:{input_tokens:64,output_tokens:32}}",
-           "workload.load_points=[{concurrency:2},{concurrency:2,num_requests:400}]", "workload.num_requests=6",
-           "engine.max_model_len=512", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/sweep", "-m"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "engine.max_num_seqs=4,8",
+        "workload.classes={main:{input_tokens:64,output_tokens:32}}",
+        "workload.load_points=[{concurrency:2},{concurrency:2,num_requests:400}]",
+        "workload.num_requests=6",
+        "engine.max_model_len=512",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        "-m",
+    ]
     # Its own process group, like a terminal's foreground job: Ctrl-C reaches the whole group.
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 300

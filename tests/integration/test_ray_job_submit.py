@@ -30,20 +30,45 @@ def ray_head(tmp_path_factory):
     token = d / "token"
     token.write_text(os.urandom(32).hex())
     token.chmod(0o600)
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token),
-               PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}")
+    env = dict(
+        os.environ,
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token),
+        PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+    )
     dash = _free_port()
     gcs = _free_port()
     head = subprocess.Popen(
-        [str(ROOT / ".venv" / "bin" / "ray"), "start", "--head", f"--port={gcs}", "--include-dashboard=true",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
-         "--disable-usage-stats", "--block"],
-        env=env, stdout=open(d / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(ROOT / ".venv" / "bin" / "ray"),
+            "start",
+            "--head",
+            f"--port={gcs}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            "--num-cpus=2",
+            "--num-gpus=0",
+            "--disable-usage-stats",
+            "--block",
+        ],
+        env=env,
+        stdout=open(d / "head.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     address = f"http://127.0.0.1:{dash}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        p = subprocess.run([sys.executable, "-c", f"from ray.job_submission import JobSubmissionClient as C; "
-                            f"C('{address}').list_jobs()"], env=env, capture_output=True)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from ray.job_submission import JobSubmissionClient as C; C('{address}').list_jobs()",
+            ],
+            env=env,
+            capture_output=True,
+        )
         if p.returncode == 0:
             break
         assert head.poll() is None, (d / "head.log").read_text()[-3000:]
@@ -61,9 +86,19 @@ def ray_head(tmp_path_factory):
 def test_submitted_sweep_runs_on_the_cluster_and_logs_to_mlflow(ray_head, tmp_path):
     address, env = ray_head
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "orchestrator.scheduling.submit", "--address", address, "--",
-           "engine=sleep", "engine.seconds=1", "seed=0,1,2", f"tracking.uri={store}",
-           f"hydra.sweep.dir={tmp_path}/multirun"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator.scheduling.submit",
+        "--address",
+        address,
+        "--",
+        "engine=sleep",
+        "engine.seconds=1",
+        "seed=0,1,2",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+    ]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "sweep validated locally" in p.stdout and "SUCCEEDED" in p.stdout
@@ -73,8 +108,16 @@ def test_submitted_sweep_runs_on_the_cluster_and_logs_to_mlflow(ray_head, tmp_pa
 
 
 def _job_count(address: str, env: dict) -> int:
-    p = subprocess.run([sys.executable, "-c", f"from ray.job_submission import JobSubmissionClient as C; "
-                        f"print(len(C('{address}').list_jobs()))"], env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from ray.job_submission import JobSubmissionClient as C; print(len(C('{address}').list_jobs()))",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return int(p.stdout.split()[-1])
 
@@ -82,7 +125,21 @@ def _job_count(address: str, env: dict) -> int:
 def test_a_bad_sweep_is_refused_before_submission(ray_head, tmp_path):
     address, env = ray_head
     before = _job_count(address, env)
-    p = subprocess.run([sys.executable, "-m", "orchestrator.scheduling.submit", "--address", address, "--",
-                        "workload.num_requests=-3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.scheduling.submit",
+            "--address",
+            address,
+            "--",
+            "workload.num_requests=-3",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and "nothing was submitted" in p.stderr and "num_requests" in p.stderr, p.stderr
     assert _job_count(address, env) == before

@@ -17,11 +17,17 @@ def test_sweep_logs_finished_and_skipped_trials(tmp_path):
     """Block size 16 is known to be refused by the CPU attention backend: SKIPPED before launch."""
     store = f"sqlite:///{tmp_path}/mlflow.db"
     cmd = [
-        sys.executable, "-m", "orchestrator",
+        sys.executable,
+        "-m",
+        "orchestrator",
         "engine.block_size=16,32",
         "workload.classes={main:{input_tokens:64,output_tokens:16}}",
-        "workload.load_points=[{concurrency:2}]", "workload.num_requests=6", "engine.max_model_len=512",
-        f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/multirun", "-m",
+        "workload.load_points=[{concurrency:2}]",
+        "workload.num_requests=6",
+        "engine.max_model_len=512",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+        "-m",
     ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -35,8 +41,18 @@ def test_sweep_logs_finished_and_skipped_trials(tmp_path):
     by_block = {c.data.params["engine.block_size"]: c for c in children}
     ok, bad = by_block["32"], by_block["16"]
     assert ok.info.status == "FINISHED"
-    for key in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "itl_ms_p90", "e2e_ms_p95", "qps",
-                "tokens_per_second", "total_tokens_per_second", "memory_peak_gb", "startup_s"):
+    for key in (
+        "ttft_ms_p50",
+        "ttft_ms_p99",
+        "tpot_ms_mean",
+        "itl_ms_p90",
+        "e2e_ms_p95",
+        "qps",
+        "tokens_per_second",
+        "total_tokens_per_second",
+        "memory_peak_gb",
+        "startup_s",
+    ):
         assert key in ok.data.metrics, key
     for tag in ("trial_hash", "engine_version", "hardware", "git_commit"):
         assert ok.data.tags.get(tag), tag
@@ -62,9 +78,18 @@ def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
     # No -m: one trial, logged like a sweep of one. vLLM itself refuses a step budget below the
     # context when chunked prefill is off (a check only the engine makes).
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "orchestrator", "engine.enable_chunked_prefill=false",
-           "engine.max_num_batched_tokens=64", "engine.max_model_len=512", "workload.num_requests=2",
-           "workload.load_points=[{concurrency:1}]", f"tracking.uri={store}", f"hydra.run.dir={tmp_path}/run"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "engine.enable_chunked_prefill=false",
+        "engine.max_num_batched_tokens=64",
+        "engine.max_model_len=512",
+        "workload.num_requests=2",
+        "workload.load_points=[{concurrency:1}]",
+        f"tracking.uri={store}",
+        f"hydra.run.dir={tmp_path}/run",
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "FAILED" in p.stdout
@@ -81,9 +106,19 @@ def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
 def test_trials_differing_only_in_workload_share_one_server_start(tmp_path):
     """num_requests 4 and 6 (same servers) share one start; max_num_seqs 8 needs its own."""
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "orchestrator", "workload.num_requests=4,6", "engine.max_num_seqs=4,8",
-           "workload.classes={main:{input_tokens:64,output_tokens:16}}", "workload.load_points=[{concurrency:2}]",
-           "engine.max_model_len=512", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/multirun", "-m"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "workload.num_requests=4,6",
+        "engine.max_num_seqs=4,8",
+        "workload.classes={main:{input_tokens:64,output_tokens:16}}",
+        "workload.load_points=[{concurrency:2}]",
+        "engine.max_model_len=512",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+        "-m",
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "4 FINISHED" in p.stdout, p.stdout[-3000:]
@@ -91,8 +126,13 @@ def test_trials_differing_only_in_workload_share_one_server_start(tmp_path):
     assert p.stdout.count("(server start saved)") == 2
     trials = [r for r in search_runs(store, "default") if r.data.tags.get("run_kind") == "trial"]
     assert len(trials) == 4 and all(t.info.status == "FINISHED" for t in trials)
-    starts = {(t.data.params["engine.max_num_seqs"], t.data.params["workload.num_requests"]):
-              (t.data.metrics["server_starts"], t.data.metrics["server_reused"]) for t in trials}
+    starts = {
+        (t.data.params["engine.max_num_seqs"], t.data.params["workload.num_requests"]): (
+            t.data.metrics["server_starts"],
+            t.data.metrics["server_reused"],
+        )
+        for t in trials
+    }
     for seqs in ("4", "8"):  # per server configuration: one trial started it, the other reused it
         assert sorted([starts[(seqs, "4")], starts[(seqs, "6")]]) == [(0.0, 1.0), (1.0, 0.0)], starts
     assert {t.data.metrics["requests_total"] for t in trials} == {4.0, 6.0}

@@ -21,9 +21,20 @@ def test_sweep_runs_on_both_nodes(tmp_path):
     try:
         cluster.add_node(num_cpus=1, num_gpus=0)
         cluster.wait_for_nodes()
-        cmd = [sys.executable, "-m", "orchestrator", "engine=sleep", "engine.seconds=3", "seed=0,1,2,3",
-               "platform=gpu", "platform.cpus_per_trial=1", f"cluster.address={cluster.address}",
-               f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"hydra.sweep.dir={tmp_path}/multirun", "-m"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "engine=sleep",
+            "engine.seconds=3",
+            "seed=0,1,2,3",
+            "platform=gpu",
+            "platform.cpus_per_trial=1",
+            f"cluster.address={cluster.address}",
+            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            f"hydra.sweep.dir={tmp_path}/multirun",
+            "-m",
+        ]
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         assert "4 FINISHED" in p.stdout
@@ -48,9 +59,19 @@ def test_a_trial_on_a_dead_node_is_run_again_on_another(tmp_path):
         workers = [cluster.add_node(num_cpus=1, num_gpus=0) for _ in range(2)]
         cluster.wait_for_nodes()
         store = f"sqlite:///{tmp_path}/mlflow.db"
-        cmd = [sys.executable, "-m", "orchestrator", "engine=sleep", "engine.seconds=8", "platform=gpu",
-               "platform.cpus_per_trial=1", f"cluster.address={cluster.address}", f"tracking.uri={store}",
-               f"hydra.sweep.dir={tmp_path}/multirun", "-m"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "engine=sleep",
+            "engine.seconds=8",
+            "platform=gpu",
+            "platform.cpus_per_trial=1",
+            f"cluster.address={cluster.address}",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path}/multirun",
+            "-m",
+        ]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 120
         notes = []

@@ -15,12 +15,16 @@ pytestmark = pytest.mark.integration
 
 
 def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
-    spec, _ = to_specs(compose([
-        "workload.classes={main:{input_tokens:64,output_tokens:16}}",
-        "workload.load_points=[{concurrency:1},{concurrency:4}]",
-        "workload.num_requests=8",
-        "engine.max_model_len=512",
-    ]))
+    spec, _ = to_specs(
+        compose(
+            [
+                "workload.classes={main:{input_tokens:64,output_tokens:16}}",
+                "workload.load_points=[{concurrency:1},{concurrency:4}]",
+                "workload.num_requests=8",
+                "engine.max_model_len=512",
+            ]
+        )
+    )
     lines: list[str] = []
     result = run_trial(spec, tmp_path, ["test"], progress=lines.append)
     assert result.status == "FINISHED", result.error
@@ -30,9 +34,19 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
     for p in result.points:
         m = p.metrics
         assert m["completed"] == 8 and m["errors"] == 0
-        for key in ("ttft_ms_p50", "tpot_ms_p99", "itl_ms_p95", "e2e_ms_mean", "qps", "tokens_per_second",
-                    "total_tokens_per_second", "memory_peak_gb", "server_prefix_cache_queries",
-                    "server_generation_tokens", "server_kv_cache_usage_max"):
+        for key in (
+            "ttft_ms_p50",
+            "tpot_ms_p99",
+            "itl_ms_p95",
+            "e2e_ms_mean",
+            "qps",
+            "tokens_per_second",
+            "total_tokens_per_second",
+            "memory_peak_gb",
+            "server_prefix_cache_queries",
+            "server_generation_tokens",
+            "server_kv_cache_usage_max",
+        ):
             assert key in m, key
         assert m["server_generation_tokens"] == 8 * 16  # the engine's own count agrees with ours
         assert m["output_tokens"] == 8 * 16
@@ -60,12 +74,19 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
 def test_restart_between_points_and_cache_reset(compose, tmp_path, tiny_model_dir):
     """Cold vs warm across a restart: a fresh server per load point, both points measured, both
     servers' logs kept; the prefix-cache reset before each point is accepted by vLLM."""
-    spec, _ = to_specs(compose([
-        "workload.classes={main:{input_tokens:64,output_tokens:8}}",
-        "workload.load_points=[{concurrency:2},{concurrency:2}]",
-        "workload.num_requests=4", "workload.warmup_requests=0",
-        "engine.max_model_len=256", "engine.restart_between_points=true", "engine.reset_cache_between_points=true",
-    ]))
+    spec, _ = to_specs(
+        compose(
+            [
+                "workload.classes={main:{input_tokens:64,output_tokens:8}}",
+                "workload.load_points=[{concurrency:2},{concurrency:2}]",
+                "workload.num_requests=4",
+                "workload.warmup_requests=0",
+                "engine.max_model_len=256",
+                "engine.restart_between_points=true",
+                "engine.reset_cache_between_points=true",
+            ]
+        )
+    )
     lines: list[str] = []
     result = run_trial(spec, tmp_path, ["test"], progress=lines.append)
     assert result.status == "FINISHED", result.error
@@ -96,9 +117,15 @@ def test_a_running_server_with_another_tokenizer_is_refused_before_load(compose,
     launch = adapter_for("vllm").launch(served, str(tiny_model_dir), port)
     with server_for(launch, server_env(launch, []), tmp_path / "server.log") as server:
         server.wait_healthy(launch.startup_timeout_s)
-        common = ["engine=external", f"engine.url=http://127.0.0.1:{port}", "model.source=path",
-                  f"model.path={tiny_model_dir}", "workload.classes={main:{input_tokens:64,output_tokens:8}}",
-                  "workload.load_points=[{concurrency:2}]", "workload.num_requests=4"]
+        common = [
+            "engine=external",
+            f"engine.url=http://127.0.0.1:{port}",
+            "model.source=path",
+            f"model.path={tiny_model_dir}",
+            "workload.classes={main:{input_tokens:64,output_tokens:8}}",
+            "workload.load_points=[{concurrency:2}]",
+            "workload.num_requests=4",
+        ]
         wrong, _ = to_specs(compose([*common, f"model.tokenizer={other}"]))
         result = run_trial(wrong, tmp_path / "wrong", progress=lambda _: None)
         assert result.status == "FAILED" and not result.points

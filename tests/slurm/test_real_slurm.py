@@ -22,11 +22,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory):
-    missing = [b for b in ("slurmctld", "slurmd", "munged", "sbatch") if not shutil.which(b)
-               and not os.path.exists(f"/usr/sbin/{b}")]
+    missing = [
+        b
+        for b in ("slurmctld", "slurmd", "munged", "sbatch")
+        if not shutil.which(b) and not os.path.exists(f"/usr/sbin/{b}")
+    ]
     if missing or os.geteuid() != 0:
-        pytest.skip(f"needs root and Debian's slurm-wlm + munge (`make test-slurm` installs them); "
-                    f"missing: {missing or 'root'}")
+        pytest.skip(
+            f"needs root and Debian's slurm-wlm + munge (`make test-slurm` installs them); missing: {missing or 'root'}"
+        )
     state = tmp_path_factory.mktemp("slurm")
     script = str(ROOT / "slurm" / "local-cluster.sh")
     start = subprocess.run([script, "start", str(state)], capture_output=True, text=True, timeout=120)
@@ -54,13 +58,42 @@ def _wait_for_job(job_id: str, env: dict, timeout_s: float) -> str:
 def test_sbatch_sweep_lands_in_mlflow(slurm_cluster, tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     logs = tmp_path / "logs"
-    cmd = [sys.executable, "-m", "orchestrator.scheduling.slurm", "--job-name", "slurm-test",
-           "--nodes", "1", "--gpus-per-node", "0", "--cpus-per-node", str(os.cpu_count()), "--mem", "4G",
-           "--time", "00:10:00", "--activate", f"source {ROOT}/.venv/bin/activate",
-           "--log-dir", str(logs), "--ray-port", "6391", "--head-wait-s", "5",
-           "--out", str(tmp_path / "sweep.sbatch"), "--submit", "--",
-           "engine=sleep", "engine.seconds=1", "seed=0,1,2", "platform=gpu",
-           "platform.cpus_per_trial=1", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path}/multirun"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator.scheduling.slurm",
+        "--job-name",
+        "slurm-test",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "0",
+        "--cpus-per-node",
+        str(os.cpu_count()),
+        "--mem",
+        "4G",
+        "--time",
+        "00:10:00",
+        "--activate",
+        f"source {ROOT}/.venv/bin/activate",
+        "--log-dir",
+        str(logs),
+        "--ray-port",
+        "6391",
+        "--head-wait-s",
+        "5",
+        "--out",
+        str(tmp_path / "sweep.sbatch"),
+        "--submit",
+        "--",
+        "engine=sleep",
+        "engine.seconds=1",
+        "seed=0,1,2",
+        "platform=gpu",
+        "platform.cpus_per_trial=1",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+    ]
     sub = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=slurm_cluster, timeout=60)
     assert sub.returncode == 0, sub.stdout + sub.stderr
     job_id = re.search(r"Submitted batch job (\d+)", sub.stdout).group(1)

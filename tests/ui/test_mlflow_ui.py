@@ -31,9 +31,17 @@ EXPERIMENT = "ui_test"
 # As root, and on a machine whose network is closed: no sandbox, and none of Chromium's own
 # background connections (they are refused and slow it down).
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1600,1000", "--remote-debugging-port=0",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1600,1000",
+    "--remote-debugging-port=0",
 ]
 
 
@@ -85,18 +93,28 @@ def mlflow_server(tmp_path):
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "mlflow_server.log"
     cmd = [
-        str(Path(sys.executable).parent / "mlflow"), "server",
-        "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
+        str(Path(sys.executable).parent / "mlflow"),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path}/mlflow.db",
         # Runs of new experiments get mlflow-artifacts:/ URIs: clients upload through the server,
         # which stores the files here.
-        "--serve-artifacts", "--artifacts-destination", str(tmp_path / "artifacts"),
-        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--serve-artifacts",
+        "--artifacts-destination",
+        str(tmp_path / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
     ]
     # No background job runner: it is 8 more Python processes, and nothing here uses it.
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -147,8 +165,9 @@ class _Page:
                 return value
             if time.monotonic() > deadline:
                 text = await self.eval("document.body ? document.body.innerText : ''")
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; "
-                                     f"the page shows:\n{(text or '')[:3000]}")
+                raise AssertionError(
+                    f"timed out after {timeout:.0f} s waiting for {what}; the page shows:\n{(text or '')[:3000]}"
+                )
             await asyncio.sleep(0.5)
 
     async def screenshot(self, path: Path) -> None:
@@ -163,8 +182,12 @@ def chromium(tmp_path):
     profile.mkdir()
     log_path = tmp_path / "chromium.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         port_file = profile / "DevToolsActivePort"  # written once DevTools listens
         deadline = time.monotonic() + 60
@@ -181,12 +204,13 @@ def chromium(tmp_path):
 
 def _js_text_has(names: list[str], root: str = "document.body") -> str:
     """JS: does the innerText of `root` contain every one of `names`?"""
-    return f"(() => {{ const r = {root}; const t = r ? r.innerText : ''; " \
-           f"return {json.dumps(names)}.every(n => t.includes(n)); }})()"
+    return (
+        f"(() => {{ const r = {root}; const t = r ? r.innerText : ''; "
+        f"return {json.dumps(names)}.every(n => t.includes(n)); }})()"
+    )
 
 
-async def _check_ui(devtools_port: int, url: str, experiment_id: str, parent_id: str,
-                    children: list[str]) -> None:
+async def _check_ui(devtools_port: int, url: str, experiment_id: str, parent_id: str, children: list[str]) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession() as http:
@@ -199,38 +223,46 @@ async def _check_ui(devtools_port: int, url: str, experiment_id: str, parent_id:
             # 1. The experiment's runs table. Child runs are collapsed under their parent run:
             #    expand the parent's row (the button in its Run Name cell).
             await page.send("Page.navigate", url=f"{url}/#/experiments/{experiment_id}/runs")
-            parent_link = f'document.querySelector(\'a[href$="/runs/{parent_id}"]\')'
+            parent_link = f"document.querySelector('a[href$=\"/runs/{parent_id}\"]')"
             await page.wait_for(f"!!{parent_link}", "the sweep's parent run in the runs table")
             grid = "document.querySelector('[role=grid]')"
             if not await page.eval(_js_text_has(children, grid)):
                 clicked = await page.eval(
                     f"(() => {{ const a = {parent_link}; const cell = a && a.closest('[role=gridcell]');"
-                    " const b = cell && cell.querySelector('button'); if (b) b.click(); return !!b; })()")
+                    " const b = cell && cell.querySelector('button'); if (b) b.click(); return !!b; })()"
+                )
                 assert clicked, "no expand button in the parent run's row"
-            await page.wait_for(_js_text_has(children, grid),
-                                f"child runs {children} in the experiment's runs table")
+            await page.wait_for(_js_text_has(children, grid), f"child runs {children} in the experiment's runs table")
             await asyncio.sleep(1)  # let the expanded rows finish their layout
             await page.screenshot(ARTIFACTS / "mlflow_ui.png")
 
             # 2. The parent run's page lists its child runs by name.
             await page.send("Page.navigate", url=f"{url}/#/experiments/{experiment_id}/runs/{parent_id}")
-            await page.wait_for(_js_text_has(["Child runs", *children]),
-                                f"child runs {children} on the parent run's page")
+            await page.wait_for(
+                _js_text_has(["Child runs", *children]), f"child runs {children} on the parent run's page"
+            )
             await asyncio.sleep(1)
             await page.screenshot(ARTIFACTS / "mlflow_ui_parent_run.png")
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(),
-                    reason="needs Debian's chromium at /usr/bin/chromium: apt-get install -y chromium")
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium: apt-get install -y chromium"
+)
 def test_sweep_child_runs_are_listed_in_the_mlflow_ui(tmp_path, mlflow_server, chromium):
     from mlflow.tracking import MlflowClient
 
     # A cheap sweep (sleep engine, no engine server) logged to the server over HTTP.
     cmd = [
-        sys.executable, "-m", "orchestrator",
-        "engine=sleep", "engine.seconds=0.5", "seed=0,1,2",
-        f"tracking.uri={mlflow_server}", f"tracking.experiment_name={EXPERIMENT}",
-        f"hydra.sweep.dir={tmp_path}/multirun", "-m",
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "engine=sleep",
+        "engine.seconds=0.5",
+        "seed=0,1,2",
+        f"tracking.uri={mlflow_server}",
+        f"tracking.experiment_name={EXPERIMENT}",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+        "-m",
     ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
 
 
 @pytest.fixture
@@ -27,15 +28,22 @@ def malformed(tmp_path):
 
 CASES = {
     "unknown experiment": (["+experiment=no_such_lab"], r"no_such_lab"),
-    "missing dataset": (["workload=sharegpt", "workload.classes.main.path=/nonexistent/sg.json"],
-                        r"workload.classes.main.path.*/nonexistent/sg.json"),
+    "missing dataset": (
+        ["workload=sharegpt", "workload.classes.main.path=/nonexistent/sg.json"],
+        r"workload.classes.main.path.*/nonexistent/sg.json",
+    ),
     "negative rate": (["workload.load_points=[{rate:-2}]"], r"workload.load_points.0.rate"),
     "empty sweep value": (["engine.max_num_seqs="], r"engine.max_num_seqs.*valid integer"),
     "empty variant list": (["+experiment=chunked_prefill", "sweeps.cpu=''"], r"variant: unknown value ''.*budget_256"),
-    "tokens beyond the context": (["workload.classes.main.output_tokens=9000", "engine.max_model_len=2048"],
-                                  r"needs up to \d+ tokens per request.*context is 2048"),
+    "tokens beyond the context": (
+        ["workload.classes.main.output_tokens=9000", "engine.max_model_len=2048"],
+        r"needs up to \d+ tokens per request.*context is 2048",
+    ),
     "model path missing": (["model.source=path", "model.path=/no/such/model"], r"model.path.*/no/such/model"),
-    "api key variable unset": (["engine.api_key_env=NO_SUCH_VARIABLE_SET"], r"engine.api_key_env.*NO_SUCH_VARIABLE_SET"),
+    "api key variable unset": (
+        ["engine.api_key_env=NO_SUCH_VARIABLE_SET"],
+        r"engine.api_key_env.*NO_SUCH_VARIABLE_SET",
+    ),
 }
 
 

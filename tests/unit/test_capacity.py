@@ -9,9 +9,11 @@ from orchestrator.loadgen.capacity import CapacitySearch, Judgement, judge
 
 def curve(capacity: float):
     """A server whose p99 TTFT is 100 ms below ``capacity`` req/s and explodes above it."""
+
     def metrics(rate: float) -> dict[str, float]:
         ttft = 100.0 if rate <= capacity else 100.0 * (1 + 50 * (rate - capacity))
         return {"ttft_ms_p99": ttft, "qps": rate, "schedule_rate": rate, "goodput": rate, "errors": 0.0}
+
     return metrics
 
 
@@ -33,8 +35,9 @@ def test_finds_capacity_within_precision(true_capacity):
 
 
 def test_never_meets_the_slo_is_capacity_zero_said_plainly():
-    s = run(CapacitySearch(start=2.0, low=0.25, high=64.0), lambda r: {"ttft_ms_p99": 9e9, "qps": r,
-                                                                          "schedule_rate": r})
+    s = run(
+        CapacitySearch(start=2.0, low=0.25, high=64.0), lambda r: {"ttft_ms_p99": 9e9, "qps": r, "schedule_rate": r}
+    )
     assert s.summary()["capacity"] == 0.0 and "capacity_hi" in s.summary()
     assert [p.value for p in s.probes] == [2.0, 1.0, 0.5, 0.25]
     assert s.explanation("req/s").startswith("capacity 0 req/s: no probe met the SLOs (lowest tried 0.25 req/s)")
@@ -72,16 +75,26 @@ def test_a_probe_the_client_could_not_drive_decides_nothing():
 def test_concurrency_probes_are_whole_numbers():
     def server(c: float) -> dict[str, float]:
         return {"itl_ms_p99": 50.0 * c, "qps": 1.0}
-    s = run(CapacitySearch(start=1, low=1, high=64, integer=True, max_probes=12), server,
-            {"itl_ms_p99": 275.0}, knob="concurrency")
+
+    s = run(
+        CapacitySearch(start=1, low=1, high=64, integer=True, max_probes=12),
+        server,
+        {"itl_ms_p99": 275.0},
+        knob="concurrency",
+    )
     assert all(p.value == int(p.value) for p in s.probes)
     assert s.summary()["capacity"] == 5.0 and s.summary()["capacity_hi"] == 6.0
 
 
 def test_judge_reads_class_metrics_saturation_and_goodput():
     base = {"qps": 1.0, "schedule_rate": 2.0, "goodput": 0.5, "errors": 1.0}
-    j = judge(base, {"long": {"ttft_ms_p99": 3000.0}}, {"long/ttft_ms_p99": 2000.0, "itl_ms_p99": 10.0}, "rate",
-              min_goodput_fraction=0.9)
+    j = judge(
+        base,
+        {"long": {"ttft_ms_p99": 3000.0}},
+        {"long/ttft_ms_p99": 2000.0, "itl_ms_p99": 10.0},
+        "rate",
+        min_goodput_fraction=0.9,
+    )
     text = "; ".join(j.reasons)
     assert j.verdict == "fail"
     assert "long/ttft_ms_p99 3000 > 2000" in text and "itl_ms_p99 not measured" in text

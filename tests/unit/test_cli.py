@@ -9,8 +9,9 @@ from tests.conftest import ROOT
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_typo_in_existing_group_is_rejected_by_hydra():
@@ -39,7 +40,9 @@ def test_dry_run_prints_one_line_per_trial_and_starts_nothing():
 
     p = run("+experiment=chunked_prefill", "dry_run=true", "-m")
     assert p.returncode == 0, p.stderr
-    lines = [x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x]
+    lines = [
+        x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x
+    ]
     assert [x["variant"] for x in lines] == ["chunking_off", "budget_256", "budget_512", "budget_2048"]
     assert all(x["feasible"] and x["servers"][0]["argv"][0].endswith("python") for x in lines)
     assert "--no-enable-chunked-prefill" in lines[0]["servers"][0]["argv"]
@@ -50,7 +53,9 @@ def test_overrides_on_both_sides_of_multirun_flag():
 
     p = run("+experiment=chunked_prefill", "-m", "engine.block_size=32", "dry_run=true")
     assert p.returncode == 0, p.stderr
-    lines = [x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x]
+    lines = [
+        x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x
+    ]
     assert len(lines) == 4
     assert all(x["servers"][0]["argv"][x["servers"][0]["argv"].index("--block-size") + 1] == "32" for x in lines)
 
@@ -74,7 +79,9 @@ def test_dry_run_of_a_gpu_lab_shows_every_server_and_skips_on_cpu():
 
     p = run("+experiment=disaggregated_pd", "platform=gpu", "dry_run=true", "-m")
     assert p.returncode == 0, p.stderr
-    lines = [x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x]
+    lines = [
+        x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x
+    ]
     pd = next(x for x in lines if x["variant"] == "pd_vllm_in1024")
     assert pd["status"] == "feasible" and pd["gpus"] == 2 and pd["kv_capacity_tokens"] > 100_000
     names = [s["name"] for s in pd["servers"]]
@@ -83,7 +90,9 @@ def test_dry_run_of_a_gpu_lab_shows_every_server_and_skips_on_cpu():
     assert "--kv-transfer-config" in pd["servers"][0]["argv"]
     assert "VLLM_NIXL_SIDE_CHANNEL_PORT" in pd["servers"][1]["env"]
     p = run("+experiment=disaggregated_pd", "dry_run=true", "-m")  # the CPU platform
-    lines = [x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x]
+    lines = [
+        x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x
+    ]
     status = {x["variant"]: (x["status"], x["reason"]) for x in lines}
     # P/D through the ExampleConnector and its one-server baseline run; NIXL and SGLang say why not
     assert status["pd_cpu_in1000"] == ("feasible", None) and status["standard_in1000"] == ("feasible", None)

@@ -127,12 +127,21 @@ def test_relative_file_paths_become_absolute_where_the_command_runs(compose, tmp
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "tok").mkdir()
     monkeypatch.chdir(tmp_path)
-    spec, _ = to_specs(compose([
-        "workload=sharegpt", "workload.classes.main.path=data/sg.json",
-        "workload.load_points=[{trace:data/t.jsonl},{concurrency:2}]",
-        "model.source=path", "model.path=data/model", "model.tokenizer=data/tok", "model.cache_dir='~/models'",
-        "+engine.lmcache={local_disk:kv}", "engine.python=envs/bin/python",
-    ]))
+    spec, _ = to_specs(
+        compose(
+            [
+                "workload=sharegpt",
+                "workload.classes.main.path=data/sg.json",
+                "workload.load_points=[{trace:data/t.jsonl},{concurrency:2}]",
+                "model.source=path",
+                "model.path=data/model",
+                "model.tokenizer=data/tok",
+                "model.cache_dir='~/models'",
+                "+engine.lmcache={local_disk:kv}",
+                "engine.python=envs/bin/python",
+            ]
+        )
+    )
     assert spec.workload.classes["main"].path == str(tmp_path / "data" / "sg.json")
     assert spec.workload.load_points[0].trace == str(tmp_path / "data" / "t.jsonl")
     assert spec.model.tokenizer == str(tmp_path / "data" / "tok")
@@ -143,8 +152,9 @@ def test_relative_file_paths_become_absolute_where_the_command_runs(compose, tmp
     assert spec.engine.lmcache.local_disk == str(tmp_path / "kv")
     assert spec.engine.python == str(tmp_path / "envs" / "bin" / "python")
     # hub ids stay ids; a bare interpreter name is looked up on PATH; a container's interpreter is its own
-    hub, _ = to_specs(compose(["model.source=hub", "model.path=org/model", "model.tokenizer=org/model",
-                               "engine.python=python3"]))
+    hub, _ = to_specs(
+        compose(["model.source=hub", "model.path=org/model", "model.tokenizer=org/model", "engine.python=python3"])
+    )
     assert (hub.model.path, hub.model.tokenizer, hub.engine.python) == ("org/model", "org/model", "python3")
     boxed, _ = to_specs(compose(["engine.python=bin/python", "engine.launch_prefix=[apptainer,exec,img.sif]"]))
     assert boxed.engine.python == "bin/python"

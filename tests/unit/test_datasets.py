@@ -27,11 +27,14 @@ def test_sharegpt_counts_malformed_entries():
     assert len(data.conversations) == 40 and data.malformed == 4
 
 
-@pytest.mark.parametrize("content, reason", [
-    ("{not json", "not valid JSON"),
-    ('{"a": 1}', "expected a JSON list"),
-    ('[{"id": 1}]', "none of its 1 entries"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"a": 1}', "expected a JSON list"),
+        ('[{"id": 1}]', "none of its 1 entries"),
+    ],
+)
 def test_sharegpt_bad_file_rejected(tmp_path, content, reason):
     f = tmp_path / "bad.json"
     f.write_text(content)
@@ -62,13 +65,23 @@ def test_trace_bad_rows(tmp_path):
 
 
 def workload(classes):
-    return WorkloadSpec.model_validate({"name": "t", "classes": classes, "load_points": [{"concurrency": 1}],
-                                        "num_requests": 1})
+    return WorkloadSpec.model_validate(
+        {"name": "t", "classes": classes, "load_points": [{"concurrency": 1}], "num_requests": 1}
+    )
 
 
 def test_shared_prefix_requests_share_exact_prefix_tokens(factory):
-    w = workload({"sp": {"dataset": "shared_prefix", "num_groups": 3, "prefix_tokens": 40,
-                         "input_tokens": 10, "output_tokens": 2}})
+    w = workload(
+        {
+            "sp": {
+                "dataset": "shared_prefix",
+                "num_groups": 3,
+                "prefix_tokens": 40,
+                "input_tokens": 10,
+                "output_tokens": 2,
+            }
+        }
+    )
     planner = RequestPlanner(w, factory)
     rng = np.random.default_rng(0)
     reqs = [planner.make("sp", rng) for _ in range(30)]

@@ -10,8 +10,7 @@ import json
 import pytest
 
 from orchestrator.config import to_specs
-from orchestrator.engines import adapter_for
-from orchestrator.engines import pd_proxy
+from orchestrator.engines import adapter_for, pd_proxy
 from orchestrator.engines import sglang as sglang_adapter
 from orchestrator.engines import vllm as vllm_adapter
 from orchestrator.feasibility import assess
@@ -77,14 +76,31 @@ def parse_launch(launch, vllm_parser, sglang_parser):
 
 SGLANG_CASES = [
     ["engine=sglang"],
-    ["engine=sglang", "engine.tensor_parallel_size=2", "engine.chunked_prefill_size=512", "engine.schedule_policy=lpm",
-     "engine.page_size=16"],
+    [
+        "engine=sglang",
+        "engine.tensor_parallel_size=2",
+        "engine.chunked_prefill_size=512",
+        "engine.schedule_policy=lpm",
+        "engine.page_size=16",
+    ],
     ["engine=sglang", "engine.disable_radix_cache=true", "engine.schedule_policy=dfs-weight"],
-    ["engine=sglang", "engine.speculative_algorithm=EAGLE", "engine.speculative_num_steps=3",
-     "engine.speculative_eagle_topk=4", "engine.speculative_num_draft_tokens=8",
-     "engine.speculative_draft_model_path=/models/eagle"],
-    ["engine=sglang", "engine.quantization=fp8", "engine.kv_cache_dtype=fp8_e5m2", "engine.mem_fraction_static=0.8",
-     "engine.max_running_requests=64", "engine.disable_cuda_graph=true", "engine.random_seed=1"],
+    [
+        "engine=sglang",
+        "engine.speculative_algorithm=EAGLE",
+        "engine.speculative_num_steps=3",
+        "engine.speculative_eagle_topk=4",
+        "engine.speculative_num_draft_tokens=8",
+        "engine.speculative_draft_model_path=/models/eagle",
+    ],
+    [
+        "engine=sglang",
+        "engine.quantization=fp8",
+        "engine.kv_cache_dtype=fp8_e5m2",
+        "engine.mem_fraction_static=0.8",
+        "engine.max_running_requests=64",
+        "engine.disable_cuda_graph=true",
+        "engine.random_seed=1",
+    ],
     ["engine=sglang", "engine.disaggregation={connector:mooncake,prefill_tp:1,decode_tp:2}"],
 ]
 
@@ -108,8 +124,10 @@ def test_sglang_commands_parse(sglang_parser, vllm_parser, compose, overrides):
             assert ns.speculative_algorithm == e.speculative_algorithm
             assert int(ns.speculative_num_draft_tokens) == e.speculative_num_draft_tokens
     if e.disaggregation is None:
-        assert len(launches) == 1 and int(parse_launch(launches[0], vllm_parser, sglang_parser).tp_size) == \
-            e.tensor_parallel_size
+        assert (
+            len(launches) == 1
+            and int(parse_launch(launches[0], vllm_parser, sglang_parser).tp_size) == e.tensor_parallel_size
+        )
     else:
         prefill, decode, router = launches
         p = parse_launch(prefill, vllm_parser, sglang_parser)
@@ -131,12 +149,22 @@ def test_sglang_rejects_half_set_speculation(compose):
     from orchestrator.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="speculative_num_steps needs"):
-        to_specs(compose(["engine=sglang", "platform=gpu", "engine.speculative_algorithm=EAGLE",
-                          "engine.speculative_num_steps=3"]))
+        to_specs(
+            compose(
+                [
+                    "engine=sglang",
+                    "platform=gpu",
+                    "engine.speculative_algorithm=EAGLE",
+                    "engine.speculative_num_steps=3",
+                ]
+            )
+        )
 
 
 def test_vllm_pd_topology(vllm_parser, sglang_parser, compose):
-    spec, _ = to_specs(compose(["platform=gpu", "engine.disaggregation={connector:NixlConnector,prefill_tp:2,decode_tp:1}"]))
+    spec, _ = to_specs(
+        compose(["platform=gpu", "engine.disaggregation={connector:NixlConnector,prefill_tp:2,decode_tp:1}"])
+    )
     launches = vllm_adapter.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/tmp/t")
     prefill, decode, proxy = launches
     for launch in (prefill, decode):
@@ -162,9 +190,11 @@ def test_vllm_lmcache_renders_config(vllm_parser, sglang_parser, compose):
 
 
 def test_vllm_speculative_forms_parse(vllm_parser, sglang_parser, compose):
-    for cfg in ({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
-                {"model": "/models/draft", "num_speculative_tokens": 3},
-                {"method": "eagle", "model": "/models/eagle", "num_speculative_tokens": 3}):
+    for cfg in (
+        {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
+        {"model": "/models/draft", "num_speculative_tokens": 3},
+        {"method": "eagle", "model": "/models/eagle", "num_speculative_tokens": 3},
+    ):
         hydra_dict = "{" + ",".join(f"{k}:{json.dumps(v) if isinstance(v, str) else v}" for k, v in cfg.items()) + "}"
         spec, _ = to_specs(compose(["platform=gpu", f"engine.speculative_config={hydra_dict}"]))
         (launch,) = vllm_adapter.launches(spec, "/m", 1, lambda: 0, "/t")
@@ -203,8 +233,15 @@ def test_pd_on_cpu_through_the_example_connector(vllm_parser, sglang_parser, com
 
     with pytest.raises(ConfigError, match="needs engine.max_model_len"):
         to_specs(compose(["engine.disaggregation={connector:ExampleConnector}"]))
-    spec, _ = to_specs(compose(["engine.disaggregation={connector:ExampleConnector}", "engine.max_model_len=2048",
-                                "engine.max_num_batched_tokens=256"]))
+    spec, _ = to_specs(
+        compose(
+            [
+                "engine.disaggregation={connector:ExampleConnector}",
+                "engine.max_model_len=2048",
+                "engine.max_num_batched_tokens=256",
+            ]
+        )
+    )
     assert assess(spec, cluster_gpus=0) is None  # runs on the CPU build
     prefill, decode, proxy = vllm_adapter.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/tr")
     for launch, core in ((prefill, "0"), (decode, "1")):
@@ -228,12 +265,18 @@ def test_quantized_tiny_model_on_cpu(compose, monkeypatch):
     w4_bf16, _ = to_specs(compose(["model.tiny.quantization=w4a16", "engine.dtype=bfloat16"]))
     w8, _ = to_specs(compose(["model.tiny.quantization=w8a8"]))
     # a build with every kernel (an AVX-512 CPU) runs both
-    monkeypatch.setattr(cpu_kernels, "probe", lambda python: {"cpu_gemm_wna16": True, "onednn_scaled_mm": True,
-                                                               "dynamic_scaled_int8_quant": True})
+    monkeypatch.setattr(
+        cpu_kernels,
+        "probe",
+        lambda python: {"cpu_gemm_wna16": True, "onednn_scaled_mm": True, "dynamic_scaled_int8_quant": True},
+    )
     assert assess(w4_bf16, cluster_gpus=0) is None and assess(w8, cluster_gpus=0) is None
     # a build without the 4-bit kernel (vLLM's AVX2 library): W4A16 SKIPPED before launch, naming the op
-    monkeypatch.setattr(cpu_kernels, "probe", lambda python: {"cpu_gemm_wna16": False, "onednn_scaled_mm": True,
-                                                               "dynamic_scaled_int8_quant": True})
+    monkeypatch.setattr(
+        cpu_kernels,
+        "probe",
+        lambda python: {"cpu_gemm_wna16": False, "onednn_scaled_mm": True, "dynamic_scaled_int8_quant": True},
+    )
     reason = assess(w4_bf16, cluster_gpus=0)
     assert reason and "torch.ops._C.cpu_gemm_wna16" in reason and "model.tiny.quantization=w4a16" in reason
     assert assess(w8, cluster_gpus=0) is None

@@ -46,14 +46,23 @@ def test_the_environment_folder_comes_from_the_environment_variable(compose, tmp
 
 
 def test_our_proxy_runs_here_and_the_router_in_sglangs_environment(compose, tmp_path):
-    spec, _ = to_specs(compose(["platform=gpu", f"platform.engine_envs={tmp_path}",
-                                "engine.disaggregation={connector:NixlConnector}"]))
+    spec, _ = to_specs(
+        compose(["platform=gpu", f"platform.engine_envs={tmp_path}", "engine.disaggregation={connector:NixlConnector}"])
+    )
     prefill, decode, proxy = _launches(spec)
     assert prefill.argv[0] == decode.argv[0] == str(tmp_path / "vllm-gpu" / "bin" / "python")
     assert proxy.argv[0] == sys.executable  # orchestrator code: never the engine's interpreter
     assert checks_for(proxy) == []
-    spec, _ = to_specs(compose(["platform=gpu", "engine=sglang", f"platform.engine_envs={tmp_path}",
-                                "engine.disaggregation={connector:mooncake}"]))
+    spec, _ = to_specs(
+        compose(
+            [
+                "platform=gpu",
+                "engine=sglang",
+                f"platform.engine_envs={tmp_path}",
+                "engine.disaggregation={connector:mooncake}",
+            ]
+        )
+    )
     *servers, router = _launches(spec)
     assert router.argv[:3] == [str(tmp_path / "sglang-gpu" / "bin" / "python"), "-m", "sglang_router.launch_router"]
     assert [c.kind for c in checks_for(router)] == ["router"]
@@ -62,13 +71,27 @@ def test_our_proxy_runs_here_and_the_router_in_sglangs_environment(compose, tmp_
 def test_launch_prefix_runs_the_server_inside_a_container(compose):
     spec, _ = to_specs(compose(["platform=gpu", "engine.launch_prefix=[apptainer,exec,--nv,/shared/vllm.sif]"]))
     (launch,) = _launches(spec)
-    assert launch.argv[:7] == ["apptainer", "exec", "--nv", "/shared/vllm.sif", "python3", "-m",
-                               "vllm.entrypoints.launchers.api_server.entry"]
+    assert launch.argv[:7] == [
+        "apptainer",
+        "exec",
+        "--nv",
+        "/shared/vllm.sif",
+        "python3",
+        "-m",
+        "vllm.entrypoints.launchers.api_server.entry",
+    ]
     assert envs.missing(spec) is None  # the container's python is not looked for on this host
     (check,) = checks_for(launch)
     assert check.python == "python3" and check.payload["argv"][:2] == ["--model", "/m"]
-    spec, _ = to_specs(compose(["platform=gpu", 'engine.launch_prefix=[srun,"--container-image=img"]',
-                                "engine.python=/opt/venv/bin/python"]))
+    spec, _ = to_specs(
+        compose(
+            [
+                "platform=gpu",
+                'engine.launch_prefix=[srun,"--container-image=img"]',
+                "engine.python=/opt/venv/bin/python",
+            ]
+        )
+    )
     assert _launches(spec)[0].argv[:3] == ["srun", "--container-image=img", "/opt/venv/bin/python"]
 
 
@@ -98,8 +121,11 @@ def test_trial_hash_ignores_where_the_engine_comes_from(compose, tmp_path):
     from orchestrator.config import trial_hash
 
     a, _ = to_specs(compose(["platform=gpu"]))
-    b, _ = to_specs(compose(["platform=gpu", f"platform.engine_envs={tmp_path}",
-                             "engine.launch_prefix=[apptainer,exec,--nv,x.sif]"]))
+    b, _ = to_specs(
+        compose(
+            ["platform=gpu", f"platform.engine_envs={tmp_path}", "engine.launch_prefix=[apptainer,exec,--nv,x.sif]"]
+        )
+    )
     assert trial_hash(a) == trial_hash(b)
 
 
@@ -107,11 +133,36 @@ def test_status_table_says_what_worked():
     from orchestrator.metrics.result import PointResult, TrialResult
     from orchestrator.scheduling.sweep import status_table
 
-    ok = TrialResult(trial_hash="a" * 16, experiment="gpu_smoke", variant="vllm_tp1", overrides=[], spec={},
-                     status="FINISHED", started_at=0, ended_at=1, engine_version="vllm==0.32.0",
-                     points=[PointResult(index=0, label="c4", setting={"concurrency": 4}, metrics={"tokens_per_second": 812.0, "ttft_ms_p50": 31.0})])
-    skipped = TrialResult(trial_hash="b" * 16, experiment="gpu_smoke", variant="vllm_tp2", overrides=[], spec={},
-                          status="SKIPPED", error="needs 2 GPU(s) but the cluster has 1", started_at=0, ended_at=0)
+    ok = TrialResult(
+        trial_hash="a" * 16,
+        experiment="gpu_smoke",
+        variant="vllm_tp1",
+        overrides=[],
+        spec={},
+        status="FINISHED",
+        started_at=0,
+        ended_at=1,
+        engine_version="vllm==0.32.0",
+        points=[
+            PointResult(
+                index=0,
+                label="c4",
+                setting={"concurrency": 4},
+                metrics={"tokens_per_second": 812.0, "ttft_ms_p50": 31.0},
+            )
+        ],
+    )
+    skipped = TrialResult(
+        trial_hash="b" * 16,
+        experiment="gpu_smoke",
+        variant="vllm_tp2",
+        overrides=[],
+        spec={},
+        status="SKIPPED",
+        error="needs 2 GPU(s) but the cluster has 1",
+        started_at=0,
+        ended_at=0,
+    )
     lines = status_table([skipped, ok])
     assert lines[0].split("|")[0].strip() == "trial"
     assert "vllm_tp1" in lines[2] and "FINISHED" in lines[2] and "812 tok/s" in lines[2]

@@ -62,11 +62,22 @@ def test_local_tasks_are_copied_and_unknown_ones_refused(tmp_path):
 def test_scores_are_parsed_from_lm_evals_results(tmp_path):
     out = tmp_path / "eval" / "tiny-adder"
     out.mkdir(parents=True)
-    (out / "results_2026-11-22T10-00-00.json").write_text(json.dumps({"results": {"addition": {
-        "alias": "addition", "exact_match,none": 0.87, "exact_match_stderr,none": 0.0338}}}))
+    (out / "results_2026-11-22T10-00-00.json").write_text(
+        json.dumps(
+            {
+                "results": {
+                    "addition": {"alias": "addition", "exact_match,none": 0.87, "exact_match_stderr,none": 0.0338}
+                }
+            }
+        )
+    )
     m = parse_results(tmp_path / "eval", ["addition"])
-    assert m == {"eval_addition_exact_match": 0.87, "eval_addition_exact_match_stderr": 0.0338,
-                 "accuracy": 0.87, "accuracy_stderr": 0.0338}
+    assert m == {
+        "eval_addition_exact_match": 0.87,
+        "eval_addition_exact_match_stderr": 0.0338,
+        "accuracy": 0.87,
+        "accuracy_stderr": 0.0338,
+    }
     with pytest.raises(EvalError, match="no task 'gsm8k'"):
         parse_results(tmp_path / "eval", ["gsm8k"])
     with pytest.raises(EvalError, match="no results file"):
@@ -80,11 +91,18 @@ def test_lm_eval_from_a_relative_trial_folder_finds_the_shipped_task(tmp_path, m
     from orchestrator.evaluation import run_eval
 
     monkeypatch.chdir(tmp_path)
-    spec = EvalSpec(name="addition", tasks=["addition"], local_tasks=True, limit=1, num_concurrent=1,
-                    max_gen_toks=4, timeout_s=300)
+    spec = EvalSpec(
+        name="addition", tasks=["addition"], local_tasks=True, limit=1, num_concurrent=1, max_gen_toks=4, timeout_s=300
+    )
     with pytest.raises(EvalError) as err:
-        run_eval(spec, "http://127.0.0.1:9", "tiny", str(tiny_model_dir), tmp_path.__class__("trials/000-x"),
-                 progress=lambda _: None)
+        run_eval(
+            spec,
+            "http://127.0.0.1:9",
+            "tiny",
+            str(tiny_model_dir),
+            tmp_path.__class__("trials/000-x"),
+            progress=lambda _: None,
+        )
     log = (tmp_path / "trials" / "000-x" / "eval.log").read_text()
     assert "Tasks not found" not in log and "--include_path" not in str(err.value)
     first = str(err.value).splitlines()[0]

@@ -44,14 +44,32 @@ def test_every_workload_validates(compose, workload, platform):
 
 
 # The 16 labs of the course (../shared/seeds/003_*) and the workload card (000_*).
-LABS = ["first_serving", "offline_throughput", "roofline", "paged_attention", "prefix_caching", "radix_attention",
-        "continuous_batching", "chunked_prefill", "scheduling_policies", "cuda_graphs", "speculative_decoding",
-        "quantization", "tensor_parallel", "moe", "lmcache", "disaggregated_pd", "serving_workloads"]
+LABS = [
+    "first_serving",
+    "offline_throughput",
+    "roofline",
+    "paged_attention",
+    "prefix_caching",
+    "radix_attention",
+    "continuous_batching",
+    "chunked_prefill",
+    "scheduling_policies",
+    "cuda_graphs",
+    "speculative_decoding",
+    "quantization",
+    "tensor_parallel",
+    "moe",
+    "lmcache",
+    "disaggregated_pd",
+    "serving_workloads",
+]
 GPU_ONLY = {"radix_attention", "moe", "lmcache"}
 # Labs whose CPU sweep runs what the CPU build can and SKIPS the GPU-only trials with the reason.
-PARTLY_CPU = {"disaggregated_pd": {"pd_cpu_in1000", "standard_in1000"},
-              "quantization": {"cpu_fp32", "cpu_w8a8", "cpu_bf16", "cpu_w4a16"},
-              "scheduling_policies": {"dp2_round_robin", "dp2_cache_aware"}}
+PARTLY_CPU = {
+    "disaggregated_pd": {"pd_cpu_in1000", "standard_in1000"},
+    "quantization": {"cpu_fp32", "cpu_w8a8", "cpu_bf16", "cpu_w4a16"},
+    "scheduling_policies": {"dp2_round_robin", "dp2_cache_aware"},
+}
 
 
 def _cpu_runs(experiment: str) -> set[str]:
@@ -126,8 +144,9 @@ def test_every_lab_declares_its_question(compose, experiment, platform):
     specs, settings = [], None
     base = compose([f"+experiment={experiment}", f"platform={platform}"])
     for variant in str(base["sweeps"][platform]).split(","):
-        spec, settings = to_specs(compose([f"+experiment={experiment}", f"platform={platform}",
-                                           f"variant={variant.strip()}"]))
+        spec, settings = to_specs(
+            compose([f"+experiment={experiment}", f"platform={platform}", f"variant={variant.strip()}"])
+        )
         specs.append(spec)
     if experiment in NO_OBJECTIVE:
         assert settings.objective is None

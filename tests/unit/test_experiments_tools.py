@@ -45,17 +45,19 @@ def test_roofline_and_worksheet_cli(capsys):
 
 
 def test_static_baseline_times_every_token(tiny_model_dir):
+    import numpy as np
+
     from experiments.static_baseline import run_static
     from orchestrator.loadgen.client import PlannedRequest
     from orchestrator.loadgen.prompts import PromptFactory
     from orchestrator.metrics.summary import summarize_point
 
-    import numpy as np
-
     factory = PromptFactory(str(tiny_model_dir))
     rng = np.random.default_rng(0)
-    reqs = [PlannedRequest(i, "main", factory.prompt(n_in, rng), n_in, n_out)
-            for i, (n_in, n_out) in enumerate([(16, 4), (24, 12), (16, 8), (8, 2)])]
+    reqs = [
+        PlannedRequest(i, "main", factory.prompt(n_in, rng), n_in, n_out)
+        for i, (n_in, n_out) in enumerate([(16, 4), (24, 12), (16, 8), (8, 2)])
+    ]
     records, extra = run_static(str(tiny_model_dir), str(tiny_model_dir), reqs, batch_size=2)
     assert [len(r.chunk_times_s) for r in records] == [4, 12, 8, 2]
     # a static batch decodes until its longest member: (12 + 12 + 8 + 8) steps for 26 useful tokens
@@ -68,26 +70,42 @@ def test_static_baseline_times_every_token(tiny_model_dir):
 
 def test_the_labs_table_is_read_from_the_console_and_the_results_on_disk(tmp_path):
     import json
-
     from collections import Counter
 
     from experiments.labs import LabRun, read_outcome, table
 
     trials = tmp_path / "sweep" / "trials"
-    for i, (variant, status, error) in enumerate([("a", "FINISHED", None), ("b", "SKIPPED", "needs GPUs"),
-                                                  ("c", "FAILED", "EvalError: lm-eval exited with 1: boom\nmore")]):
+    for i, (variant, status, error) in enumerate(
+        [
+            ("a", "FINISHED", None),
+            ("b", "SKIPPED", "needs GPUs"),
+            ("c", "FAILED", "EvalError: lm-eval exited with 1: boom\nmore"),
+        ]
+    ):
         (trials / f"00{i}-x").mkdir(parents=True)
-        (trials / f"00{i}-x" / "result.json").write_text(json.dumps(
-            {"status": status, "variant": variant, "trial_hash": f"h{i}" * 8, "error": error}))
+        (trials / f"00{i}-x" / "result.json").write_text(
+            json.dumps({"status": status, "variant": variant, "trial_hash": f"h{i}" * 8, "error": error})
+        )
     run = LabRun("quantization", 0, 125.0, tmp_path / "q.log")
-    read_outcome(run, ["noise", f"sweep 'quantization': 3 trial(s); results in {tmp_path / 'sweep'}",
-                       "Verdict: a: tokens_per_second 700; objective: maximize tokens_per_second.", "done"])
+    read_outcome(
+        run,
+        [
+            "noise",
+            f"sweep 'quantization': 3 trial(s); results in {tmp_path / 'sweep'}",
+            "Verdict: a: tokens_per_second 700; objective: maximize tokens_per_second.",
+            "done",
+        ],
+    )
     assert dict(run.counts) == {"FINISHED": 1, "SKIPPED": 1, "FAILED": 1} and not run.ok
     assert run.verdict.startswith("Verdict: a:")
     lines = table([run, LabRun("moe", 0, 5.0, tmp_path / "m.log")])
-    assert lines[2] == ("| quantization | 1 | 1 | 1 | Verdict: a: tokens_per_second 700; objective: maximize "
-                        "tokens_per_second. | 2m05s |")
+    assert lines[2] == (
+        "| quantization | 1 | 1 | 1 | Verdict: a: tokens_per_second 700; objective: maximize "
+        "tokens_per_second. | 2m05s |"
+    )
     assert "| moe | 0 | 0 | 0 | none: no trial runs on this machine | 0m05s |" in lines
     failed = LabRun("scheduling_policies", 0, 5.0, tmp_path / "s.log", counts=Counter(FAILED=2, SKIPPED=2))
-    assert "| scheduling_policies | 0 | 2 | 2 | none: every trial that could run FAILED (below) | 0m05s |" in table([failed])
+    assert "| scheduling_policies | 0 | 2 | 2 | none: every trial that could run FAILED (below) | 0m05s |" in table(
+        [failed]
+    )
     assert "- quantization / c: EvalError: lm-eval exited with 1: boom" in lines

@@ -16,8 +16,8 @@ from orchestrator.metrics.fidelity import (
     expected_hit_rate,
     histogram_quantile,
     output_length,
-    prefix_hits,
     preemptions,
+    prefix_hits,
     prompt_length,
     rejections,
     server_latency,
@@ -30,23 +30,48 @@ from tests.fake_openai_server import FakeOpenAIServer, Script
 LIMITS = FidelitySpec()
 
 
-def rec(i: int, planned_in: int = 128, served_in: int | None = 128, planned_out: int = 16, got_out: int = 16,
-        status: str = "ok", http: int | None = 200, turn: int = 0) -> RequestRecord:
+def rec(
+    i: int,
+    planned_in: int = 128,
+    served_in: int | None = 128,
+    planned_out: int = 16,
+    got_out: int = 16,
+    status: str = "ok",
+    http: int | None = 200,
+    turn: int = 0,
+) -> RequestRecord:
     ok = status == "ok"
-    return RequestRecord(request_id=i, point=0, request_class="main", intended_send_s=0.0, sent_s=0.0,
-                         input_tokens_target=planned_in, output_tokens_target=planned_out,
-                         chunk_times_s=[0.1 + 0.01 * k for k in range(got_out)] if ok else [],
-                         chunk_tokens=[1] * got_out if ok else [], done_s=1.0,
-                         prompt_tokens=served_in if ok else None, output_tokens=got_out if ok else None,
-                         status=status, http_status=http, turn=turn, error=None if ok else "HTTP 400: too long")
+    return RequestRecord(
+        request_id=i,
+        point=0,
+        request_class="main",
+        intended_send_s=0.0,
+        sent_s=0.0,
+        input_tokens_target=planned_in,
+        output_tokens_target=planned_out,
+        chunk_times_s=[0.1 + 0.01 * k for k in range(got_out)] if ok else [],
+        chunk_tokens=[1] * got_out if ok else [],
+        done_s=1.0,
+        prompt_tokens=served_in if ok else None,
+        output_tokens=got_out if ok else None,
+        status=status,
+        http_status=http,
+        turn=turn,
+        error=None if ok else "HTTP 400: too long",
+    )
 
 
 def workload(**cls) -> WorkloadSpec:
-    return WorkloadSpec(name="w", classes={"main": {"input_tokens": 128, "output_tokens": 16, **cls}},
-                        load_points=[{"concurrency": 2}], num_requests=8)
+    return WorkloadSpec(
+        name="w",
+        classes={"main": {"input_tokens": 128, "output_tokens": 16, **cls}},
+        load_points=[{"concurrency": 2}],
+        num_requests=8,
+    )
 
 
 # -- prompt length ---------------------------------------------------------------------------
+
 
 def test_prompt_length_twice_the_plan_is_flagged_with_the_ratio():
     # the run: planned 128, the server counted 205-269 (another tokenizer)
@@ -83,6 +108,7 @@ def test_prompt_length_from_the_servers_counter_when_usage_has_no_count():
 
 # -- output length ---------------------------------------------------------------------------
 
+
 def test_outputs_cut_short_under_ignore_eos_are_flagged():
     records = [rec(i) for i in range(6)] + [rec(6, got_out=3), rec(7, got_out=9)]
     found, reasons = output_length(records, True, LIMITS)
@@ -102,6 +128,7 @@ def test_one_output_off_in_forty_is_within_the_default():
 
 
 # -- prefix-cache hits -----------------------------------------------------------------------
+
 
 def test_hits_on_prompts_that_share_nothing_are_flagged():
     reasons = prefix_hits(workload(), {"server_prefix_cache_hit_rate": 0.5}, LIMITS)[1]
@@ -130,6 +157,7 @@ def test_multi_turn_implies_hits_from_the_history():
 
 # -- preemptions, rejections -----------------------------------------------------------------
 
+
 def test_preemptions_above_the_limit_are_flagged():
     records = [rec(i) for i in range(10)]
     assert preemptions(records, {"server_preemptions": 1.0}, LIMITS) == ({"preemptions_per_request": 0.1}, [])
@@ -145,8 +173,9 @@ def test_rejected_requests_are_flagged_but_server_errors_are_a_load_outcome():
 
 
 def test_all_rules_together_on_a_faithful_point_say_nothing():
-    found, reasons = workload_fidelity([rec(i) for i in range(8)], {"server_prefix_cache_hit_rate": 0.0,
-                                                                    "server_preemptions": 0.0}, workload())
+    found, reasons = workload_fidelity(
+        [rec(i) for i in range(8)], {"server_prefix_cache_hit_rate": 0.0, "server_preemptions": 0.0}, workload()
+    )
     assert reasons == [] and found["output_tokens_off_fraction"] == 0.0
 
 
@@ -158,6 +187,7 @@ def test_limits_come_from_the_workload():
 
 
 # -- the server's clock ----------------------------------------------------------------------
+
 
 def test_histogram_quantile_interpolates_inside_its_bucket():
     buckets = [(0.1, 0.0), (0.25, 10.0), (0.5, 20.0), (math.inf, 20.0)]
@@ -210,9 +240,12 @@ def test_a_client_far_above_the_servers_bucket_is_flagged():
 
 # -- pre-flight and the model-source trap ----------------------------------------------------
 
+
 def test_preflight_counts_within_two_tokens_pass_and_twice_as_many_name_model_tokenizer():
     check_counts([128, 64], [128, 65], LIMITS, "tok")
-    with pytest.raises(ConfigError, match="model.tokenizer: the server's tokenizer counts 256 tokens in a prompt of 128"):
+    with pytest.raises(
+        ConfigError, match="model.tokenizer: the server's tokenizer counts 256 tokens in a prompt of 128"
+    ):
         check_counts([128], [256], LIMITS, "tok")
 
 
@@ -221,14 +254,23 @@ def test_model_path_with_a_tiny_source_is_an_error(compose):
         to_specs(compose(["engine=external", "engine.url=http://127.0.0.1:1", "model.path=/some/folder"]))
 
 
-@pytest.mark.parametrize("override, message", [
-    ("+workload.classes.main.prefix_tokens=256", r"workload.classes.main.*prefix_tokens: not used by dataset 'random'"),
-    ("+workload.classes.main.think_time_s=2", r"think_time_s: not used by dataset 'random' \(only by multi_turn\)"),
-    ("+workload.classes.main.arrival=gamma", r"background traffic only"),
-    ("workload.load_points=[{concurrency:4,arrival:constant}]", r"load_points.0.*'arrival' applies to 'rate' points"),
-    ("workload.load_points=[{rate:2,burstiness:0.5}]", r"load_points.0.*'burstiness' shapes gamma arrivals only"),
-    ("workload.load_points=[{rate:2,time_scale:2}]", r"load_points.0.*'time_scale' applies to 'trace'"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "+workload.classes.main.prefix_tokens=256",
+            r"workload.classes.main.*prefix_tokens: not used by dataset 'random'",
+        ),
+        ("+workload.classes.main.think_time_s=2", r"think_time_s: not used by dataset 'random' \(only by multi_turn\)"),
+        ("+workload.classes.main.arrival=gamma", r"background traffic only"),
+        (
+            "workload.load_points=[{concurrency:4,arrival:constant}]",
+            r"load_points.0.*'arrival' applies to 'rate' points",
+        ),
+        ("workload.load_points=[{rate:2,burstiness:0.5}]", r"load_points.0.*'burstiness' shapes gamma arrivals only"),
+        ("workload.load_points=[{rate:2,time_scale:2}]", r"load_points.0.*'time_scale' applies to 'trace'"),
+    ],
+)
 def test_a_key_the_chosen_config_makes_dead_is_an_error(compose, override, message):
     with pytest.raises(ConfigError, match=message):
         to_specs(compose([override]))
@@ -248,25 +290,43 @@ def test_model_tokenizer_is_refused_for_a_tiny_model_we_launch_and_passed_to_oth
     to_specs(compose(["engine=external", "engine.url=http://127.0.0.1:1", f"model.tokenizer={tmp_path}"]))
     # a model of its own: the server we launch gets the tokenizer the prompts are made with
     for engine, flag in (("vllm", "--tokenizer"), ("sglang", "--tokenizer-path")):
-        spec, _ = to_specs(compose([f"engine={engine}", "model.source=hub", "model.path=org/model",
-                                    "model.tokenizer=org/tok"]))
+        spec, _ = to_specs(
+            compose([f"engine={engine}", "model.source=hub", "model.path=org/model", "model.tokenizer=org/tok"])
+        )
         argv = adapter_for(engine).launch(spec, "org/model", 8000).argv
         assert argv[argv.index(flag) + 1] == "org/tok", argv
 
 
 # -- the trial against a fake server ---------------------------------------------------------
 
+
 def external(compose, url, *extra):
-    spec, _ = to_specs(compose(["engine=external", f"engine.url={url}", "engine.metrics=none",
-                                "workload.load_points=[{concurrency:2}]", "workload.num_requests=4",
-                                "workload.classes={main:{input_tokens:64,output_tokens:8}}", *extra]))
+    spec, _ = to_specs(
+        compose(
+            [
+                "engine=external",
+                f"engine.url={url}",
+                "engine.metrics=none",
+                "workload.load_points=[{concurrency:2}]",
+                "workload.num_requests=4",
+                "workload.classes={main:{input_tokens:64,output_tokens:8}}",
+                *extra,
+            ]
+        )
+    )
     return spec
 
 
 def test_a_server_with_another_tokenizer_is_refused_before_any_load(compose, tmp_path, tiny_model_dir):
     lines: list[str] = []
-    script = Script(ttft_s=0.01, itl_s=0.002, tokenizer=str(tiny_model_dir), token_scale=2.0, served=("tiny",),
-                    tokenize_endpoint=True)
+    script = Script(
+        ttft_s=0.01,
+        itl_s=0.002,
+        tokenizer=str(tiny_model_dir),
+        token_scale=2.0,
+        served=("tiny",),
+        tokenize_endpoint=True,
+    )
     with FakeOpenAIServer(script) as srv:
         result = run_trial(external(compose, srv.base_url, "model.name=tiny"), tmp_path, progress=lines.append)
         assert srv.truth.requests == 0  # not one completion was sent
@@ -277,7 +337,9 @@ def test_a_wrong_served_name_is_refused_before_any_load(compose, tmp_path, tiny_
     with FakeOpenAIServer(Script(served=("llama",))) as srv:
         result = run_trial(external(compose, srv.base_url, "model.name=tiny"), tmp_path, progress=lambda _: None)
         assert srv.truth.requests == 0
-    assert result.status == "FAILED" and "model.name: 'tiny' is not served" in result.error and "'llama'" in result.error
+    assert (
+        result.status == "FAILED" and "model.name: 'tiny' is not served" in result.error and "'llama'" in result.error
+    )
 
 
 def test_without_a_tokenize_endpoint_the_point_is_invalid_with_the_ratio(compose, tmp_path, tiny_model_dir):

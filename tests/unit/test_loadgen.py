@@ -17,8 +17,13 @@ def factory(tiny_model_dir):
 
 
 def workload(**kw):
-    base = {"name": "t", "classes": {"a": {"input_tokens": 32, "output_tokens": 8}},
-            "load_points": [{"concurrency": 2}], "num_requests": 6, "warmup_requests": 1}
+    base = {
+        "name": "t",
+        "classes": {"a": {"input_tokens": 32, "output_tokens": 8}},
+        "load_points": [{"concurrency": 2}],
+        "num_requests": 6,
+        "warmup_requests": 1,
+    }
     base.update(kw)
     return WorkloadSpec.model_validate(base)
 
@@ -63,8 +68,9 @@ def test_records_match_scripted_timing(factory):
 
 def test_closed_loop_never_exceeds_concurrency(factory):
     with FakeOpenAIServer(Script(ttft_s=0.02, itl_s=0.005)) as srv:
-        records = run_points(Endpoint(srv.base_url, "m"), workload(load_points=[{"concurrency": 3}], num_requests=12),
-                             factory, seed=0)
+        records = run_points(
+            Endpoint(srv.base_url, "m"), workload(load_points=[{"concurrency": 3}], num_requests=12), factory, seed=0
+        )
         assert srv.truth.max_in_flight == 3
     assert [r.point for r in records] == [0] * 12
 
@@ -102,14 +108,22 @@ def test_errors_become_records(factory):
 
 
 def test_unreachable_server_is_error_not_exception(factory):
-    records = run_points(Endpoint("http://127.0.0.1:9", "m"), workload(num_requests=2, warmup_requests=0), factory, seed=0)
+    records = run_points(
+        Endpoint("http://127.0.0.1:9", "m"), workload(num_requests=2, warmup_requests=0), factory, seed=0
+    )
     assert all(r.status == "error" for r in records)
 
 
 def test_poisson_point_and_background_class(factory):
-    w = workload(classes={"fg": {"input_tokens": 16, "output_tokens": 2},
-                          "bg": {"input_tokens": 64, "output_tokens": 1, "rate": 20.0}},
-                 load_points=[{"rate": 20.0}], num_requests=30, warmup_requests=0)
+    w = workload(
+        classes={
+            "fg": {"input_tokens": 16, "output_tokens": 2},
+            "bg": {"input_tokens": 64, "output_tokens": 1, "rate": 20.0},
+        },
+        load_points=[{"rate": 20.0}],
+        num_requests=30,
+        warmup_requests=0,
+    )
     with FakeOpenAIServer(Script(ttft_s=0.005, itl_s=0.001)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=1)
     fg = [r for r in records if r.request_class == "fg"]
@@ -132,9 +146,14 @@ def test_points_draw_from_their_own_streams(factory):
     """A point's requests do not depend on earlier points: same seed, same second point."""
     from orchestrator.loadgen.plan import RequestPlanner, plan_point
 
-    w = workload(classes={"fg": {"input_tokens": 16, "output_tokens": 4, "range_ratio": 0.5},
-                          "bg": {"input_tokens": 32, "output_tokens": 1, "rate": 5.0}},
-                 load_points=[{"concurrency": 1}, {"concurrency": 2, "num_requests": 3}], num_requests=5)
+    w = workload(
+        classes={
+            "fg": {"input_tokens": 16, "output_tokens": 4, "range_ratio": 0.5},
+            "bg": {"input_tokens": 32, "output_tokens": 1, "rate": 5.0},
+        },
+        load_points=[{"concurrency": 1}, {"concurrency": 2, "num_requests": 3}],
+        num_requests=5,
+    )
 
     def plan(point_index):
         run = plan_point(w, w.load_points[point_index], point_index, RequestPlanner(w, factory), seed=(0, 0))
@@ -158,8 +177,11 @@ def test_chat_api_streams(factory):
 def test_trace_point_replays_timestamps(factory):
     from tests.conftest import ROOT
 
-    w = workload(load_points=[{"trace": str(ROOT / "tests/data/trace_sample.jsonl"), "time_scale": 0.4}],
-                 warmup_requests=0, num_requests=None)
+    w = workload(
+        load_points=[{"trace": str(ROOT / "tests/data/trace_sample.jsonl"), "time_scale": 0.4}],
+        warmup_requests=0,
+        num_requests=None,
+    )
     with FakeOpenAIServer(Script(ttft_s=0.005, itl_s=0.001)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
     assert len(records) == 12 and {r.request_class for r in records} == {"trace"}
@@ -180,8 +202,9 @@ def test_infinite_rate_sends_everything_at_once(factory):
 def test_rate_with_concurrency_cap_never_bursts(factory):
     # 40 req/s but each request takes ~100 ms and only 2 may be in flight: the client must
     # hold at most 2 and, after waiting for a slot, never send faster than 40/s.
-    w = workload(load_points=[{"rate": 40.0, "max_concurrency": 2, "arrival": "constant"}], num_requests=12,
-                 warmup_requests=0)
+    w = workload(
+        load_points=[{"rate": 40.0, "max_concurrency": 2, "arrival": "constant"}], num_requests=12, warmup_requests=0
+    )
     with FakeOpenAIServer(Script(ttft_s=0.1, itl_s=0.001)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
         assert srv.truth.max_in_flight <= 2

@@ -36,8 +36,9 @@ def test_a_tools_failure_is_named_by_its_last_raise():
 
 
 def test_only_wrappers_still_give_a_line():
-    assert cause_line("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n") \
-        .startswith("vllm.v1.engine.exceptions.EngineDeadError")
+    assert cause_line("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n").startswith(
+        "vllm.v1.engine.exceptions.EngineDeadError"
+    )
     assert cause_line("all fine\n") is None
 
 

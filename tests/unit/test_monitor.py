@@ -20,8 +20,9 @@ class SlowGauges(ResourceMonitor):
 
 
 def test_costly_samples_wait_for_their_budget():
-    mon = SlowGauges([os.getpid()], "http://127.0.0.1:9/metrics", {"kv": EngineMetric("x:kv", "gauge")},
-                     interval_s=0.01, budget=0.1)  # a 20 ms scrape may run every 200 ms
+    mon = SlowGauges(
+        [os.getpid()], "http://127.0.0.1:9/metrics", {"kv": EngineMetric("x:kv", "gauge")}, interval_s=0.01, budget=0.1
+    )  # a 20 ms scrape may run every 200 ms
     mon.start()
     time.sleep(1.0)
     mon.stop_thread()

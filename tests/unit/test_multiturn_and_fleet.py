@@ -20,10 +20,16 @@ def factory(tiny_model_dir):
 
 
 def conversation_workload(api="completions", **kw):
-    base = {"name": "mt", "api": api,
-            "classes": {"chat": {"dataset": "multi_turn", "turns": 3, "input_tokens": 12, "output_tokens": 4,
-                                 "think_time_s": 0.05}},
-            "load_points": [{"concurrency": 2}], "num_requests": 4, "warmup_requests": 0}
+    base = {
+        "name": "mt",
+        "api": api,
+        "classes": {
+            "chat": {"dataset": "multi_turn", "turns": 3, "input_tokens": 12, "output_tokens": 4, "think_time_s": 0.05}
+        },
+        "load_points": [{"concurrency": 2}],
+        "num_requests": 4,
+        "warmup_requests": 0,
+    }
     base.update(kw)
     return WorkloadSpec.model_validate(base)
 
@@ -64,17 +70,27 @@ def test_turns_resend_history_with_actual_replies(factory, api):
 
 def test_multi_turn_needs_turns_and_fits_context():
     with pytest.raises(ValueError, match="needs .*turns"):
-        WorkloadSpec.model_validate({"name": "x", "classes": {"a": {"dataset": "multi_turn", "input_tokens": 4,
-                                                                    "output_tokens": 4}},
-                                     "load_points": [{"concurrency": 1}], "num_requests": 1})
+        WorkloadSpec.model_validate(
+            {
+                "name": "x",
+                "classes": {"a": {"dataset": "multi_turn", "input_tokens": 4, "output_tokens": 4}},
+                "load_points": [{"concurrency": 1}],
+                "num_requests": 1,
+            }
+        )
     w = conversation_workload()
     assert w.max_request_tokens() == 3 * (12 + 4 + 2)
 
 
 def test_split_shares_one_schedule(factory):
-    w = WorkloadSpec.model_validate({"name": "r", "classes": {"a": {"input_tokens": 8, "output_tokens": 2}},
-                                     "load_points": [{"rate": 50.0, "max_concurrency": 5}, {"concurrency": 5}],
-                                     "num_requests": 40})
+    w = WorkloadSpec.model_validate(
+        {
+            "name": "r",
+            "classes": {"a": {"input_tokens": 8, "output_tokens": 2}},
+            "load_points": [{"rate": 50.0, "max_concurrency": 5}, {"concurrency": 5}],
+            "num_requests": 40,
+        }
+    )
     planner = RequestPlanner(w, factory)
     open_plan = plan_point(w, w.load_points[0], 0, planner, 0)
     shares = open_plan.split(3)
@@ -91,14 +107,25 @@ def test_split_shares_one_schedule(factory):
 def test_fleet_merges_records_on_one_clock(factory):
     """Two client processes send one Poisson schedule: every request once, on time, and the
     server never saw more streams than the point allows."""
-    w = WorkloadSpec.model_validate({
-        "name": "f", "client_processes": 2, "warmup_requests": 1,
-        "classes": {"a": {"input_tokens": 16, "output_tokens": 4}},
-        "load_points": [{"rate": 40.0, "arrival": "constant"}, {"concurrency": 4}], "num_requests": 40})
+    w = WorkloadSpec.model_validate(
+        {
+            "name": "f",
+            "client_processes": 2,
+            "warmup_requests": 1,
+            "classes": {"a": {"input_tokens": 16, "output_tokens": 4}},
+            "load_points": [{"rate": 40.0, "arrival": "constant"}, {"concurrency": 4}],
+            "num_requests": 40,
+        }
+    )
     stats = {}
     with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
-        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0,
-                             on_point_end=lambda i, p, recs, st: stats.setdefault(i, st) and None)
+        records = run_points(
+            Endpoint(srv.base_url, "m"),
+            w,
+            factory,
+            seed=0,
+            on_point_end=lambda i, p, recs, st: stats.setdefault(i, st) and None,
+        )
         truth = srv.truth
     assert len(records) == 80 and all(r.ok for r in records)
     assert len({r.request_id for r in records}) == 80
@@ -113,8 +140,15 @@ def test_fleet_merges_records_on_one_clock(factory):
 
 
 def test_fleet_reports_unreachable_server_as_errors(factory):
-    w = WorkloadSpec.model_validate({"name": "f", "client_processes": 2, "warmup_requests": 0,
-                                     "classes": {"a": {"input_tokens": 8, "output_tokens": 2}},
-                                     "load_points": [{"concurrency": 2}], "num_requests": 4})
+    w = WorkloadSpec.model_validate(
+        {
+            "name": "f",
+            "client_processes": 2,
+            "warmup_requests": 0,
+            "classes": {"a": {"input_tokens": 8, "output_tokens": 2}},
+            "load_points": [{"concurrency": 2}],
+            "num_requests": 4,
+        }
+    )
     records = run_points(Endpoint("http://127.0.0.1:9", "m"), w, factory, seed=0)
     assert len(records) == 4 and all(r.status == "error" for r in records)

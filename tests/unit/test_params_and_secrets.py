@@ -31,7 +31,14 @@ def test_params_hide_secrets():
 
 
 def test_redact_argv_and_env():
-    argv = ["python", "--api-key", "sk-supersecretvalue", "--hf-token=hf_abcdefghijk", "--max-num-batched-tokens", "256"]
+    argv = [
+        "python",
+        "--api-key",
+        "sk-supersecretvalue",
+        "--hf-token=hf_abcdefghijk",
+        "--max-num-batched-tokens",
+        "256",
+    ]
     assert redact_argv(argv) == ["python", "--api-key", "***", "--hf-token=***", "--max-num-batched-tokens", "256"]
     launch = ServerLaunch("server", argv, {"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "2"}, "127.0.0.1", 1)
     shown = launch.redacted()
@@ -47,8 +54,18 @@ def test_redact_override_and_mapping():
     assert redact_override("engine.env.HF_TOKEN=hf_abcdefghijkl") == "engine.env.HF_TOKEN=***"
     assert redact_override("+engine.env.VLLM_API_KEY=x") == "+engine.env.VLLM_API_KEY=***"
     assert redact_override("engine.max_num_batched_tokens=256") == "engine.max_num_batched_tokens=256"
-    spec = {"engine": {"env": {"HF_TOKEN": "abc", "X": "1"}, "extra_args": ["--api-key", "k", "--x", 1],
-                       "max_num_batched_tokens": 256}}
+    spec = {
+        "engine": {
+            "env": {"HF_TOKEN": "abc", "X": "1"},
+            "extra_args": ["--api-key", "k", "--x", 1],
+            "max_num_batched_tokens": 256,
+        }
+    }
     out = redact_mapping(spec)
-    assert out == {"engine": {"env": {"HF_TOKEN": "***", "X": "1"}, "extra_args": ["--api-key", "***", "--x", "1"],
-                              "max_num_batched_tokens": 256}}
+    assert out == {
+        "engine": {
+            "env": {"HF_TOKEN": "***", "X": "1"},
+            "extra_args": ["--api-key", "***", "--x", "1"],
+            "max_num_batched_tokens": 256,
+        }
+    }

@@ -29,8 +29,10 @@ def test_prefill_and_decode_requests():
 
 @pytest.fixture
 def proxy_between_fakes():
-    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as prefill, \
-            FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as decode:
+    with (
+        FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as prefill,
+        FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as decode,
+    ):
         port = free_port()
         loop = asyncio.new_event_loop()
         runner = web.AppRunner(PDProxy(prefill.base_url, decode.base_url).app())
@@ -56,8 +58,15 @@ def proxy_between_fakes():
 
 def test_requests_flow_through_the_proxy(proxy_between_fakes, tiny_model_dir):
     url, prefill, decode = proxy_between_fakes
-    w = WorkloadSpec.model_validate({"name": "pd", "classes": {"a": {"input_tokens": 16, "output_tokens": 6}},
-                                     "load_points": [{"concurrency": 2}], "num_requests": 4, "warmup_requests": 0})
+    w = WorkloadSpec.model_validate(
+        {
+            "name": "pd",
+            "classes": {"a": {"input_tokens": 16, "output_tokens": 6}},
+            "load_points": [{"concurrency": 2}],
+            "num_requests": 4,
+            "warmup_requests": 0,
+        }
+    )
     records = run_points(Endpoint(url, "m"), w, PromptFactory(str(tiny_model_dir)), seed=0)
     assert len(records) == 4 and all(r.ok for r in records)
     assert all(r.output_tokens == 6 and len(r.chunk_times_s) == 6 for r in records)

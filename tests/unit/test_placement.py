@@ -35,9 +35,18 @@ def probe_trial(spec_json: str, workdir: str, overrides: list[str]) -> dict:
         s["env_cuda"] = server_env(launch, gpu_ids).get("CUDA_VISIBLE_DEVICES")
     t0 = time.time()
     time.sleep(1.5)
-    return TrialResult(trial_hash="x" * 16, experiment=spec.experiment, variant=spec.variant, overrides=overrides,
-                       spec={}, status="FINISHED", started_at=t0, ended_at=time.time(), servers=servers,
-                       hardware={"gpu_ids": gpu_ids}).model_dump()
+    return TrialResult(
+        trial_hash="x" * 16,
+        experiment=spec.experiment,
+        variant=spec.variant,
+        overrides=overrides,
+        spec={},
+        status="FINISHED",
+        started_at=t0,
+        ended_at=time.time(),
+        servers=servers,
+        hardware={"gpu_ids": gpu_ids},
+    ).model_dump()
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +105,9 @@ def test_tp_and_pd_trials_get_distinct_gpus(fake_gpu_ray, compose, tmp_path):
             overlap = a.started_at < b.ended_at and b.started_at < a.ended_at
             if overlap:
                 assert not set(a.hardware["gpu_ids"]) & set(b.hardware["gpu_ids"])
-    assert any(a.started_at < b.ended_at and b.started_at < a.ended_at for a in items for b in items if a is not b), \
+    assert any(a.started_at < b.ended_at and b.started_at < a.ended_at for a in items for b in items if a is not b), (
         "the probe should have run some trials concurrently"
+    )
 
 
 def test_sleep_trials_of_mixed_sizes_never_share_a_gpu(fake_gpu_ray, compose, tmp_path):
@@ -107,8 +117,14 @@ def test_sleep_trials_of_mixed_sizes_never_share_a_gpu(fake_gpu_ray, compose, tm
 
     jobs = []
     for i, gpus in enumerate([1, 2, 4, 1, 2, 1, 1, 4, 2, 1]):
-        overrides = ["engine=sleep", f"engine.gpus={gpus}", "engine.seconds=0.6", "platform=gpu",
-                     "platform.cpus_per_trial=0.5", f"seed={i}"]
+        overrides = [
+            "engine=sleep",
+            f"engine.gpus={gpus}",
+            "engine.seconds=0.6",
+            "platform=gpu",
+            "platform.cpus_per_trial=0.5",
+            f"seed={i}",
+        ]
         spec, settings = to_specs(compose(overrides))
         jobs.append(TrialJob(i, overrides, spec, settings))
     results = [r for _, r in run_jobs(jobs, lambda j: str(tmp_path / str(j.index)), None)]

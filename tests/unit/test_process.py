@@ -21,8 +21,13 @@ FAKE = str(Path(__file__).resolve().parents[1] / "fake_engine.py")
 
 def server(tmp_path, *flags, grace=3.0):
     port = free_port()
-    return ServerProcess([sys.executable, FAKE, str(port), *flags], dict(os.environ), tmp_path / "server.log",
-                         f"http://127.0.0.1:{port}/health", stop_grace_s=grace)
+    return ServerProcess(
+        [sys.executable, FAKE, str(port), *flags],
+        dict(os.environ),
+        tmp_path / "server.log",
+        f"http://127.0.0.1:{port}/health",
+        stop_grace_s=grace,
+    )
 
 
 def test_start_healthy_and_stop_whole_group(tmp_path):
@@ -80,7 +85,7 @@ def _owner_with_server(tmp_path, port):
         import os, sys, time
         from orchestrator.engines.process import ServerProcess
         s = ServerProcess([sys.executable, {FAKE!r}, "{port}", "--spawn-child"], dict(os.environ),
-                          __import__("pathlib").Path({str(tmp_path / 'o.log')!r}), "http://127.0.0.1:{port}/health")
+                          __import__("pathlib").Path({str(tmp_path / "o.log")!r}), "http://127.0.0.1:{port}/health")
         s.start(); s.wait_healthy(20)
         print(s.pid, flush=True)
         time.sleep(600)
@@ -122,10 +127,15 @@ def test_clean_stop_leaves_no_watchdog(tmp_path):
         s.wait_healthy(20)
         pgid = s.pid
     deadline = time.monotonic() + 5
+
     def watchdogs():
-        return [p for p in psutil.process_iter(["cmdline"])
-                if "orchestrator.engines.watchdog" in " ".join(p.info["cmdline"] or []) and str(pgid) in
-                " ".join(p.info["cmdline"] or [])]
+        return [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "orchestrator.engines.watchdog" in " ".join(p.info["cmdline"] or [])
+            and str(pgid) in " ".join(p.info["cmdline"] or [])
+        ]
+
     while time.monotonic() < deadline and watchdogs():
         time.sleep(0.2)
     assert not watchdogs()
@@ -139,12 +149,14 @@ def test_error_lines_find_root_cause_above_the_tail(tmp_path):
         "(APIServer pid=1) WARNING 11-22 09:22:48 [x.py:1] failed to raise ulimit: `OSError: [Errno 24]` may follow",
         "(Worker pid=7) ERROR 11-22 09:23:13 [multiproc_executor.py:1063] Traceback (most recent call last):",
         "(Worker pid=7) ERROR 11-22 09:23:13 [multiproc_executor.py:1063] ValueError: No common block size for 16.",
-        *[f"  File \"x.py\", line {i}, in f" for i in range(100)],
+        *[f'  File "x.py", line {i}, in f' for i in range(100)],
         "RuntimeError: Engine core initialization failed. See root cause above.",
     ]
     log.write_text("\n".join(lines) + "\n")
-    assert error_lines(log) == ["ValueError: No common block size for 16.",
-                                "RuntimeError: Engine core initialization failed. See root cause above."]
+    assert error_lines(log) == [
+        "ValueError: No common block size for 16.",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
     text = explain(log)
     assert text.index("No common block size") < text.index("last log lines")
 
@@ -171,9 +183,13 @@ def test_an_engine_that_dies_under_a_live_server_is_named(tmp_path):
     """vLLM's API process outlives its engine (it answers 500 and /health 503): check_alive
     names the death and the engine's own root cause, not the wrapper lines after it."""
     port = free_port()
-    s = ServerProcess([sys.executable, FAKE, str(port), "--engine-dies-after", "1.5"], dict(os.environ),
-                      tmp_path / "server.log", f"http://127.0.0.1:{port}/health",
-                      fatal_log_markers=("EngineCore encountered a fatal error", "EngineDeadError"))
+    s = ServerProcess(
+        [sys.executable, FAKE, str(port), "--engine-dies-after", "1.5"],
+        dict(os.environ),
+        tmp_path / "server.log",
+        f"http://127.0.0.1:{port}/health",
+        fatal_log_markers=("EngineCore encountered a fatal error", "EngineDeadError"),
+    )
     with s:
         s.wait_healthy(20)
         s.check_alive()  # alive and healthy
@@ -188,8 +204,12 @@ def test_an_engine_that_dies_under_a_live_server_is_named(tmp_path):
 
 def test_a_failing_health_check_alone_is_a_death_too(tmp_path):
     port = free_port()
-    s = ServerProcess([sys.executable, FAKE, str(port), "--engine-dies-after", "1.0", "--quietly"],
-                      dict(os.environ), tmp_path / "server.log", f"http://127.0.0.1:{port}/health")
+    s = ServerProcess(
+        [sys.executable, FAKE, str(port), "--engine-dies-after", "1.0", "--quietly"],
+        dict(os.environ),
+        tmp_path / "server.log",
+        f"http://127.0.0.1:{port}/health",
+    )
     with s:
         s.wait_healthy(20)
         time.sleep(1.5)

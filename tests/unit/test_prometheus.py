@@ -22,10 +22,12 @@ vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 4.0
 vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.4
 """
 
-AFTER = BEFORE.replace("hits_total{engine=\"0\",model_name=\"m\"} 10.0", "hits_total{engine=\"0\",model_name=\"m\"} 70.0") \
-    .replace("queries_total{engine=\"0\",model_name=\"m\"} 100.0", "queries_total{engine=\"0\",model_name=\"m\"} 200.0") \
-    .replace("seconds_count{engine=\"0\",model_name=\"m\"} 4.0", "seconds_count{engine=\"0\",model_name=\"m\"} 14.0") \
-    .replace("seconds_sum{engine=\"0\",model_name=\"m\"} 0.4", "seconds_sum{engine=\"0\",model_name=\"m\"} 2.4")
+AFTER = (
+    BEFORE.replace('hits_total{engine="0",model_name="m"} 10.0', 'hits_total{engine="0",model_name="m"} 70.0')
+    .replace('queries_total{engine="0",model_name="m"} 100.0', 'queries_total{engine="0",model_name="m"} 200.0')
+    .replace('seconds_count{engine="0",model_name="m"} 4.0', 'seconds_count{engine="0",model_name="m"} 14.0')
+    .replace('seconds_sum{engine="0",model_name="m"} 0.4', 'seconds_sum{engine="0",model_name="m"} 2.4')
+)
 
 
 def test_parse_sums_label_sets():

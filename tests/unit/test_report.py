@@ -16,9 +16,18 @@ from orchestrator.report.plots import knee, pareto
 
 def _result(variant, engine, points, metrics=None, records=b"", workload=None):
     now = time.time()
-    return TrialResult(trial_hash=(variant * 8)[:16].ljust(16, "0"), experiment="x", variant=variant,
-                       spec={"engine": engine, "workload": workload or {"name": "w"}}, status="FINISHED",
-                       started_at=now, ended_at=now, points=points, metrics=metrics or {}, records_parquet=records)
+    return TrialResult(
+        trial_hash=(variant * 8)[:16].ljust(16, "0"),
+        experiment="x",
+        variant=variant,
+        spec={"engine": engine, "workload": workload or {"name": "w"}},
+        status="FINISHED",
+        started_at=now,
+        ended_at=now,
+        points=points,
+        metrics=metrics or {},
+        records_parquet=records,
+    )
 
 
 def _point(i, setting, **m):
@@ -26,13 +35,18 @@ def _point(i, setting, **m):
     for k, v in m.items():
         if "/" in k:
             classes[k.split("/")[0]][k.split("/")[1]] = v
-    return PointResult(index=i, label=f"p{i}", setting=setting, metrics={k: v for k, v in m.items() if "/" not in k},
-                       class_metrics=classes)
+    return PointResult(
+        index=i,
+        label=f"p{i}",
+        setting=setting,
+        metrics={k: v for k, v in m.items() if "/" not in k},
+        class_metrics=classes,
+    )
 
 
 def _records(point, long_at):
     recs, rid = [], 0
-    for s in range(4):  # short streams with one stall per long prompt
+    for _ in range(4):  # short streams with one stall per long prompt
         times = [1.0 + 0.05 * k for k in range(60)]
         recs.append(RequestRecord(rid, point, "short", 1.0, 1.0, 128, 64, times, [1] * 60, 4.0))
         rid += 1
@@ -45,13 +59,31 @@ def _records(point, long_at):
 @pytest.fixture
 def chunked_results():
     out = []
-    for variant, chunked, budget, itl in [("chunking_off", False, None, 700.0), ("budget_256", True, 256, 210.0),
-                                          ("budget_2048", True, 2048, 730.0)]:
-        pts = [_point(i, {"concurrency": c}, ttft_ms_p50=100.0, itl_ms_p99=itl, tokens_per_second=200.0 + i,
-                      **{"short/itl_ms_p99": itl * (1 + i), "long/ttft_ms_p99": 900.0 - (budget or 0) / 10})
-               for i, c in enumerate([2, 4])]
-        out.append(_result(variant, {"enable_chunked_prefill": chunked, "max_num_batched_tokens": budget}, pts,
-                           {"memory_peak_gb_max": 4.8}, _records(1, [1.5, 2.7])))
+    for variant, chunked, budget, itl in [
+        ("chunking_off", False, None, 700.0),
+        ("budget_256", True, 256, 210.0),
+        ("budget_2048", True, 2048, 730.0),
+    ]:
+        pts = [
+            _point(
+                i,
+                {"concurrency": c},
+                ttft_ms_p50=100.0,
+                itl_ms_p99=itl,
+                tokens_per_second=200.0 + i,
+                **{"short/itl_ms_p99": itl * (1 + i), "long/ttft_ms_p99": 900.0 - (budget or 0) / 10},
+            )
+            for i, c in enumerate([2, 4])
+        ]
+        out.append(
+            _result(
+                variant,
+                {"enable_chunked_prefill": chunked, "max_num_batched_tokens": budget},
+                pts,
+                {"memory_peak_gb_max": 4.8},
+                _records(1, [1.5, 2.7]),
+            )
+        )
     return out
 
 
@@ -70,10 +102,17 @@ def test_chunked_prefill_report_from_results(chunked_results, tmp_path):
 
 
 def test_summary_says_how_the_load_was_generated(tmp_path):
-    workload = {"name": "w", "classes": {"main": {"dataset": "vllm_random"},
-                                         "bg": {"dataset": "random", "rate": 0.8, "arrival": "constant"}}}
-    pts = [_point(0, {"concurrency": 8}), _point(1, {"rate": 2.0, "arrival": "poisson", "burstiness": 1.0,
-                                                     "max_concurrency": 16})]
+    workload = {
+        "name": "w",
+        "classes": {
+            "main": {"dataset": "vllm_random"},
+            "bg": {"dataset": "random", "rate": 0.8, "arrival": "constant"},
+        },
+    }
+    pts = [
+        _point(0, {"concurrency": 8}),
+        _point(1, {"rate": 2.0, "arrival": "poisson", "burstiness": 1.0, "max_concurrency": 16}),
+    ]
     build_report(from_results([_result("a", {}, pts, workload=workload)], "x"), tmp_path)
     md = (tmp_path / "summary.md").read_text()
     assert "closed loops: N streams, each sending its next request the moment its previous one completes" in md
@@ -128,12 +167,40 @@ def test_report_cli_rebuilds_and_logs_to_the_sweep_run(chunked_results, tmp_path
 
 
 def test_first_serving_knee_and_plot(tmp_path):
-    pts = [_point(0, {"rate": 1.0}, ttft_ms_p50=150.0, ttft_ms_p99=240.0, itl_ms_p50=10.0, itl_ms_p99=25.0, qps=0.84,
-                  schedule_rate=0.82, tokens_per_second=50.0),
-           _point(1, {"rate": 4.0}, ttft_ms_p50=240.0, ttft_ms_p99=890.0, itl_ms_p50=16.0, itl_ms_p99=270.0, qps=3.2,
-                  schedule_rate=3.96, tokens_per_second=214.0),
-           _point(2, {"rate": math.inf}, ttft_ms_p50=3270.0, ttft_ms_p99=4690.0, itl_ms_p50=38.0, itl_ms_p99=1190.0,
-                  qps=4.2, tokens_per_second=277.0)]
+    pts = [
+        _point(
+            0,
+            {"rate": 1.0},
+            ttft_ms_p50=150.0,
+            ttft_ms_p99=240.0,
+            itl_ms_p50=10.0,
+            itl_ms_p99=25.0,
+            qps=0.84,
+            schedule_rate=0.82,
+            tokens_per_second=50.0,
+        ),
+        _point(
+            1,
+            {"rate": 4.0},
+            ttft_ms_p50=240.0,
+            ttft_ms_p99=890.0,
+            itl_ms_p50=16.0,
+            itl_ms_p99=270.0,
+            qps=3.2,
+            schedule_rate=3.96,
+            tokens_per_second=214.0,
+        ),
+        _point(
+            2,
+            {"rate": math.inf},
+            ttft_ms_p50=3270.0,
+            ttft_ms_p99=4690.0,
+            itl_ms_p50=38.0,
+            itl_ms_p99=1190.0,
+            qps=4.2,
+            tokens_per_second=277.0,
+        ),
+    ]
     data = from_results([_result("vllm", {}, pts)], "first_serving")
     assert knee(data.trials[0]).label == "p2"  # not the finite sweep's tail at rate 4
     files = build_report(data, tmp_path)
@@ -167,23 +234,42 @@ def test_verdict_smallest_budget_within_the_long_prompt_slo(tmp_path):
     from orchestrator.report.data import SweepData
     from orchestrator.report.verdict import decide
 
-    objective = ObjectiveSpec.model_validate({
-        "minimize": "engine.max_num_batched_tokens", "subject_to": {"long/ttft_ms_p99": 2000},
-        "show": ["short/itl_ms_p99"], "frontier": {"minimize": "short/itl_ms_p99", "maximize": "tokens_per_second"}})
+    objective = ObjectiveSpec.model_validate(
+        {
+            "minimize": "engine.max_num_batched_tokens",
+            "subject_to": {"long/ttft_ms_p99": 2000},
+            "show": ["short/itl_ms_p99"],
+            "frontier": {"minimize": "short/itl_ms_p99", "maximize": "tokens_per_second"},
+        }
+    )
 
     def pts(ttft, itl, tps):
-        return [Point(0, "c2", {"concurrency": 2}, {}),
-                Point(1, "c4", {"concurrency": 4}, {"long/ttft_ms_p99": ttft, "short/itl_ms_p99": itl,
-                                                    "tokens_per_second": tps})]
-    trials = [_trial("chunking_off", None, pts(900, 737, 300)), _trial("budget_128", 128, pts(2600, 150, 280)),
-              _trial("budget_256", 256, pts(1400, 212, 310)), _trial("budget_2048", 2048, pts(1085, 700, 305))]
+        return [
+            Point(0, "c2", {"concurrency": 2}, {}),
+            Point(
+                1,
+                "c4",
+                {"concurrency": 4},
+                {"long/ttft_ms_p99": ttft, "short/itl_ms_p99": itl, "tokens_per_second": tps},
+            ),
+        ]
+
+    trials = [
+        _trial("chunking_off", None, pts(900, 737, 300)),
+        _trial("budget_128", 128, pts(2600, 150, 280)),
+        _trial("budget_256", 256, pts(1400, 212, 310)),
+        _trial("budget_2048", 2048, pts(1085, 700, 305)),
+    ]
     v = decide(trials, objective)
     assert v.best.name == "budget_256"
-    assert v.headline.startswith("**Verdict:** budget_256: engine.max_num_batched_tokens 256 "
-                                 "(long/ttft_ms_p99 1400, short/itl_ms_p99 212)")
+    assert v.headline.startswith(
+        "**Verdict:** budget_256: engine.max_num_batched_tokens 256 (long/ttft_ms_p99 1400, short/itl_ms_p99 212)"
+    )
     excluded = dict((t.name, why) for t, why in v.excluded)
-    assert excluded == {"chunking_off": "engine.max_num_batched_tokens not set",
-                        "budget_128": "long/ttft_ms_p99 2600, needs <= 2000"}
+    assert excluded == {
+        "chunking_off": "engine.max_num_batched_tokens not set",
+        "budget_128": "long/ttft_ms_p99 2600, needs <= 2000",
+    }
     data = SweepData("chunked_prefill", trials, "results", objective=objective)
     files = build_report(data, tmp_path)
     assert "frontier.png" in [f.name for f in files]
@@ -198,15 +284,18 @@ def test_verdict_calls_overlapping_intervals_a_tie_and_checks_accuracy_against_t
     from orchestrator.report.verdict import decide
 
     objective = ObjectiveSpec.model_validate({"maximize": "slo_capacity_rps", "subject_to": {"accuracy": "base-0.01"}})
-    trials = [_trial("fp16", None, [], {"slo_capacity_rps": 10.0, "slo_capacity_rps_ci95": 1.0, "accuracy": 0.80}),
-              _trial("fp8", None, [], {"slo_capacity_rps": 10.8, "slo_capacity_rps_ci95": 0.5, "accuracy": 0.795}),
-              _trial("int4", None, [], {"slo_capacity_rps": 14.0, "slo_capacity_rps_ci95": 0.5, "accuracy": 0.70})]
+    trials = [
+        _trial("fp16", None, [], {"slo_capacity_rps": 10.0, "slo_capacity_rps_ci95": 1.0, "accuracy": 0.80}),
+        _trial("fp8", None, [], {"slo_capacity_rps": 10.8, "slo_capacity_rps_ci95": 0.5, "accuracy": 0.795}),
+        _trial("int4", None, [], {"slo_capacity_rps": 14.0, "slo_capacity_rps_ci95": 0.5, "accuracy": 0.70}),
+    ]
     v = decide(trials, objective)
     assert v.best.name == "fp8" and [t.name for t in v.ties] == ["fp16"]
     assert "Tied within the 95% intervals: fp16 (10 ± 1)" in v.headline
     assert dict((t.name, why) for t, why in v.excluded) == {"int4": "accuracy 0.7, needs >= 0.79"}
-    none = decide(trials, ObjectiveSpec.model_validate({"maximize": "slo_capacity_rps",
-                                                         "subject_to": {"accuracy": {"min": 0.9}}}))
+    none = decide(
+        trials, ObjectiveSpec.model_validate({"maximize": "slo_capacity_rps", "subject_to": {"accuracy": {"min": 0.9}}})
+    )
     assert none.best is None and none.headline.startswith("**Verdict:** no trial meets the objective")
 
 

@@ -21,8 +21,16 @@ def _result(spec_json: str, status: str, error: str | None = None) -> dict:
 
     spec = TrialSpec.model_validate_json(spec_json)
     now = time.time()
-    return TrialResult(trial_hash="x" * 16, experiment=spec.experiment, spec={}, status=status, error=error,
-                       started_at=now, ended_at=now, hardware={"ray_node_id": "n" * 56}).model_dump()
+    return TrialResult(
+        trial_hash="x" * 16,
+        experiment=spec.experiment,
+        spec={},
+        status=status,
+        error=error,
+        started_at=now,
+        ended_at=now,
+        hardware={"ray_node_id": "n" * 56},
+    ).model_dump()
 
 
 def crash_once(spec_json: str, workdir: str, overrides: list[str]) -> dict:
@@ -108,8 +116,9 @@ def test_deterministic_failures_are_not_retried(local_ray, compose, tmp_path):
     bug = list(run_jobs(jobs[:1], lambda j: str(tmp_path / str(j.index)), None, raises, 3, print))[0][1]
     assert bug.status == "FAILED" and "a bug in the trial body" in bug.error
     assert [a["outcome"] for a in bug.attempts] == ["FAILED"]
-    bad_flag = list(run_jobs(jobs[1:], lambda j: str(tmp_path / str(j.index)), None, server_exits_at_start,
-                             3, print))[0][1]
+    bad_flag = list(run_jobs(jobs[1:], lambda j: str(tmp_path / str(j.index)), None, server_exits_at_start, 3, print))[
+        0
+    ][1]
     assert bad_flag.status == "FAILED" and len(bad_flag.attempts) == 1
     assert (tmp_path / "1" / "calls").read_text() == "x", "a server that fails at start ran exactly once"
 
@@ -121,10 +130,18 @@ def test_attempts_reach_mlflow(tmp_path):
     from orchestrator.tracking import MlflowTracker
 
     now = time.time()
-    result = TrialResult(trial_hash="a" * 16, experiment="e", spec={}, status="FINISHED", started_at=now,
-                         ended_at=now, attempts=[
-                             {"attempt": 1, "outcome": "LOST", "error": "NodeDiedError: node abc died", "node_id": "abc"},
-                             {"attempt": 2, "outcome": "FINISHED", "node_id": "def"}])
+    result = TrialResult(
+        trial_hash="a" * 16,
+        experiment="e",
+        spec={},
+        status="FINISHED",
+        started_at=now,
+        ended_at=now,
+        attempts=[
+            {"attempt": 1, "outcome": "LOST", "error": "NodeDiedError: node abc died", "node_id": "abc"},
+            {"attempt": 2, "outcome": "FINISHED", "node_id": "def"},
+        ],
+    )
     uri = f"sqlite:///{tmp_path}/m.db"
     tracker = MlflowTracker(uri, "e")
     run_id = tracker.log_trial(result, tmp_path)
@@ -140,12 +157,14 @@ def test_a_local_ray_ignores_a_stale_cluster_address():
     import subprocess
     import sys
 
-    code = ("from orchestrator.config.schema import ClusterSpec\n"
-            "from orchestrator.scheduling.ray_exec import init_ray\n"
-            "import ray\n"
-            "ctx = init_ray(ClusterSpec(num_cpus=1))\n"
-            "print('cpus', ray.cluster_resources()['CPU'])\n"
-            "ctx.shutdown()\n")
+    code = (
+        "from orchestrator.config.schema import ClusterSpec\n"
+        "from orchestrator.scheduling.ray_exec import init_ray\n"
+        "import ray\n"
+        "ctx = init_ray(ClusterSpec(num_cpus=1))\n"
+        "print('cpus', ray.cluster_resources()['CPU'])\n"
+        "ctx.shutdown()\n"
+    )
     env = dict(os.environ, RAY_ADDRESS="127.0.0.1:9")  # nothing listens there
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "cpus 1.0" in p.stdout, p.stderr[-2000:]

@@ -13,12 +13,26 @@ from tests.fake_openai_server import FakeOpenAIServer, Script
 
 
 def search(tmp_path, url, *extra, n_trials=3, objective="{maximize:tokens_per_second}"):
-    cmd = [sys.executable, "-m", "orchestrator", "engine=external", f"engine.url={url}", "engine.metrics=none",
-           "hydra/sweeper=optuna", f"hydra.sweeper.n_trials={n_trials}",
-           f"hydra.sweeper.storage=sqlite:///{tmp_path}/optuna.db", "hydra.sweeper.study_name=s",
-           "workload.load_points=[{concurrency:2}]", "workload.num_requests=4",
-           "workload.warmup_requests=0,1", f"objective={objective}",
-           f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"hydra.sweep.dir={tmp_path}/multirun", *extra, "-m"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "engine=external",
+        f"engine.url={url}",
+        "engine.metrics=none",
+        "hydra/sweeper=optuna",
+        f"hydra.sweeper.n_trials={n_trials}",
+        f"hydra.sweeper.storage=sqlite:///{tmp_path}/optuna.db",
+        "hydra.sweeper.study_name=s",
+        "workload.load_points=[{concurrency:2}]",
+        "workload.num_requests=4",
+        "workload.warmup_requests=0,1",
+        f"objective={objective}",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+        *extra,
+        "-m",
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p.stdout
@@ -43,26 +57,42 @@ def test_search_tells_every_trial_feeds_back_repeats_and_resumes(tmp_path, tiny_
 
 def test_search_reports_constraint_misses_as_failed(tmp_path, tiny_model_dir):
     with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
-        out = search(tmp_path, srv.base_url, n_trials=2,
-                     objective="{maximize:tokens_per_second,subject_to:{ttft_ms_p50:1}}")
+        out = search(
+            tmp_path, srv.base_url, n_trials=2, objective="{maximize:tokens_per_second,subject_to:{ttft_ms_p50:1}}"
+        )
     assert "not counted (ttft_ms_p50" in out and "no trial met the objective's constraints" in out
 
 
 def test_two_objective_search_ends_with_the_pareto_set(tmp_path, tiny_model_dir):
     with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
-        out = search(tmp_path, srv.base_url, "hydra.sweeper.multi_objective=true", "hydra.sweeper.sampler=nsga2",
-                     n_trials=2, objective="{maximize:tokens_per_second,"
-                     "frontier:{maximize:tokens_per_second,minimize:ttft_ms_p50}}")
+        out = search(
+            tmp_path,
+            srv.base_url,
+            "hydra.sweeper.multi_objective=true",
+            "hydra.sweeper.sampler=nsga2",
+            n_trials=2,
+            objective="{maximize:tokens_per_second,frontier:{maximize:tokens_per_second,minimize:ttft_ms_p50}}",
+        )
     assert "for maximize tokens_per_second, minimize ttft_ms_p50" in out
     assert "optuna: Pareto trial" in out
 
 
 def test_search_needs_choices_and_an_objective(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "orchestrator", "hydra/sweeper=optuna", "engine.block_size=32", "-m"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "hydra/sweeper=optuna", "engine.block_size=32", "-m"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode != 0 and "nothing to search" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "orchestrator", "hydra/sweeper=optuna", "engine.block_size=32,64", "-m"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "hydra/sweeper=optuna", "engine.block_size=32,64", "-m"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode != 0 and "needs an objective" in p.stderr
 
 

@@ -23,8 +23,14 @@ def test_workload_and_seed_differences_share_a_server(compose):
 
 def test_server_differences_do_not(compose):
     base = server_key(_spec(compose))
-    for o in ("engine.max_num_seqs=4", "engine.block_size=64", "engine.enable_prefix_caching=false",
-              "engine.seed=3", "engine=sglang", "platform=gpu"):
+    for o in (
+        "engine.max_num_seqs=4",
+        "engine.block_size=64",
+        "engine.enable_prefix_caching=false",
+        "engine.seed=3",
+        "engine=sglang",
+        "platform=gpu",
+    ):
         assert server_key(_spec(compose, o)) != base, o
 
 

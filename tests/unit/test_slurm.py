@@ -12,11 +12,25 @@ from orchestrator.config.errors import ConfigError
 from orchestrator.scheduling.slurm import main, params_from, render_sbatch
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "slurm_golden.sbatch"
-PARAMS = {"job_name": "cp-sweep", "nodes": 2, "gpus_per_node": 4, "cpus_per_node": 32, "mem": "256G",
-          "time": "08:00:00", "partition": "gpu", "account": "lab42", "workdir": "/work/lab",
-          "activate": "source /work/lab/.venv/bin/activate", "log_dir": "logs"}
-OVERRIDES = ["+experiment=chunked_prefill", "platform=gpu", "tracking.uri=http://mlflow.internal:5000",
-             "workload.classes.main.path=/data/share gpt.json"]
+PARAMS = {
+    "job_name": "cp-sweep",
+    "nodes": 2,
+    "gpus_per_node": 4,
+    "cpus_per_node": 32,
+    "mem": "256G",
+    "time": "08:00:00",
+    "partition": "gpu",
+    "account": "lab42",
+    "workdir": "/work/lab",
+    "activate": "source /work/lab/.venv/bin/activate",
+    "log_dir": "logs",
+}
+OVERRIDES = [
+    "+experiment=chunked_prefill",
+    "platform=gpu",
+    "tracking.uri=http://mlflow.internal:5000",
+    "workload.classes.main.path=/data/share gpt.json",
+]
 
 
 def test_golden_file():
@@ -42,8 +56,7 @@ def test_unknown_parameter_lists_the_valid_ones():
         params_from({"gpu_per_node": 4})
 
 
-@pytest.mark.parametrize("bad", [{"partition": "gpu; rm -rf /"}, {"time": "8h"}, {"account": "$(id)"},
-                                 {"nodes": 0}])
+@pytest.mark.parametrize("bad", [{"partition": "gpu; rm -rf /"}, {"time": "8h"}, {"account": "$(id)"}, {"nodes": 0}])
 def test_unsafe_or_bad_values_are_rejected(bad):
     with pytest.raises(ConfigError, match="slurm: "):
         params_from(bad)
@@ -57,7 +70,10 @@ def test_overrides_may_not_set_what_the_script_sets():
 def test_cli_prints_and_rejects(capsys):
     assert main(["--nodes", "1", "--gpus-per-node", "0", "+experiment=first_serving"]) == 0
     out = capsys.readouterr().out
-    assert "--gpus-per-node" not in out.split("set -euo")[0] and "orchestrator +experiment=first_serving cluster.address" in out
+    assert (
+        "--gpus-per-node" not in out.split("set -euo")[0]
+        and "orchestrator +experiment=first_serving cluster.address" in out
+    )
     assert main(["--time", "soon", "+experiment=x"]) == 2
     assert "slurm: time" in capsys.readouterr().err
 
@@ -72,8 +88,10 @@ def test_ray_job_entrypoint_quotes_every_part_and_adds_the_cluster():
     from orchestrator.scheduling.submit import entrypoint, runtime_env
 
     cmd = entrypoint(["+experiment=chunked_prefill", "workload.classes.main.path=/data/a b.json; rm -rf /"])
-    assert cmd == ("python -m orchestrator +experiment=chunked_prefill "
-                   "'workload.classes.main.path=/data/a b.json; rm -rf /' cluster.address=auto -m")
+    assert cmd == (
+        "python -m orchestrator +experiment=chunked_prefill "
+        "'workload.classes.main.path=/data/a b.json; rm -rf /' cluster.address=auto -m"
+    )
     with pytest.raises(ConfigError, match="cluster.address"):
         entrypoint(["cluster.address=ray://x:10001"])
     env = runtime_env(upload=True)

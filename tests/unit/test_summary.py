@@ -7,17 +7,31 @@ import math
 import pytest
 
 from orchestrator.config.schema import SLOSpec
-from orchestrator.metrics.records import RequestRecord, parquet_bytes_to_table, records_to_parquet_bytes, table_to_records
+from orchestrator.metrics.records import (
+    RequestRecord,
+    parquet_bytes_to_table,
+    records_to_parquet_bytes,
+    table_to_records,
+)
 from orchestrator.metrics.summary import latency_of, summarize_by_class, summarize_point
 
 
 def rec(i, sent, chunks, tokens=None, cls="a", status="ok", usage=None, intended=None, prompt=10):
     return RequestRecord(
-        request_id=i, point=0, request_class=cls, intended_send_s=sent if intended is None else intended,
-        sent_s=sent, input_tokens_target=prompt, output_tokens_target=len(chunks),
-        chunk_times_s=list(chunks), chunk_tokens=list(tokens or [1] * len(chunks)),
-        done_s=(chunks[-1] + 0.001) if chunks else sent + 0.01, prompt_tokens=prompt,
-        output_tokens=usage, status=status, error=None if status == "ok" else "boom",
+        request_id=i,
+        point=0,
+        request_class=cls,
+        intended_send_s=sent if intended is None else intended,
+        sent_s=sent,
+        input_tokens_target=prompt,
+        output_tokens_target=len(chunks),
+        chunk_times_s=list(chunks),
+        chunk_tokens=list(tokens or [1] * len(chunks)),
+        done_s=(chunks[-1] + 0.001) if chunks else sent + 0.01,
+        prompt_tokens=prompt,
+        output_tokens=usage,
+        status=status,
+        error=None if status == "ok" else "boom",
     )
 
 
@@ -117,12 +131,29 @@ def test_client_validity():
     from orchestrator.config.schema import ValiditySpec
     from orchestrator.metrics.summary import client_validity
 
-    ok, reasons = client_validity({"send_lag_ms_p95": 1.0, "send_lag_ms_p99": 80.0, "loop_lag_ms_p95": 2.0,
-                                   "client_cpu_util": 0.3,
-                                   "target_rate": 10.0, "schedule_rate": 11.0, "achieved_rate": 10.9}, ValiditySpec())
+    ok, reasons = client_validity(
+        {
+            "send_lag_ms_p95": 1.0,
+            "send_lag_ms_p99": 80.0,
+            "loop_lag_ms_p95": 2.0,
+            "client_cpu_util": 0.3,
+            "target_rate": 10.0,
+            "schedule_rate": 11.0,
+            "achieved_rate": 10.9,
+        },
+        ValiditySpec(),
+    )
     assert ok and not reasons
-    ok, reasons = client_validity({"send_lag_ms_p95": 50.0, "client_cpu_util": 0.99, "target_rate": 10.0,
-                                   "schedule_rate": 10.0, "achieved_rate": 8.0}, ValiditySpec())
+    ok, reasons = client_validity(
+        {
+            "send_lag_ms_p95": 50.0,
+            "client_cpu_util": 0.99,
+            "target_rate": 10.0,
+            "schedule_rate": 10.0,
+            "achieved_rate": 8.0,
+        },
+        ValiditySpec(),
+    )
     assert not ok and len(reasons) == 3 and "send lag" in reasons[0]
 
 
@@ -130,8 +161,13 @@ def test_capped_points_are_not_blamed_for_waiting_on_the_cap():
     from orchestrator.config.schema import ValiditySpec
     from orchestrator.metrics.summary import client_validity
 
-    m = {"send_lag_ms_p95": 500.0, "target_rate": 10.0, "schedule_rate": 10.0, "achieved_rate": 4.0,
-         "client_cpu_util": 0.2}
+    m = {
+        "send_lag_ms_p95": 500.0,
+        "target_rate": 10.0,
+        "schedule_rate": 10.0,
+        "achieved_rate": 4.0,
+        "client_cpu_util": 0.2,
+    }
     assert client_validity(m, ValiditySpec(), capped=True) == (True, [])
     assert client_validity(m, ValiditySpec())[0] is False
 
@@ -143,7 +179,7 @@ def test_summarize_repeats_mean_ci_and_flag():
     out = summarize_repeats(reps, max_ci_rel_width=0.2)
     assert out["ttft_ms_p50"] == pytest.approx(12.0) and out["repeats"] == 3
     # sd 2, n 3, t(0.975, 2 dof) = 4.303: half-width 4.303 * 2 / sqrt(3) = 4.97 -> 41% of the mean
-    assert out["ttft_ms_p50_ci95"] == pytest.approx(4.303 * 2 / 3 ** 0.5)
+    assert out["ttft_ms_p50_ci95"] == pytest.approx(4.303 * 2 / 3**0.5)
     assert out["qps_ci95"] == 0.0
     assert out["ci_wide"] == 1.0
     assert summarize_repeats(reps, max_ci_rel_width=0.5)["ci_wide"] == 0.0

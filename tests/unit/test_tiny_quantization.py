@@ -14,8 +14,9 @@ from orchestrator.models.tiny import ensure_tiny_model
 SMALL = dict(num_layers=1, hidden_size=128, num_heads=2, num_kv_heads=2, intermediate_size=256, vocab_size=300)
 
 
-@pytest.mark.parametrize("method,fmt,weight", [("w8a8", "int-quantized", "weight"),
-                                               ("w4a16", "pack-quantized", "weight_packed")])
+@pytest.mark.parametrize(
+    "method,fmt,weight", [("w8a8", "int-quantized", "weight"), ("w4a16", "pack-quantized", "weight_packed")]
+)
 def test_quantized_checkpoint(tmp_path, method, fmt, weight):
     base = ensure_tiny_model(TinyModelSpec(**SMALL), tmp_path)
     out = ensure_tiny_model(TinyModelSpec(**SMALL, quantization=method), tmp_path)

@@ -17,14 +17,35 @@ def result(status="FINISHED", error=None, variant="v1"):
     recs = [RequestRecord(i, 0, "a", 0.0, 0.0, 8, 4, [0.1, 0.2], [1, 1], 0.2, 8, 2) for i in range(3)]
     now = time.time()
     return TrialResult(
-        trial_hash="abc123", experiment="exp", variant=variant, overrides=[f"variant={variant}"],
-        spec={"engine": {"name": "vllm", "max_num_batched_tokens": 256, "env": {"HF_TOKEN": "hf_secretsecret"}},
-              "model": {"name": "tiny"}, "platform": {"name": "cpu"}, "workload": {"name": "w"}, "seed": 0},
-        status=status, error=error, started_at=now - 5, ended_at=now, engine_version="vllm==0",
+        trial_hash="abc123",
+        experiment="exp",
+        variant=variant,
+        overrides=[f"variant={variant}"],
+        spec={
+            "engine": {"name": "vllm", "max_num_batched_tokens": 256, "env": {"HF_TOKEN": "hf_secretsecret"}},
+            "model": {"name": "tiny"},
+            "platform": {"name": "cpu"},
+            "workload": {"name": "w"},
+            "seed": 0,
+        },
+        status=status,
+        error=error,
+        started_at=now - 5,
+        ended_at=now,
+        engine_version="vllm==0",
         hardware={"summary": "cpu:2x test"},
-        points=[PointResult(index=i, label=f"c{i + 1}", setting={"concurrency": i + 1},
-                            metrics={"ttft_ms_p50": 10.0 * (i + 1), "qps": 1.0 + i}) for i in range(2)],
-        metrics={"startup_s": 30.0}, records_parquet=records_to_parquet_bytes(recs), server_log="log line\n",
+        points=[
+            PointResult(
+                index=i,
+                label=f"c{i + 1}",
+                setting={"concurrency": i + 1},
+                metrics={"ttft_ms_p50": 10.0 * (i + 1), "qps": 1.0 + i},
+            )
+            for i in range(2)
+        ],
+        metrics={"startup_s": 30.0},
+        records_parquet=records_to_parquet_bytes(recs),
+        server_log="log line\n",
     )
 
 
@@ -97,8 +118,9 @@ def test_replay_logs_what_mlflow_lacks_once(tmp_path):
     sweep = tmp_path / "sweep"
     for i in range(3):
         now = _time.time() + i
-        r = TrialResult(trial_hash=f"{i:016d}", experiment="exp", spec={}, status="FINISHED", started_at=now,
-                        ended_at=now + 1)
+        r = TrialResult(
+            trial_hash=f"{i:016d}", experiment="exp", spec={}, status="FINISHED", started_at=now, ended_at=now + 1
+        )
         save_result(r, sweep / "trials" / f"{i:03d}-{r.trial_hash}")
     uri = f"sqlite:///{tmp_path}/m.db"
     lines: list[str] = []

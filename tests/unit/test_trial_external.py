@@ -11,9 +11,18 @@ from tests.fake_openai_server import FakeOpenAIServer, Script
 
 
 def external_spec(compose, url, *extra):
-    spec, _ = to_specs(compose(["engine=external", f"engine.url={url}", "engine.metrics=none",
-                                "workload.load_points=[{concurrency:2},{rate:20,num_requests:10}]",
-                                "workload.num_requests=6", *extra]))
+    spec, _ = to_specs(
+        compose(
+            [
+                "engine=external",
+                f"engine.url={url}",
+                "engine.metrics=none",
+                "workload.load_points=[{concurrency:2},{rate:20,num_requests:10}]",
+                "workload.num_requests=6",
+                *extra,
+            ]
+        )
+    )
     return spec
 
 
@@ -45,8 +54,9 @@ def test_external_needs_url(compose):
 def test_external_api_key_from_environment(compose, tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.delenv("LAB_TEST_KEY", raising=False)
     with FakeOpenAIServer() as srv:
-        result = run_trial(external_spec(compose, srv.base_url, "engine.api_key_env=LAB_TEST_KEY"), tmp_path,
-                           progress=lambda _: None)
+        result = run_trial(
+            external_spec(compose, srv.base_url, "engine.api_key_env=LAB_TEST_KEY"), tmp_path, progress=lambda _: None
+        )
     assert result.status == "FAILED" and "LAB_TEST_KEY is not set" in result.error
 
 
@@ -62,8 +72,7 @@ def test_repeats_give_fresh_requests_and_confidence_intervals(compose, tmp_path,
     from orchestrator.metrics.records import parquet_bytes_to_table
 
     with FakeOpenAIServer(Script(ttft_s=0.02, itl_s=0.002)) as srv:
-        spec = external_spec(compose, srv.base_url, "workload.repeats=3",
-                             "workload.load_points=[{concurrency:2}]")
+        spec = external_spec(compose, srv.base_url, "workload.repeats=3", "workload.load_points=[{concurrency:2}]")
         result = run_trial(spec, tmp_path, progress=lambda _: None)
     assert result.status == "FINISHED", result.error
     m = result.points[0].metrics
@@ -78,9 +87,13 @@ def test_capacity_search_on_a_scripted_latency_curve(compose, tmp_path, tiny_mod
     # TTFT = 10 ms + 20 ms per other request in flight: the p99 SLO of 100 ms holds up to 5 streams
     progress: list[str] = []
     with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.001, ttft_per_in_flight_s=0.02)) as srv:
-        spec = external_spec(compose, srv.base_url, "workload.load_points=[{concurrency:1}]",
-                             "workload.num_requests=12",
-                             "+workload.capacity={knob:concurrency,start:2,high:32,slo:{ttft_ms_p99:100}}")
+        spec = external_spec(
+            compose,
+            srv.base_url,
+            "workload.load_points=[{concurrency:1}]",
+            "workload.num_requests=12",
+            "+workload.capacity={knob:concurrency,start:2,high:32,slo:{ttft_ms_p99:100}}",
+        )
         result = run_trial(spec, tmp_path, progress=progress.append)
     assert result.status == "FINISHED", result.error
     labels = [p.label for p in result.points]
@@ -90,8 +103,9 @@ def test_capacity_search_on_a_scripted_latency_curve(compose, tmp_path, tiny_mod
     assert m["slo_capacity_concurrency_probes"] == len(labels) - 1 == 5
     assert [p.metrics["slo_met"] for p in result.points[1:]] == [1.0, 1.0, 0.0, 0.0, 1.0]  # c2 c4 c8 c6 c5
     cap = result.capacity
-    assert cap["explanation"].startswith("capacity 5 streams (probe c5 met the SLOs; probe c6 at 6 did not: "
-                                         "ttft_ms_p99")
+    assert cap["explanation"].startswith(
+        "capacity 5 streams (probe c5 met the SLOs; probe c6 at 6 did not: ttft_ms_p99"
+    )
     assert [p["verdict"] for p in cap["probes"]] == ["pass", "pass", "fail", "fail", "pass"]
     assert any("probe 3 c8: running" in line for line in progress)
     assert any(line.endswith("stopped: bracket 5..6 within 10%") for line in progress)

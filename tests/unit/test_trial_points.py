@@ -16,25 +16,44 @@ from tests.unit.test_fidelity import VLLM_PAGE
 
 
 def rec(i: int, served_in: int = 128, ttft: float = 0.2) -> RequestRecord:
-    return RequestRecord(request_id=i, point=0, request_class="main", intended_send_s=i * 0.1, sent_s=i * 0.1,
-                         input_tokens_target=128, output_tokens_target=4,
-                         chunk_times_s=[i * 0.1 + ttft + 0.01 * k for k in range(4)], chunk_tokens=[1] * 4,
-                         done_s=i * 0.1 + ttft + 0.04, prompt_tokens=served_in, output_tokens=4, status="ok",
-                         http_status=200)
+    return RequestRecord(
+        request_id=i,
+        point=0,
+        request_class="main",
+        intended_send_s=i * 0.1,
+        sent_s=i * 0.1,
+        input_tokens_target=128,
+        output_tokens_target=4,
+        chunk_times_s=[i * 0.1 + ttft + 0.01 * k for k in range(4)],
+        chunk_tokens=[1] * 4,
+        done_s=i * 0.1 + ttft + 0.04,
+        prompt_tokens=served_in,
+        output_tokens=4,
+        status="ok",
+        http_status=200,
+    )
 
 
 @pytest.fixture
 def spec(compose):
-    spec, _ = to_specs(compose(["workload.classes={main:{input_tokens:128,output_tokens:4}}",
-                                "workload.load_points=[{concurrency:2}]", "workload.num_requests=10"]))
+    spec, _ = to_specs(
+        compose(
+            [
+                "workload.classes={main:{input_tokens:128,output_tokens:4}}",
+                "workload.load_points=[{concurrency:2}]",
+                "workload.num_requests=10",
+            ]
+        )
+    )
     return spec
 
 
 def raw(records, ttft_a=4, ttft_b=14):
     before = prometheus.parse(VLLM_PAGE.format(a=4, b=4))
     after = prometheus.parse(VLLM_PAGE.format(a=ttft_a, b=ttft_b))
-    return RawPoint(records, {"client_cpu_cores": 0.2}, {"memory_peak_gb": 1.5, "kv_cache_usage_max": 0.3},
-                    before, after)
+    return RawPoint(
+        records, {"client_cpu_cores": 0.2}, {"memory_peak_gb": 1.5, "kv_cache_usage_max": 0.3}, before, after
+    )
 
 
 def test_point_metrics_are_made_from_the_raw_inputs_alone(spec):
@@ -74,9 +93,15 @@ def test_points_are_fed_forward_to_a_generator(tiny_model_dir):
     which picks the next point from it, and stops the run by returning."""
     from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
 
-    w = WorkloadSpec.model_validate({"name": "f", "warmup_requests": 0, "num_requests": 3,
-                                     "classes": {"a": {"input_tokens": 8, "output_tokens": 2}},
-                                     "load_points": [{"concurrency": 1}]})
+    w = WorkloadSpec.model_validate(
+        {
+            "name": "f",
+            "warmup_requests": 0,
+            "num_requests": 3,
+            "classes": {"a": {"input_tokens": 8, "output_tokens": 2}},
+            "load_points": [{"concurrency": 1}],
+        }
+    )
     seen = []
 
     def schedule():
@@ -86,8 +111,13 @@ def test_points_are_fed_forward_to_a_generator(tiny_model_dir):
         seen.append(result)  # then stop: no third point
 
     with FakeOpenAIServer(Script(ttft_s=0.005, itl_s=0.001)) as srv:
-        records = run_points(Endpoint(srv.base_url, "m"), w, PromptFactory(str(tiny_model_dir)), seed=0,
-                             on_point_end=lambda i, p, recs, st: p.concurrency * 10 + len(recs),
-                             points=schedule())
+        records = run_points(
+            Endpoint(srv.base_url, "m"),
+            w,
+            PromptFactory(str(tiny_model_dir)),
+            seed=0,
+            on_point_end=lambda i, p, recs, st: p.concurrency * 10 + len(recs),
+            points=schedule(),
+        )
     assert seen == [13, 23]  # c1 with 3 requests, then c2 with 3
     assert sorted({r.point for r in records}) == [0, 1] and len(records) == 6

@@ -27,10 +27,14 @@ CASES = [
     ["engine.enable_chunked_prefill=false"],
     ["engine.max_num_batched_tokens=256", "engine.enable_chunked_prefill=true", "engine.max_num_seqs=8"],
     ["engine.block_size=32", "engine.enable_prefix_caching=false", "engine.kv_cache_dtype=fp8"],
-    ["engine.tensor_parallel_size=2", "engine.pipeline_parallel_size=2", "engine.gpu_memory_utilization=0.85",
-     "platform=gpu"],
+    [
+        "engine.tensor_parallel_size=2",
+        "engine.pipeline_parallel_size=2",
+        "engine.gpu_memory_utilization=0.85",
+        "platform=gpu",
+    ],
     ["engine.quantization=fp8", "engine.seed=3", "engine.max_model_len=2048"],
-    ['+engine.speculative_config={method:ngram,num_speculative_tokens:3,prompt_lookup_max:3}'],
+    ["+engine.speculative_config={method:ngram,num_speculative_tokens:3,prompt_lookup_max:3}"],
     ["engine.extra_args=[--max-logprobs,5]"],
 ]
 
@@ -64,5 +68,3 @@ def test_cpu_env_and_unset_omp(compose):
     assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert launch.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     assert "OMP_NUM_THREADS" in launch.unset_env
-
-
