@@ -34,7 +34,7 @@ demo: install
 # folder), one after the other, then a table: trials FINISHED / SKIPPED / FAILED, the verdict, the
 # wall time (docs/labs.md). Long (see the README); not part of `make test`. LABS=name... for some.
 labs: install
-	$(PY) -m experiments.labs $(LABS) $(if $(LABS_ARGS),-- $(LABS_ARGS))
+	$(PY) -m orchestrator.labs.labs $(LABS) $(if $(LABS_ARGS),-- $(LABS_ARGS))
 
 test: install lint
 	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines"

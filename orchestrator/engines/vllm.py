@@ -34,7 +34,7 @@ CPU_PD_CONNECTORS = ("ExampleConnector",)
 # What vLLM 0.32 logs when its engine core dies under a live API server (which then answers 500
 # with EngineDeadError and 503 on /health): v1/engine/core.py, v1/engine/exceptions.py.
 FATAL_LOG_MARKERS = ("EngineCore encountered a fatal error", "EngineDeadError")
-# Speculative methods the CPU build runs (NOTES.md: ngram seen working).
+# Speculative methods the CPU build runs (ngram seen working; the speculative_decoding lab).
 CPU_SPEC_METHODS = ("ngram",)
 
 # Neutral name -> vLLM Prometheus family (names as of vLLM 0.32, v1 engine).

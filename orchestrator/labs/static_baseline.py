@@ -1,7 +1,7 @@
 """The static-batching baseline of weeks 4 and 7: HF ``generate()`` on the same prompts.
 
-    python -m experiments.static_baseline +experiment=continuous_batching [--batch-size 8]
-    python -m experiments.static_baseline +experiment=paged_attention variant=seqs_16 --batch-size 16
+    python -m orchestrator.labs.static_baseline +experiment=continuous_batching [--batch-size 8]
+    python -m orchestrator.labs.static_baseline +experiment=paged_attention variant=seqs_16 --batch-size 16
 
 It composes the experiment's config exactly as ``python -m orchestrator`` does, draws the
 same requests (same seed: same prompts and output lengths as the engine trials' first load
@@ -36,7 +36,7 @@ from orchestrator.metrics.result import PointResult, TrialResult, save_result
 from orchestrator.metrics.summary import summarize_point
 from orchestrator.models import resolve_model, resolve_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def compose(overrides: list[str]) -> tuple[TrialSpec, SweepSettings]:

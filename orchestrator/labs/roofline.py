@@ -1,8 +1,8 @@
 """Week 3's roofline calculator: the floor of a decode step for a model on a GPU.
 
-    python -m experiments.roofline                                  # Llama-3.1-8B on an A100-80GB
-    python -m experiments.roofline --model mixtral_8x7b --gpu H100-SXM-80GB --tp 2
-    python -m experiments.roofline --batch 1 8 64 256 --context 2048
+    python -m orchestrator.labs.roofline                                  # Llama-3.1-8B on an A100-80GB
+    python -m orchestrator.labs.roofline --model mixtral_8x7b --gpu H100-SXM-80GB --tp 2
+    python -m orchestrator.labs.roofline --batch 1 8 64 256 --context 2048
 
 Model shapes come from conf/model/<name>.yaml (``arch``), GPU numbers from
 orchestrator/models/gpus.py. Prints, per batch size: bytes read per step, FLOPs, the
@@ -23,7 +23,7 @@ from orchestrator.models.capacity import arch_of
 from orchestrator.models.gpus import GPUS, gpu_spec
 from orchestrator.models.roofline import decode_floor
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def load_model(name: str) -> ModelSpec:

@@ -1,4 +1,4 @@
-"""The lab tools of experiments/: the static-batching baseline, the roofline and the KV worksheet."""
+"""The lab tools of orchestrator/labs/: the static-batching baseline, the roofline and the KV worksheet."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_decode_floor_is_memory_bound_at_batch_1():
 
 
 def test_roofline_and_worksheet_cli(capsys):
-    from experiments import kv_worksheet, roofline
+    from orchestrator.labs import kv_worksheet, roofline
 
     roofline.main(["--batch", "1", "256"])
     out = capsys.readouterr().out
@@ -47,7 +47,7 @@ def test_roofline_and_worksheet_cli(capsys):
 def test_static_baseline_times_every_token(tiny_model_dir):
     import numpy as np
 
-    from experiments.static_baseline import run_static
+    from orchestrator.labs.static_baseline import run_static
     from orchestrator.loadgen.client import PlannedRequest
     from orchestrator.loadgen.prompts import PromptFactory
     from orchestrator.metrics.summary import summarize_point
@@ -72,7 +72,7 @@ def test_the_labs_table_is_read_from_the_console_and_the_results_on_disk(tmp_pat
     import json
     from collections import Counter
 
-    from experiments.labs import LabRun, read_outcome, table
+    from orchestrator.labs.labs import LabRun, read_outcome, table
 
     trials = tmp_path / "sweep" / "trials"
     for i, (variant, status, error) in enumerate(

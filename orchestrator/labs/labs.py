@@ -1,9 +1,9 @@
 """Every lab as a newcomer runs it: each experiment's sweep through the CLI, from the project
 root, with the default sweep folder, one after the other; then a table of what happened.
 
-    python -m experiments.labs                         # every experiment (make labs)
-    python -m experiments.labs quantization roofline   # some of them
-    python -m experiments.labs -- platform=gpu         # overrides for every sweep after --
+    python -m orchestrator.labs.labs                         # every experiment (make labs)
+    python -m orchestrator.labs.labs quantization roofline   # some of them
+    python -m orchestrator.labs.labs -- platform=gpu         # overrides for every sweep after --
 
 Each sweep runs as ``python -m orchestrator +experiment=NAME resume=false -m`` (``resume=false``:
 a lab is measured again even if the store already holds it). Its console output is shown
@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The course's order (../shared/seeds: weeks 1-16, then the workload card), then the GPU smoke test.
 ORDER = [
     "first_serving",

@@ -1,7 +1,7 @@
 """The KV-capacity worksheet (../shared/seeds/002_*), filled in from a model and a GPU.
 
-    python -m experiments.kv_worksheet                                   # Llama-3.1-8B, A100-80GB
-    python -m experiments.kv_worksheet --gpu L4-24GB --util 0.85 --kv-cache-dtype fp8 \
+    python -m orchestrator.labs.kv_worksheet                                   # Llama-3.1-8B, A100-80GB
+    python -m orchestrator.labs.kv_worksheet --gpu L4-24GB --util 0.85 --kv-cache-dtype fp8 \
         --prompt-p50 512 --prompt-p95 3000 --output-p50 200 --output-p95 800
 
 KV bytes per token = layers x 2 (K, V) x KV heads x head dim x bytes per value; a sequence
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.roofline import load_arch
+from orchestrator.labs.roofline import load_arch
 from orchestrator.models.capacity import GIB, kv_capacity
 from orchestrator.models.gpus import GPUS, gpu_spec
 
