@@ -39,11 +39,13 @@ labs: install
 test: install lint
 	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines"
 
-# The code's own checks, before any test: layers and cycles (import-linter), lint and format (ruff).
+# The code's own checks, before any test: layers and cycles (import-linter), lint and format
+# (ruff), types (mypy: [tool.mypy] in pyproject.toml).
 lint: install
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # A real one-node SLURM on localhost (root only): Debian's slurm-wlm and munge, started by
 # slurm/local-cluster.sh inside the test, which submits a tiny sweep with sbatch.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import hydra
 
@@ -13,7 +14,7 @@ register()
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg) -> str:  # type: ignore[no-untyped-def]
+def main(cfg: Any) -> str:
     from orchestrator.scheduling.hydra_launch import run_single
 
     return run_single(cfg)

@@ -16,14 +16,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from orchestrator.config.schema import SGLangEngineSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec
 from orchestrator.engines import adapter_for
 from orchestrator.models.capacity import Capacity, arch_of, kv_capacity
 from orchestrator.models.gpus import gpu_spec
 from orchestrator.models.roofline import DecodeFloor, decode_floor, measured_bandwidth_gb_s
-
-# Memory share the engines take for weights + KV when not configured (vLLM / SGLang defaults).
-DEFAULT_UTILIZATION = {"vllm": 0.9, "sglang": 0.88}
 
 
 def host_memory_gb() -> float | None:
@@ -39,7 +36,7 @@ def gpus_needed(spec: TrialSpec) -> int:
 
 def _tp_sizes(spec: TrialSpec) -> list[int]:
     e = spec.engine
-    if isinstance(e, (VLLMEngineSpec, SGLangEngineSpec)):
+    if isinstance(e, LaunchedEngineSpec):
         if e.disaggregation is not None:
             return [e.disaggregation.prefill_tp, e.disaggregation.decode_tp]
         return [e.tensor_parallel_size]
@@ -57,15 +54,9 @@ def capacity(spec: TrialSpec) -> Capacity | None:
     """KV capacity of the trial's (smallest) TP group on its GPUs, when the shape and memory are known."""
     arch, mem = arch_of(spec.model), gpu_memory_gb(spec)
     e = spec.engine
-    if (
-        spec.platform.device != "cuda"
-        or arch is None
-        or mem is None
-        or not isinstance(e, (VLLMEngineSpec, SGLangEngineSpec))
-    ):
+    if spec.platform.device != "cuda" or arch is None or mem is None or not isinstance(e, LaunchedEngineSpec):
         return None
-    share = e.gpu_memory_utilization if isinstance(e, VLLMEngineSpec) else e.mem_fraction_static
-    util = share or DEFAULT_UTILIZATION[e.name]
+    util = e.gpu_memory_share
     return kv_capacity(arch, mem, util, min(_tp_sizes(spec)), e.kv_cache_dtype, e.quantization)
 
 
@@ -73,7 +64,8 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
     """Why the trial cannot run (it is then SKIPPED), or None. ``cluster_gpus`` None = unknown."""
     arch = arch_of(spec.model)
     if spec.platform.device == "cpu" and arch is not None and spec.model.tiny is None:
-        dtype_bytes = 4.0 if str(getattr(spec.engine, "dtype", "")) in ("float32", "float") else 2.0
+        dtype = spec.engine.dtype if isinstance(spec.engine, LaunchedEngineSpec) else ""
+        dtype_bytes = 4.0 if dtype in ("float32", "float") else 2.0
         need_gb, have_gb = arch.params_b * dtype_bytes, host_memory_gb()
         if have_gb is not None and need_gb > have_gb:
             return (
@@ -100,8 +92,7 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
                 f"weights take {cap.weights_gib_per_gpu:.1f} GiB per GPU and leave no room for the KV cache "
                 f"({gpu_memory_gb(spec):g} GB GPUs)"
             )
-        limit = getattr(spec.engine, "max_model_len", None) or getattr(spec.engine, "context_length", None)
-        needed = max(spec.workload.max_request_tokens(), limit or 0)
+        needed = max(spec.workload.max_request_tokens(), spec.engine.context_limit or 0)
         if cap.tokens < needed:
             return (
                 f"the KV cache holds {cap.tokens} tokens ({cap.kv_budget_gib_per_gpu:.1f} GiB per GPU at "
@@ -130,11 +121,11 @@ OUTPUT_TOKENS_PER_S = {"cpu": 250.0, "cuda": 3000.0}
 def estimate_seconds(spec: TrialSpec) -> float:
     """A rough duration of the trial: start-up plus each load point (scheduled time for rate
     and trace points, output tokens at a platform throughput for closed loops and bursts)."""
-    if spec.engine.name == "sleep":
-        return float(getattr(spec.engine, "seconds", 0.0))
+    if spec.engine.hold_s is not None:
+        return spec.engine.hold_s
     device = spec.platform.device
     w = spec.workload
-    total = STARTUP_S[device] if spec.engine.name != "external" else 0.0
+    total = STARTUP_S[device] if isinstance(spec.engine, LaunchedEngineSpec) else 0.0
     out_tokens = sum(c.output_tokens or 256 for c in w.classes.values()) / len(w.classes)
     turns = max(c.turns or 1 for c in w.classes.values())
     probes = [w.capacity.probe(w.capacity.start)] * w.capacity.max_probes if w.capacity else []
@@ -172,12 +163,13 @@ def trial_decode_floor(spec: TrialSpec, batch: int = 1, context_tokens: int = 0)
     if arch is None or hw is None:
         return None
     engine = spec.engine
-    quant = getattr(engine, "quantization", None)
-    kv_dtype = getattr(engine, "kv_cache_dtype", None)
+    launched = engine if isinstance(engine, LaunchedEngineSpec) else None
+    quant = launched.quantization if launched else None
+    kv_dtype = launched.kv_cache_dtype if launched else None
     if spec.platform.dtype in ("float32", "float", "fp32"):  # the CPU build runs fp32 weights and KV here
         if quant is None:
             arch = arch.model_copy(update={"weight_bytes_per_param": 4.0})
         if kv_dtype in (None, "auto"):
             kv_dtype = "float32"
-    tp = getattr(engine, "tensor_parallel_size", 1) or 1
+    tp = launched.tensor_parallel_size if launched else 1
     return decode_floor(arch, hw[0], hw[1], max(1, batch), context_tokens, tp=tp, kv_dtype=kv_dtype, quantization=quant)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from orchestrator.config.schema import TrialSpec
 
 # Fields that do not change what is measured: names, where the server listens, patience.
-_EXCLUDE = {
+_EXCLUDE: dict[str, Any] = {
     "experiment": True,
     "variant": True,
     "engine": {"host": True, "port": True, "startup_timeout_s": True, "python": True, "launch_prefix": True},

@@ -99,18 +99,57 @@ class RouterSpec(StrictModel):
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to the router's argv")
 
 
-class VLLMEngineSpec(StrictModel):
+class BaseEngineSpec(StrictModel):
+    """What every kind of trial's engine answers, whatever its fields (typed, no getattr)."""
+
+    @property
+    def num_gpus(self) -> int:
+        return 0
+
+    @property
+    def context_limit(self) -> int | None:
+        """The most tokens of one sequence the server takes, when configured."""
+        return None
+
+    @property
+    def hold_s(self) -> float | None:
+        """Seconds a trial holds its resources without a server (the sleep kind), else None."""
+        return None
+
+
+class LaunchedEngineSpec(BaseEngineSpec):
+    """The fields of every engine whose servers the trial starts (vLLM, SGLang)."""
+
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535, description="None picks a free port")
+    dtype: str = "auto"
+    tensor_parallel_size: PositiveInt = 1
+    kv_cache_dtype: str | None = None
+    quantization: str | None = None
+    disaggregation: DisaggregationSpec | None = None
+    reset_cache_between_points: bool = Field(default=False, description="empty the prefix cache before each point")
+    restart_between_points: bool = Field(default=False, description="a fresh server for every load point")
+    extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: PositiveFloat = 600.0
+    python: EnginePython = None
+    launch_prefix: LaunchPrefix = Field(default_factory=list)
+
+    @property
+    def gpu_memory_share(self) -> float:
+        """The share of each GPU's memory the engine takes: configured, else the engine's default."""
+        raise NotImplementedError
+
+
+class VLLMEngineSpec(LaunchedEngineSpec):
     """Server knobs of a vLLM trial. ``None`` means "leave vLLM's default"."""
 
     name: Literal["vllm"] = "vllm"
-    host: str = "127.0.0.1"
-    port: int | None = Field(default=None, ge=1, le=65535, description="None picks a free port")
     api_key_env: str | None = Field(
         default=None,
         description="name of an environment variable holding the "
         "server's API key (passed to vLLM as VLLM_API_KEY, never on argv)",
     )
-    dtype: str = "auto"
     max_model_len: PositiveInt | None = None
     block_size: PositiveInt | None = None
     max_num_batched_tokens: PositiveInt | None = None
@@ -119,13 +158,9 @@ class VLLMEngineSpec(StrictModel):
     enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    tensor_parallel_size: PositiveInt = 1
     pipeline_parallel_size: PositiveInt = 1
-    kv_cache_dtype: str | None = None
-    quantization: str | None = None
     speculative_config: dict[str, Any] | None = None
     kv_transfer_config: dict[str, Any] | None = Field(default=None, description="set by hand; P/D and LMCache set it")
-    disaggregation: DisaggregationSpec | None = None
     lmcache: LMCacheSpec | None = None
     router: RouterSpec | None = None
     reset_cache_between_points: bool = Field(
@@ -141,11 +176,6 @@ class VLLMEngineSpec(StrictModel):
         default=None, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on the CPU build"
     )
     cpu_omp_threads_bind: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND")
-    extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
-    env: dict[str, str] = Field(default_factory=dict)
-    startup_timeout_s: PositiveFloat = 600.0
-    python: EnginePython = None
-    launch_prefix: LaunchPrefix = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _extra_args_not_managed(self) -> VLLMEngineSpec:
@@ -177,16 +207,21 @@ class VLLMEngineSpec(StrictModel):
         replicas = self.router.replicas if self.router is not None else 1
         return replicas * self.tensor_parallel_size * self.pipeline_parallel_size
 
+    @property
+    def context_limit(self) -> int | None:
+        return self.max_model_len
 
-class SGLangEngineSpec(StrictModel):
+    @property
+    def gpu_memory_share(self) -> float:
+        return self.gpu_memory_utilization or 0.9  # vLLM's --gpu-memory-utilization default
+
+
+class SGLangEngineSpec(LaunchedEngineSpec):
     """Server knobs of an SGLang trial (``python -m sglang.launch_server``). ``None`` = SGLang's default."""
 
     name: Literal["sglang"] = "sglang"
-    host: str = "127.0.0.1"
-    port: int | None = Field(default=None, ge=1, le=65535, description="None picks a free port")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     context_length: PositiveInt | None = None
-    tensor_parallel_size: PositiveInt = 1
     chunked_prefill_size: int | None = Field(default=None, ge=-1, description="-1 disables chunked prefill")
     schedule_policy: Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "priority"] | None = None
     disable_radix_cache: bool = False
@@ -196,21 +231,14 @@ class SGLangEngineSpec(StrictModel):
     speculative_eagle_topk: PositiveInt | None = None
     speculative_num_draft_tokens: PositiveInt | None = None
     speculative_draft_model_path: str | None = None
-    quantization: str | None = None
     kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"] | None = None
     mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
     max_running_requests: PositiveInt | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: PositiveInt | None = None
     random_seed: int | None = None
-    disaggregation: DisaggregationSpec | None = None
     reset_cache_between_points: bool = Field(default=False, description="POST /flush_cache before each load point")
-    restart_between_points: bool = Field(default=False, description="a fresh server for every load point")
-    extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
-    env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: PositiveFloat = 900.0
-    python: EnginePython = None
-    launch_prefix: LaunchPrefix = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> SGLangEngineSpec:
@@ -250,8 +278,16 @@ class SGLangEngineSpec(StrictModel):
             return self.disaggregation.num_gpus
         return self.tensor_parallel_size
 
+    @property
+    def context_limit(self) -> int | None:
+        return self.context_length
 
-class ExternalEngineSpec(StrictModel):
+    @property
+    def gpu_memory_share(self) -> float:
+        return self.mem_fraction_static or 0.88  # SGLang's --mem-fraction-static default (one GPU)
+
+
+class ExternalEngineSpec(BaseEngineSpec):
     """A server that is already running (started by hand, by a platform team, behind a gateway).
 
     Nothing is launched; the trial measures ``url``. The API key, if any, is read from the
@@ -266,12 +302,8 @@ class ExternalEngineSpec(StrictModel):
     metrics: Literal["vllm", "none"] = Field(default="vllm", description="whose Prometheus names to read")
     startup_timeout_s: PositiveFloat = 60.0
 
-    @property
-    def num_gpus(self) -> int:
-        return 0
 
-
-class SleepEngineSpec(StrictModel):
+class SleepEngineSpec(BaseEngineSpec):
     """A trial that starts no server and only holds its resources for ``seconds``: cluster
     smoke tests (do GPUs get placed?) and the packing benchmark."""
 
@@ -282,6 +314,10 @@ class SleepEngineSpec(StrictModel):
     @property
     def num_gpus(self) -> int:
         return self.gpus
+
+    @property
+    def hold_s(self) -> float | None:
+        return self.seconds
 
 
 EngineSpec = Annotated[

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.engines import external, sglang, sleep, vllm
-from orchestrator.engines.base import EngineMetric, ServerLaunch
+from orchestrator.engines.base import EngineAdapter, EngineMetric, ServerLaunch
 from orchestrator.engines.external import ExternalServer
 from orchestrator.engines.process import ServerProcess, free_port, port_is_free
 
-# Each adapter module provides:
-#   launches(spec, model_path, port, next_port, workdir) -> [ServerLaunch, ...], the measured front last
-#   unsupported(spec) -> reason the platform cannot run it, or None (the trial is SKIPPED)
-#   cache_reset(spec) -> (method, path) to empty the prefix cache before each load point, or None
-#   metrics_for(spec) -> {neutral name: EngineMetric}, api_key(spec), version(spec)
-#   hold(spec) -> metrics: only for adapters whose launches() is empty (the sleep trial kind)
-ADAPTERS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "external": external, "sleep": sleep}
+# Each adapter module implements :class:`EngineAdapter` (checked by mypy: a module satisfies
+# a protocol when its functions do).
+ADAPTERS: dict[str, EngineAdapter] = {"vllm": vllm, "sglang": sglang, "external": external, "sleep": sleep}
 
 
 def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> ServerProcess | ExternalServer:
@@ -29,7 +24,7 @@ def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> Ser
     )
 
 
-def adapter_for(name: str) -> ModuleType:
+def adapter_for(name: str) -> EngineAdapter:
     try:
         return ADAPTERS[name]
     except KeyError:

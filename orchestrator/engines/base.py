@@ -6,9 +6,11 @@ neutral metric map; engine specifics stay in their adapter module.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
+from orchestrator.config.schema import TrialSpec
 from orchestrator.config.secrets import REDACTED, is_secret_name, redact_argv
 
 # "latency": a histogram in seconds whose buckets give the point's server-side percentiles
@@ -79,3 +81,38 @@ def opt(name: str, value: object) -> list[str]:
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
+
+
+class EngineAdapter(Protocol):
+    """What each engine module (``vllm``, ``sglang``, ``external``, ``sleep``) provides; the
+    rest of the orchestrator reaches an engine only through these (``engines.adapter_for``)."""
+
+    def launches(
+        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+    ) -> list[ServerLaunch]:
+        """The trial's servers, the measured front last (none: the trial holds, see ``hold``)."""
+        ...
+
+    def unsupported(self, spec: TrialSpec) -> str | None:
+        """Why this platform cannot run the trial (it is then SKIPPED), or None."""
+        ...
+
+    def cache_reset(self, spec: TrialSpec) -> tuple[str, str] | None:
+        """(method, path) that empties the prefix cache before each load point, or None."""
+        ...
+
+    def metrics_for(self, spec: TrialSpec) -> dict[str, EngineMetric]:
+        """The engine's Prometheus families under neutral names."""
+        ...
+
+    def api_key(self, spec: TrialSpec) -> str | None:
+        """The server's API key (from the environment; ConfigError when the variable is unset)."""
+        ...
+
+    def version(self, spec: TrialSpec) -> str:
+        """The engine's version where the trial's servers run."""
+        ...
+
+    def hold(self, spec: TrialSpec) -> dict[str, float] | None:
+        """A trial without a server does this instead and returns its metrics; None for engines."""
+        ...

@@ -80,7 +80,7 @@ def _cuda_platform_without_gpu() -> str:
             dist_backend = "nccl"
             device_control_env_var = "CUDA_VISIBLE_DEVICES"
 
-        platforms._current_platform = CudaWithoutDriver()
+        platforms._current_platform = CudaWithoutDriver()  # type: ignore[assignment]  # vLLM types it None until set
     return type(platforms.current_platform).__name__
 
 

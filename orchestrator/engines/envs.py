@@ -18,7 +18,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from orchestrator.config.schema import TrialSpec
+from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec, VLLMEngineSpec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "INFERENCE_LAB_ENGINES"
@@ -42,7 +42,10 @@ def environment(spec: TrialSpec) -> Path | None:
 
 
 def _configured(spec: TrialSpec) -> tuple[str | None, list[str]]:
-    return getattr(spec.engine, "python", None), [str(a) for a in getattr(spec.engine, "launch_prefix", [])]
+    engine = spec.engine
+    if not isinstance(engine, LaunchedEngineSpec):
+        return None, []
+    return engine.python, [str(a) for a in engine.launch_prefix]
 
 
 def interpreter(spec: TrialSpec) -> str:
@@ -86,7 +89,8 @@ def missing(spec: TrialSpec) -> str | None:
     env = environment(spec)
     router = engines_dir(spec) / ROUTER_ENVIRONMENT
     if (
-        getattr(spec.engine, "router", None) is not None
+        isinstance(spec.engine, VLLMEngineSpec)
+        and spec.engine.router is not None
         and spec.platform.device == "cuda"
         and not (router / "bin" / "python").exists()
     ):

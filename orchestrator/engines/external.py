@@ -118,3 +118,8 @@ class ExternalServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         return None
+
+
+def hold(spec: TrialSpec) -> dict[str, float] | None:
+    """Not a holding kind: the trial serves."""
+    return None

@@ -92,6 +92,7 @@ def build_env(spec: TrialSpec) -> dict[str, str]:
     env = {"SGLANG_DISABLE_REQUEST_LOGGING": "1", "DO_NOT_TRACK": "1"}
     if spec.model.source != "hub":
         env["HF_HUB_OFFLINE"] = "1"
+    assert isinstance(spec.engine, SGLangEngineSpec)
     env.update(spec.engine.env)
     return env
 
@@ -227,3 +228,8 @@ def api_key(spec: TrialSpec) -> str | None:
 
 def version(spec: TrialSpec) -> str:
     return envs.package_version(spec, "sglang")
+
+
+def hold(spec: TrialSpec) -> dict[str, float] | None:
+    """Not a holding kind: the trial serves."""
+    return None

@@ -116,7 +116,7 @@ def build_argv(
 
 def build_env(spec: TrialSpec) -> dict[str, str]:
     """Variables added to the server's environment."""
-    engine = spec.engine
+    engine = _engine(spec)
     env: dict[str, str] = {}
     if spec.platform.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
@@ -175,7 +175,7 @@ def launches(
     env = build_env(spec)
     head = envs.command(spec, SERVER_MODULE)
     # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
-    common = {
+    common: dict[str, Any] = {
         "host": engine.host,
         "startup_timeout_s": engine.startup_timeout_s,
         "fatal_log_markers": FATAL_LOG_MARKERS,
@@ -211,11 +211,11 @@ def launches(
                 **common,
             )
         ]
-    kv: dict[str, object] = {"kv_connector": pd.connector, "kv_role": "kv_both"}
+    pd_kv: dict[str, object] = {"kv_connector": pd.connector, "kv_role": "kv_both"}
     scratch: tuple[str, ...] = ()
     if pd.connector == "ExampleConnector":  # prefill writes each prompt's KV here, decode reads it
         scratch = (f"{workdir}/kv_store",)  # ~12 MB per 1000-token prompt of the tiny model: not kept
-        kv["kv_connector_extra_config"] = {"shared_storage_path": scratch[0]}
+        pd_kv["kv_connector_extra_config"] = {"shared_storage_path": scratch[0]}
     servers = []
     for name, tp, first in (("prefill", pd.prefill_tp, 0), ("decode", pd.decode_tp, pd.prefill_tp)):
         p = next_port()
@@ -225,7 +225,14 @@ def launches(
             # Each server's threads on their own cores (prefill first, decode next), not both on all.
             server_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(first + i) for i in range(tp))
         argv = build_argv(
-            engine, model_path, spec.model.name, p, head, tp=tp, kv_transfer_config=kv, tokenizer=spec.model.tokenizer
+            engine,
+            model_path,
+            spec.model.name,
+            p,
+            head,
+            tp=tp,
+            kv_transfer_config=pd_kv,
+            tokenizer=spec.model.tokenizer,
         )
         if name == "prefill" and pd.connector == "ExampleConnector":
             # The ExampleConnector saves a prompt's KV only when the prompt is scheduled whole: a
@@ -451,3 +458,8 @@ def api_key(spec: TrialSpec) -> str | None:
 def version(spec: TrialSpec) -> str:
     """The vLLM distribution where the trial's servers run (the GPU environment on GPUs)."""
     return envs.package_version(spec, "vllm", "vllm-cpu")
+
+
+def hold(spec: TrialSpec) -> dict[str, float] | None:
+    """Not a holding kind: the trial serves."""
+    return None

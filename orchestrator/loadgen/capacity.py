@@ -139,7 +139,8 @@ class CapacitySearch:
             return self._stop(f"the SLOs fail even at the lowest load searched ({self.low:g})")
         return self._snap(max(bad.value / self.growth, self.low))
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str) -> float | None:
+        """End the search with ``reason``; None, for ``next_value`` to return."""
         self.stop_reason = reason
         return None
 

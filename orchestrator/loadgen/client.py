@@ -179,8 +179,8 @@ async def stream_request(
         ) as resp:
             record.http_status = resp.status
             if resp.status != 200:
-                body = (await resp.text())[:500]
-                record.status, record.error = STATUS_ERROR, f"HTTP {resp.status}: {body}"
+                answer = (await resp.text())[:500]
+                record.status, record.error = STATUS_ERROR, f"HTTP {resp.status}: {answer}"
                 return record
             saw_done = False
             closing_s = None  # time of a skipped empty closing chunk (see below)

@@ -92,7 +92,7 @@ class ClientFleet:
             raise LoadError(f"client process {i} failed:\n{msg[1]}")
         if msg[0] != kind:
             raise LoadError(f"client process {i} sent '{msg[0]}', expected '{kind}'")
-        return msg
+        return tuple(msg)
 
     def run(
         self, plan: PointPlan, started: Callable[[], None] | None = None

@@ -71,7 +71,7 @@ class PromptFactory:
         return prompt
 
     def _fit(self, ids: list[int], n_tokens: int, rng: np.random.Generator) -> str:
-        text = self.tokenizer.decode(ids)
+        text = str(self.tokenizer.decode(ids))
         for _ in range(8):
             enc = self.encode(text)
             if len(enc) == n_tokens:
@@ -80,5 +80,5 @@ class PromptFactory:
                 enc = enc[:n_tokens]
             else:
                 enc = enc + list(self._ids[rng.integers(0, len(self._ids), n_tokens - len(enc))])
-            text = self.tokenizer.decode(enc)
+            text = str(self.tokenizer.decode(enc))
         return text

@@ -6,13 +6,15 @@ Points are fed forward: a generator of points is sent each point's result."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
-from orchestrator.loadgen.client import Endpoint, now, prewarm, stream_request
+from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, prewarm, stream_request
 from orchestrator.loadgen.fleet import ClientFleet
 from orchestrator.loadgen.plan import FOREGROUND_PLAN, RequestPlanner, Seed, plan_point, repeat_seed, stream_rng
 from orchestrator.loadgen.prompts import PromptFactory
@@ -81,7 +83,7 @@ def run_points(
                 runner.run(_warmup(endpoint, workload, planner, session, seed))
                 point, i = next(schedule, None), first_index
                 while point is not None:
-                    started = (lambda i=i, point=point: on_point_start(i, point)) if on_point_start else None
+                    started = functools.partial(on_point_start, i, point) if on_point_start else None
                     records, stats = _run_point(
                         runner, session, fleet, endpoint, workload, planner, seed, point, i, started
                     )
@@ -123,9 +125,7 @@ def _run_point(
             recs, st = fleet.run(plan, first)
         else:
             fg_rng = stream_rng(run_seed, i, FOREGROUND_PLAN + 100)
-            sender = PointSender(
-                plan, endpoint, workload, session, make_more=lambda rng=fg_rng: planner.foreground_batch(1, rng)[0]
-            )
+            sender = PointSender(plan, endpoint, workload, session, make_more=_more(planner, fg_rng))
             runner.run(prewarm(session, endpoint, prewarm_count(plan)))
             if first:
                 first()
@@ -134,3 +134,8 @@ def _run_point(
         records += recs
         stats.append(st)
     return records, worst_client_stats(stats)
+
+
+def _more(planner: RequestPlanner, rng: np.random.Generator) -> Callable[[], PlannedRequest]:
+    """Makes one more foreground request when a duration-bounded closed loop outruns its plan."""
+    return lambda: planner.foreground_batch(1, rng)[0]

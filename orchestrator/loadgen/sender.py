@@ -93,7 +93,7 @@ class PointSender:
         await stream_request(
             self.session, self.endpoint, req, rec, w.api, w.ignore_eos, w.request_timeout_s, w.usage_per_chunk, reply
         )
-        history = (("user", req.prompt),)
+        history: tuple[tuple[str, str], ...] = (("user", req.prompt),)
         for k, turn in enumerate(req.turns, start=1):
             if not rec.ok or reply is None:
                 return  # a failed turn ends its conversation

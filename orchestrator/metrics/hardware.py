@@ -23,7 +23,7 @@ def cpu_model() -> str:
 
 def gpu_names(indices: list[int]) -> list[str]:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         try:

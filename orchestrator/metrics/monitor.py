@@ -45,7 +45,7 @@ def tree_rss_bytes(pid: int) -> int:
 def gpu_used_bytes(device_indices: list[int]) -> int | None:
     """Device memory in use on the given GPUs via NVML; None where NVML is unavailable."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None
     try:

@@ -117,7 +117,7 @@ def llama_config(spec: TinyModelSpec, dtype: str) -> Any:
     """The ``transformers`` config of a tiny model of this shape."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(
+    return LlamaConfig(  # type: ignore[call-arg]  # transformers' stubs lack torch_dtype; the config takes it
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -143,7 +143,7 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: Path) -> None:
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]  # nn.Module.to(dtype) is typed for the device form only
     finally:
         torch.random.set_rng_state(generator_state)
     model.save_pretrained(str(out_dir), safe_serialization=True)
@@ -181,7 +181,7 @@ def quantize_model(base: Path, out_dir: Path, method: str) -> None:
         scheme = getattr(module, "quantization_scheme", None)
         if scheme is None or scheme.weights is None:
             continue
-        w, args = module.weight.detach().float(), scheme.weights
+        w, args = module.weight.detach().float(), scheme.weights  # type: ignore[operator]  # module attributes typed as Tensor | Module by torch
         if args.strategy == "group":
             grouped = w.unflatten(-1, (-1, args.group_size))
             lo, hi = grouped.amin(-1), grouped.amax(-1)
@@ -190,9 +190,9 @@ def quantize_model(base: Path, out_dir: Path, method: str) -> None:
         else:
             lo, hi = w.amin().reshape(1), w.amax().reshape(1)
         scale, zero_point = calculate_qparams(lo, hi, args)
-        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
+        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))  # type: ignore[operator]
         if hasattr(module, "weight_zero_point"):
-            module.weight_zero_point.data.copy_(zero_point.to(module.weight_zero_point.dtype))
+            module.weight_zero_point.data.copy_(zero_point.to(module.weight_zero_point.dtype))  # type: ignore[operator]
         module.quantization_status = QuantizationStatus.FROZEN
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
@@ -278,7 +278,7 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
         with torch.no_grad():
             for a, b in held:
                 prompt = torch.tensor([tok.encode(f"{a}+{b}=")])
-                out = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=2)
+                out = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=2)  # type: ignore[misc]  # transformers' generate() is typed for its mixin
                 correct += tok.decode(out[0, prompt.shape[1] :].tolist()).split("\n")[0] == str(a + b)
     finally:
         torch.set_num_threads(threads)

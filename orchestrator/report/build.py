@@ -147,9 +147,9 @@ def load_description(trials: list[TrialData]) -> list[str]:
                 if t.param(f"workload.classes.{cls}.rate") is not None
             }
         )
-        for rate, arrival in background:
+        for rate, process in background:
             out.append(
-                f"Class `{cls}` is background traffic: {arrival or 'poisson'} arrivals at {rate} req/s "
+                f"Class `{cls}` is background traffic: {process or 'poisson'} arrivals at {rate} req/s "
                 "during every point, whatever the point's setting."
             )
     return out

@@ -132,8 +132,8 @@ def parse_points_csv(text: str) -> list[Point]:
     header, out = rows[0], []
     for row in rows[1:]:
         values = dict(zip(header, row))
-        text = ("point", "label", "setting", "invalid_reasons")
-        metrics = {k: float(v) for k, v in values.items() if k not in text and v != ""}
+        words = ("point", "label", "setting", "invalid_reasons")
+        metrics = {k: float(v) for k, v in values.items() if k not in words and v != ""}
         out.append(
             Point(
                 int(values["point"]),

@@ -43,8 +43,9 @@ def load_axis(trials: list[TrialData]) -> tuple[str, Callable[[Point], float], l
     concurrency; returns (axis label, x of a point, tick positions, tick labels)."""
     points = [p for t in trials for p in t.points]
     kind = "rate" if any("rate" in p.setting for p in points) else "concurrency"
-    finite = sorted({p.x() for p in points if p.x() is not None and math.isfinite(p.x())})
-    inf_at = (finite[-1] * 1.6 if finite else 1.0) if any(p.x() == math.inf for p in points) else None
+    xs = [v for v in (p.x() for p in points) if v is not None]
+    finite = sorted({v for v in xs if math.isfinite(v)})
+    inf_at = (finite[-1] * 1.6 if finite else 1.0) if math.inf in xs else None
 
     def x(p: Point) -> float:
         v = p.x()
@@ -52,7 +53,7 @@ def load_axis(trials: list[TrialData]) -> tuple[str, Callable[[Point], float], l
             return float(p.index)
         return inf_at if v == math.inf and inf_at is not None else v
 
-    ticks = finite + ([inf_at] if inf_at is not None else [])
+    ticks: list[float] = finite + ([inf_at] if inf_at is not None else [])
     labels = [f"{v:g}" for v in finite] + (["inf"] if inf_at is not None else [])
     label = "offered request rate (req/s)" if kind == "rate" else "concurrency (streams)"
     return label, x, ticks, labels
@@ -72,14 +73,15 @@ def knee(trial: TrialData, ttft_factor: float = 2.0, rate_share: float = 0.7) ->
     scheduled (the server cannot keep up). None if the trial never saturates. A finite
     sweep's tail (the last requests finishing after the last arrival) costs qps ~10-20%, so
     the share is well below 1."""
-    pts = sorted((p for p in trial.points if p.x() is not None), key=lambda p: p.x())
+    pts = sorted((p for p in trial.points if p.x() is not None), key=lambda p: p.x() or 0.0)
     if not pts:
         return None
     base = _value(pts[0], "ttft_ms_p50")
     for p in pts:
         offered = _value(p, "schedule_rate")
         if not math.isfinite(offered):
-            offered = p.x() if "rate" in p.setting else math.nan
+            x = p.x()
+            offered = x if x is not None and "rate" in p.setting else math.nan
         if math.isfinite(offered) and _value(p, "qps") < rate_share * offered:
             return p
         if _value(p, "ttft_ms_p50") > ttft_factor * base:
@@ -263,8 +265,8 @@ def speculative_decoding(data: SweepData, out: Path) -> list[Path]:
     axes[0].set_ylim(0, 1.05)
     axes[0].set_title("acceptance vs k")
     for t in trials:
-        pts = sorted(t.points, key=lambda p: _value(p, "qps"))
-        axes[1].plot([_value(p, "qps") for p in pts], [_value(p, "tpot_ms_p50") for p in pts], "o-", label=t.name)
+        by_qps = sorted(t.points, key=lambda p: _value(p, "qps"))
+        axes[1].plot([_value(p, "qps") for p in by_qps], [_value(p, "tpot_ms_p50") for p in by_qps], "o-", label=t.name)
     axes[1].set_xlabel("achieved throughput (requests/s)")
     axes[1].set_ylabel("TPOT p50 (ms/token)")
     axes[1].set_title("latency vs QPS")
@@ -310,7 +312,7 @@ def quantization(data: SweepData, out: Path) -> list[Path]:
 
 def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
     """Points not dominated by another (less memory and more throughput), by memory."""
-    front = []
+    front: list[tuple[float, float, Any]] = []
     for p in sorted(points, key=lambda p: (p[0], -p[1])):
         if not front or p[1] > front[-1][1]:
             front.append(p)
@@ -344,7 +346,7 @@ def frontier(
 
 def _by_param(data: SweepData, out: Path, key: str, xlabel: str, name: str, title: str) -> list[Path]:
     plt = _plt()
-    trials = sorted((t for t in data.finished if t.num(key) is not None), key=lambda t: t.num(key))
+    trials = sorted((t for t in data.finished if t.num(key) is not None), key=lambda t: t.num(key) or 0.0)
     if not trials:
         return []
     labels = sorted({p.label for t in trials for p in t.points}, key=lambda s: (len(s), s))

@@ -227,8 +227,8 @@ def run_jobs(
     """
     import ray
 
-    remote = ray.remote(max_retries=0)(task)
-    group_remote = ray.remote(max_retries=0)(_run_group_task)
+    remote: Any = ray.remote(max_retries=0)(task)  # each returns its own ObjectRef type
+    group_remote: Any = ray.remote(max_retries=0)(_run_group_task)
     # Largest trials first (stable otherwise): small trials submitted ahead of a 4-GPU one
     # would take every GPU as it frees and starve it, stretching the sweep.
     queue = sorted(group_jobs(jobs, share_key), key=lambda unit: -unit[0].num_gpus)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ObjectiveSpec
@@ -48,7 +48,7 @@ def search_space(
                 raise ConfigError(f"{key}: the optuna sweeper searches lists of choices (a,b,c); got {o.input_line!r}")
             space[key] = [str(v) for v in o.sweep_string_iterator()]
         else:
-            fixed.append(o.input_line)
+            fixed.append(o.input_line or f"{key}={o.value()}")
     if not space:
         raise ConfigError(
             "hydra/sweeper=optuna: nothing to search; give choice lists (e.g. engine.block_size=32,64) "
@@ -72,7 +72,7 @@ def objective_of(config: Any) -> ObjectiveSpec:
         raise ConfigError(f"objective: {exc}") from None
 
 
-def targets(goal: ObjectiveSpec, multi: bool) -> list[tuple[str, str]]:
+def targets(goal: ObjectiveSpec, multi: bool) -> list[tuple[str, Literal["maximize", "minimize"]]]:
     """(metric, direction) pairs the study optimises."""
     if not multi:
         return [(goal.key, "maximize" if goal.maximize else "minimize")]
@@ -133,7 +133,9 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
         results = launcher.launch(overrides, initial_job_idx=job_idx)
         job_idx += len(overrides)
         for trial, ret in zip(asked, results):
-            outcome = ret.return_value if isinstance(ret.return_value, dict) else {"status": str(ret.return_value)}
+            outcome: dict[str, Any] = (
+                ret.return_value if isinstance(ret.return_value, dict) else {"status": str(ret.return_value)}
+            )
             values = outcome.get("values") or {}
             trial.set_user_attr("status", outcome.get("status"))
             trial.set_user_attr("trial_hash", outcome.get("trial_hash"))

@@ -21,7 +21,7 @@ from typing import Any
 
 from orchestrator.config.errors import OrchestratorError
 from orchestrator.config.logs import Progress, print_progress
-from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.config.schema import LaunchedEngineSpec, ObjectiveSpec
 from orchestrator.config.secrets import redact_override
 from orchestrator.feasibility import assess, estimate_seconds
 from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
@@ -115,7 +115,7 @@ def plan_summary(jobs: list[TrialJob], lines: list[dict[str, Any]], history: dic
         wall_s = max(gpu_s / gpus, max(est.values()))
     elif cap and cap > 1:
         wall_s = serial_s / cap
-    launched = [job for job, _ in feasible if job.spec.engine.name in ("vllm", "sglang")]  # not sleep/external
+    launched = [job for job, _ in feasible if isinstance(job.spec.engine, LaunchedEngineSpec)]  # not sleep/external
     keys = [_share_key(job) if job.settings.reuse_servers else None for job in launched]
     starts = len({k for k in keys if k is not None}) + sum(k is None for k in keys)
     return {

@@ -4,7 +4,6 @@ one found infeasible before it was submitted (:func:`skipped_result`)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -72,9 +71,7 @@ def check_inputs(spec: TrialSpec) -> list[str]:
         resolve_model(spec.model)  # a ConfigError naming model.path when it is not a model folder
     if spec.model.tokenizer and not Path(spec.model.tokenizer).expanduser().exists() and spec.model.source != "hub":
         raise ConfigError(f"model.tokenizer: '{spec.model.tokenizer}' does not exist")
-    key_env = getattr(spec.engine, "api_key_env", None)
-    if key_env and not os.environ.get(key_env):
-        raise ConfigError(f"engine.api_key_env: environment variable {key_env} is not set")
+    adapter_for(spec.engine.name).api_key(spec)  # a ConfigError naming engine.api_key_env when it is not set
     for name, c in spec.workload.classes.items():
         if c.dataset == "sharegpt" and c.path:
             try:

@@ -6,6 +6,7 @@ result. ``run_trial`` never raises for a trial-level failure and never talks to 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -16,7 +17,7 @@ from typing import Any
 from orchestrator.config.errors import ConfigError, InfeasibleConfigError, ServerCrashedError, TrialError
 from orchestrator.config.hashing import trial_hash
 from orchestrator.config.logs import Progress, print_progress
-from orchestrator.config.schema import LoadPointSpec, TrialSpec
+from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialSpec
 from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
 from orchestrator.engines import adapter_for
 from orchestrator.evaluation import run_eval
@@ -26,7 +27,7 @@ from orchestrator.loadgen.preflight import preflight
 from orchestrator.metrics import hardware
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
-from orchestrator.metrics.result import PointResult, TrialResult, save_result
+from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, save_result
 from orchestrator.models import resolve_model, resolve_tokenizer
 from orchestrator.trial.capacity import CapacityProbes, Schedule
 from orchestrator.trial.plan import check_feasible
@@ -90,13 +91,14 @@ class TrialRun:
         running, owned by another trial of the group) only run the load points."""
         spec = self.spec
         check_feasible(spec, self.gpu_ids)
-        if hasattr(self.adapter, "hold"):  # a trial kind without a server (sleep)
-            self.held = self.adapter.hold(spec)
+        held = self.adapter.hold(spec)  # a trial kind without a server (sleep)
+        if held is not None:
+            self.held = held
             return
         model_path = self.model_path = resolve_model(spec.model)
         factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
         n = len(spec.workload.load_points)
-        restart = bool(getattr(spec.engine, "restart_between_points", False))
+        restart = isinstance(spec.engine, LaunchedEngineSpec) and spec.engine.restart_between_points
         if shared is not None:
             self._run_on(shared, factory, 0, n)
         else:  # cold vs warm across a restart (LMCache's disk tier survives it): a fresh server per point
@@ -259,7 +261,7 @@ class TrialRun:
         done, total = len(self.points), len(self.spec.workload.load_points)
         save_result(self.result("FAILED", f"interrupted after {done} of {total} load points"), self.workdir)
 
-    def result(self, status: str, error: str | None) -> TrialResult:
+    def result(self, status: TrialStatus, error: str | None) -> TrialResult:
         capacity_metrics, capacity = self.capacity.outcome() if self.capacity else ({}, {})
         metrics = dict(self.held)
         if self.measuring:
@@ -319,6 +321,8 @@ def run_trial(
 
 def outcome(run: TrialRun, body: Callable[[], None]) -> TrialResult:
     """Run ``body`` and turn how it ended into the trial's result."""
+    status: TrialStatus
+    error: str | None
     try:
         body()
         status, error = "FINISHED", None
@@ -334,7 +338,7 @@ def outcome(run: TrialRun, body: Callable[[], None]) -> TrialResult:
 
 
 def run_trial_group(
-    items: list[tuple[TrialSpec, str | os.PathLike[str], list[str]]],
+    items: Sequence[tuple[TrialSpec, str | os.PathLike[str], list[str]]],
     gpu_ids: list[int] | None = None,
     progress: Progress = print_progress,
 ) -> list[TrialResult]:
@@ -356,7 +360,7 @@ def run_trial_group(
                     run.say(f"on the running server of [{lead.label}] (server start saved)")
                     reset_caches(group, between_trials)
                     run.base["servers"] = lead.base.get("servers", [])
-                results.append(outcome(run, lambda run=run: run.measure(group)))
+                results.append(outcome(run, functools.partial(run.measure, group)))
                 save_result(results[-1], run.workdir)  # final on disk now, not when the whole group ends
                 if run.crash is not None:
                     break
@@ -365,7 +369,7 @@ def run_trial_group(
             raise
         # the shared server never came up: the same happens to every trial of the group
         error = f"{type(exc).__name__}: {exc}"
-        status = "SKIPPED" if isinstance(exc, InfeasibleConfigError) else "FAILED"
+        status: TrialStatus = "SKIPPED" if isinstance(exc, InfeasibleConfigError) else "FAILED"
         lead.say(f"{status} (and the {len(runs) - 1} trial(s) sharing its server): {error.splitlines()[0]}")
         return [run.result(status, error) for run in runs]
     for run in runs[len(results) :]:

@@ -13,13 +13,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from orchestrator.config.errors import TrialError
 from orchestrator.config.logs import Progress
-from orchestrator.config.schema import SGLangEngineSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec
 from orchestrator.engines import (
+    EngineAdapter,
     ExternalServer,
     ServerLaunch,
     ServerProcess,
@@ -35,21 +35,21 @@ def port_for(spec: TrialSpec, pick_free: bool = True) -> int:
     """The configured port, else a free one for engines we launch (0 for external servers, or
     when ``pick_free`` is off: a plan binds nothing)."""
     engine = spec.engine
-    if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and engine.port:
+    if isinstance(engine, LaunchedEngineSpec) and engine.port:
         if pick_free and not port_is_free(engine.host, engine.port):
             raise TrialError(
                 f"engine.port: {engine.host}:{engine.port} is already in use (another server?); "
                 "choose another port, or leave engine.port null to get a free one"
             )
         return engine.port
-    if isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) and pick_free:
+    if isinstance(engine, LaunchedEngineSpec) and pick_free:
         return free_port(engine.host)
     return 0
 
 
 def port_picker(spec: TrialSpec, taken: set[int]) -> Callable[[], int]:
     """Free ports for a trial's other servers (P/D, side channels), never the same one twice."""
-    host = getattr(spec.engine, "host", "127.0.0.1")
+    host = spec.engine.host if isinstance(spec.engine, LaunchedEngineSpec) else "127.0.0.1"
 
     def pick() -> int:
         for _ in range(100):
@@ -143,7 +143,7 @@ class ServerGroup:
 
 def start_servers(
     stack: contextlib.ExitStack,
-    adapter: ModuleType,
+    adapter: EngineAdapter,
     spec: TrialSpec,
     model_path: str,
     workdir: Path,
@@ -157,7 +157,7 @@ def start_servers(
     server's own (0 for an external one), several: until all are up."""
     port = port_for(spec)
     launches = adapter.launches(spec, model_path, port, port_picker(spec, {port}), str(workdir))
-    servers = []
+    servers: list[ServerProcess | ExternalServer] = []
     t0 = time.monotonic()
     healthy_after = 0.0
     for launch in launches:
@@ -167,7 +167,8 @@ def start_servers(
             stack.callback(shutil.rmtree, folder, True)
         log_path = log_name(launch.name, len(launches) > 1)
         progress(f"starting {spec.engine.name} {launch.name} on {launch.base_url}")
-        server = stack.enter_context(server_for(launch, server_env(launch, gpu_ids), log_path))
+        server = server_for(launch, server_env(launch, gpu_ids), log_path)
+        stack.enter_context(server)
         healthy_after = server.wait_healthy(launch.startup_timeout_s)
         servers.append(server)
     return ServerGroup(launches, servers), healthy_after if len(launches) == 1 else time.monotonic() - t0
@@ -197,7 +198,7 @@ def reset_caches(group: ServerGroup, how: tuple[str, str] | None) -> None:
 def shared_server_spec(spec: TrialSpec) -> TrialSpec:
     """The spec a shared server is started from: with the prefix-cache reset endpoint on, so
     that each trial of the group starts on an empty cache."""
-    if hasattr(spec.engine, "reset_cache_between_points"):
+    if isinstance(spec.engine, LaunchedEngineSpec):
         return spec.model_copy(update={"engine": spec.engine.model_copy(update={"reset_cache_between_points": True})})
     return spec
 
@@ -207,7 +208,7 @@ def server_key(spec: TrialSpec) -> str | None:
     or None when its servers cannot be shared: trials with the same key differ only in
     workload/load settings and can run one after the other on one server start."""
     engine = spec.engine
-    if not isinstance(engine, (VLLMEngineSpec, SGLangEngineSpec)) or engine.restart_between_points:
+    if not isinstance(engine, LaunchedEngineSpec) or engine.restart_between_points:
         return None
     launches = planned_launches(shared_server_spec(spec))
     ident = {
