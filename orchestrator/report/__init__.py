@@ -4,7 +4,7 @@ python -m orchestrator.report experiment=chunked_prefill      # latest sweep, fr
 """
 
 from orchestrator.report.build import best_configuration, build_report, summary_markdown
-from orchestrator.report.data import SweepData, TrialData, from_mlflow, from_results
+from orchestrator.tracking.runs import SweepData, TrialData, from_mlflow, from_results
 
 __all__ = [
     "SweepData",

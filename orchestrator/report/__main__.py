@@ -46,12 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     files = build_report(data, out, float(args.get("delta", 0.01)))
     for f in files:
         print(f"wrote {f}")
-    if args.get("log", "false").lower() in ("1", "true", "yes"):
-        from mlflow.tracking import MlflowClient
+    if args.get("log", "false").lower() in ("1", "true", "yes") and data.sweep_run_id:
+        from orchestrator.tracking.runs import attach_report
 
-        client = MlflowClient(tracking_uri=uri)
-        for f in files:
-            client.log_artifact(data.sweep_run_id, str(f), "report")
+        attach_report(uri, data.sweep_run_id, files)
         print(f"logged {len(files)} file(s) to run {data.sweep_run_id} under report/")
     return 0
 

@@ -9,9 +9,10 @@ import math
 import re
 from pathlib import Path
 
-from orchestrator.report.data import SweepData, TrialData
+from orchestrator.objective import value_of
 from orchestrator.report.plots import LAB_PLOTS, frontier, generic
-from orchestrator.report.verdict import decide, knob_effects, value_of
+from orchestrator.report.verdict import decide, knob_effects
+from orchestrator.tracking.runs import SweepData, TrialData
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.report.data import Point, SweepData, TrialData
+from orchestrator.tracking.runs import Point, SweepData, TrialData
 
 Builder = Callable[[SweepData, Path], list[Path]]
 

@@ -9,18 +9,11 @@ are called a tie, not a loss. Without repeats the verdict says that noise was no
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.report.data import Point, TrialData
-
-
-@dataclass
-class Value:
-    value: float
-    ci95: float | None
-    where: str  # "trial", "knob" or a point label
+from orchestrator.objective import Value, check_constraint, constraint_text, fixed_points, show, value_of
+from orchestrator.tracking.runs import TrialData
 
 
 @dataclass
@@ -37,76 +30,6 @@ class Verdict:
         return self.lines[0] if self.lines else ""
 
 
-def fixed_points(t: TrialData) -> list[Point]:
-    return [p for p in t.points if "slo_met" not in p.metrics]
-
-
-def value_of(t: TrialData, key: str, at: str | None = None) -> Value | None:
-    """A trial's value of ``key``: its own metric, else a knob, else the metric at a point."""
-    if at is None and key in t.metrics and math.isfinite(t.metrics[key]):
-        return Value(t.metrics[key], t.metrics.get(f"{key}_ci95"), "trial")
-    if "." in key and "/" not in key:
-        knob = t.num(key)
-        return Value(knob, None, "knob") if knob is not None else None
-    points = fixed_points(t)
-    point = next((p for p in points if p.label == at), None) if at else (points[-1] if points else None)
-    if point is None or key not in point.metrics or not math.isfinite(point.metrics[key]):
-        return None
-    return Value(point.metrics[key], point.metrics.get(f"{key}_ci95"), point.label)
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
-
-
-def _show(v: Value) -> str:
-    return _fmt(v.value) + (f" ± {_fmt(v.ci95)}" if v.ci95 else "")
-
-
-def _check(
-    t: TrialData, key: str, bound: object, objective: ObjectiveSpec, trials: list[TrialData]
-) -> tuple[bool, str]:
-    """Does ``t`` meet one constraint? Returns (ok, "<key> <value>[, needs <= limit]")."""
-    lo: float | None = None
-    hi: float | None = None
-    if isinstance(bound, str):  # base-D: at least the first measured trial's value minus D
-        base = next((v for b in trials if (v := value_of(b, key, objective.at)) is not None), None)
-        if base is None:
-            return False, f"{key} not measured in any trial"
-        lo = base.value - float(bound.split("-", 1)[1])
-    elif isinstance(bound, dict):
-        lo, hi = bound.get("min"), bound.get("max")
-    else:
-        hi = float(bound)  # type: ignore[arg-type]
-    v = value_of(t, key, objective.at)
-    if v is None:
-        return False, f"{key} not measured"
-    if lo is not None and v.value < lo:
-        return False, f"{key} {_show(v)}, needs >= {_fmt(lo)}"
-    if hi is not None and v.value > hi:
-        return False, f"{key} {_show(v)}, needs <= {_fmt(hi)}"
-    return True, f"{key} {_show(v)}"
-
-
-def constraints_hold(t: TrialData, objective: ObjectiveSpec, trials: list[TrialData]) -> tuple[bool, str]:
-    """Whether ``t`` meets every constraint of ``objective`` (``base-D`` against ``trials``)."""
-    checks = [_check(t, k, b, objective, trials) for k, b in objective.subject_to.items()]
-    failed = [why for ok, why in checks if not ok]
-    return not failed, "; ".join(failed)
-
-
-def constraint_text(objective: ObjectiveSpec) -> str:
-    parts = []
-    for key, bound in objective.subject_to.items():
-        if isinstance(bound, str):
-            parts.append(f"{key} >= first trial's - {bound[5:]}")
-        elif isinstance(bound, dict):
-            parts += [f"{key} {'>=' if k == 'min' else '<='} {_fmt(v)}" for k, v in bound.items()]
-        else:
-            parts.append(f"{key} <= {_fmt(float(bound))}")
-    return ", ".join(parts)
-
-
 def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
     """The verdict over the finished trials (in sweep order)."""
     key, sign = objective.key, (1.0 if objective.maximize else -1.0)
@@ -117,7 +40,7 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
     verdict = Verdict(objective, None)
     scored: list[tuple[TrialData, Value]] = []
     for t in trials:
-        checks = [_check(t, k, b, objective, trials) for k, b in objective.subject_to.items()]
+        checks = [check_constraint(t, k, b, objective, trials) for k, b in objective.subject_to.items()]
         failed = [why for ok, why in checks if not ok]
         v = value_of(t, key, objective.at)
         if v is None:
@@ -142,14 +65,14 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
         cons = {
             k: value_of(t, k, objective.at) for k in dict.fromkeys([*objective.subject_to, *objective.show]) if k != key
         }
-        return ", ".join(f"{k} {_show(v)}" for k, v in cons.items() if v is not None)
+        return ", ".join(f"{k} {show(v)}" for k, v in cons.items() if v is not None)
 
     extra = quoted(best)
-    head = f"**Verdict:** {best.name}: {key} {_show(bv)}" + (f" ({extra})" if extra else "") + f"; objective: {goal}."
+    head = f"**Verdict:** {best.name}: {key} {show(bv)}" + (f" ({extra})" if extra else "") + f"; objective: {goal}."
     if verdict.ties:
         head += (
             " Tied within the 95% intervals: "
-            + ", ".join(f"{t.name} ({_show(value_of(t, key, objective.at))})" for t in verdict.ties)  # type: ignore[arg-type]
+            + ", ".join(f"{t.name} ({show(value_of(t, key, objective.at))})" for t in verdict.ties)  # type: ignore[arg-type]
             + "; the data cannot tell them apart."
         )
     elif bv.where != "knob" and bv.ci95 is None and len(scored) > 1:
@@ -159,7 +82,7 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
     if others:
         verdict.lines.append(
             "Also meeting the constraints: "
-            + "; ".join(f"{t.name} {key} {_show(v)}" + (f" ({q})" if (q := quoted(t)) else "") for t, v in others)
+            + "; ".join(f"{t.name} {key} {show(v)}" + (f" ({q})" if (q := quoted(t)) else "") for t, v in others)
             + "."
         )
     flagged = [t.name for t, v in scored if _read_at_invalid_point(t, v)]
@@ -198,7 +121,7 @@ def knob_effects(trials: list[TrialData], varied: list[str], objective: Objectiv
             "|" + "---|" * (2 + len(keys)),
         ]
         for t in rows:
-            cells = [(lambda v: _show(v) if v else "")(value_of(t, k, objective.at)) for k in keys]
+            cells = [(lambda v: show(v) if v else "")(value_of(t, k, objective.at)) for k in keys]
             out.append("| " + " | ".join([str(t.param(knob)), t.name, *cells]) + " |")
         out.append("")
     return out

@@ -77,8 +77,8 @@ def trial_outcomes(jobs: list[Any], results: list[Any]) -> list[dict[str, Any]]:
     declares an objective, ``values`` ({metric: value} of the objective and its frontier's
     metrics) and ``feasible`` (its constraints hold; ``why`` not). A trial FINISHED in an
     earlier sweep (resume) is read back from MLflow: a search is told its numbers again."""
-    from orchestrator.report.data import finished_trials, from_results
-    from orchestrator.report.verdict import constraints_hold, value_of
+    from orchestrator.objective import constraints_hold, value_of
+    from orchestrator.tracking.runs import finished_trial_data, from_results
 
     settings = jobs[0].settings if jobs else None
     by_hash = {r.trial_hash: r for r in results}
@@ -87,7 +87,7 @@ def trial_outcomes(jobs: list[Any], results: list[Any]) -> list[dict[str, Any]]:
     if missing and settings is not None and settings.tracking.enabled and not settings.dry_run:
         try:
             data.update(
-                finished_trials(
+                finished_trial_data(
                     settings.tracking.uri, settings.tracking.experiment_name or jobs[0].spec.experiment, missing
                 )
             )

@@ -140,10 +140,10 @@ def _history(jobs: list[TrialJob]) -> dict[str, float]:
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
         return {}  # a dry run creates no store
     try:
-        from mlflow.tracking import MlflowClient
+        from orchestrator.tracking.runs import experiment_exists
 
         name = settings.tracking.experiment_name or jobs[0].spec.experiment
-        if MlflowClient(tracking_uri=uri).get_experiment_by_name(name) is None:
+        if not experiment_exists(uri, name):
             return {}
         return MlflowTracker(uri, name).finished_durations(j.trial_hash for j in jobs)
     except Exception as exc:  # a plan without history is still a plan
@@ -360,7 +360,7 @@ def _already_finished(
     if not resume or tracker is None:
         return {}
     try:
-        done = tracker.finished_trials(j.trial_hash for j in jobs)
+        done = tracker.finished_run_ids(j.trial_hash for j in jobs)
     except Exception as exc:  # cannot tell: run everything rather than guess
         progress(f"warning: could not look up finished trials in MLflow ({exc}); running every trial")
         return {}

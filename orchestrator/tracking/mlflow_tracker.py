@@ -86,7 +86,7 @@ class MlflowTracker:
                 found.setdefault(h, run)
         return found
 
-    def finished_trials(self, hashes: Iterable[str]) -> dict[str, str]:
+    def finished_run_ids(self, hashes: Iterable[str]) -> dict[str, str]:
         """trial hash -> run id of a FINISHED trial run already in this experiment (for resume)."""
         return {h: run.info.run_id for h, run in self._finished_runs(hashes).items()}
 

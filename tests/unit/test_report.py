@@ -10,8 +10,8 @@ import pytest
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult
 from orchestrator.report import best_configuration, build_report, from_mlflow, from_results
-from orchestrator.report.data import Point, TrialData
 from orchestrator.report.plots import knee, pareto
+from orchestrator.tracking.runs import Point, TrialData
 
 
 def _result(variant, engine, points, metrics=None, records=b"", workload=None):
@@ -231,8 +231,8 @@ def _trial(name, budget, points, metrics=None):
 
 def test_verdict_smallest_budget_within_the_long_prompt_slo(tmp_path):
     from orchestrator.config.schema import ObjectiveSpec
-    from orchestrator.report.data import SweepData
     from orchestrator.report.verdict import decide
+    from orchestrator.tracking.runs import SweepData
 
     objective = ObjectiveSpec.model_validate(
         {

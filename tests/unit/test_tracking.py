@@ -103,7 +103,7 @@ def test_finished_trials_for_resume_and_plans(tmp_path, store):
     failed = result("FAILED", "boom").model_copy(update={"trial_hash": "def456"})
     fail_dir = save_result(failed, tmp_path / "t1")
     tracker.log_trial(load_result(fail_dir), fail_dir)
-    assert set(tracker.finished_trials(["abc123", "def456", "nope"])) == {"abc123"}  # failed ones run again
+    assert set(tracker.finished_run_ids(["abc123", "def456", "nope"])) == {"abc123"}  # failed ones run again
     durations = tracker.finished_durations(["abc123", "def456"])
     assert list(durations) == ["abc123"] and durations["abc123"] == pytest.approx(5.0, abs=0.01)
 

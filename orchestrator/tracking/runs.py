@@ -1,5 +1,9 @@
-"""What a report is made of: a sweep's trials with their parameters, per-point metrics and
-(on demand) raw records, from the driver's results or from MLflow alone."""
+"""Every read of the MLflow store, and the one place that knows its run layout (tags such as
+``trial_hash`` / ``trial_status`` / ``sweep_run_id``, the ``points.csv`` and
+``records.parquet`` artifacts, the parent run's ``report/``): a sweep's trials with their
+parameters, per-point metrics and (on demand) raw records, from the driver's results or from
+MLflow alone (:func:`from_results`, :func:`from_mlflow`), finished trials read back for a
+search (:func:`finished_trial_data`). :class:`~orchestrator.tracking.MlflowTracker` writes."""
 
 from __future__ import annotations
 
@@ -217,7 +221,7 @@ def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
     )
 
 
-def finished_trials(uri: str, experiment: str, hashes: list[str]) -> dict[str, TrialData]:
+def finished_trial_data(uri: str, experiment: str, hashes: list[str]) -> dict[str, TrialData]:
     """The newest FINISHED trial run of each trial hash in ``hashes`` (a search feeds these
     back instead of measuring them again)."""
     from mlflow.tracking import MlflowClient
@@ -238,3 +242,20 @@ def finished_trials(uri: str, experiment: str, hashes: list[str]) -> dict[str, T
             if runs:
                 out[h] = _trial_of_run(client, runs[0], tmp)
     return out
+
+
+def experiment_exists(uri: str, experiment: str) -> bool:
+    """Whether the store at ``uri`` has an experiment of that name (a plan's history)."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment) is not None
+
+
+def attach_report(uri: str, sweep_run_id: str, files: list[Path]) -> None:
+    """Log a rebuilt report's files to the sweep's parent run, under ``report/`` (where the
+    sweep logs its own)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    for f in files:
+        client.log_artifact(sweep_run_id, str(f), "report")
