@@ -68,11 +68,18 @@ def command(spec: TrialSpec, module: str) -> list[str]:
 ROUTER_ENVIRONMENT = "sglang-gpu"  # the SGLang router (PyPI sglang-router) lives with SGLang
 
 
-def router_command(spec: TrialSpec, module: str) -> list[str]:
-    """The SGLang router's interpreter: SGLang's GPU environment on GPUs (whatever the engine
-    behind it), this one on the CPU (sglang-router is in the project's cpu extra)."""
+def helper_command(spec: TrialSpec, module: str, environment_name: str) -> list[str]:
+    """The argv head of a helper process (a router) whose package lives in the GPU environment
+    ``environment_name``. One rule for every helper: when that is the engine's own environment,
+    the helper runs exactly as the engine's servers do (:func:`command`: launch prefix,
+    configured interpreter); otherwise it runs in that environment on GPUs, and in this one on
+    the CPU (the project's cpu extra has what it needs), never behind the engine's launch
+    prefix, whose container does not hold it. Our own proxy is not a helper of this kind: it
+    is orchestrator code and runs with this interpreter."""
+    if ENVIRONMENTS.get(spec.engine.name) == environment_name:
+        return command(spec, module)
     if spec.platform.device == "cuda":
-        return [str(engines_dir(spec) / ROUTER_ENVIRONMENT / "bin" / "python"), "-m", module]
+        return [str(engines_dir(spec) / environment_name / "bin" / "python"), "-m", module]
     return [sys.executable, "-m", module]
 
 

@@ -185,7 +185,7 @@ def launches(
         startup_timeout_s=120.0,
         gpus=(),
         argv=[
-            *envs.command(spec, ROUTER_MODULE),
+            *envs.helper_command(spec, ROUTER_MODULE, envs.ROUTER_ENVIRONMENT),
             "--pd-disaggregation",
             "--prefill",
             prefill.base_url,

@@ -317,7 +317,7 @@ def _replicas_behind_router(
         gpus=(),
         metrics_path="",
         argv=[
-            *envs.router_command(spec, ROUTER_MODULE),
+            *envs.helper_command(spec, ROUTER_MODULE, envs.ROUTER_ENVIRONMENT),
             "--worker-urls",
             *(r.base_url for r in replicas),
             "--policy",

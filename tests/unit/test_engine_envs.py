@@ -174,3 +174,31 @@ def test_a_prefix_with_its_own_dash_m_is_not_mistaken_for_the_module(compose):
     (launch,) = _launches(spec)
     (check,) = checks_for(launch)
     assert check.kind == "vllm" and check.payload["argv"][:2] == ["--model", "/m"]
+
+
+def test_one_rule_for_routers_in_front_of_either_engine(compose, tmp_path):
+    """A router runs like the engine's servers when its package is in the engine's environment
+    (SGLang's P/D router: behind SGLang's launch prefix too), else in its own environment and
+    never behind the engine's prefix (vLLM's container has no sglang-router)."""
+    prefix = "engine.launch_prefix=[apptainer,exec,--nv,x.sif]"
+    spec, _ = to_specs(
+        compose(
+            [
+                "platform=gpu",
+                "engine=sglang",
+                f"platform.engine_envs={tmp_path}",
+                prefix,
+                "engine.disaggregation={connector:mooncake}",
+            ]
+        )
+    )
+    *_, router = _launches(spec)
+    assert router.argv[:6] == ["apptainer", "exec", "--nv", "x.sif", "python3", "-m"]
+    spec, _ = to_specs(
+        compose(["platform=gpu", f"platform.engine_envs={tmp_path}", prefix, "engine.router={replicas:2}"])
+    )
+    *replicas, router = _launches(spec)
+    assert replicas[0].argv[:4] == ["apptainer", "exec", "--nv", "x.sif"]
+    assert router.argv[:2] == [str(tmp_path / "sglang-gpu" / "bin" / "python"), "-m"]
+    spec, _ = to_specs(compose([f"platform.engine_envs={tmp_path}", "engine.router={replicas:2}"]))  # CPU
+    assert _launches(spec)[-1].argv[0] == sys.executable
