@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     files = build_report(data, out, float(args.get("delta", 0.01)))
     for f in files:
         print(f"wrote {f}")
-    if args.get("log", "false").lower() in ("1", "true", "yes") and data.sweep_run_id:
+    if args.get("log", "false").lower() in ("1", "true", "yes"):
+        if not data.sweep_run_id:
+            print("error: log=true: this report has no sweep run to log to", file=sys.stderr)
+            return 2
         from orchestrator.tracking.runs import attach_report
 
         attach_report(uri, data.sweep_run_id, files)

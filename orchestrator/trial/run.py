@@ -19,7 +19,7 @@ from orchestrator.config.hashing import trial_hash
 from orchestrator.config.logs import Progress, print_progress
 from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialSpec
 from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
-from orchestrator.engines import adapter_for
+from orchestrator.engines import ServerLaunch, adapter_for
 from orchestrator.evaluation import run_eval
 from orchestrator.feasibility import trial_decode_floor
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
@@ -128,10 +128,12 @@ class TrialRun:
             self.server_logs.append((server + ("" if start_no is None else f" (start {start_no})"), path))
             return path
 
+        def described(launches: list[ServerLaunch]) -> None:
+            self.base["servers"] = describe_servers(launches, self.gpu_ids)
+
         group, startup = start_servers(
-            stack, self.adapter, spec, model_path, self.workdir, self.gpu_ids, log_name, self.say
+            stack, self.adapter, spec, model_path, self.workdir, self.gpu_ids, log_name, self.say, described
         )
-        self.base["servers"] = describe_servers(group.launches, self.gpu_ids)
         self.starts.append(startup)
         self.say(f"server healthy after {startup:.1f}s")
         return group

@@ -150,6 +150,7 @@ def start_servers(
     gpu_ids: list[int],
     log_name: Callable[[str, bool], Path],
     progress: Progress,
+    planned: Callable[[list[ServerLaunch]], None] = lambda launches: None,
 ) -> tuple[ServerGroup, float]:
     """Start the servers of ``spec`` one after the other, each healthy before the next; they are
     stopped when ``stack`` closes (their scratch folders removed after). ``log_name(server,
@@ -157,6 +158,7 @@ def start_servers(
     server's own (0 for an external one), several: until all are up."""
     port = port_for(spec)
     launches = adapter.launches(spec, model_path, port, port_picker(spec, {port}), str(workdir))
+    planned(launches)  # described before anything starts: a server that never comes up is still on record
     servers: list[ServerProcess | ExternalServer] = []
     t0 = time.monotonic()
     healthy_after = 0.0

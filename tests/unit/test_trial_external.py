@@ -44,6 +44,7 @@ def test_external_unreachable_fails_with_reason(compose, tmp_path, tiny_model_di
     spec = external_spec(compose, "http://127.0.0.1:9", "engine.startup_timeout_s=1")
     result = run_trial(spec, tmp_path, progress=lambda _: None)
     assert result.status == "FAILED" and "not healthy" in result.error
+    assert [s["name"] for s in result.servers] == ["external"]  # described before it was started
 
 
 def test_external_needs_url(compose):
