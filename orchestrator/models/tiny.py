@@ -57,7 +57,7 @@ def model_key(spec: TinyModelSpec) -> str:
 
 
 def tiny_dir_name(spec: TinyModelSpec) -> str:
-    suffix = f"-{spec.quantization}" if spec.quantization else ""
+    suffix = f"-{QUANT_SUFFIX[spec.quantization]}" if spec.quantization else ""
     return f"{'tiny_trained' if spec.train else 'tiny_random'}-{model_key(spec)}{suffix}"
 
 
@@ -151,6 +151,8 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: Path) -> None:
 
 # Our names -> compressed-tensors preset schemes (compressed_tensors.quantization.preset_name_to_scheme).
 QUANT_PRESETS = {"w8a8": "W8A8", "w4a16": "W4A16"}
+# The cache folder's suffix per method: changes when its recipe does (w8a8: asymmetric activations).
+QUANT_SUFFIX = {"w8a8": "w8a8-asym", "w4a16": "w4a16"}
 
 
 def quantize_model(base: Path, out_dir: Path, method: str) -> None:
@@ -158,7 +160,7 @@ def quantize_model(base: Path, out_dir: Path, method: str) -> None:
     reads these checkpoints with; a dependency of vLLM's CPU build), data-free: each Linear
     weight's scale from its own min/max (per output channel, or per group of 128), ``lm_head``
     kept. vLLM finds ``quantization_config`` in config.json and picks its CPU kernels (oneDNN
-    INT8 for w8a8, the WNA16 kernel for w4a16)."""
+    INT8 for w8a8, with asymmetric activations; the WNA16 kernel for w4a16)."""
     import torch
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
@@ -171,8 +173,15 @@ def quantize_model(base: Path, out_dir: Path, method: str) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16)
+    scheme = preset_name_to_scheme(QUANT_PRESETS[method], ["Linear"])
+    if method == "w8a8" and scheme.input_activations is not None:
+        # Asymmetric (dynamic, per-token) activations: vLLM 0.32's CPU INT8 kernel then takes
+        # oneDNN with the activations' own dtype on every CPU. With symmetric ones an AMX CPU
+        # (Sapphire Rapids and newer) takes int8_scaled_mm_with_quant, which accepts bfloat16
+        # or float16 activations only: a float32 trial's engine died on its first request.
+        scheme.input_activations.symmetric = False
     config = QuantizationConfig(
-        config_groups={"group_0": preset_name_to_scheme(QUANT_PRESETS[method], ["Linear"])},
+        config_groups={"group_0": scheme},
         ignore=["lm_head"],
         quantization_status=QuantizationStatus.INITIALIZED,
     )

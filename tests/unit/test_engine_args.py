@@ -293,7 +293,7 @@ def test_quantized_tiny_model_on_cpu(compose, monkeypatch):
     from orchestrator.models import resolve_model
 
     base, _ = to_specs(compose([]))
-    assert resolve_model(w8.model, build=False) == resolve_model(base.model, build=False) + "-w8a8"
+    assert resolve_model(w8.model, build=False) == resolve_model(base.model, build=False) + "-w8a8-asym"
     assert trial_hash(w8) != trial_hash(base)
 
 

@@ -20,13 +20,16 @@ SMALL = dict(num_layers=1, hidden_size=128, num_heads=2, num_kv_heads=2, interme
 def test_quantized_checkpoint(tmp_path, method, fmt, weight):
     base = ensure_tiny_model(TinyModelSpec(**SMALL), tmp_path)
     out = ensure_tiny_model(TinyModelSpec(**SMALL, quantization=method), tmp_path)
-    assert out.name == f"{base.name}-{method}" and (out / "tokenizer.json").exists()
+    assert out.name.startswith(f"{base.name}-{method}") and (out / "tokenizer.json").exists()
     q = json.loads((out / "config.json").read_text())["quantization_config"]
     assert q["format"] == fmt and q["ignore"] == ["lm_head"]
     group = q["config_groups"]["group_0"]
     assert group["weights"]["num_bits"] == (8 if method == "w8a8" else 4)
     if method == "w8a8":  # dynamic per-token INT8 activations: vLLM's CompressedTensorsW8A8Int8
         assert group["input_activations"]["dynamic"] is True and group["input_activations"]["strategy"] == "token"
+        # asymmetric: vLLM's CPU INT8 kernel is then oneDNN, which keeps float32 activations, on
+        # every CPU (symmetric ones take an AMX-only kernel that needs bfloat16 activations)
+        assert group["input_activations"]["symmetric"] is False
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
         t = f.get_tensor(f"model.layers.0.mlp.down_proj.{weight}")
