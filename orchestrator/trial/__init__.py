@@ -18,7 +18,14 @@ every exit path by their context managers.
 """
 
 from orchestrator.trial.plan import check_feasible, check_inputs, plan_trial, skipped_result
-from orchestrator.trial.points import PointMeasurer, RawPoint, Verdict, judge_point, point_metrics, roofline_metrics
+from orchestrator.trial.points import (
+    PointMeasurer,
+    PointVerdict,
+    RawPoint,
+    judge_point,
+    point_metrics,
+    roofline_metrics,
+)
 from orchestrator.trial.run import TrialRun, run_trial, run_trial_group, trial_metrics
 from orchestrator.trial.servers import (
     ServerGroup,
@@ -35,7 +42,7 @@ __all__ = [
     "RawPoint",
     "ServerGroup",
     "TrialRun",
-    "Verdict",
+    "PointVerdict",
     "check_feasible",
     "check_inputs",
     "describe_servers",

@@ -18,6 +18,11 @@ Schedule = Generator[LoadPointSpec, PointResult | None, bool]
 """Load points to run; each is sent its result (None: not measured). Returns whether it ran to its end."""
 
 
+def unmeasured(result: PointResult | None) -> bool:
+    """A point that ends a schedule: not measured, or its servers failed."""
+    return result is None or bool(result.metrics.get("server_failed"))
+
+
 class CapacityProbes:
     """The probes of one search, fed their results; ``outcome`` says what was found."""
 
@@ -44,7 +49,7 @@ class CapacityProbes:
             if value is None:
                 break
             p = yield cap.probe(value)
-            if p is None or p.metrics.get("server_failed"):
+            if p is None or unmeasured(p):
                 return False
             per_class = p.class_metrics or {self.classes[0]: p.metrics}  # one class: its metrics are the point's
             verdict = judge(p.metrics, per_class, cap.slo, cap.knob, cap.min_goodput_fraction, cap.min_sustained)

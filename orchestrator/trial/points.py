@@ -42,7 +42,7 @@ class RawPoint:
 
 
 @dataclass
-class Verdict:
+class PointVerdict:
     """Whether a point's numbers describe the server under the planned workload."""
 
     metrics: dict[str, float]  # client_invalid, workload_invalid, invalid and what the checks found
@@ -93,7 +93,7 @@ def judge_point(
     records: list[RequestRecord],
     metrics: dict[str, float],
     front: str | None = None,
-) -> Verdict:
+) -> PointVerdict:
     """The client kept up (client validity), its clock agrees with the server's (judged only
     when nothing sits between them: ``front`` names a router or proxy) and the server got the
     planned requests (workload fidelity)."""
@@ -104,7 +104,7 @@ def judge_point(
     client = client + gap_reasons
     out = {**found, **gap, "client_invalid": 1.0 if client else 0.0, "workload_invalid": 1.0 if workload else 0.0}
     out["invalid"] = max(out["client_invalid"], out["workload_invalid"])
-    return Verdict(out, client, workload)
+    return PointVerdict(out, client, workload)
 
 
 def roofline_metrics(spec: TrialSpec, point: LoadPointSpec, metrics: dict[str, float]) -> dict[str, float]:

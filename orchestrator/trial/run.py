@@ -29,7 +29,7 @@ from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, save_result
 from orchestrator.models import resolve_model, resolve_tokenizer
-from orchestrator.trial.capacity import CapacityProbes, Schedule
+from orchestrator.trial.capacity import CapacityProbes, Schedule, unmeasured
 from orchestrator.trial.plan import check_feasible
 from orchestrator.trial.points import PointMeasurer
 from orchestrator.trial.servers import (
@@ -59,7 +59,6 @@ class TrialRun:
         self.spec, self.gpu_ids, self.overrides = spec, gpu_ids, overrides
         self.hash = trial_hash(spec)
         self.label = spec.variant or self.hash[:8]
-        self.progress = progress
         self.say: Progress = lambda msg: progress(f"[{self.label}] {msg}")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.adapter = adapter_for(spec.engine.name)
@@ -172,7 +171,7 @@ class TrialRun:
                 lambda i, p: self._point_start(measurer, i, p),
                 lambda i, p, recs, client: self._point_end(measurer, i, p, recs, client),
                 first_index=first,
-                points=self._schedule(workload.load_points, everything and spec.workload.capacity is not None),
+                points=self._schedule(workload.load_points, everything),
             )
         finally:
             monitor.stop()  # idempotent; a point that raised must not leave the sampler running
@@ -226,15 +225,14 @@ class TrialRun:
         self.checkpoint()  # measured points reach the disk now, whatever happens next
         return result
 
-    def _schedule(self, fixed: Sequence[LoadPointSpec], capacity: bool) -> Schedule:
-        """The fixed points, then (``capacity``) the probes of the SLO capacity search. Each
-        point's result is sent back here; a server that failed ends the schedule."""
+    def _schedule(self, fixed: Sequence[LoadPointSpec], last: bool) -> Schedule:
+        """The fixed points, then (when they are the ``last`` of the trial) the probes of its SLO
+        capacity search. Each point's result is sent back here; a server that failed ends it."""
         for point in fixed:
-            result = yield point
-            if result is None or result.metrics.get("server_failed"):
+            if unmeasured((yield point)):
                 return False
         cap = self.spec.workload.capacity
-        if capacity and cap is not None:
+        if last and cap is not None:
             self.capacity = CapacityProbes(cap, list(self.spec.workload.classes), self.say)
             if not (yield from self.capacity.probes()):
                 return False
