@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         if not data.sweep_run_id:
             print("error: log=true: this report has no sweep run to log to", file=sys.stderr)
             return 2
-        from orchestrator.tracking.runs import attach_report
+        from orchestrator.tracking import MlflowTracker
 
-        attach_report(uri, data.sweep_run_id, files)
+        MlflowTracker(uri, args["experiment"]).log_sweep_files(files, "report", run_id=data.sweep_run_id)
         print(f"logged {len(files)} file(s) to run {data.sweep_run_id} under report/")
     return 0
 

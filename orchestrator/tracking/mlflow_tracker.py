@@ -119,12 +119,14 @@ class MlflowTracker:
         self._log_params(self.parent_run_id, flatten_params(params))
         return self.parent_run_id
 
-    def log_sweep_files(self, files: Iterable[Path], folder: str) -> None:
-        """Attach files (the sweep's report) to the parent run, under ``folder``."""
-        if not self.parent_run_id:
+    def log_sweep_files(self, files: Iterable[Path], folder: str, run_id: str | None = None) -> None:
+        """Attach files (the sweep's report) to the parent run, or to the sweep run ``run_id``
+        (a report rebuilt later), under ``folder``."""
+        run_id = run_id or self.parent_run_id
+        if not run_id:
             return
         for f in files:
-            self.client.log_artifact(self.parent_run_id, str(f), folder)
+            self.client.log_artifact(run_id, str(f), folder)
 
     def sweep_trial_count(self) -> int:
         """Trial runs logged under the current sweep run."""

@@ -249,13 +249,3 @@ def experiment_exists(uri: str, experiment: str) -> bool:
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment) is not None
-
-
-def attach_report(uri: str, sweep_run_id: str, files: list[Path]) -> None:
-    """Log a rebuilt report's files to the sweep's parent run, under ``report/`` (where the
-    sweep logs its own)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    for f in files:
-        client.log_artifact(sweep_run_id, str(f), "report")
