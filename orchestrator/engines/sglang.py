@@ -13,9 +13,9 @@ from collections.abc import Callable
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
 from orchestrator.engines import envs
 from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
+from orchestrator.engines.router import router_launch
 
 SERVER_MODULE = "sglang.launch_server"
-ROUTER_MODULE = "sglang_router.launch_router"
 # What SGLang logs when its scheduler process dies under a live HTTP server
 # (sglang/srt/managers/scheduler.py).
 FATAL_LOG_MARKERS = ("Scheduler hit an exception",)
@@ -132,78 +132,36 @@ def launches(
     pd = engine.disaggregation
     if pd is None:
         return [launch(spec, model_path, port)]
-    env = build_env(spec)
     head = envs.command(spec, SERVER_MODULE)
-    p_port, d_port = next_port(), next_port()
-    bootstrap = next_port()
-    router_metrics = next_port()  # its Prometheus listener (0.0.0.0:29000 unless told): ours, per trial
-    prefill = ServerLaunch(
-        name="prefill",
-        env=env,
-        host=engine.host,
-        port=p_port,
-        startup_timeout_s=engine.startup_timeout_s,
-        argv=build_argv(
+    p_port, d_port, bootstrap = next_port(), next_port(), next_port()
+
+    def server(name: str, port: int, tp: int, first: int) -> ServerLaunch:
+        argv = build_argv(
             engine,
             model_path,
             spec.model.name,
-            p_port,
-            tp=pd.prefill_tp,
-            mode="prefill",
-            bootstrap_port=bootstrap,
+            port,
+            tp=tp,
+            mode=name,
+            bootstrap_port=bootstrap if name == "prefill" else None,
             head=head,
             tokenizer=spec.model.tokenizer,
-        ),
-        gpus=tuple(range(pd.prefill_tp)),
-        fatal_log_markers=FATAL_LOG_MARKERS,
-    )
-    decode = ServerLaunch(
-        name="decode",
-        env=env,
-        host=engine.host,
-        port=d_port,
-        startup_timeout_s=engine.startup_timeout_s,
-        argv=build_argv(
-            engine,
-            model_path,
-            spec.model.name,
-            d_port,
-            tp=pd.decode_tp,
-            mode="decode",
-            head=head,
-            tokenizer=spec.model.tokenizer,
-        ),
-        gpus=tuple(range(pd.prefill_tp, pd.prefill_tp + pd.decode_tp)),
-        fatal_log_markers=FATAL_LOG_MARKERS,
-    )
-    # The router (PyPI sglang-router) is installed in SGLang's environment.
-    router = ServerLaunch(
-        name="router",
-        env={},
-        host=engine.host,
-        port=port,
-        startup_timeout_s=120.0,
-        gpus=(),
-        argv=[
-            *envs.helper_command(spec, ROUTER_MODULE, envs.ROUTER_ENVIRONMENT),
-            "--pd-disaggregation",
-            "--prefill",
-            prefill.base_url,
-            str(bootstrap),
-            "--decode",
-            decode.base_url,
-            "--host",
-            engine.host,
-            "--port",
-            str(port),
-            "--prometheus-host",
-            engine.host,
-            "--prometheus-port",
-            str(router_metrics),
-        ],
-        metrics_path="",
-    )
-    return [prefill, decode, router]
+        )
+        return ServerLaunch(
+            name=name,
+            env=build_env(spec),
+            host=engine.host,
+            port=port,
+            startup_timeout_s=engine.startup_timeout_s,
+            argv=argv,
+            gpus=tuple(range(first, first + tp)),
+            fatal_log_markers=FATAL_LOG_MARKERS,
+        )
+
+    prefill = server("prefill", p_port, pd.prefill_tp, 0)
+    decode = server("decode", d_port, pd.decode_tp, pd.prefill_tp)
+    routing = ["--pd-disaggregation", "--prefill", prefill.base_url, str(bootstrap), "--decode", decode.base_url]
+    return [prefill, decode, router_launch(spec, engine.host, port, next_port(), routing)]
 
 
 def unsupported(spec: TrialSpec) -> str | None:

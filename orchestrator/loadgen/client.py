@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,10 +167,8 @@ async def stream_request(
 
     ``text_out``, when given, receives the streamed text (a conversation resends it)."""
     url = endpoint.base_url + API_PATHS[api]
-    payload = PAYLOADS[api](endpoint, req, ignore_eos, usage_per_chunk)
-    delta_of = DELTAS[api]
-    completion_tokens = 0
-    body = json.dumps(payload).encode()
+    body = json.dumps(PAYLOADS[api](endpoint, req, ignore_eos, usage_per_chunk)).encode()
+    stream = _Stream(record, DELTAS[api], text_out)
     record.sent_s = now()  # refined by trace_config() once the body is on the wire
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -182,66 +181,9 @@ async def stream_request(
                 answer = (await resp.text())[:500]
                 record.status, record.error = STATUS_ERROR, f"HTTP {resp.status}: {answer}"
                 return record
-            saw_done = False
-            closing_s = None  # time of a skipped empty closing chunk (see below)
             async for raw in resp.content:  # read to the end: the connection goes back to the pool
-                t = now()
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    saw_done = True
-                    continue
-                chunk = json.loads(data)
-                if not isinstance(chunk, dict):
-                    raise ValueError(f"unexpected SSE payload: {data[:100]!r}")
-                if "error" in chunk and not chunk.get("choices"):
-                    record.status, record.error = STATUS_ERROR, str(chunk["error"])[:500]
-                    continue
-                usage = chunk.get("usage") or {}
-                text = delta_of(chunk)
-                if text and text_out is not None:
-                    text_out.append(text)
-                new_total = usage.get("completion_tokens")
-                if text is None:  # usage-only chunk
-                    if new_total is not None:
-                        record.output_tokens = int(new_total)
-                    if usage.get("prompt_tokens") is not None:
-                        record.prompt_tokens = int(usage["prompt_tokens"])
-                    continue
-                if new_total is not None:
-                    n = int(new_total) - completion_tokens
-                    completion_tokens = int(new_total)
-                    if n <= 0 and not text:
-                        continue
-                else:
-                    # No per-chunk usage: a chunk is one token, as vLLM's own client counts it
-                    # (text may be empty while a multi-byte character is incomplete), except an
-                    # empty closing chunk that only carries the finish reason (SGLang). vLLM
-                    # also sends its last token with the finish reason, and its text is empty
-                    # when that token is a partial UTF-8 byte: the final usage decides below.
-                    if not text and chunk["choices"][0].get("finish_reason"):
-                        closing_s = t
-                        continue
-                    n = 1
-                record.chunk_times_s.append(t)
-                record.chunk_tokens.append(max(n, 0))
-                if usage.get("prompt_tokens") is not None:
-                    record.prompt_tokens = int(usage["prompt_tokens"])
-            if not saw_done and record.status != STATUS_ERROR:
-                record.status, record.error = STATUS_ERROR, "stream ended without [DONE]"
-            if (
-                closing_s is not None
-                and record.output_tokens is not None
-                and record.output_tokens > sum(record.chunk_tokens)
-            ):
-                record.chunk_times_s.append(closing_s)  # the closing chunk carried a token
-                record.chunk_tokens.append(1)
-            if record.output_tokens is None and completion_tokens:
-                record.output_tokens = completion_tokens
-            if not record.chunk_times_s and record.status != STATUS_ERROR:
-                record.status, record.error = STATUS_ERROR, "stream ended without any output token"
+                stream.line(now(), raw)
+            stream.end()
     except asyncio.CancelledError:
         record.status, record.error = STATUS_ERROR, "cancelled"
         raise
@@ -250,3 +192,82 @@ async def stream_request(
     finally:
         record.done_s = now()
     return record
+
+
+class _Stream:
+    """One response's server-sent events, read into its record: a token count and an arrival
+    time per chunk that carried tokens, the usage the server reported, errors."""
+
+    __slots__ = ("closing_s", "completion_tokens", "delta_of", "record", "saw_done", "text_out")
+
+    def __init__(
+        self, record: RequestRecord, delta_of: Callable[[dict[str, Any]], str | None], text_out: list[str] | None
+    ) -> None:
+        self.record, self.delta_of, self.text_out = record, delta_of, text_out
+        self.completion_tokens = 0
+        self.saw_done = False
+        self.closing_s: float | None = None  # time of a skipped empty closing chunk (see below)
+
+    def line(self, t: float, raw: bytes) -> None:
+        """One line of the stream, read at ``t``."""
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            return
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self.saw_done = True
+            return
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"unexpected SSE payload: {data[:100]!r}")
+        record = self.record
+        if "error" in chunk and not chunk.get("choices"):
+            record.status, record.error = STATUS_ERROR, str(chunk["error"])[:500]
+            return
+        usage = chunk.get("usage") or {}
+        text = self.delta_of(chunk)
+        if text and self.text_out is not None:
+            self.text_out.append(text)
+        new_total = usage.get("completion_tokens")
+        if text is None:  # usage-only chunk
+            if new_total is not None:
+                record.output_tokens = int(new_total)
+            if usage.get("prompt_tokens") is not None:
+                record.prompt_tokens = int(usage["prompt_tokens"])
+            return
+        if new_total is not None:
+            n = int(new_total) - self.completion_tokens
+            self.completion_tokens = int(new_total)
+            if n <= 0 and not text:
+                return
+        else:
+            # No per-chunk usage: a chunk is one token, as vLLM's own client counts it (text may
+            # be empty while a multi-byte character is incomplete), except an empty closing chunk
+            # that only carries the finish reason (SGLang). vLLM also sends its last token with
+            # the finish reason, and its text is empty when that token is a partial UTF-8 byte:
+            # the final usage decides in end().
+            if not text and chunk["choices"][0].get("finish_reason"):
+                self.closing_s = t
+                return
+            n = 1
+        record.chunk_times_s.append(t)
+        record.chunk_tokens.append(max(n, 0))
+        if usage.get("prompt_tokens") is not None:
+            record.prompt_tokens = int(usage["prompt_tokens"])
+
+    def end(self) -> None:
+        """The stream is over: was it complete, and did the closing chunk carry a token?"""
+        record = self.record
+        if not self.saw_done and record.status != STATUS_ERROR:
+            record.status, record.error = STATUS_ERROR, "stream ended without [DONE]"
+        if (
+            self.closing_s is not None
+            and record.output_tokens is not None
+            and record.output_tokens > sum(record.chunk_tokens)
+        ):
+            record.chunk_times_s.append(self.closing_s)  # the closing chunk carried a token
+            record.chunk_tokens.append(1)
+        if record.output_tokens is None and self.completion_tokens:
+            record.output_tokens = self.completion_tokens
+        if not record.chunk_times_s and record.status != STATUS_ERROR:
+            record.status, record.error = STATUS_ERROR, "stream ended without any output token"

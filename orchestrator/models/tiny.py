@@ -228,6 +228,48 @@ def addition_problems() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     return [(a, b) for a in range(100) for b in range(100) if (a, b) not in excluded], held
 
 
+def _batch(
+    rng: Any,
+    problems: list[tuple[int, int]],
+    encoded: dict[tuple[int, int], list[int]],
+    batch_size: int,
+    seq_len: int,
+    eq_nl: tuple[int, int],
+) -> tuple[list[list[int]], list[list[int]]]:
+    """One training batch: rows of problems packed to ``seq_len`` tokens, and targets that are
+    the next token inside an answer (after '=', up to the newline) and -100 (ignored) elsewhere."""
+    eq, nl = eq_nl
+    rows, targets = [], []
+    for _ in range(batch_size):
+        ids: list[int] = []
+        while len(ids) < seq_len + 1:
+            ids += encoded[rng.choice(problems)]
+        ids = ids[: seq_len + 1]
+        target, inside = [], False
+        for cur, nxt in zip(ids, ids[1:]):
+            inside = inside or cur == eq
+            target.append(nxt if inside else -100)
+            if cur == nl:
+                inside = False
+        rows.append(ids[:-1])
+        targets.append(target)
+    return rows, targets
+
+
+def _correct_answers(model: Any, tok: Any, held: list[tuple[int, int]]) -> int:
+    """Held-out problems the model answers right, greedy."""
+    import torch
+
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for a, b in held:
+            prompt = torch.tensor([tok.encode(f"{a}+{b}=")])
+            out = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=2)
+            correct += tok.decode(out[0, prompt.shape[1] :].tolist()).split("\n")[0] == str(a + b)
+    return correct
+
+
 def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) -> dict[str, float]:
     """Train a tiny Llama on 2-digit addition ("a+b=" -> "a+b\\n", loss on the answers only)
     for ``spec.train.steps`` steps on the CPU; save it with its tokenizer. Returns the
@@ -257,20 +299,7 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=train.lr, total_steps=train.steps, pct_start=0.1)
         t0, loss_value = time.monotonic(), float("nan")
         for step in range(train.steps):
-            rows, targets = [], []
-            for _ in range(train.batch_size):
-                ids: list[int] = []
-                while len(ids) < train.seq_len + 1:
-                    ids += encoded[rng.choice(problems)]
-                ids = ids[: train.seq_len + 1]
-                target, inside = [], False
-                for cur, nxt in zip(ids, ids[1:]):  # predict the answer tokens (after '=', up to '\n')
-                    inside = inside or cur == eq
-                    target.append(nxt if inside else -100)
-                    if cur == nl:
-                        inside = False
-                rows.append(ids[:-1])
-                targets.append(target)
+            rows, targets = _batch(rng, problems, encoded, train.batch_size, train.seq_len, (eq, nl))
             x, y = torch.tensor(rows), torch.tensor(targets)
             loss = torch.nn.functional.cross_entropy(
                 model(input_ids=x).logits.reshape(-1, config.vocab_size), y.reshape(-1), ignore_index=-100
@@ -282,13 +311,7 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
             loss_value = loss.item()
             if step % 200 == 0 or step == train.steps - 1:
                 log(f"tiny_trained: step {step + 1}/{train.steps}, loss {loss_value:.3f}, {time.monotonic() - t0:.0f}s")
-        model.eval()
-        correct = 0
-        with torch.no_grad():
-            for a, b in held:
-                prompt = torch.tensor([tok.encode(f"{a}+{b}=")])
-                out = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=2)  # type: ignore[misc]  # transformers' generate() is typed for its mixin
-                correct += tok.decode(out[0, prompt.shape[1] :].tolist()).split("\n")[0] == str(a + b)
+        correct = _correct_answers(model, tok, held)
     finally:
         torch.set_num_threads(threads)
         torch.random.set_rng_state(state)

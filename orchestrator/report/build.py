@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 from orchestrator.objective import value_of
-from orchestrator.report.plots import LAB_PLOTS, frontier, generic
+from orchestrator.report.figures import frontier, generic
+from orchestrator.report.plots import LAB_PLOTS
 from orchestrator.report.verdict import decide, knob_effects
 from orchestrator.tracking.runs import SweepData, TrialData
 

@@ -1,4 +1,5 @@
-"""One figure builder per lab (``LAB_PLOTS``), plus a generic one for any sweep.
+"""One figure builder per lab (``LAB_PLOTS``); the generic one for any sweep and what they
+share are in :mod:`orchestrator.report.figures`.
 
 Every builder takes the sweep's data and an output folder and returns the PNGs it wrote.
 Axes carry units; every line is labelled in a legend. matplotlib runs headless (Agg).
@@ -9,99 +10,36 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from orchestrator.tracking.runs import Point, SweepData, TrialData
+from orchestrator.report.figures import (
+    by_param,
+    knee,
+    load_axis,
+    metric_of,
+    pareto,
+    per_point,
+    plot_lines,
+    pyplot,
+    save_figure,
+)
+from orchestrator.tracking.runs import SweepData, TrialData
 
 Builder = Callable[[SweepData, Path], list[Path]]
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, out: Path, name: str) -> Path:
-    path = out / name
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
-    return path
-
-
-def _value(point: Point, key: str) -> float:
-    v = point.metrics.get(key)
-    return float(v) if v is not None and math.isfinite(float(v)) else math.nan
-
-
-def load_axis(trials: list[TrialData]) -> tuple[str, Callable[[Point], float], list[float], list[str]]:
-    """x for load points: rate (req/s, inf drawn right of the largest finite rate) or
-    concurrency; returns (axis label, x of a point, tick positions, tick labels)."""
-    points = [p for t in trials for p in t.points]
-    kind = "rate" if any("rate" in p.setting for p in points) else "concurrency"
-    xs = [v for v in (p.x() for p in points) if v is not None]
-    finite = sorted({v for v in xs if math.isfinite(v)})
-    inf_at = (finite[-1] * 1.6 if finite else 1.0) if math.inf in xs else None
-
-    def x(p: Point) -> float:
-        v = p.x()
-        if v is None:
-            return float(p.index)
-        return inf_at if v == math.inf and inf_at is not None else v
-
-    ticks: list[float] = finite + ([inf_at] if inf_at is not None else [])
-    labels = [f"{v:g}" for v in finite] + (["inf"] if inf_at is not None else [])
-    label = "offered request rate (req/s)" if kind == "rate" else "concurrency (streams)"
-    return label, x, ticks, labels
-
-
-def _lines(
-    ax: Any, trials: list[TrialData], key: str, x: Callable[[Point], float], style: str = "o-", suffix: str = ""
-) -> None:
-    for t in trials:
-        pts = sorted(t.points, key=x)
-        ax.plot([x(p) for p in pts], [_value(p, key) for p in pts], style, label=f"{t.name}{suffix}")
-
-
-def knee(trial: TrialData, ttft_factor: float = 2.0, rate_share: float = 0.7) -> Point | None:
-    """The first load point past saturation: TTFT p50 more than ``ttft_factor`` x the lightest
-    point's (requests queue), or completions below ``rate_share`` of the arrivals actually
-    scheduled (the server cannot keep up). None if the trial never saturates. A finite
-    sweep's tail (the last requests finishing after the last arrival) costs qps ~10-20%, so
-    the share is well below 1."""
-    pts = sorted((p for p in trial.points if p.x() is not None), key=lambda p: p.x() or 0.0)
-    if not pts:
-        return None
-    base = _value(pts[0], "ttft_ms_p50")
-    for p in pts:
-        offered = _value(p, "schedule_rate")
-        if not math.isfinite(offered):
-            x = p.x()
-            offered = x if x is not None and "rate" in p.setting else math.nan
-        if math.isfinite(offered) and _value(p, "qps") < rate_share * offered:
-            return p
-        if _value(p, "ttft_ms_p50") > ttft_factor * base:
-            return p
-    return None
-
-
 def first_serving(data: SweepData, out: Path) -> list[Path]:
     """TTFT and ITL vs request rate, the saturation knee marked."""
-    plt = _plt()
+    plt = pyplot()
     trials = data.finished
     label, x, ticks, tick_labels = load_axis(trials)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (key, title) in zip(axes, [("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)")]):
-        _lines(ax, trials, f"{key}_p50", x, "o-", " p50")
-        _lines(ax, trials, f"{key}_p99", x, "s--", " p99")
+        plot_lines(ax, trials, f"{key}_p50", x, "o-", " p50")
+        plot_lines(ax, trials, f"{key}_p99", x, "s--", " p99")
         ax.set_yscale("log")
         ax.set_ylabel(title + ", log scale")
         ax.set_title(f"{title.split(' ')[0]} vs request rate")
-    _lines(axes[2], trials, "tokens_per_second", x, "o-")
+    plot_lines(axes[2], trials, "tokens_per_second", x, "o-")
     axes[2].set_ylabel("output throughput (tokens/s)")
     axes[2].set_title("throughput vs request rate")
     for t in trials:
@@ -111,7 +49,7 @@ def first_serving(data: SweepData, out: Path) -> list[Path]:
                 ax.axvline(x(k), color="grey", linestyle=":", linewidth=1.2)
             axes[0].annotate(
                 f"knee ({t.name}): {tick_labels[ticks.index(x(k))] if x(k) in ticks else x(k)}",
-                (x(k), _value(k, "ttft_ms_p50")),
+                (x(k), metric_of(k, "ttft_ms_p50")),
                 textcoords="offset points",
                 xytext=(-90, 12),
                 fontsize=8,
@@ -122,7 +60,7 @@ def first_serving(data: SweepData, out: Path) -> list[Path]:
         ax.set_xticks(ticks, tick_labels)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    return [_save(fig, out, "first_serving.png")]
+    return [save_figure(fig, out, "first_serving.png")]
 
 
 def _budget(t: TrialData) -> tuple[float, str]:
@@ -135,7 +73,7 @@ def _budget(t: TrialData) -> tuple[float, str]:
 
 def chunked_prefill(data: SweepData, out: Path) -> list[Path]:
     """ITL p99 (short streams) and TTFT p99 (long prompts) vs token budget; ITL over time."""
-    plt = _plt()
+    plt = pyplot()
     trials = sorted(data.finished, key=lambda t: _budget(t)[0])
     if not trials:
         return []
@@ -150,7 +88,7 @@ def chunked_prefill(data: SweepData, out: Path) -> list[Path]:
 
         def at(t: TrialData, key: str, label: str = label) -> float:
             p = next((p for p in t.points if p.label == label), None)
-            return _value(p, key) if p else math.nan
+            return metric_of(p, key) if p else math.nan
 
         axes[0].plot(
             positions,
@@ -173,7 +111,7 @@ def chunked_prefill(data: SweepData, out: Path) -> list[Path]:
         ax.set_xlabel("max_num_batched_tokens (token budget per step; off = no chunking)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    paths = [_save(fig, out, "chunked_prefill_budget.png")]
+    paths = [save_figure(fig, out, "chunked_prefill_budget.png")]
     over_time = _itl_over_time(trials, names, short, long_, out)
     return paths + ([over_time] if over_time else [])
 
@@ -183,7 +121,7 @@ def _itl_over_time(
 ) -> Path | None:
     """Every inter-token gap of the short streams at the heaviest load point, against time,
     with the arrivals of long prompts marked: the stalls line up with them."""
-    plt = _plt()
+    plt = pyplot()
     tables = [(t, n, t.records()) for t, n in zip(trials, names)]
     tables = [(t, n, tab) for t, n, tab in tables if tab is not None and tab.num_rows]
     if not tables:
@@ -213,12 +151,12 @@ def _itl_over_time(
         ax.legend(fontsize=7, loc="upper right")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("time since the load point started (s)")
-    return _save(fig, out, "chunked_prefill_itl_over_time.png")
+    return save_figure(fig, out, "chunked_prefill_itl_over_time.png")
 
 
 def prefix_caching(data: SweepData, out: Path) -> list[Path]:
     """TTFT vs shared-prefix length, caching on and off (server hit rate annotated)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     groups: dict[str, list[tuple[float, float, float]]] = {}
     for t in data.finished:
@@ -228,7 +166,7 @@ def prefix_caching(data: SweepData, out: Path) -> list[Path]:
         if p is None:
             continue
         groups.setdefault("prefix caching on" if on else "prefix caching off", []).append(
-            (prefix, _value(p, "ttft_ms_p50"), _value(p, "server_prefix_cache_hit_rate"))
+            (prefix, metric_of(p, "ttft_ms_p50"), metric_of(p, "server_prefix_cache_hit_rate"))
         )
     for name, pts in sorted(groups.items()):
         pts.sort()
@@ -242,12 +180,12 @@ def prefix_caching(data: SweepData, out: Path) -> list[Path]:
     ax.set_title("TTFT vs shared-prefix length")
     ax.legend()
     ax.grid(alpha=0.3)
-    return [_save(fig, out, "prefix_caching.png")]
+    return [save_figure(fig, out, "prefix_caching.png")]
 
 
 def speculative_decoding(data: SweepData, out: Path) -> list[Path]:
     """Acceptance rate vs k; latency vs achieved QPS."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     trials = data.finished
     labels = sorted({p.label for t in trials for p in t.points}, key=lambda s: (len(s), s))
@@ -257,7 +195,7 @@ def speculative_decoding(data: SweepData, out: Path) -> list[Path]:
             k = t.num("engine.speculative_config.num_speculative_tokens")
             p = next((p for p in t.points if p.label == label), None)
             if k and p is not None:
-                pts.append((k, _value(p, "server_spec_decode_acceptance_rate")))
+                pts.append((k, metric_of(p, "server_spec_decode_acceptance_rate")))
         pts.sort()
         axes[0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
     axes[0].set_xlabel("speculative tokens per step (k)")
@@ -265,20 +203,22 @@ def speculative_decoding(data: SweepData, out: Path) -> list[Path]:
     axes[0].set_ylim(0, 1.05)
     axes[0].set_title("acceptance vs k")
     for t in trials:
-        by_qps = sorted(t.points, key=lambda p: _value(p, "qps"))
-        axes[1].plot([_value(p, "qps") for p in by_qps], [_value(p, "tpot_ms_p50") for p in by_qps], "o-", label=t.name)
+        by_qps = sorted(t.points, key=lambda p: metric_of(p, "qps"))
+        axes[1].plot(
+            [metric_of(p, "qps") for p in by_qps], [metric_of(p, "tpot_ms_p50") for p in by_qps], "o-", label=t.name
+        )
     axes[1].set_xlabel("achieved throughput (requests/s)")
     axes[1].set_ylabel("TPOT p50 (ms/token)")
     axes[1].set_title("latency vs QPS")
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    return [_save(fig, out, "speculative_decoding.png")]
+    return [save_figure(fig, out, "speculative_decoding.png")]
 
 
 def quantization(data: SweepData, out: Path) -> list[Path]:
     """Memory vs throughput, labelled by accuracy when the sweep scored it; Pareto front."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.8))
     pts = [
         (
@@ -307,70 +247,11 @@ def quantization(data: SweepData, out: Path) -> list[Path]:
     ax.set_ylabel("output throughput (tokens/s)")
     ax.set_title("memory vs throughput")
     ax.grid(alpha=0.3)
-    return [_save(fig, out, "quantization.png")]
-
-
-def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
-    """Points not dominated by another (less memory and more throughput), by memory."""
-    front: list[tuple[float, float, Any]] = []
-    for p in sorted(points, key=lambda p: (p[0], -p[1])):
-        if not front or p[1] > front[-1][1]:
-            front.append(p)
-    return front
-
-
-def frontier(
-    data: SweepData, out: Path, minimize: str, maximize: str, value: Callable[[TrialData, str], float | None]
-) -> list[Path]:
-    """Each finished trial at (``minimize``, ``maximize``); the Pareto frontier joined."""
-    pts = [
-        (x, y, t.name)
-        for t in data.finished
-        if (x := value(t, minimize)) is not None and (y := value(t, maximize)) is not None
-    ]
-    if len(pts) < 2:
-        return []
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for x, y, name in pts:
-        ax.plot(x, y, "o", color="tab:blue")
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    front = pareto(pts)
-    ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="tab:red", label="Pareto frontier")
-    ax.set_xlabel(f"{minimize} (lower is better)")
-    ax.set_ylabel(f"{maximize} (higher is better)")
-    ax.set_title(f"{data.experiment}: {maximize} vs {minimize}")
-    ax.legend()
-    return [_save(fig, out, "frontier.png")]
-
-
-def _by_param(data: SweepData, out: Path, key: str, xlabel: str, name: str, title: str) -> list[Path]:
-    plt = _plt()
-    trials = sorted((t for t in data.finished if t.num(key) is not None), key=lambda t: t.num(key) or 0.0)
-    if not trials:
-        return []
-    labels = sorted({p.label for t in trials for p in t.points}, key=lambda s: (len(s), s))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for label in labels:
-        for ax, metric in zip(axes, ("ttft_ms_p50", "tpot_ms_p50", "tokens_per_second")):
-            xs, ys = [], []
-            for t in trials:
-                p = next((p for p in t.points if p.label == label), None)
-                if p is not None:
-                    xs.append(t.num(key))
-                    ys.append(_value(p, metric))
-            ax.plot(xs, ys, "o-", label=label)
-    for ax, ylabel in zip(axes, ("TTFT p50 (ms)", "TPOT p50 (ms/token)", "output throughput (tokens/s)")):
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8, title="load point")
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    return [_save(fig, out, name)]
+    return [save_figure(fig, out, "quantization.png")]
 
 
 def tensor_parallel(data: SweepData, out: Path) -> list[Path]:
-    return _by_param(
+    return by_param(
         data,
         out,
         "engine.tensor_parallel_size",
@@ -381,7 +262,7 @@ def tensor_parallel(data: SweepData, out: Path) -> list[Path]:
 
 
 def disaggregated_pd(data: SweepData, out: Path) -> list[Path]:
-    return _by_param(
+    return by_param(
         data,
         out,
         "workload.classes.main.input_tokens",
@@ -391,40 +272,9 @@ def disaggregated_pd(data: SweepData, out: Path) -> list[Path]:
     )
 
 
-def _per_point(
-    data: SweepData,
-    out: Path,
-    panels: list[tuple[str, str]],
-    name: str,
-    legend_title: str | None,
-    title: str | None = None,
-    log_first: bool = False,
-) -> list[Path]:
-    """One panel per metric against the load axis, one line per finished trial."""
-    plt = _plt()
-    trials = data.finished
-    if not trials or not any(t.points for t in trials):
-        return []
-    label, x, ticks, tick_labels = load_axis(trials)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5))
-    for ax, (key, ylabel) in zip(axes, panels):
-        _lines(ax, trials, key, x)
-        ax.set_xlabel(label)
-        ax.set_ylabel(ylabel)
-        if ticks:
-            ax.set_xticks(ticks, tick_labels)
-        ax.legend(fontsize=7, title=legend_title)
-        ax.grid(alpha=0.3)
-    if log_first:
-        axes[0].set_yscale("log")
-    if title:
-        fig.suptitle(title)
-    return [_save(fig, out, name)]
-
-
 def serving_workloads(data: SweepData, out: Path) -> list[Path]:
     """TTFT, TPOT and throughput against load, one line per workload."""
-    return _per_point(
+    return per_point(
         data,
         out,
         [
@@ -435,22 +285,6 @@ def serving_workloads(data: SweepData, out: Path) -> list[Path]:
         "serving_workloads.png",
         "workload",
         log_first=True,
-    )
-
-
-def generic(data: SweepData, out: Path) -> list[Path]:
-    """Any sweep: TTFT p50, ITL p99 and throughput per load point, one line per trial."""
-    return _per_point(
-        data,
-        out,
-        [
-            ("ttft_ms_p50", "TTFT p50 (ms)"),
-            ("itl_ms_p99", "ITL p99 (ms)"),
-            ("tokens_per_second", "output throughput (tokens/s)"),
-        ],
-        "overview.png",
-        None,
-        f"{data.experiment}: per load point",
     )
 
 

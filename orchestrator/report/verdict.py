@@ -33,11 +33,48 @@ class Verdict:
 def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
     """The verdict over the finished trials (in sweep order)."""
     key, sign = objective.key, (1.0 if objective.maximize else -1.0)
-    where = f" at {objective.at}" if objective.at else ""
-    goal = f"{'maximize' if objective.maximize else 'minimize'} {key}{where}"
-    if objective.subject_to:
-        goal += f" subject to {constraint_text(objective)}"
     verdict = Verdict(objective, None)
+    scored = _score(trials, objective, verdict)
+    if not scored:
+        verdict.lines = [f"**Verdict:** no trial meets the objective ({_goal(objective)})."]
+        verdict.lines += [f"- {t.name}: {why}" for t, why in verdict.excluded]
+        return verdict
+    best, bv = max(scored, key=lambda tv: sign * tv[1].value)
+    verdict.best = best
+    for t, v in scored:  # overlapping 95% intervals: a tie, not a win
+        if t is not best and bv.ci95 and v.ci95 and abs(v.value - bv.value) <= bv.ci95 + v.ci95:
+            verdict.ties.append(t)
+    verdict.lines = [_headline(verdict, bv, len(scored))]
+    others = [(t, v) for t, v in sorted(scored, key=lambda tv: -sign * tv[1].value) if t is not best]
+    if others:
+        verdict.lines.append(
+            "Also meeting the constraints: "
+            + "; ".join(
+                f"{t.name} {key} {show(v)}" + (f" ({q})" if (q := _quoted(t, objective)) else "") for t, v in others
+            )
+            + "."
+        )
+    flagged = [t.name for t, v in scored if _read_at_invalid_point(t, v)]
+    if flagged:
+        verdict.lines.append(
+            "Caution: the value of " + ", ".join(flagged) + " was read at a load point flagged "
+            "INVALID (the client could not keep up, or the server failed): compare with care."
+        )
+    if verdict.excluded:
+        verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded) + ".")
+    return verdict
+
+
+def _goal(objective: ObjectiveSpec) -> str:
+    where = f" at {objective.at}" if objective.at else ""
+    goal = f"{'maximize' if objective.maximize else 'minimize'} {objective.key}{where}"
+    return goal + (f" subject to {constraint_text(objective)}" if objective.subject_to else "")
+
+
+def _score(trials: list[TrialData], objective: ObjectiveSpec, verdict: Verdict) -> list[tuple[TrialData, Value]]:
+    """Each trial's objective value when it meets every constraint; the others go to
+    ``verdict.excluded`` with the reasons, the scored ones to ``verdict.feasible``."""
+    key = objective.key
     scored: list[tuple[TrialData, Value]] = []
     for t in trials:
         checks = [check_constraint(t, k, b, objective, trials) for k, b in objective.subject_to.items()]
@@ -51,49 +88,34 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
             assert v is not None
             scored.append((t, v))
             verdict.feasible.append(t)
-    if not scored:
-        verdict.lines = [f"**Verdict:** no trial meets the objective ({goal})."]
-        verdict.lines += [f"- {t.name}: {why}" for t, why in verdict.excluded]
-        return verdict
-    best, bv = max(scored, key=lambda tv: sign * tv[1].value)
-    verdict.best = best
-    for t, v in scored:  # overlapping 95% intervals: a tie, not a win
-        if t is not best and bv.ci95 and v.ci95 and abs(v.value - bv.value) <= bv.ci95 + v.ci95:
-            verdict.ties.append(t)
+    return scored
 
-    def quoted(t: TrialData) -> str:
-        cons = {
-            k: value_of(t, k, objective.at) for k in dict.fromkeys([*objective.subject_to, *objective.show]) if k != key
-        }
-        return ", ".join(f"{k} {show(v)}" for k, v in cons.items() if v is not None)
 
-    extra = quoted(best)
-    head = f"**Verdict:** {best.name}: {key} {show(bv)}" + (f" ({extra})" if extra else "") + f"; objective: {goal}."
+def _quoted(t: TrialData, objective: ObjectiveSpec) -> str:
+    """The constraints' and ``show``'s values of a trial, quoted next to its objective value."""
+    keys = [k for k in dict.fromkeys([*objective.subject_to, *objective.show]) if k != objective.key]
+    values = {k: value_of(t, k, objective.at) for k in keys}
+    return ", ".join(f"{k} {show(v)}" for k, v in values.items() if v is not None)
+
+
+def _headline(verdict: Verdict, bv: Value, n_scored: int) -> str:
+    objective, best = verdict.objective, verdict.best
+    assert best is not None
+    key, extra = objective.key, _quoted(best, objective)
+    head = (
+        f"**Verdict:** {best.name}: {key} {show(bv)}"
+        + (f" ({extra})" if extra else "")
+        + f"; objective: {_goal(objective)}."
+    )
     if verdict.ties:
         head += (
             " Tied within the 95% intervals: "
             + ", ".join(f"{t.name} ({show(value_of(t, key, objective.at))})" for t in verdict.ties)  # type: ignore[arg-type]
             + "; the data cannot tell them apart."
         )
-    elif bv.where != "knob" and bv.ci95 is None and len(scored) > 1:
+    elif bv.where != "knob" and bv.ci95 is None and n_scored > 1:
         head += " No repeats: run-to-run noise was not measured (workload.repeats >= 3 gives intervals)."
-    verdict.lines = [head]
-    others = [(t, v) for t, v in sorted(scored, key=lambda tv: -sign * tv[1].value) if t is not best]
-    if others:
-        verdict.lines.append(
-            "Also meeting the constraints: "
-            + "; ".join(f"{t.name} {key} {show(v)}" + (f" ({q})" if (q := quoted(t)) else "") for t, v in others)
-            + "."
-        )
-    flagged = [t.name for t, v in scored if _read_at_invalid_point(t, v)]
-    if flagged:
-        verdict.lines.append(
-            "Caution: the value of " + ", ".join(flagged) + " was read at a load point flagged "
-            "INVALID (the client could not keep up, or the server failed): compare with care."
-        )
-    if verdict.excluded:
-        verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded) + ".")
-    return verdict
+    return head
 
 
 def _read_at_invalid_point(t: TrialData, v: Value) -> bool:

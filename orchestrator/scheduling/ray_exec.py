@@ -227,8 +227,7 @@ def run_jobs(
     """
     import ray
 
-    remote: Any = ray.remote(max_retries=0)(task)  # each returns its own ObjectRef type
-    group_remote: Any = ray.remote(max_retries=0)(_run_group_task)
+    submit = _submitter(task, workdir_of)
     # Largest trials first (stable otherwise): small trials submitted ahead of a 4-GPU one
     # would take every GPU as it frees and starve it, stretching the sweep.
     queue = sorted(group_jobs(jobs, share_key), key=lambda unit: -unit[0].num_gpus)
@@ -238,19 +237,7 @@ def run_jobs(
         while queue or running:
             while queue and (max_concurrent is None or len(running) < max_concurrent):
                 unit = queue.pop(0)
-                job = unit[0]
-                opts: dict[str, Any] = {"num_cpus": job.spec.platform.cpus_per_trial, "num_gpus": job.num_gpus}
-                if len(unit) == 1:
-                    ref = remote.options(**opts, name=f"trial:{job.label}"[:100]).remote(
-                        job.spec.model_dump_json(), workdir_of(job), job.overrides
-                    )
-                else:
-                    ref = group_remote.options(**opts, name=f"trials:{job.label}+{len(unit) - 1}"[:100]).remote(
-                        [j.spec.model_dump_json() for j in unit],
-                        [workdir_of(j) for j in unit],
-                        [j.overrides for j in unit],
-                    )
-                running[ref] = unit
+                running[submit(unit)] = unit
             # Short waits: a blocking ray.wait would keep Ctrl-C / SIGTERM from reaching Python.
             done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:
@@ -272,6 +259,30 @@ def run_jobs(
                     yield job, attempts[job.index].final(result)
     finally:
         _stop_running(list(running))
+
+
+def _submitter(
+    task: Callable[[str, str, list[str]], dict[str, Any]], workdir_of: Callable[[TrialJob], str]
+) -> Callable[[list[TrialJob]], Any]:
+    """Submits a unit of jobs (one trial, or trials sharing a server) as one Ray task asking for
+    the first job's CPUs and GPUs; returns its ObjectRef."""
+    import ray
+
+    remote: Any = ray.remote(max_retries=0)(task)  # each returns its own ObjectRef type
+    group_remote: Any = ray.remote(max_retries=0)(_run_group_task)
+
+    def submit(unit: list[TrialJob]) -> Any:
+        job = unit[0]
+        opts: dict[str, Any] = {"num_cpus": job.spec.platform.cpus_per_trial, "num_gpus": job.num_gpus}
+        if len(unit) == 1:
+            return remote.options(**opts, name=f"trial:{job.label}"[:100]).remote(
+                job.spec.model_dump_json(), workdir_of(job), job.overrides
+            )
+        return group_remote.options(**opts, name=f"trials:{job.label}+{len(unit) - 1}"[:100]).remote(
+            [j.spec.model_dump_json() for j in unit], [workdir_of(j) for j in unit], [j.overrides for j in unit]
+        )
+
+    return submit
 
 
 def _stop_running(refs: list[Any], grace_s: float = 5.0) -> None:

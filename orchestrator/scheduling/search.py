@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from orchestrator.config.errors import ConfigError
@@ -82,13 +83,50 @@ def targets(goal: ObjectiveSpec, multi: bool) -> list[tuple[str, Literal["maximi
 
 
 def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[str], options: dict[str, Any]) -> Any:
+    """Ask the study for trials in batches, launch each batch, tell it what they measured."""
+    fixed, space = search_space(hydra_context, dict(options.get("params") or {}), arguments)
+    multi = bool(options.get("multi_objective", False))
+    goals = targets(objective_of(config), multi)
+    study, done, where, stale = _open_study(config, options, fixed, space, goals)
+    n_trials = int(options.get("n_trials", 10))
+    batch_size = max(1, int(options.get("batch_size", 1)))
+    print(
+        f"optuna: {where}: {len(done)} of {n_trials} trial(s) done"
+        + (f", {stale} interrupted one(s) asked again" if stale else "")
+        + "; searching "
+        + ", ".join(f"{k} ({len(v)})" for k, v in space.items())
+        + " for "
+        + ", ".join(f"{d} {m}" for m, d in goals),
+        flush=True,
+    )
+    returns = []
+    job_idx = 0
+    while len(done) < n_trials:
+        asked = [study.ask() for _ in range(min(batch_size, n_trials - len(done)))]
+        overrides = [fixed + [f"{k}={t.suggest_categorical(k, v)}" for k, v in space.items()] for t in asked]
+        results = launcher.launch(overrides, initial_job_idx=job_idx)
+        job_idx += len(overrides)
+        for trial, ret in zip(asked, results):
+            outcome = ret.return_value if isinstance(ret.return_value, dict) else {"status": str(ret.return_value)}
+            _tell(study, trial, outcome, goals)
+            done.append(study.trials[trial.number])
+        returns.append(results)
+    _print_best(study, goals, multi)
+    return returns
+
+
+def _open_study(
+    config: Any,
+    options: dict[str, Any],
+    fixed: list[str],
+    space: dict[str, list[str]],
+    goals: list[tuple[str, Literal["maximize", "minimize"]]],
+) -> tuple[Any, list[Any], str, int]:
+    """The study of this experiment and space (created, or loaded to resume) and its trials
+    already told, where it is stored and how many were interrupted. Trials asked before a Ctrl-C and never told are failed and asked again first."""
     import optuna
     from optuna.trial import TrialState
 
-    fixed, space = search_space(hydra_context, dict(options.get("params") or {}), arguments)
-    goal = objective_of(config)
-    multi = bool(options.get("multi_objective", False))
-    goals = targets(goal, multi)
     sampler_name = str(options.get("sampler", "tpe"))
     if sampler_name not in SAMPLERS:
         raise ConfigError(f"hydra.sweeper.sampler: expected one of {', '.join(SAMPLERS)}, got {sampler_name!r}")
@@ -106,7 +144,7 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
         study_name=name, storage=storage, load_if_exists=True, sampler=sampler, directions=[d for _, d in goals]
     )
     stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
-    for t in stale:  # asked before a Ctrl-C, never told: failed now, asked again first
+    for t in stale:
         study.tell(t.number, state=TrialState.FAIL)
         study.set_user_attr(f"interrupted_{t.number}", True)
         study.enqueue_trial(t.params, skip_if_exists=False)
@@ -116,52 +154,38 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
         for t in study.get_trials(deepcopy=False)
         if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in interrupted
     ]
-    n_trials = int(options.get("n_trials", 10))
-    batch_size = max(1, int(options.get("batch_size", 1)))
-    print(
-        f"optuna: study '{name}' in {storage}: {len(done)} of {n_trials} trial(s) done"
-        + (f", {len(stale)} interrupted one(s) asked again" if stale else "")
-        + f"; searching {', '.join(f'{k} ({len(v)})' for k, v in space.items())} for "
-        + ", ".join(f"{d} {m}" for m, d in goals),
-        flush=True,
+    return study, done, f"study '{name}' in {storage}", len(stale)
+
+
+def _tell(study: Any, trial: Any, outcome: dict[str, Any], goals: Sequence[tuple[str, str]]) -> None:
+    """Tell the study a launched trial's values, or that it failed and why (SKIPPED, failed,
+    the objective's constraints missed, a goal not measured)."""
+    from optuna.trial import TrialState
+
+    values = outcome.get("values") or {}
+    trial.set_user_attr("status", outcome.get("status"))
+    trial.set_user_attr("trial_hash", outcome.get("trial_hash"))
+    missing = [m for m, _ in goals if values.get(m) is None]
+    if outcome.get("status") == "FINISHED" and outcome.get("feasible", False) and not missing:
+        study.tell(trial, [values[m] for m, _ in goals])
+        print(
+            f"optuna: trial {trial.number} {trial.params}: " + ", ".join(f"{m} {values[m]:.4g}" for m, _ in goals),
+            flush=True,
+        )
+        return
+    why = outcome.get("why") or (
+        f"{', '.join(missing)}: not measured or not set"
+        if missing and outcome.get("status") == "FINISHED"
+        else outcome.get("status")
     )
-    returns = []
-    job_idx = 0
-    while len(done) < n_trials:
-        asked = [study.ask() for _ in range(min(batch_size, n_trials - len(done)))]
-        overrides = [fixed + [f"{k}={t.suggest_categorical(k, v)}" for k, v in space.items()] for t in asked]
-        results = launcher.launch(overrides, initial_job_idx=job_idx)
-        job_idx += len(overrides)
-        for trial, ret in zip(asked, results):
-            outcome: dict[str, Any] = (
-                ret.return_value if isinstance(ret.return_value, dict) else {"status": str(ret.return_value)}
-            )
-            values = outcome.get("values") or {}
-            trial.set_user_attr("status", outcome.get("status"))
-            trial.set_user_attr("trial_hash", outcome.get("trial_hash"))
-            if (
-                outcome.get("status") != "FINISHED"
-                or not outcome.get("feasible", False)
-                or any(values.get(m) is None for m, _ in goals)
-            ):
-                missing = [m for m, _ in goals if values.get(m) is None]
-                why = outcome.get("why") or (
-                    f"{', '.join(missing)}: not measured or not set"
-                    if missing and outcome.get("status") == "FINISHED"
-                    else outcome.get("status")
-                )
-                trial.set_user_attr("reason", str(why))
-                study.tell(trial, state=TrialState.FAIL)
-                print(f"optuna: trial {trial.number} {trial.params}: not counted ({why})", flush=True)
-            else:
-                study.tell(trial, [values[m] for m, _ in goals])
-                print(
-                    f"optuna: trial {trial.number} {trial.params}: "
-                    + ", ".join(f"{m} {values[m]:.4g}" for m, _ in goals),
-                    flush=True,
-                )
-            done.append(study.trials[trial.number])
-        returns.append(results)
+    trial.set_user_attr("reason", str(why))
+    study.tell(trial, state=TrialState.FAIL)
+    print(f"optuna: trial {trial.number} {trial.params}: not counted ({why})", flush=True)
+
+
+def _print_best(study: Any, goals: Sequence[tuple[str, str]], multi: bool) -> None:
+    from optuna.trial import TrialState
+
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         print("optuna: no trial met the objective's constraints", flush=True)
@@ -179,4 +203,3 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
             f"({len(complete)} counted of {len(study.trials)} asked)",
             flush=True,
         )
-    return returns

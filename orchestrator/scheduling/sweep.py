@@ -7,7 +7,6 @@ tracking failure loses nothing. A progress line is printed per finished trial.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -21,14 +20,14 @@ from typing import Any
 
 from orchestrator.config.errors import OrchestratorError
 from orchestrator.config.logs import Progress, print_progress
-from orchestrator.config.schema import LaunchedEngineSpec, ObjectiveSpec
-from orchestrator.config.secrets import redact_override
-from orchestrator.feasibility import assess, estimate_seconds
+from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.feasibility import assess
 from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
 from orchestrator.scheduling.jobs import TrialJob
+from orchestrator.scheduling.preview import dry_run, share_key
 from orchestrator.scheduling.ray_exec import cluster_gpus, init_ray, run_jobs
 from orchestrator.tracking import MlflowTracker
-from orchestrator.trial import plan_trial, server_key, skipped_result
+from orchestrator.trial import skipped_result
 
 log = logging.getLogger(__name__)
 
@@ -76,91 +75,6 @@ def sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[dict[str, Any]]:
-    """One JSON line per trial: hash, overrides, ``feasible`` or ``skipped`` with the reason,
-    GPUs, every server command (argv + env). Starts nothing, not even Ray: the cluster's GPUs
-    are ``cluster.num_gpus`` when set (0 on the CPU platform), else unknown."""
-    lines = []
-    for job in jobs:
-        plan = plan_trial(job.spec, _known_gpus(job))
-        line = {
-            "trial_hash": job.trial_hash,
-            "index": job.index,
-            "variant": job.spec.variant,
-            "overrides": [redact_override(o) for o in job.overrides],
-            "status": "feasible" if plan["feasible"] else "skipped",
-            **plan,
-        }
-        lines.append(line)
-        progress(json.dumps(line, sort_keys=True))
-    progress(json.dumps({"plan": plan_summary(jobs, lines, _history(jobs))}, sort_keys=True))
-    return lines
-
-
-def plan_summary(jobs: list[TrialJob], lines: list[dict[str, Any]], history: dict[str, float]) -> dict[str, Any]:
-    """The whole sweep at a glance: trials, GPUs, an estimated duration and GPU-hours.
-
-    A trial's duration is that of its last FINISHED run when MLflow has one (same trial
-    hash), else a rough estimate (``feasibility.estimate_seconds``). Wall time assumes the
-    cluster's GPUs (or ``platform.max_concurrent_trials``) are kept busy.
-    """
-    feasible = [(job, line) for job, line in zip(jobs, lines) if line["feasible"]]
-    est = {job.trial_hash: history.get(job.trial_hash, estimate_seconds(job.spec)) for job, _ in feasible}
-    serial_s = sum(est.values())
-    gpu_s = sum(line["gpus"] * est[job.trial_hash] for job, line in feasible)
-    wall_s = serial_s
-    cap = jobs[0].spec.platform.max_concurrent_trials if jobs else None
-    gpus = _known_gpus(jobs[0]) if jobs else None
-    if gpus and gpu_s:
-        wall_s = max(gpu_s / gpus, max(est.values()))
-    elif cap and cap > 1:
-        wall_s = serial_s / cap
-    launched = [job for job, _ in feasible if isinstance(job.spec.engine, LaunchedEngineSpec)]  # not sleep/external
-    keys = [_share_key(job) if job.settings.reuse_servers else None for job in launched]
-    starts = len({k for k in keys if k is not None}) + sum(k is None for k in keys)
-    return {
-        "trials": len(jobs),
-        "feasible": len(feasible),
-        "skipped": len(jobs) - len(feasible),
-        "server_starts": starts,
-        "gpus_per_trial": sorted({line["gpus"] for _, line in feasible}),
-        "estimated_s": round(wall_s),
-        "estimated_serial_s": round(serial_s),
-        "gpu_hours": round(gpu_s / 3600, 2),
-        "from_history": sum(h in history for h in est),
-    }
-
-
-def _history(jobs: list[TrialJob]) -> dict[str, float]:
-    """Durations of FINISHED runs of these trials in MLflow (read only; empty if unreachable)."""
-    if not jobs or not jobs[0].settings.tracking.enabled:
-        return {}
-    settings = jobs[0].settings
-    uri = settings.tracking.uri
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
-        return {}  # a dry run creates no store
-    try:
-        from orchestrator.tracking.runs import experiment_exists
-
-        name = settings.tracking.experiment_name or jobs[0].spec.experiment
-        if not experiment_exists(uri, name):
-            return {}
-        return MlflowTracker(uri, name).finished_durations(j.trial_hash for j in jobs)
-    except Exception as exc:  # a plan without history is still a plan
-        log.debug("no MLflow history for the plan: %s", exc)
-        return {}
-
-
-def _share_key(job: TrialJob) -> str | None:
-    return server_key(job.spec)
-
-
-def _known_gpus(job: TrialJob) -> int | None:
-    if job.settings.cluster.num_gpus is not None:
-        return job.settings.cluster.num_gpus
-    return 0 if job.spec.platform.device == "cpu" and job.settings.cluster.address is None else None
-
-
 def _point_summary(result: TrialResult) -> str:
     if not result.points:
         return ""
@@ -192,7 +106,6 @@ def run_sweep(
         return []
     sweep_dir.mkdir(parents=True, exist_ok=True)
     experiment = settings.tracking.experiment_name or jobs[0].spec.experiment
-    commit = git_commit()
     tracker = _open_tracker(settings.tracking.uri, experiment, settings.tracking.enabled, progress)
     done = _already_finished(jobs, tracker, settings.resume, progress)
     if len(done) == len(jobs):
@@ -201,84 +114,123 @@ def run_sweep(
             "(resume=false runs them again)"
         )
         return []
-    if tracker is not None and continuing and tracker.attach_sweep(str(sweep_dir.resolve())):
-        progress(f"sweep '{experiment}': continuing its MLflow run {tracker.parent_run_id} (a search's next batch)")
-    elif tracker is not None:
-        try:
-            objective = (
-                {"objective": settings.objective.model_dump_json(exclude_none=True)} if settings.objective else {}
-            )
-            tracker.start_sweep(
-                sweep_name,
-                {"experiment": experiment, "num_trials": len(jobs), **objective, **(sweep_params or {})},
-                {"git_commit": commit, "sweep_dir": str(sweep_dir.resolve())},
-            )
-        except Exception as exc:  # keep measuring; results stay on disk
-            progress(f"warning: could not create the MLflow sweep run ({exc}); results are kept on disk only")
-            tracker = None
+    commit = git_commit()
+    tracker = _start_sweep_run(tracker, jobs, sweep_dir, sweep_name, sweep_params or {}, continuing, commit, progress)
     progress(f"sweep '{experiment}': {len(jobs)} trial(s); results in {sweep_dir}")
-    counts: Counter[str] = Counter()
-    results: list[TrialResult] = []
+    record = _Recorder(sweep_dir, tracker, commit, len(jobs) - len(done), progress)
     status = "FAILED"
-    t0 = time.monotonic()
-
-    def finish(job: TrialJob, result: TrialResult) -> None:
-        """Disk first, then MLflow, then a progress line."""
-        d = save_result(result, trial_dir(sweep_dir, job))
-        if tracker is not None:
-            _log_trial(tracker, result, d, commit, progress)
-        counts[result.status] += 1
-        results.append(result)
-        reason = f" ({result.error.splitlines()[0][:200]})" if result.error else ""
-        progress(
-            f"[{len(results)}/{len(jobs) - len(done)}] {job.label}: {result.status}{reason} "
-            f"{_point_summary(result)} [{time.monotonic() - t0:.0f}s elapsed]"
-        )
-
     ray_ctx = init_ray(settings.cluster)
     try:
         with sigterm_as_interrupt():
-            gpus = cluster_gpus()
-            runnable = []
-            for job in jobs:  # infeasible trials are SKIPPED here, never submitted (Ray would wait forever)
-                if job.trial_hash in done:
-                    counts["ALREADY_FINISHED"] += 1
-                    continue
-                reason = assess(job.spec, gpus)
-                if reason is None:
-                    runnable.append(job)
-                    continue
-                finish(job, skipped_result(job.spec, job.overrides, reason))
-            for job, result in run_jobs(
-                runnable,
-                lambda j: str(trial_dir(sweep_dir, j)),
-                jobs[0].spec.platform.max_concurrent_trials,
-                max_attempts=settings.cluster.max_attempts,
-                progress=progress,
-                share_key=_share_key if settings.reuse_servers else None,
-            ):
-                finish(job, result)
+            _run_trials(jobs, done, record)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
         progress("interrupted: running trials were stopped (and their servers)")
-        _log_partial_results(jobs, results, sweep_dir, tracker, commit, progress)
+        _log_partial_results(jobs, record.results, sweep_dir, tracker, commit, progress)
         raise
     finally:
         ray_ctx.shutdown()
-        if tracker is not None:
-            try:
-                tracker.end_sweep(dict(counts), status)
-            except Exception as exc:  # a tracking failure must not hide the sweep's own outcome
-                progress(f"warning: could not close the MLflow sweep run: {exc}")
-    _report(experiment, results, sweep_dir, tracker, progress, settings.objective)
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    for line in status_table(results):
+        record.end_sweep(status)
+    _report(experiment, record.results, sweep_dir, tracker, progress, settings.objective)
+    for line in status_table(record.results):
         progress(line)
-    progress(f"sweep '{experiment}' done in {time.monotonic() - t0:.0f}s: {summary}")
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(record.counts.items()))
+    progress(f"sweep '{experiment}' done in {time.monotonic() - record.t0:.0f}s: {summary}")
     if tracker is not None:
         progress(f"MLflow: experiment '{experiment}' at {settings.tracking.uri}")
-    return results
+    return record.results
+
+
+def _start_sweep_run(
+    tracker: MlflowTracker | None,
+    jobs: list[TrialJob],
+    sweep_dir: Path,
+    sweep_name: str,
+    sweep_params: dict[str, Any],
+    continuing: bool,
+    commit: str,
+    progress: Progress,
+) -> MlflowTracker | None:
+    """The sweep's MLflow parent run (a search's next batch continues its own); None when
+    tracking is off or the run cannot be created (results stay on disk)."""
+    if tracker is None:
+        return None
+    settings = jobs[0].settings
+    experiment = settings.tracking.experiment_name or jobs[0].spec.experiment
+    if continuing and tracker.attach_sweep(str(sweep_dir.resolve())):
+        progress(f"sweep '{experiment}': continuing its MLflow run {tracker.parent_run_id} (a search's next batch)")
+        return tracker
+    objective = {"objective": settings.objective.model_dump_json(exclude_none=True)} if settings.objective else {}
+    try:
+        tracker.start_sweep(
+            sweep_name,
+            {"experiment": experiment, "num_trials": len(jobs), **objective, **sweep_params},
+            {"git_commit": commit, "sweep_dir": str(sweep_dir.resolve())},
+        )
+    except Exception as exc:  # keep measuring; results stay on disk
+        progress(f"warning: could not create the MLflow sweep run ({exc}); results are kept on disk only")
+        return None
+    return tracker
+
+
+class _Recorder:
+    """Each finished trial: to disk first, then MLflow, then a progress line; counts by status."""
+
+    def __init__(
+        self, sweep_dir: Path, tracker: MlflowTracker | None, commit: str, to_run: int, progress: Progress
+    ) -> None:
+        self.sweep_dir, self.tracker, self.commit, self.to_run = sweep_dir, tracker, commit, to_run
+        self.progress = progress
+        self.counts: Counter[str] = Counter()
+        self.results: list[TrialResult] = []
+        self.t0 = time.monotonic()
+
+    def finish(self, job: TrialJob, result: TrialResult) -> None:
+        d = save_result(result, trial_dir(self.sweep_dir, job))
+        if self.tracker is not None:
+            _log_trial(self.tracker, result, d, self.commit, self.progress)
+        self.counts[result.status] += 1
+        self.results.append(result)
+        reason = f" ({result.error.splitlines()[0][:200]})" if result.error else ""
+        self.progress(
+            f"[{len(self.results)}/{self.to_run}] {job.label}: {result.status}{reason} "
+            f"{_point_summary(result)} [{time.monotonic() - self.t0:.0f}s elapsed]"
+        )
+
+    def end_sweep(self, status: str) -> None:
+        if self.tracker is None:
+            return
+        try:
+            self.tracker.end_sweep(dict(self.counts), status)
+        except Exception as exc:  # a tracking failure must not hide the sweep's own outcome
+            self.progress(f"warning: could not close the MLflow sweep run: {exc}")
+
+
+def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: _Recorder) -> None:
+    """Infeasible trials are SKIPPED here, never submitted (Ray would wait forever); the others
+    run on Ray, each recorded as it finishes."""
+    settings = jobs[0].settings
+    gpus = cluster_gpus()
+    runnable = []
+    for job in jobs:
+        if job.trial_hash in done:
+            record.counts["ALREADY_FINISHED"] += 1
+            continue
+        reason = assess(job.spec, gpus)
+        if reason is None:
+            runnable.append(job)
+        else:
+            record.finish(job, skipped_result(job.spec, job.overrides, reason))
+    for job, result in run_jobs(
+        runnable,
+        lambda j: str(trial_dir(record.sweep_dir, j)),
+        jobs[0].spec.platform.max_concurrent_trials,
+        max_attempts=settings.cluster.max_attempts,
+        progress=record.progress,
+        share_key=share_key if settings.reuse_servers else None,
+    ):
+        record.finish(job, result)
 
 
 def status_table(results: list[TrialResult]) -> list[str]:

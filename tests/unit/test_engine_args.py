@@ -13,6 +13,7 @@ from orchestrator.config import to_specs
 from orchestrator.engines import adapter_for, pd_proxy
 from orchestrator.engines import sglang as sglang_adapter
 from orchestrator.engines import vllm as vllm_adapter
+from orchestrator.engines.router import ROUTER_MODULE
 from orchestrator.feasibility import assess
 from tests.conftest import CONF
 
@@ -67,7 +68,7 @@ def parse_launch(launch, vllm_parser, sglang_parser):
         return ns
     if module == vllm_adapter.PROXY_MODULE:
         return proxy_parser_args(argv[3:])
-    if module == sglang_adapter.ROUTER_MODULE:  # the router's own parser (sglang-router, in the cpu extra)
+    if module == ROUTER_MODULE:  # the router's own parser (sglang-router, in the cpu extra)
         from sglang_router.launch_router import parse_router_args
 
         return parse_router_args(argv[3:])

@@ -107,7 +107,7 @@ def test_missing_environment_fails_the_sweep_before_launch_but_not_its_dry_run(c
     cfg = compose(["platform=gpu", f"platform.engine_envs={tmp_path}"])
     with pytest.raises(ConfigError, match=r"vllm engine environment is missing.*make engines-gpu"):
         prepare_jobs([([], cfg)])
-    from orchestrator.scheduling.sweep import dry_run
+    from orchestrator.scheduling.preview import dry_run
 
     jobs = prepare_jobs([([], compose(["platform=gpu", f"platform.engine_envs={tmp_path}", "dry_run=true"]))])
     lines = []

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult
 from orchestrator.report import best_configuration, build_report, from_mlflow, from_results
-from orchestrator.report.plots import knee, pareto
+from orchestrator.report.figures import knee, pareto
 from orchestrator.tracking.runs import Point, TrialData
 
 

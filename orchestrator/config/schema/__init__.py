@@ -1,0 +1,72 @@
+"""Typed schema of a trial and of a sweep's settings (pydantic, ``extra="forbid"``).
+
+The Hydra ``DictConfig`` is turned into these models once, in :mod:`orchestrator.config.convert`;
+everything downstream sees typed objects only. One module per part of a trial: ``engines``,
+``model``, ``workload``, ``platform`` (platform, cluster, tracking) and ``trial`` (the trial, the
+objective, a sweep's settings); every name is importable from here.
+"""
+
+from .base import ArrivalKind, StrictModel
+from .engines import (
+    BaseEngineSpec,
+    DisaggregationSpec,
+    EnginePython,
+    EngineSpec,
+    ExternalEngineSpec,
+    LaunchedEngineSpec,
+    LaunchPrefix,
+    LMCacheSpec,
+    RouterSpec,
+    SGLangEngineSpec,
+    SleepEngineSpec,
+    VLLMEngineSpec,
+)
+from .model import ModelArch, ModelSpec, TinyModelSpec, TinyTrainSpec
+from .platform import ClusterSpec, PlatformSpec, TrackingSpec
+from .trial import EvalSpec, ObjectiveSpec, SweepSettings, TrialSpec
+from .workload import (
+    SLO_METRIC,
+    CapacitySpec,
+    FidelitySpec,
+    LoadPointSpec,
+    RequestClass,
+    SLOSpec,
+    ValiditySpec,
+    WorkloadSpec,
+)
+
+__all__ = [
+    "SLO_METRIC",
+    "ArrivalKind",
+    "BaseEngineSpec",
+    "CapacitySpec",
+    "ClusterSpec",
+    "DisaggregationSpec",
+    "EnginePython",
+    "EngineSpec",
+    "EvalSpec",
+    "ExternalEngineSpec",
+    "FidelitySpec",
+    "LMCacheSpec",
+    "LaunchPrefix",
+    "LaunchedEngineSpec",
+    "LoadPointSpec",
+    "ModelArch",
+    "ModelSpec",
+    "ObjectiveSpec",
+    "PlatformSpec",
+    "RequestClass",
+    "RouterSpec",
+    "SGLangEngineSpec",
+    "SLOSpec",
+    "SleepEngineSpec",
+    "StrictModel",
+    "SweepSettings",
+    "TinyModelSpec",
+    "TinyTrainSpec",
+    "TrackingSpec",
+    "TrialSpec",
+    "VLLMEngineSpec",
+    "ValiditySpec",
+    "WorkloadSpec",
+]

@@ -1,0 +1,306 @@
+"""Engine specs: vLLM, SGLang (launched by us), an external server, a sleep stand-in."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
+
+from .base import StrictModel
+
+
+def _check_extra_args(extra_args: list[str | int | float], managed: dict[str, str]) -> None:
+    """Flags the orchestrator sets itself may not come in through ``extra_args``."""
+    for arg in extra_args:
+        flag = str(arg).split("=", 1)[0]
+        if flag in managed:
+            raise ValueError(f"extra_args may not set {flag}; use {managed[flag]} instead")
+
+
+# Where an engine's servers come from (orchestrator/engines/envs.py); shared by vLLM and SGLang.
+EnginePython = Annotated[
+    str | None,
+    Field(
+        description=(
+            "interpreter for the server; None = the engine environment of `make engines-gpu` on platform=gpu, "
+            "this interpreter on the CPU"
+        )
+    ),
+]
+LaunchPrefix = Annotated[
+    list[str],
+    Field(
+        description=(
+            "argv put before the interpreter, e.g. [apptainer, exec, --nv, vllm.sif] or "
+            "[srun, --container-image=IMAGE]; the interpreter is then engine.python or python3 inside it"
+        )
+    ),
+]
+
+
+class DisaggregationSpec(StrictModel):
+    """Prefill/decode disaggregation: one prefill and one decode server with their own GPUs,
+    a KV connector between them and a proxy/router in front (the trial is measured there).
+
+    ``connector`` is vLLM's KV connector (``NixlConnector``, ``P2pNcclConnector``) or
+    SGLang's transfer backend (``mooncake``, ``nixl``).
+    """
+
+    connector: str
+    prefill_tp: PositiveInt = 1
+    decode_tp: PositiveInt = 1
+
+    @property
+    def num_gpus(self) -> int:
+        return self.prefill_tp + self.decode_tp
+
+
+class LMCacheSpec(StrictModel):
+    """LMCache behind vLLM (``LMCacheConnectorV1``): its config file is rendered per trial."""
+
+    chunk_size: PositiveInt = 256
+    local_cpu: bool = True
+    max_local_cpu_size_gb: PositiveFloat = 5.0
+    local_disk: str | None = Field(default=None, description="directory of the disk tier; None = no disk tier")
+    max_local_disk_size_gb: PositiveFloat = 20.0
+
+
+class RouterSpec(StrictModel):
+    """Data parallelism behind the SGLang router (PyPI ``sglang-router``): ``replicas`` identical
+    engine servers (their own GPUs; a core each on the CPU) and the router in front, where the
+    trial is measured. Week 9: round-robin vs cache-aware routing on a shared-prefix workload."""
+
+    replicas: int = Field(default=2, ge=2)
+    policy: Literal["round_robin", "cache_aware", "random", "power_of_two"] = "cache_aware"
+    extra_args: list[str | int | float] = Field(default_factory=list, description="appended to the router's argv")
+
+
+class BaseEngineSpec(StrictModel):
+    """What every kind of trial's engine answers, whatever its fields (typed, no getattr)."""
+
+    @property
+    def num_gpus(self) -> int:
+        return 0
+
+    @property
+    def context_limit(self) -> int | None:
+        """The most tokens of one sequence the server takes, when configured."""
+        return None
+
+    @property
+    def hold_s(self) -> float | None:
+        """Seconds a trial holds its resources without a server (the sleep kind), else None."""
+        return None
+
+
+class LaunchedEngineSpec(BaseEngineSpec):
+    """The fields of every engine whose servers the trial starts (vLLM, SGLang)."""
+
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535, description="None picks a free port")
+    dtype: str = "auto"
+    tensor_parallel_size: PositiveInt = 1
+    kv_cache_dtype: str | None = None
+    quantization: str | None = None
+    disaggregation: DisaggregationSpec | None = None
+    reset_cache_between_points: bool = Field(default=False, description="empty the prefix cache before each point")
+    restart_between_points: bool = Field(default=False, description="a fresh server for every load point")
+    extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: PositiveFloat = 600.0
+    python: EnginePython = None
+    launch_prefix: LaunchPrefix = Field(default_factory=list)
+
+    @property
+    def gpu_memory_share(self) -> float:
+        """The share of each GPU's memory the engine takes: configured, else the engine's default."""
+        raise NotImplementedError
+
+
+class VLLMEngineSpec(LaunchedEngineSpec):
+    """Server knobs of a vLLM trial. ``None`` means "leave vLLM's default"."""
+
+    name: Literal["vllm"] = "vllm"
+    api_key_env: str | None = Field(
+        default=None,
+        description="name of an environment variable holding the "
+        "server's API key (passed to vLLM as VLLM_API_KEY, never on argv)",
+    )
+    max_model_len: PositiveInt | None = None
+    block_size: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    enable_chunked_prefill: bool | None = None
+    max_num_seqs: PositiveInt | None = None
+    enable_prefix_caching: bool | None = None
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    pipeline_parallel_size: PositiveInt = 1
+    speculative_config: dict[str, Any] | None = None
+    kv_transfer_config: dict[str, Any] | None = Field(default=None, description="set by hand; P/D and LMCache set it")
+    lmcache: LMCacheSpec | None = None
+    router: RouterSpec | None = None
+    reset_cache_between_points: bool = Field(
+        default=False,
+        description="POST /reset_prefix_cache before each load point (needs VLLM_SERVER_DEV_MODE=1, "
+        "which the adapter sets)",
+    )
+    restart_between_points: bool = Field(
+        default=False, description="a fresh server for every load point (cold vs warm across a restart, LMCache)"
+    )
+    seed: int | None = None
+    cpu_kvcache_space_gib: PositiveInt | None = Field(
+        default=None, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on the CPU build"
+    )
+    cpu_omp_threads_bind: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND")
+
+    @model_validator(mode="after")
+    def _extra_args_not_managed(self) -> VLLMEngineSpec:
+        _check_extra_args(
+            self.extra_args,
+            {"--model": "model", "--served-model-name": "model.name", "--host": "engine.host", "--port": "engine.port"},
+        )
+        if sum(x is not None for x in (self.kv_transfer_config, self.disaggregation, self.lmcache)) > 1:
+            raise ValueError("set at most one of kv_transfer_config, disaggregation and lmcache")
+        if self.router is not None and self.disaggregation is not None:
+            raise ValueError("set router (data parallel replicas) or disaggregation, not both")
+        if (
+            self.disaggregation is not None
+            and self.disaggregation.connector == "ExampleConnector"
+            and self.max_model_len is None
+        ):
+            raise ValueError(
+                "disaggregation.connector ExampleConnector needs engine.max_model_len: the prefill "
+                "server takes whole prompts in one step (max_num_batched_tokens = max_model_len)"
+            )
+        if self.disaggregation is not None and self.tensor_parallel_size != 1:
+            raise ValueError("with disaggregation, set disaggregation.prefill_tp / decode_tp, not tensor_parallel_size")
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        if self.disaggregation is not None:
+            return self.disaggregation.num_gpus
+        replicas = self.router.replicas if self.router is not None else 1
+        return replicas * self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def context_limit(self) -> int | None:
+        return self.max_model_len
+
+    @property
+    def gpu_memory_share(self) -> float:
+        return self.gpu_memory_utilization or 0.9  # vLLM's --gpu-memory-utilization default
+
+
+class SGLangEngineSpec(LaunchedEngineSpec):
+    """Server knobs of an SGLang trial (``python -m sglang.launch_server``). ``None`` = SGLang's default."""
+
+    name: Literal["sglang"] = "sglang"
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    context_length: PositiveInt | None = None
+    chunked_prefill_size: int | None = Field(default=None, ge=-1, description="-1 disables chunked prefill")
+    schedule_policy: Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "priority"] | None = None
+    disable_radix_cache: bool = False
+    page_size: PositiveInt | None = None
+    speculative_algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"] | None = None
+    speculative_num_steps: PositiveInt | None = None
+    speculative_eagle_topk: PositiveInt | None = None
+    speculative_num_draft_tokens: PositiveInt | None = None
+    speculative_draft_model_path: str | None = None
+    kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"] | None = None
+    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
+    max_running_requests: PositiveInt | None = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: PositiveInt | None = None
+    random_seed: int | None = None
+    reset_cache_between_points: bool = Field(default=False, description="POST /flush_cache before each load point")
+    startup_timeout_s: PositiveFloat = 900.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SGLangEngineSpec:
+        _check_extra_args(
+            self.extra_args,
+            {
+                "--model-path": "model",
+                "--model": "model",
+                "--served-model-name": "model.name",
+                "--host": "engine.host",
+                "--port": "engine.port",
+                "--tp-size": "engine.tensor_parallel_size",
+            },
+        )
+        spec_knobs = (self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens)
+        if any(k is not None for k in spec_knobs) and self.speculative_algorithm is None:
+            raise ValueError("speculative_num_steps/eagle_topk/num_draft_tokens need speculative_algorithm")
+        if self.speculative_num_steps is not None and None in spec_knobs:
+            # SGLang asserts this at start: steps, top-k and draft tokens are set together.
+            raise ValueError("speculative_num_steps needs speculative_eagle_topk and speculative_num_draft_tokens too")
+        if self.speculative_algorithm == "STANDALONE" and not self.speculative_draft_model_path:
+            raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
+        if (
+            self.page_size
+            and self.chunked_prefill_size
+            and self.chunked_prefill_size > 0
+            and self.chunked_prefill_size % self.page_size
+        ):
+            raise ValueError(
+                f"chunked_prefill_size {self.chunked_prefill_size} must be divisible by page_size {self.page_size}"
+            )
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        if self.disaggregation is not None:
+            return self.disaggregation.num_gpus
+        return self.tensor_parallel_size
+
+    @property
+    def context_limit(self) -> int | None:
+        return self.context_length
+
+    @property
+    def gpu_memory_share(self) -> float:
+        return self.mem_fraction_static or 0.88  # SGLang's --mem-fraction-static default (one GPU)
+
+
+class ExternalEngineSpec(BaseEngineSpec):
+    """A server that is already running (started by hand, by a platform team, behind a gateway).
+
+    Nothing is launched; the trial measures ``url``. The API key, if any, is read from the
+    environment variable named by ``api_key_env`` (never written in a config).
+    """
+
+    name: Literal["external"] = "external"
+    url: str = Field(pattern=r"^https?://[^/\s]+$", description="http(s)://host:port, no path")
+    api_key_env: str | None = None
+    health_path: str | None = "/health"
+    metrics_path: str | None = "/metrics"
+    metrics: Literal["vllm", "none"] = Field(default="vllm", description="whose Prometheus names to read")
+    startup_timeout_s: PositiveFloat = 60.0
+
+
+class SleepEngineSpec(BaseEngineSpec):
+    """A trial that starts no server and only holds its resources for ``seconds``: cluster
+    smoke tests (do GPUs get placed?) and the packing benchmark."""
+
+    name: Literal["sleep"] = "sleep"
+    gpus: int = Field(default=0, ge=0)
+    seconds: float = Field(default=1.0, ge=0)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus
+
+    @property
+    def hold_s(self) -> float | None:
+        return self.seconds
+
+
+EngineSpec = Annotated[
+    VLLMEngineSpec | SGLangEngineSpec | ExternalEngineSpec | SleepEngineSpec, Field(discriminator="name")
+]

@@ -1,0 +1,69 @@
+"""Where a trial runs and where its results go: platform, cluster, tracking."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    PositiveFloat,
+    PositiveInt,
+)
+
+from .base import StrictModel
+
+
+class PlatformSpec(StrictModel):
+    """The kind of hardware trials run on."""
+
+    name: Literal["cpu", "gpu"]
+    device: Literal["cpu", "cuda"]
+    max_concurrent_trials: PositiveInt | None = Field(
+        default=None, description="cap on trials measured at once; 1 on CPU (they would share cores)"
+    )
+    cpus_per_trial: PositiveFloat = 1.0
+    monitor_interval_s: PositiveFloat = 0.5
+    monitor_budget: float = Field(
+        default=0.01,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "share of wall time each kind of sample (memory, engine gauges) may take: a sample that "
+            "took w seconds waits max(monitor_interval_s, w / monitor_budget) before the next"
+        ),
+    )
+    gpu_name: str | None = Field(default=None, description="a key of orchestrator/models/gpus.py, e.g. A100-80GB")
+    gpu_memory_gb: PositiveFloat | None = Field(default=None, description="None = from gpu_name")
+    # The roofline of a decode step (week 3): None = from gpu_name on GPUs; on CPU the memory
+    # bandwidth is measured once per worker (numpy copy) and the peak is an estimate.
+    memory_bandwidth_gb_s: PositiveFloat | None = None
+    peak_tflops: PositiveFloat | None = None
+    # Engine defaults that belong to the hardware (engine configs interpolate them).
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    cpu_kvcache_space_gib: PositiveInt | None = None
+    engine_envs: str | None = Field(
+        default=None,
+        description=(
+            "folder holding the engine environments (vllm-gpu/, sglang-gpu/) that `make engines-gpu` creates; "
+            "None = $INFERENCE_LAB_ENGINES, else <project>/.engines. Used on device cuda"
+        ),
+    )
+
+
+class ClusterSpec(StrictModel):
+    """Where Ray runs. ``address`` None starts a local Ray."""
+
+    address: str | None = None
+    num_cpus: PositiveInt | None = None
+    num_gpus: int | None = Field(default=None, ge=0, description="logical GPUs for a local Ray")
+    include_dashboard: bool = False
+    max_attempts: PositiveInt = Field(default=3, description="attempts of a trial lost with its Ray worker or node")
+
+
+class TrackingSpec(StrictModel):
+    """Where results go. The driver is the only writer."""
+
+    uri: str
+    experiment_name: str | None = Field(default=None, description="None = the experiment's name")
+    enabled: bool = True

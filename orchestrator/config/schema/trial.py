@@ -1,0 +1,138 @@
+"""A trial (everything that determines one measurement) and a sweep's settings."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import (
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from .base import StrictModel
+from .engines import EngineSpec, LaunchedEngineSpec
+from .model import ModelSpec
+from .platform import ClusterSpec, PlatformSpec, TrackingSpec
+from .workload import WorkloadSpec
+
+
+class EvalSpec(StrictModel):
+    """Accuracy scored by lm-eval (``local-completions``) against the trial's own server, after
+    its load points. ``tasks`` empty = no evaluation."""
+
+    name: str = "none"
+    tasks: list[str] = Field(default_factory=list, description="lm-eval task names")
+    local_tasks: bool = Field(default=False, description="tasks shipped in orchestrator/evaluation/tasks (offline)")
+    limit: PositiveInt | None = Field(default=None, description="questions per task (None = all)")
+    num_fewshot: int | None = Field(default=None, ge=0)
+    num_concurrent: PositiveInt = 4
+    max_gen_toks: PositiveInt = 256
+    timeout_s: PositiveFloat = 1800.0
+
+    @field_validator("tasks")
+    @classmethod
+    def _task_names(cls, v: list[str]) -> list[str]:
+        bad = [t for t in v if not re.fullmatch(r"[A-Za-z0-9_.\-]+", t)]
+        if bad:
+            raise ValueError(f"task names may hold only letters, digits, '_', '.', '-': {bad}")
+        return v
+
+
+class TrialSpec(StrictModel):
+    """Everything that determines one trial's measurement."""
+
+    experiment: str
+    variant: str | None = None
+    seed: int = 0
+    engine: EngineSpec
+    model: ModelSpec
+    workload: WorkloadSpec
+    platform: PlatformSpec
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+
+    @model_validator(mode="after")
+    def _fits_context(self) -> TrialSpec:
+        need = self.workload.max_request_tokens()
+        limit = self.engine.context_limit
+        if limit is None and self.model.tiny is not None:
+            limit = self.model.tiny.max_position_embeddings
+        if limit is not None and need > limit:
+            raise ValueError(
+                f"workload '{self.workload.name}' needs up to {need} tokens per request "
+                f"(input + output at the top of range_ratio) but the context is {limit} "
+                "(engine.max_model_len / model)"
+            )
+        if (
+            self.model.tokenizer
+            and self.model.source in ("tiny_random", "tiny_trained")
+            and isinstance(self.engine, LaunchedEngineSpec)
+        ):
+            raise ValueError(
+                f"model.tokenizer '{self.model.tokenizer}': the tiny model ({self.model.source}) is built "
+                "with its own tokenizer and cannot be served with another; model.tokenizer is for "
+                "model.source=path/hub (passed to the server too) or engine=external"
+            )
+        if (
+            self.workload.capacity is not None
+            and isinstance(self.engine, LaunchedEngineSpec)
+            and self.engine.restart_between_points
+        ):
+            raise ValueError(
+                "workload.capacity searches one running server: it cannot be combined with "
+                "engine.restart_between_points"
+            )
+        return self
+
+
+class ObjectiveSpec(StrictModel):
+    """What the sweep's verdict optimises: one metric of each trial (or a knob, e.g.
+    ``engine.max_num_batched_tokens``), among the trials that meet ``subject_to``.
+
+    A metric is read from the trial's own metrics when it has one by that name (e.g.
+    ``slo_capacity_rps``), else at load point ``at`` (a label such as ``c4``; default the
+    trial's heaviest fixed point); ``<class>/<metric>`` reads a request class's metric.
+    ``subject_to`` maps a metric to its highest allowed value, to ``{min: x}`` / ``{max: x}``,
+    or to ``base-D``: at least the first trial's value minus D (e.g. ``accuracy: base-0.01``).
+    ``frontier`` names two metrics, ``{maximize: a, minimize: b}``, for a Pareto plot; ``show``
+    lists more metrics to quote next to the verdict and in its per-knob tables.
+    """
+
+    maximize: str | None = None
+    minimize: str | None = None
+    at: str | None = None
+    subject_to: dict[str, float | str | dict[Literal["min", "max"], float]] = Field(default_factory=dict)
+    show: list[str] = Field(default_factory=list)
+    frontier: dict[Literal["maximize", "minimize"], str] | None = None
+
+    @model_validator(mode="after")
+    def _one_direction(self) -> ObjectiveSpec:
+        if (self.maximize is None) == (self.minimize is None):
+            raise ValueError("objective: set exactly one of maximize / minimize (a metric or a knob)")
+        for key, bound in self.subject_to.items():
+            if isinstance(bound, str) and not re.fullmatch(r"base-\d+(\.\d+)?", bound):
+                raise ValueError(
+                    f"objective.subject_to.{key}: expected a number, {{min: x}}, {{max: x}} or "
+                    f"'base-D' (at least the baseline minus D), got {bound!r}"
+                )
+        if self.frontier is not None and len(self.frontier) != 2:
+            raise ValueError("objective.frontier: expected {maximize: metric, minimize: metric}")
+        return self
+
+    @property
+    def key(self) -> str:
+        return self.maximize or self.minimize  # type: ignore[return-value]
+
+
+class SweepSettings(StrictModel):
+    """Settings of a sweep that do not change a trial's measurement (not in the trial hash)."""
+
+    tracking: TrackingSpec
+    cluster: ClusterSpec
+    dry_run: bool = False
+    resume: bool = Field(default=True, description="skip trials whose hash already has a FINISHED run")
+    reuse_servers: bool = Field(default=True, description="trials with identical servers share one server start")
+    objective: ObjectiveSpec | None = Field(default=None, description="the report's verdict (see ObjectiveSpec)")

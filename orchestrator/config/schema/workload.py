@@ -1,0 +1,379 @@
+"""The workload: request classes, load points, SLOs, validity and fidelity checks, capacity search."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
+
+from .base import ArrivalKind, StrictModel
+
+
+class RequestClass(StrictModel):
+    """One kind of request in a workload and where its prompts come from (``dataset``).
+
+    * ``random``: prompts of ``input_tokens`` random tokens (``range_ratio`` spreads lengths);
+    * ``vllm_random``: like ``random``, but each prompt is a run of consecutive token ids from a
+      random start, as ``vllm bench serve --dataset-name random`` builds them (to reproduce its
+      numbers: on a small vocabulary such prompts share leading blocks and hit the prefix cache);
+    * ``shared_prefix``: one of ``num_groups`` fixed prefixes of ``prefix_tokens``, then
+      ``input_tokens`` random tokens (prefix-caching labs);
+    * ``sharegpt``: the first user turn of conversations in the ShareGPT file ``path``; output
+      length from the first reply unless ``output_tokens`` is set; prompts longer than
+      ``max_input_tokens`` are skipped.
+    * ``multi_turn``: conversations of ``turns`` user turns of ``input_tokens`` random tokens
+      each; every turn after the first resends the whole conversation so far (user turns and
+      the server's actual replies), ``think_time_s`` after the previous reply ended. A load
+      point's arrivals and ``num_requests`` count conversations; each turn is one record.
+
+    A class with ``rate`` set is background traffic: it arrives on its own process
+    (``arrival``) at that rate while each load point runs, whatever the point's setting.
+    """
+
+    dataset: Literal["random", "vllm_random", "shared_prefix", "sharegpt", "multi_turn"] = "random"
+    input_tokens: PositiveInt | None = None
+    output_tokens: PositiveInt | None = None
+    range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0, description="lengths drawn in [n(1-r), n(1+r)]")
+    output_tokens_choices: list[PositiveInt] | None = Field(
+        default=None,
+        description="output lengths drawn uniformly from this list (week 7); output_tokens must be their maximum",
+    )
+    num_groups: PositiveInt | None = None
+    prefix_tokens: PositiveInt | None = None
+    path: str | None = None
+    turns: PositiveInt | None = Field(default=None, description="multi_turn: user turns per conversation")
+    think_time_s: float = Field(default=0.0, ge=0.0, description="multi_turn: pause between a reply and the next turn")
+    max_input_tokens: PositiveInt = 1024
+    max_output_tokens: PositiveInt = 1024
+    weight: PositiveFloat = 1.0
+    rate: PositiveFloat | None = None
+    arrival: ArrivalKind = "poisson"
+    burstiness: PositiveFloat = Field(default=1.0, description="gamma shape; <1 burstier, >1 smoother")
+
+    @model_validator(mode="after")
+    def _dataset_fields(self) -> RequestClass:
+        need = {
+            "random": ("input_tokens", "output_tokens"),
+            "vllm_random": ("input_tokens", "output_tokens"),
+            "shared_prefix": ("input_tokens", "output_tokens", "num_groups", "prefix_tokens"),
+            "sharegpt": ("path",),
+            "multi_turn": ("input_tokens", "output_tokens", "turns"),
+        }[self.dataset]
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"dataset '{self.dataset}' needs {', '.join(missing)}")
+        # keys this dataset never reads: an error, never silently ignored (issue 20)
+        owners = {
+            "num_groups": "shared_prefix",
+            "prefix_tokens": "shared_prefix",
+            "path": "sharegpt",
+            "max_input_tokens": "sharegpt",
+            "turns": "multi_turn",
+            "think_time_s": "multi_turn",
+        }
+        dead = [
+            k
+            for k, owner in owners.items()
+            if k in self.model_fields_set
+            and self.dataset != owner
+            and getattr(self, k) != type(self).model_fields[k].default
+        ]
+        if dead:
+            raise ValueError(
+                f"{', '.join(dead)}: not used by dataset '{self.dataset}' (only by "
+                f"{', '.join(sorted({owners[k] for k in dead}))}); remove it or set dataset"
+            )
+        if self.rate is None and (self.arrival != "poisson" or self.burstiness != 1):
+            raise ValueError(
+                "'arrival' and 'burstiness' of a class apply to background traffic only (set 'rate'); "
+                "a foreground class arrives as the load point says"
+            )
+        if self.burstiness != 1 and self.arrival != "gamma":
+            raise ValueError(
+                f"'burstiness' shapes gamma arrivals only (arrival is '{self.arrival}'): set arrival: gamma"
+            )
+        if self.output_tokens_choices is not None:
+            if not self.output_tokens_choices:
+                raise ValueError("output_tokens_choices: expected a non-empty list")
+            if self.output_tokens != max(self.output_tokens_choices):
+                raise ValueError(
+                    f"output_tokens must be max(output_tokens_choices) = "
+                    f"{max(self.output_tokens_choices)} (it bounds the context)"
+                )
+        return self
+
+    def max_tokens(self) -> int:
+        """Upper bound of prompt + output tokens of one request."""
+        spread = 1 + self.range_ratio
+        if self.dataset == "sharegpt":
+            return self.max_input_tokens + (int((self.output_tokens or 0) * spread) or self.max_output_tokens)
+        assert self.input_tokens is not None and self.output_tokens is not None
+        per_turn = int(self.input_tokens * spread) + int(self.output_tokens * spread)
+        if self.dataset == "multi_turn":
+            assert self.turns is not None
+            return self.turns * (per_turn + 2)  # + a separator between messages (completions API)
+        return (self.prefix_tokens or 0) + per_turn
+
+
+class LoadPointSpec(StrictModel):
+    """One arrival setting: closed-loop ``concurrency``, open-loop ``rate`` (req/s), or a ``trace``.
+
+    ``rate`` may be ``inf`` (everything at once). With ``rate``: ``arrival`` picks the process,
+    ``max_concurrency`` caps requests in flight without ever sending faster than the rate,
+    ``ramp_up_s`` raises the rate linearly from 0 over that time. A ``trace`` (JSONL/CSV of
+    timestamp, input_tokens, output_tokens) replays its own arrivals and lengths, its clock
+    stretched by ``time_scale``.
+    """
+
+    concurrency: PositiveInt | None = None
+    rate: PositiveFloat | None = None
+    trace: str | None = None
+    arrival: ArrivalKind = "poisson"
+    burstiness: PositiveFloat = Field(default=1.0, description="gamma shape; <1 burstier, >1 smoother")
+    max_concurrency: PositiveInt | None = None
+    ramp_up_s: float = Field(default=0.0, ge=0.0)
+    time_scale: PositiveFloat = 1.0
+    num_requests: PositiveInt | None = None
+    duration_s: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _one_arrival(self) -> LoadPointSpec:
+        if sum(x is not None for x in (self.concurrency, self.rate, self.trace)) != 1:
+            raise ValueError("a load point needs exactly one of 'concurrency', 'rate' or 'trace'")
+        if self.rate is None and (self.max_concurrency is not None or self.ramp_up_s):
+            raise ValueError("'max_concurrency' and 'ramp_up_s' apply to 'rate' points only")
+        if self.rate is None and self.arrival != "poisson":
+            raise ValueError(
+                "'arrival' applies to 'rate' points only (a concurrency point is a closed loop, "
+                "a trace replays its own timestamps)"
+            )
+        if self.trace is None and self.time_scale != 1:
+            raise ValueError("'time_scale' applies to 'trace' points only")
+        return self
+
+    @model_validator(mode="after")
+    def _burstiness_of_gamma(self) -> LoadPointSpec:
+        if self.burstiness != 1 and self.arrival != "gamma":
+            raise ValueError(
+                f"'burstiness' shapes gamma arrivals only (arrival is '{self.arrival}'): set arrival: gamma"
+            )
+        return self
+
+    @property
+    def label(self) -> str:
+        if self.concurrency is not None:
+            return f"c{self.concurrency}"
+        if self.trace is not None:
+            return "trace" if self.time_scale == 1 else f"trace_x{self.time_scale:g}"
+        return f"r{self.rate:g}"
+
+
+class SLOSpec(StrictModel):
+    """Per-request latency objectives; a request meeting all set ones counts toward goodput."""
+
+    ttft_ms: PositiveFloat | None = None
+    tpot_ms: PositiveFloat | None = None
+    e2e_ms: PositiveFloat | None = None
+
+
+class ValiditySpec(StrictModel):
+    """When a load point's numbers describe the client rather than the server (point invalid).
+
+    Lags are judged at p95: with a few dozen requests p99 is the single worst one, and one
+    late send (e.g. the machine's other processes taking the core for a moment) is a blip,
+    not a client that cannot keep up. p99 and max stay in the point's metrics.
+    """
+
+    max_send_lag_ms_p95: PositiveFloat = 10.0
+    max_loop_lag_ms_p95: PositiveFloat = 10.0
+    max_client_cpu_util: PositiveFloat = 0.9
+    min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / scheduled rate")
+
+
+class FidelitySpec(StrictModel):
+    """When a load point's numbers describe another workload than the planned one (point
+    invalid; :mod:`orchestrator.metrics.fidelity`). Defaults: a tokenizer mismatch (tens of
+    percent) or a server ignoring ``ignore_eos`` is caught, a BOS token or a chat template's
+    few tokens are not."""
+
+    prompt_tokens_slack: NonNegativeInt = Field(
+        default=16,
+        description="tokens the server may count beyond the plan (BOS, chat template) before the "
+        "relative limit applies",
+    )
+    max_prompt_tokens_error: PositiveFloat = Field(
+        default=0.1, description="median |server - plan| prompt tokens as a fraction of the plan"
+    )
+    max_output_tokens_off: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="fraction of requests whose completion tokens differ from the plan "
+        "(with ignore_eos; without it, only longer ones count)",
+    )
+    max_unexpected_hit_rate: float = Field(
+        default=0.1, ge=0, le=1, description="prefix-cache hit rate allowed on prompts that share no prefix"
+    )
+    min_hit_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="shared-prefix / multi-turn prompts with caching on: hit rate at least "
+        "this fraction of what the workload implies",
+    )
+    max_preemptions_per_request: float = Field(default=0.1, ge=0)
+    max_rejected_fraction: float = Field(default=0.0, ge=0, le=1, description="requests refused with HTTP 4xx")
+    max_gap_ms: PositiveFloat | None = Field(
+        default=50.0,
+        description="client TTFT/ITL median above the top of the server histogram's bucket by "
+        "more than this: the client or the network (null: report only)",
+    )
+
+
+SLO_METRIC = re.compile(
+    r"^(?:(?P<cls>[A-Za-z0-9_.-]+)/)?(?:ttft|tpot|itl|e2e|itl_worst)_ms_(?:mean|p50|p90|p95|p99|max)$"
+)
+
+
+class CapacitySpec(StrictModel):
+    """Search each trial's running server for the highest load at which ``slo`` holds.
+
+    Probes are ordinary load points (``point`` holds their other fields: arrival, stop, cap),
+    at a request ``rate`` or a ``concurrency`` (``knob``): from ``start``, multiplied by
+    ``growth`` while the SLOs hold and divided while they do not (within ``low``..``high``),
+    then bisected until the bracket is narrower than ``precision`` of its top, or
+    ``max_probes`` or ``time_budget_s`` are spent. A rate probe also fails when the server
+    completes fewer than ``min_sustained`` of the offered requests per second (its queue grows).
+    """
+
+    knob: Literal["rate", "concurrency"] = "rate"
+    slo: dict[str, PositiveFloat] = Field(
+        default_factory=dict,
+        description="metric -> highest allowed value, e.g. ttft_ms_p99: 2000 or "
+        "short/itl_ms_p99: 300 (a request class's metric)",
+    )
+    min_goodput_fraction: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="goodput (workload.slo) >= this share of completions"
+    )
+    start: PositiveFloat = 1.0
+    low: PositiveFloat | None = Field(default=None, description="lowest probe; default start / 16 (rate) or 1")
+    high: PositiveFloat = 64.0
+    growth: float = Field(default=2.0, gt=1.0)
+    precision: float = Field(default=0.1, gt=0.0, lt=1.0)
+    max_probes: PositiveInt = 8
+    time_budget_s: PositiveFloat | None = None
+    min_sustained: float = Field(default=0.9, gt=0.0, le=1.0)
+    point: dict[str, Any] = Field(default_factory=dict, description="other LoadPointSpec fields of every probe")
+
+    @model_validator(mode="after")
+    def _valid(self) -> CapacitySpec:
+        if not self.slo and self.min_goodput_fraction is None:
+            raise ValueError("capacity: set slo (metric -> limit) and/or min_goodput_fraction")
+        bad = [k for k in self.slo if not SLO_METRIC.match(k)]
+        if bad:
+            raise ValueError(
+                f"capacity.slo: {', '.join(bad)}: expected [<class>/]<ttft|tpot|itl|e2e|itl_worst>"
+                "_ms_<mean|p50|p90|p95|p99|max>"
+            )
+        for key in ("rate", "concurrency", "trace"):
+            if key in self.point:
+                raise ValueError(f"capacity.point: '{key}' is set by the search (knob), not in point")
+        if self.knob == "concurrency" and self.point.get("max_concurrency") is not None:
+            raise ValueError("capacity.point.max_concurrency applies to rate probes only")
+        self.probe(self.start)  # the template must make a valid point
+        if self.lowest > self.start or self.start > self.high:
+            raise ValueError(
+                f"capacity: expected low <= start <= high, got {self.lowest:g}, {self.start:g}, {self.high:g}"
+            )
+        return self
+
+    @property
+    def lowest(self) -> float:
+        if self.low is not None:
+            return self.low
+        return 1.0 if self.knob == "concurrency" else self.start / 16
+
+    def probe(self, value: float) -> LoadPointSpec:
+        """The load point of a probe at ``value`` (req/s, or streams)."""
+        setting: Any = int(value) if self.knob == "concurrency" else value
+        return LoadPointSpec.model_validate({**self.point, self.knob: setting})
+
+
+class WorkloadSpec(StrictModel):
+    """Requests and the load points they are sent at."""
+
+    name: str
+    api: Literal["completions", "chat"] = "completions"
+    classes: dict[str, RequestClass] = Field(min_length=1)
+    load_points: list[LoadPointSpec] = Field(default_factory=list, description="fixed points, run first")
+    capacity: CapacitySpec | None = Field(default=None, description="then an SLO capacity search (probes)")
+    num_requests: PositiveInt | None = Field(default=None, description="default per load point")
+    duration_s: PositiveFloat | None = Field(default=None, description="default per load point")
+    warmup_requests: int = Field(default=2, ge=0)
+    seed: int = 0
+    ignore_eos: bool = True
+    usage_per_chunk: bool = Field(
+        default=False,
+        description="ask for usage in every chunk (vLLM's continuous_usage_stats): exact tokens per chunk "
+        "under speculative decoding, at a per-token cost on the server; otherwise a chunk counts one "
+        "token and the final usage gives the total",
+    )
+    request_timeout_s: PositiveFloat = 300.0
+    client_processes: PositiveInt = Field(
+        default=1,
+        description="client processes sharing each point's schedule and clock (scale-out when one "
+        "process cannot keep up); their records merge into one table",
+    )
+    slo: SLOSpec = Field(default_factory=SLOSpec)
+    validity: ValiditySpec = Field(default_factory=ValiditySpec)
+    fidelity: FidelitySpec = Field(default_factory=FidelitySpec)
+    repeats: PositiveInt = Field(default=1, description="run each load point this many times (fresh requests each)")
+    max_ci_rel_width: PositiveFloat = Field(
+        default=0.2, description="flag a repeated point whose 95% CI half-width exceeds this fraction of the mean"
+    )
+
+    @model_validator(mode="after")
+    def _stops_and_classes(self) -> WorkloadSpec:
+        if not any(c.rate is None for c in self.classes.values()):
+            raise ValueError("at least one request class must follow the load point (no 'rate' of its own)")
+        if not self.load_points and self.capacity is None:
+            raise ValueError("load_points is empty and there is no capacity search: nothing to measure")
+        if self.capacity is not None:
+            for key in self.capacity.slo:
+                cls = SLO_METRIC.match(key).group("cls")  # type: ignore[union-attr]
+                if cls is not None and cls not in self.classes:
+                    raise ValueError(
+                        f"capacity.slo.{key}: no request class '{cls}' (classes: {', '.join(self.classes)})"
+                    )
+            probe = self.capacity.probe(self.capacity.start)
+            if (
+                probe.trace is None
+                and (probe.num_requests or self.num_requests or probe.duration_s or self.duration_s) is None
+            ):
+                raise ValueError("capacity probes have no stop: set num_requests or duration_s")
+        for i, p in enumerate(self.load_points):
+            if p.trace is None and (p.num_requests or self.num_requests or p.duration_s or self.duration_s) is None:
+                raise ValueError(f"load_points[{i}] has no stop: set num_requests or duration_s")
+            if p.rate == float("inf") and self.stop_of(p)[0] is None:
+                raise ValueError(f"load_points[{i}]: rate inf sends everything at once and needs num_requests")
+        return self
+
+    def stop_of(self, point: LoadPointSpec) -> tuple[int | None, float | None]:
+        """(num_requests, duration_s) in force for a point."""
+        n = point.num_requests if point.num_requests is not None else self.num_requests
+        d = point.duration_s if point.duration_s is not None else self.duration_s
+        if point.num_requests is not None and point.duration_s is None:
+            d = None
+        if point.duration_s is not None and point.num_requests is None:
+            n = None
+        return n, d
+
+    def max_request_tokens(self) -> int:
+        return max(c.max_tokens() for c in self.classes.values())
