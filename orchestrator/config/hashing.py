@@ -17,6 +17,8 @@ _EXCLUDE: dict[str, Any] = {
         "max_concurrent_trials": True,
         "monitor_interval_s": True,
         "monitor_budget": True,
+        "telemetry": True,
+        "telemetry_interval_s": True,
         "engine_envs": True,
     },
 }
@@ -29,6 +31,8 @@ def canonical_json(spec: TrialSpec) -> str:
         data.pop("eval", None)
     if "router" in data.get("engine", {}) and data["engine"]["router"] is None:  # knobs added later: unset = as before
         data["engine"].pop("router")
+    if data.get("platform", {}).get("price_per_hour", 0) is None:  # no price: same identity as before prices
+        data["platform"].pop("price_per_hour")
     tiny = (data.get("model") or {}).get("tiny")
     if tiny and tiny.get("quantization") is None:  # unquantized: same identity as before the knob existed
         tiny.pop("quantization", None)

@@ -21,7 +21,8 @@ from typing import Any
 
 import psutil
 
-from orchestrator.metrics import prometheus
+from orchestrator.metrics import prometheus, telemetry
+from orchestrator.metrics.telemetry import Timeline
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class ResourceMonitor:
         interval_s: float = 0.5,
         gpu_indices: list[int] | None = None,
         budget: float = 0.01,
+        timeline: Timeline | None = None,
     ) -> None:
         self.pids = pids
         self.metrics_url = metrics_url
@@ -79,6 +81,7 @@ class ResourceMonitor:
         self.interval_s = interval_s
         self.gpu_indices = gpu_indices or []
         self.budget = budget
+        self.timeline = timeline  # every gauge sample also goes here (the engine's state over time)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reset()
@@ -111,10 +114,14 @@ class ResourceMonitor:
             except OSError as exc:
                 log.debug("gauge scrape failed: %s", exc)
             else:
+                seen = {}
                 for name, ref in self.gauges.items():
                     v = prometheus.gauge(scraped, ref.family)
                     if v is not None:
                         self.gauge_max[name] = max(self.gauge_max.get(name, v), v)
+                        seen[name] = v
+                if self.timeline is not None and seen:
+                    self.timeline.add(telemetry.now(), "engine", seen)
 
     def _loop(self, stop: threading.Event) -> None:
         kinds = [self.sample_memory] + ([self.sample_gauges] if self.metrics_url and self.gauges else [])

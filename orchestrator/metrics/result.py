@@ -23,6 +23,9 @@ class PointResult(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     class_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)
     invalid_reasons: list[str] = Field(default_factory=list, description="why the point is INVALID (empty: valid)")
+    window: tuple[float, float] | None = Field(
+        default=None, description="start and end of the point (the records' and telemetry's clock, seconds)"
+    )
 
 
 class TrialResult(BaseModel):
@@ -46,25 +49,34 @@ class TrialResult(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     attempts: list[dict[str, Any]] = Field(default_factory=list, description="one entry per Ray attempt")
     capacity: dict[str, Any] = Field(default_factory=dict, description="the SLO capacity search: probes, verdicts")
+    telemetry: dict[str, str] = Field(
+        default_factory=dict, description="what the telemetry measured or why not (gpu, energy, price)"
+    )
     records_parquet: bytes = b""
+    telemetry_parquet: bytes = b""
     server_log: str = ""
 
     def summary_json(self) -> dict[str, Any]:
-        """The result without its bulky payloads (records, log), for result files."""
-        return self.model_dump(mode="json", exclude={"records_parquet", "server_log"})
+        """The result without its bulky payloads (records, telemetry, log), for result files."""
+        return self.model_dump(mode="json", exclude={"records_parquet", "telemetry_parquet", "server_log"})
 
 
 RESULT_FILE = "result.json"
 RECORDS_FILE = "records.parquet"
+TELEMETRY_FILE = "telemetry.parquet"
+TIMELINE_FILE = "timeline.png"
 SERVER_LOG_FILE = "server.log"
 
 
 def save_result(result: TrialResult, trial_dir: str | os.PathLike[str]) -> Path:
-    """Write a result to ``trial_dir`` (result.json, records.parquet, server.log); atomic per file."""
+    """Write a result to ``trial_dir`` (result.json, records.parquet, telemetry.parquet, server.log);
+    atomic per file."""
     d = Path(trial_dir)
     d.mkdir(parents=True, exist_ok=True)
     if result.records_parquet:
         _atomic_write(d / RECORDS_FILE, result.records_parquet)
+    if result.telemetry_parquet:
+        _atomic_write(d / TELEMETRY_FILE, result.telemetry_parquet)
     if result.server_log:
         _atomic_write(d / SERVER_LOG_FILE, result.server_log.encode())
     _atomic_write(d / RESULT_FILE, json.dumps(result.summary_json(), indent=2, sort_keys=True).encode())
@@ -77,7 +89,9 @@ def load_result(trial_dir: str | os.PathLike[str]) -> TrialResult:
     data = json.loads((d / RESULT_FILE).read_text())
     records = d / RECORDS_FILE
     log_file = d / SERVER_LOG_FILE
+    telemetry = d / TELEMETRY_FILE
     data["records_parquet"] = records.read_bytes() if records.exists() else b""
+    data["telemetry_parquet"] = telemetry.read_bytes() if telemetry.exists() else b""
     data["server_log"] = log_file.read_text(errors="replace") if log_file.exists() else ""
     return TrialResult.model_validate(data)
 

@@ -188,6 +188,7 @@ class _Recorder:
 
     def finish(self, job: TrialJob, result: TrialResult) -> None:
         d = save_result(result, trial_dir(self.sweep_dir, job))
+        _draw_timeline(result, d, self.progress)
         if self.tracker is not None:
             _log_trial(self.tracker, result, d, self.commit, self.progress)
         self.counts[result.status] += 1
@@ -205,6 +206,18 @@ class _Recorder:
             self.tracker.end_sweep(dict(self.counts), status)
         except Exception as exc:  # a tracking failure must not hide the sweep's own outcome
             self.progress(f"warning: could not close the MLflow sweep run: {exc}")
+
+
+def _draw_timeline(result: TrialResult, d: Path, progress: Progress) -> None:
+    """The trial's timeline (client, engine, hardware) beside its result, before MLflow logs it."""
+    if not result.points:
+        return
+    try:
+        from orchestrator.report.timeline import timeline_figure
+
+        timeline_figure(result, d)
+    except Exception as exc:  # a figure costs nothing measured
+        progress(f"warning: the timeline of trial {result.trial_hash} failed: {exc}")
 
 
 def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: _Recorder) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.metrics.result import RECORDS_FILE, SERVER_LOG_FILE, TrialResult
+from orchestrator.metrics.result import RECORDS_FILE, SERVER_LOG_FILE, TELEMETRY_FILE, TIMELINE_FILE, TrialResult
 from orchestrator.tracking.params import flatten_params, sanitize_key, truncate
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,8 @@ class MlflowTracker:
             run_tags["invalid_reasons"] = truncate(
                 " | ".join(f"{p.label}: {'; '.join(p.invalid_reasons) or 'invalid'}" for p in invalid), 5000
             )
+        for key, note in result.telemetry.items():  # what the telemetry measured, or why not
+            run_tags[f"telemetry.{key}"] = truncate(note, 5000)
         name = result.variant or f"trial-{result.trial_hash[:8]}"
         run = self.client.create_run(
             self.experiment_id, run_name=truncate(name, 250), tags=run_tags, start_time=int(result.started_at * 1000)
@@ -217,7 +219,7 @@ class MlflowTracker:
             self.client.log_batch(run_id, metrics=items[i : i + _METRIC_BATCH])
 
     def _log_artifacts(self, run_id: str, result: TrialResult, trial_dir: Path) -> None:
-        for name in (RECORDS_FILE, SERVER_LOG_FILE):
+        for name in (RECORDS_FILE, TELEMETRY_FILE, TIMELINE_FILE, SERVER_LOG_FILE):
             path = trial_dir / name
             if path.exists():
                 self.client.log_artifact(run_id, str(path))

@@ -5,7 +5,6 @@ from that (:func:`point_metrics`, pure), the verdict on them (:func:`judge_point
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from orchestrator.config.errors import ServerCrashedError
@@ -13,7 +12,7 @@ from orchestrator.config.logs import Progress
 from orchestrator.config.schema import LoadPointSpec, TrialSpec
 from orchestrator.engines import EngineMetric
 from orchestrator.feasibility import trial_decode_floor
-from orchestrator.metrics import prometheus
+from orchestrator.metrics import prometheus, telemetry
 from orchestrator.metrics.fidelity import clock_gap, server_latency, workload_fidelity
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord
@@ -25,6 +24,7 @@ from orchestrator.metrics.summary import (
     summarize_point,
     summarize_repeats,
 )
+from orchestrator.metrics.telemetry import Timeline
 from orchestrator.trial.servers import ServerGroup, reset_caches
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,19 @@ def judge_point(
     return PointVerdict(out, client, workload)
 
 
+def hardware_metrics(
+    spec: TrialSpec, rows: list[telemetry.Row], window: tuple[float, float], metrics: dict[str, float]
+) -> dict[str, float]:
+    """What the hardware did over the point's window (telemetry), the energy per token and
+    request where energy was measured, and the cost of the point's tokens where a price is set:
+    per GPU-hour for the trial's GPUs, per node-hour on the CPU (one node)."""
+    out = telemetry.window_metrics(rows, *window)
+    out.update(telemetry.energy_metrics({**metrics, **out}))
+    devices = float(spec.engine.num_gpus or 1) if spec.platform.device == "cuda" else 1.0
+    out.update(telemetry.cost_metrics(metrics, spec.platform.price_per_hour, devices))
+    return out
+
+
 def roofline_metrics(spec: TrialSpec, point: LoadPointSpec, metrics: dict[str, float]) -> dict[str, float]:
     """The decode-step floor at this point's batch and context, and measured TPOT over it.
 
@@ -145,9 +158,11 @@ class PointMeasurer:
         monitor: ResourceMonitor,
         progress: Progress,
         cache_reset: tuple[str, str] | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         self.spec, self.group, self.engine_metrics = spec, group, engine_metrics
         self.monitor, self.progress, self.cache_reset = monitor, progress, cache_reset
+        self.timeline = timeline
         self.launch = group.metrics_launch()
         self._before: prometheus.Sample = {}
         self._t0 = 0.0
@@ -180,14 +195,17 @@ class PointMeasurer:
         self._before = self._scrape()
         self.monitor.reset()
         self.monitor.start()
-        self._t0 = time.monotonic()
+        self._t0 = telemetry.now()
 
     def finish(
         self, index: int, point: LoadPointSpec, records: list[RequestRecord], client: dict[str, float]
     ) -> tuple[PointResult, ServerCrashedError | None]:
         """The point's result, and the servers' failure when they were not serving."""
+        t1 = telemetry.now()
         raw = RawPoint(records, client, self.monitor.stop(), self._before, self._scrape())
         metrics = point_metrics(self.spec, point, raw, self.engine_metrics, self.group.disaggregated())
+        if self.timeline is not None:
+            metrics.update(hardware_metrics(self.spec, self.timeline.snapshot(), (self._t0, t1), metrics))
         crash = self._server_failure(records)
         reasons: list[str] = []
         if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
@@ -216,10 +234,11 @@ class PointMeasurer:
             metrics=metrics,
             class_metrics=classes,
             invalid_reasons=reasons,
+            window=(self._t0, t1),
         )
         self.progress(
             f"{self.which(index)} {point.label}: "
-            f"{int(metrics.get('completed', 0))}/{len(records)} ok in {time.monotonic() - self._t0:.1f}s, "
+            f"{int(metrics.get('completed', 0))}/{len(records)} ok in {t1 - self._t0:.1f}s, "
             f"ttft p50 {metrics.get('ttft_ms_p50', float('nan')):.1f} ms, "
             f"itl p99 {metrics.get('itl_ms_p99', float('nan')):.1f} ms, "
             f"{metrics.get('tokens_per_second', 0):.0f} tok/s"

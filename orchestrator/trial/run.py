@@ -28,6 +28,7 @@ from orchestrator.metrics import hardware
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, save_result
+from orchestrator.metrics.telemetry import TelemetrySampler, Timeline, open_probes, visible_devices
 from orchestrator.models import resolve_model, resolve_tokenizer
 from orchestrator.trial.capacity import CapacityProbes, Schedule, unmeasured
 from orchestrator.trial.plan import check_feasible
@@ -72,6 +73,8 @@ class TrialRun:
         self.scores: dict[str, float] = {}  # accuracy (lm-eval) after the last load point
         self.capacity: CapacityProbes | None = None  # the SLO capacity search, when the workload asks for one
         self.model_path = ""
+        self.timeline = Timeline()  # telemetry and the engine's gauges, on the records' clock
+        self.telemetry_notes: dict[str, str] = {}
         self.base: dict[str, Any] = dict(
             trial_hash=self.hash,
             experiment=spec.experiment,
@@ -151,8 +154,12 @@ class TrialRun:
             spec.platform.monitor_interval_s,
             self.gpu_ids,
             spec.platform.monitor_budget,
+            self.timeline,
         )
-        measurer = PointMeasurer(spec, group, engine_metrics, monitor, self.say, self.adapter.cache_reset(spec))
+        measurer = PointMeasurer(
+            spec, group, engine_metrics, monitor, self.say, self.adapter.cache_reset(spec), self.timeline
+        )
+        sampler = self._telemetry(group)
         front = group.launches[-1]
         endpoint = Endpoint(front.base_url, spec.model.name, api_key=self.adapter.api_key(spec))
         workload = spec.workload
@@ -175,6 +182,8 @@ class TrialRun:
             )
         finally:
             monitor.stop()  # idempotent; a point that raised must not leave the sampler running
+            if sampler is not None:
+                sampler.stop()
         if everything and spec.eval.tasks and self.crash is None:
             # accuracy of this very server, after its load points (their caches are its own); never of a dead one
             group.check_alive()
@@ -187,6 +196,23 @@ class TrialRun:
                 self.adapter.api_key(spec),
                 self.say,
             )
+
+    def _telemetry(self, group: ServerGroup) -> TelemetrySampler | None:
+        """The trial's telemetry sampler, started (None when ``platform.telemetry`` is off)."""
+        platform = self.spec.platform
+        if not platform.telemetry:
+            self.telemetry_notes = {"telemetry": "off (platform.telemetry=false)"}
+            return None
+        devices = visible_devices(self.gpu_ids) if platform.device == "cuda" else []
+        probes, notes = open_probes(group.pids(), devices)
+        price = platform.price_per_hour
+        unit = "GPU-hour" if platform.device == "cuda" else "node-hour"
+        notes["price"] = f"{price:g} per {unit}" if price is not None else "no price set (platform.price_per_hour)"
+        notes["interval_s"] = f"{platform.telemetry_interval_s:g}"
+        self.telemetry_notes = notes
+        sampler = TelemetrySampler(probes, self.timeline, platform.telemetry_interval_s, platform.monitor_budget)
+        sampler.start()
+        return sampler
 
     def _preflight(self, group: ServerGroup, factory: PromptFactory, api_key: str | None) -> None:
         """The servers are the ones the plan was made for (model name, tokenizer): before any load."""
@@ -281,7 +307,9 @@ class TrialRun:
             points=list(self.points),
             metrics=metrics,
             capacity=capacity,
+            telemetry=dict(self.telemetry_notes),
             records_parquet=records_to_parquet_bytes(self.records) if self.records else b"",
+            telemetry_parquet=self.timeline.to_parquet() if self.timeline.rows else b"",
             server_log=redact_text(self.server_log()),
         )
 

@@ -32,6 +32,21 @@ class PlatformSpec(StrictModel):
             "took w seconds waits max(monitor_interval_s, w / monitor_budget) before the next"
         ),
     )
+    telemetry: bool = Field(
+        default=True,
+        description="sample the servers' CPU/RSS, the machine and the trial's GPUs (NVML) beside every trial",
+    )
+    telemetry_interval_s: float = Field(
+        default=1.0, ge=0.05, description="seconds between telemetry samples (nvidia-smi dmon -d 1: 1 s)"
+    )
+    price_per_hour: float | None = Field(
+        default=None,
+        ge=0.0,
+        description=(
+            "what one device costs per hour, for cost per million tokens: per GPU-hour on GPUs, per node-hour on "
+            "the CPU (e.g. 0.42); null = no price set (no cost metrics, never $0)"
+        ),
+    )
     gpu_name: str | None = Field(default=None, description="a key of orchestrator/models/gpus.py, e.g. A100-80GB")
     gpu_memory_gb: PositiveFloat | None = Field(default=None, description="None = from gpu_name")
     # The roofline of a decode step (week 3): None = from gpu_name on GPUs; on CPU the memory

@@ -1,0 +1,455 @@
+"""What the hardware did while a trial ran: a time series sampled beside the servers.
+
+One :class:`Timeline` per trial holds long-format rows ``(t, source, name, value)`` on the
+clock of the client's records (``time.perf_counter``, CLOCK_MONOTONIC on Linux, shared by
+every process of the machine):
+
+* ``servers``: CPU cores busy by the servers' process trees (CPU seconds over wall seconds
+  between two samples) and their RSS;
+* ``machine``: the machine's CPU cores busy and memory used;
+* ``gpu<k>``: the trial's GPUs through NVML (nvidia-ml-py), the fields of ``nvidia-smi dmon -s
+  pucm``: power (W), the energy counter (J, Volta and later), SM and memory utilisation (%),
+  memory used, SM and memory clocks, temperature and the throttle reasons bitmask;
+* ``cpu_package<k>``: the CPU packages' energy counters (J) where Linux exposes RAPL
+  (``/sys/class/powercap``); a VM usually does not, and then energy is *not measured*;
+* ``engine``: the engine's gauges (running, waiting, KV-cache usage), added by the resource
+  monitor as it scrapes them during load points.
+
+:class:`TelemetrySampler` runs the probes in a daemon thread every ``interval_s`` and within a
+CPU budget (a sample that took ``w`` seconds waits at least ``w / budget``). The arithmetic
+over a point's window (:func:`window_metrics`, :func:`energy_in_window`, :func:`cost_metrics`)
+is pure and tested on recorded streams.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+now = time.perf_counter  # the clock of the client's records
+Row = tuple[float, str, str, float]
+RAPL_ROOT = Path("/sys/class/powercap")
+
+
+class Timeline:
+    """Rows ``(t, source, name, value)``, appended from several threads."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self._lock = threading.Lock()
+
+    def add(self, t: float, source: str, values: dict[str, float]) -> None:
+        with self._lock:
+            self.rows.extend((t, source, name, float(v)) for name, v in values.items())
+
+    def snapshot(self) -> list[Row]:
+        with self._lock:
+            return list(self.rows)
+
+    def to_parquet(self) -> bytes:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = self.snapshot()
+        table = pa.table(
+            {
+                "t": pa.array([r[0] for r in rows], pa.float64()),
+                "source": pa.array([r[1] for r in rows], pa.string()),
+                "name": pa.array([r[2] for r in rows], pa.string()),
+                "value": pa.array([r[3] for r in rows], pa.float64()),
+            }
+        )
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        return buf.getvalue()
+
+
+def rows_from_parquet(data: bytes) -> list[Row]:
+    import pyarrow.parquet as pq
+
+    if not data:
+        return []
+    t = pq.read_table(io.BytesIO(data)).to_pydict()
+    return list(zip(t["t"], t["source"], t["name"], t["value"]))
+
+
+# --------------------------------------------------------------------------- probes
+
+
+class ProcessProbe:
+    """CPU and memory of the servers' process trees (``pids``: their roots) and of the machine."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = list(pids)
+        self._cpu: dict[int, float] = {}  # pid -> its CPU seconds at the previous sample
+        self._machine: tuple[float, float] | None = None  # (t, busy CPU seconds of the machine)
+        self._t: float | None = None
+
+    def sample(self, t: float, timeline: Timeline) -> None:
+        cpu: dict[int, float] = {}
+        rss = 0
+        for root in self.pids:
+            try:
+                procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+            except psutil.Error:
+                continue
+            for p in procs:
+                try:
+                    times = p.cpu_times()
+                    cpu[p.pid] = times.user + times.system
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    continue
+        values: dict[str, float] = {"rss_gb": rss / 1e9}
+        if self._t is not None and t > self._t:
+            # A process new since the last sample counts from 0; one gone since counts no more.
+            used = sum(c - self._cpu.get(pid, 0.0) for pid, c in cpu.items())
+            values["cpu_cores"] = max(used, 0.0) / (t - self._t)
+        timeline.add(t, "servers", values)
+        self._cpu, self._t = cpu, t
+        times = psutil.cpu_times()
+        busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
+        machine = {"mem_used_gb": psutil.virtual_memory().used / 1e9}
+        if self._machine is not None and t > self._machine[0]:
+            machine["cpu_cores"] = max(busy - self._machine[1], 0.0) / (t - self._machine[0])
+        timeline.add(t, "machine", machine)
+        self._machine = (t, busy)
+
+    def close(self) -> None:
+        pass
+
+
+def rapl_counters(root: Path = RAPL_ROOT) -> list[tuple[str, Path, float]]:
+    """The CPU packages' RAPL energy counters Linux exposes and we may read: (name, file, wrap
+    in J). Empty in most VMs (and where ``energy_uj`` is readable by root only)."""
+    out = []
+    for zone in sorted(root.glob("intel-rapl:*")) if root.is_dir() else []:
+        if zone.name.count(":") != 1:  # packages only (intel-rapl:0), not their sub-zones
+            continue
+        energy, wrap = zone / "energy_uj", zone / "max_energy_range_uj"
+        try:
+            int(energy.read_text())
+            wrap_j = int(wrap.read_text()) / 1e6 if wrap.exists() else math.inf
+        except (OSError, ValueError):
+            continue
+        out.append((f"cpu_package{zone.name.split(':')[1]}", energy, wrap_j))
+    return out
+
+
+class RaplProbe:
+    """Energy of the CPU packages from RAPL counters (J, unwrapped)."""
+
+    def __init__(self, counters: list[tuple[str, Path, float]]) -> None:
+        self.counters = counters
+        self._last: dict[str, tuple[float, float]] = {}  # name -> (raw J, unwrapped J)
+
+    def sample(self, t: float, timeline: Timeline) -> None:
+        for name, path, wrap in self.counters:
+            try:
+                raw = int(path.read_text()) / 1e6
+            except (OSError, ValueError):
+                continue
+            prev = self._last.get(name)
+            total = (
+                raw if prev is None else prev[1] + ((raw - prev[0]) % wrap if math.isfinite(wrap) else raw - prev[0])
+            )
+            self._last[name] = (raw, total)
+            timeline.add(t, name, {"energy_j": total})
+
+    def close(self) -> None:
+        pass
+
+
+def visible_devices(gpu_ids: Sequence[int | str], env: Mapping[str, str] | None = None) -> list[str]:
+    """The trial's GPUs as NVML identifies them: the entries of the ``CUDA_VISIBLE_DEVICES`` it was
+    given (indices or ``GPU-``/``MIG-`` UUIDs), else Ray's GPU ids."""
+    given = [x.strip() for x in ((os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES") or "").split(",")]
+    given = [x for x in given if x]
+    return given or [str(g) for g in gpu_ids]
+
+
+class NvmlProbe:
+    """The trial's GPUs through NVML: one ``gpu<k>`` source per device, in the order given."""
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        import pynvml
+
+        self.nv = pynvml
+        pynvml.nvmlInit()
+        try:
+            self.handles = [
+                pynvml.nvmlDeviceGetHandleByUUID(d)
+                if d.startswith(("GPU-", "MIG-"))
+                else pynvml.nvmlDeviceGetHandleByIndex(int(d))
+                for d in devices
+            ]
+            self.uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self.handles]
+        except Exception:
+            pynvml.nvmlShutdown()
+            raise
+        self._energy_ok = [True] * len(self.handles)
+        # "Clocks event reasons" is the newer name of the throttle reasons (same bitmask).
+        self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
+            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+
+    def sample(self, t: float, timeline: Timeline) -> None:
+        nv = self.nv
+        for k, h in enumerate(self.handles):
+            util = nv.nvmlDeviceGetUtilizationRates(h)
+            values = {
+                "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                "sm_util_pct": float(util.gpu),
+                "mem_util_pct": float(util.memory),
+                "mem_used_gb": nv.nvmlDeviceGetMemoryInfo(h).used / 1e9,
+                "sm_clock_mhz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                "mem_clock_mhz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+                "temp_c": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                "throttle_reasons": float(self._reasons(h)),
+            }
+            if self._energy_ok[k]:
+                try:  # mJ since the driver loaded; Volta and later
+                    values["energy_j"] = nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+                except nv.NVMLError:
+                    self._energy_ok[k] = False
+            timeline.add(t, f"gpu{k}", values)
+
+    def close(self) -> None:
+        self.nv.nvmlShutdown()
+
+
+def _text(x: bytes | str) -> str:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def open_probes(pids: Sequence[int], gpu_devices: Sequence[str]) -> tuple[list[Any], dict[str, str]]:
+    """The probes this machine supports for these servers, and what each kind measures or why
+    not (``gpu``, ``energy``): said plainly, never a 0."""
+    probes: list[Any] = [ProcessProbe(pids)]
+    notes: dict[str, str] = {}
+    if gpu_devices:
+        try:
+            nvml = NvmlProbe(gpu_devices)
+        except Exception as exc:  # no driver, no library: the trial still runs
+            notes["gpu"] = f"not measured: NVML unavailable ({type(exc).__name__}: {exc})"
+        else:
+            probes.append(nvml)
+            notes["gpu"] = "NVML: " + ", ".join(nvml.uuids)
+    rapl = rapl_counters()
+    if rapl:
+        probes.append(RaplProbe(rapl))
+    if any(isinstance(p, NvmlProbe) for p in probes):
+        notes["energy"] = "GPU energy counters (NVML), else GPU power integrated"
+        if rapl:
+            notes["energy"] += "; CPU packages (RAPL) recorded beside them"
+    elif rapl:
+        notes["energy"] = "CPU packages' RAPL counters (" + ", ".join(n for n, _, _ in rapl) + ")"
+    else:
+        notes["energy"] = (
+            "not measured: no GPU and no readable RAPL energy counter on this machine "
+            "(/sys/class/powercap; VMs rarely expose it)"
+        )
+    return probes, notes
+
+
+class TelemetrySampler:
+    """Samples every probe into ``timeline`` in a daemon thread, every ``interval_s`` and within
+    ``budget`` of wall time; a failing probe is logged and dropped, never fatal."""
+
+    def __init__(self, probes: list[Any], timeline: Timeline, interval_s: float = 1.0, budget: float = 0.01) -> None:
+        self.probes, self.timeline = probes, timeline
+        self.interval_s, self.budget = interval_s, budget
+        self.cost_s = 0.0  # the sampler's own time, for the observer-effect benchmark
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> None:
+        t0 = now()
+        for probe in list(self.probes):
+            try:
+                probe.sample(t0, self.timeline)
+            except Exception as exc:
+                log.warning("telemetry: %s dropped after an error: %s", type(probe).__name__, exc)
+                self.probes.remove(probe)
+        self.samples += 1
+        self.cost_s += now() - t0
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = now()
+            self.sample()
+            wait = max(self.interval_s, (now() - t0) / self.budget) - (now() - t0)
+            self._stop.wait(max(wait, 0.0))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop, take a last sample and close the probes. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+            self.sample()
+        for probe in self.probes:
+            try:
+                probe.close()
+            except Exception as exc:
+                log.debug("telemetry: closing %s: %s", type(probe).__name__, exc)
+        self.probes = []
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def series(rows: Iterable[Row], source: str, name: str) -> tuple[list[float], list[float]]:
+    """(times, values) of one series, in time order."""
+    pts = sorted((t, v) for t, s, n, v in rows if s == source and n == name)
+    return [t for t, _ in pts], [v for _, v in pts]
+
+
+def _interp(ts: Sequence[float], vs: Sequence[float], t: float) -> float:
+    """Linear interpolation inside the samples, the nearest sample outside them."""
+    if t <= ts[0]:
+        return vs[0]
+    if t >= ts[-1]:
+        return vs[-1]
+    i = next(k for k in range(1, len(ts)) if ts[k] >= t)
+    t0, t1 = ts[i - 1], ts[i]
+    return vs[i - 1] + (vs[i] - vs[i - 1]) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
+
+
+def integrate(ts: Sequence[float], vs: Sequence[float], t0: float, t1: float) -> float:
+    """The integral of a sampled signal over [t0, t1] (trapezoids; held flat beyond the samples)."""
+    if not ts or t1 <= t0:
+        return 0.0
+    knots = [t0, *(t for t in ts if t0 < t < t1), t1]
+    vals = [_interp(ts, vs, t) for t in knots]
+    return sum((knots[i + 1] - knots[i]) * (vals[i] + vals[i + 1]) / 2 for i in range(len(knots) - 1))
+
+
+def energy_in_window(
+    counter: tuple[Sequence[float], Sequence[float]],
+    power: tuple[Sequence[float], Sequence[float]],
+    t0: float,
+    t1: float,
+) -> tuple[float | None, str]:
+    """Joules over [t0, t1] and how they were found: the energy counter's delta when two of its
+    samples bracket the window (read at the window's edges by interpolation), else the power
+    samples integrated; (None, "none") without either."""
+    ct, cv = counter
+    if len(ct) >= 2 and ct[0] <= t0 and ct[-1] >= t1:
+        return _interp(ct, cv, t1) - _interp(ct, cv, t0), "counter"
+    pt, pv = power
+    if len(pt) >= 2:
+        return integrate(pt, pv, t0, t1), "power"
+    return None, "none"
+
+
+def window_metrics(rows: Sequence[Row], t0: float, t1: float) -> dict[str, float]:
+    """A load point's telemetry over its window [t0, t1]: the servers' CPU cores (mean, max) and
+    RSS (max), the machine's CPU, every GPU's power, utilisation, clocks and temperature (mean
+    over the GPUs and samples; power summed over GPUs), and energy (J) where it was measured."""
+    inside = [r for r in rows if t0 <= r[0] <= t1]
+    out: dict[str, float] = {}
+
+    def stat(source: str, name: str, key: str, how: Callable[[list[float]], float]) -> None:
+        vals = [v for _, s, n, v in inside if s == source and n == name]
+        if vals:
+            out[key] = how(vals)
+
+    stat("servers", "cpu_cores", "telemetry_server_cpu_cores_mean", _mean)
+    stat("servers", "cpu_cores", "telemetry_server_cpu_cores_max", max)
+    stat("servers", "rss_gb", "telemetry_server_rss_gb_max", max)
+    stat("machine", "cpu_cores", "telemetry_machine_cpu_cores_mean", _mean)
+    stat("machine", "mem_used_gb", "telemetry_machine_mem_used_gb_max", max)
+    gpus = sorted({s for _, s, _, _ in rows if s.startswith("gpu")})
+    if gpus:
+        _gpu_window(rows, inside, gpus, t0, t1, out)
+    packages = sorted({s for _, s, _, _ in rows if s.startswith("cpu_package")})
+    if packages and not gpus:
+        joules = [energy_in_window(series(rows, p, "energy_j"), ([], []), t0, t1)[0] for p in packages]
+        if all(j is not None for j in joules):
+            out["energy_j"] = float(sum(j for j in joules if j is not None))
+    return out
+
+
+def _gpu_window(
+    rows: Sequence[Row], inside: Sequence[Row], gpus: list[str], t0: float, t1: float, out: dict[str, float]
+) -> None:
+    times = sorted({t for t, s, n, _ in inside if s in gpus and n == "power_w"})
+    power_at = [sum(v for t2, s, n, v in inside if t2 == t and s in gpus and n == "power_w") for t in times]
+    if power_at:
+        out["telemetry_gpu_power_w_mean"] = _mean(power_at)
+        out["telemetry_gpu_power_w_max"] = max(power_at)
+    for name, key in (
+        ("sm_util_pct", "telemetry_gpu_sm_util_pct_mean"),
+        ("mem_util_pct", "telemetry_gpu_mem_util_pct_mean"),
+        ("sm_clock_mhz", "telemetry_gpu_sm_clock_mhz_mean"),
+    ):
+        vals = [v for _, s, n, v in inside if s in gpus and n == name]
+        if vals:
+            out[key] = _mean(vals)
+    temps = [v for _, s, n, v in inside if s in gpus and n == "temp_c"]
+    if temps:
+        out["telemetry_gpu_temp_c_max"] = max(temps)
+    throttled = [v for _, s, n, v in inside if s in gpus and n == "throttle_reasons"]
+    if throttled:  # bit 0 is "GPU idle": not a throttle
+        out["telemetry_gpu_throttled_share"] = sum(1 for v in throttled if int(v) & ~1) / len(throttled)
+    total, methods = 0.0, set()
+    for g in gpus:
+        joules, method = energy_in_window(series(rows, g, "energy_j"), series(rows, g, "power_w"), t0, t1)
+        if joules is None:
+            return
+        total += joules
+        methods.add(method)
+    out["energy_j"] = total
+    out["energy_from_counter"] = 1.0 if methods == {"counter"} else 0.0
+
+
+def _mean(vals: Sequence[float]) -> float:
+    return sum(vals) / len(vals)
+
+
+def energy_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Joules per output token and per request, tokens per joule, from a point's ``energy_j``."""
+    joules = metrics.get("energy_j")
+    if joules is None or joules <= 0:
+        return {}
+    out: dict[str, float] = {}
+    tokens, requests = metrics.get("output_tokens", 0.0), metrics.get("completed", 0.0)
+    if tokens:
+        out["joules_per_output_token"] = joules / tokens
+        out["output_tokens_per_joule"] = tokens / joules
+    if requests:
+        out["joules_per_request"] = joules / requests
+    return out
+
+
+def cost_metrics(metrics: dict[str, float], price_per_hour: float | None, devices: float) -> dict[str, float]:
+    """What a point's tokens cost: ``price_per_hour`` per device (GPU-hour, or node-hour on the
+    CPU) for the ``devices`` the trial held, over the point's ``duration_s``. No price: nothing
+    (the trial says "no price set"; never $0)."""
+    duration, out_tokens = metrics.get("duration_s"), metrics.get("output_tokens", 0.0)
+    if price_per_hour is None or not duration or not out_tokens:
+        return {}
+    cost = price_per_hour * devices * duration / 3600.0
+    total_tokens = out_tokens + metrics.get("input_tokens", 0.0)
+    return {
+        "cost_usd": cost,
+        "cost_per_mtok_output": cost / out_tokens * 1e6,
+        "cost_per_mtok_total": cost / total_tokens * 1e6,
+    }

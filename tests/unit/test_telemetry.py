@@ -1,0 +1,268 @@
+"""Telemetry: the arithmetic over recorded sample streams (energy from a counter and from power,
+windows, cost and energy per token), the NVML probe's calls against the real nvidia-ml-py module
+with a fake device layer, the CPU probe on this machine, and the config's bad inputs."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+
+from orchestrator.config import to_specs
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.hashing import trial_hash
+from orchestrator.metrics import telemetry
+from orchestrator.metrics.telemetry import (
+    ProcessProbe,
+    RaplProbe,
+    TelemetrySampler,
+    Timeline,
+    cost_metrics,
+    energy_in_window,
+    energy_metrics,
+    integrate,
+    rapl_counters,
+    rows_from_parquet,
+    visible_devices,
+    window_metrics,
+)
+
+
+def test_integrate_holds_the_edges_and_interpolates_inside():
+    ts, vs = [1.0, 2.0, 3.0], [100.0, 200.0, 100.0]
+    assert integrate(ts, vs, 1.0, 3.0) == pytest.approx(300.0)  # two trapezoids of 150
+    assert integrate(ts, vs, 1.5, 2.5) == pytest.approx(175.0)  # 150..200..150 over 1 s
+    assert integrate(ts, vs, 0.0, 1.0) == pytest.approx(100.0)  # before the first sample: held flat
+    assert integrate([], [], 0.0, 1.0) == 0.0 and integrate(ts, vs, 2.0, 2.0) == 0.0
+
+
+def test_energy_prefers_the_counter_when_it_brackets_the_window():
+    counter = ([0.0, 1.0, 2.0, 3.0], [1000.0, 1300.0, 1600.0, 1900.0])  # 300 W, as a counter
+    power = ([0.0, 1.0, 2.0, 3.0], [50.0, 50.0, 50.0, 50.0])  # a sensor that disagrees
+    assert energy_in_window(counter, power, 0.5, 2.5) == (pytest.approx(600.0), "counter")
+    # The counter does not reach the window's end: power integrated instead.
+    assert energy_in_window(counter, power, 0.5, 3.5) == (pytest.approx(150.0), "power")
+    assert energy_in_window(([], []), ([1.0], [5.0]), 0.0, 1.0) == (None, "none")
+
+
+def _gpu_stream(with_counter: bool) -> list[telemetry.Row]:
+    rows: list[telemetry.Row] = []
+    for i in range(11):  # 0..10 s, two GPUs at 200 and 100 W
+        t = float(i)
+        for g, watts in (("gpu0", 200.0), ("gpu1", 100.0)):
+            rows += [(t, g, "power_w", watts), (t, g, "sm_util_pct", 50.0), (t, g, "temp_c", 60.0 + i)]
+            rows.append((t, g, "throttle_reasons", 1.0 if i < 5 else 4.0))  # idle bit, then SW power cap
+            if with_counter:
+                rows.append((t, g, "energy_j", watts * t * 1.1))  # the counter says 10% more than the sensor
+        rows += [(t, "servers", "cpu_cores", 1.5), (t, "servers", "rss_gb", 2.0 + t / 10)]
+    return rows
+
+
+@pytest.mark.parametrize("with_counter", [True, False])
+def test_a_points_window_over_two_gpus(with_counter):
+    m = window_metrics(_gpu_stream(with_counter), 2.0, 6.0)
+    assert m["telemetry_gpu_power_w_mean"] == pytest.approx(300.0) and m["telemetry_gpu_power_w_max"] == 300.0
+    assert m["telemetry_gpu_sm_util_pct_mean"] == 50.0 and m["telemetry_gpu_temp_c_max"] == 66.0
+    assert m["telemetry_gpu_throttled_share"] == pytest.approx(2 / 5)  # t=5,6 of 2..6 carry a real reason
+    assert m["energy_j"] == pytest.approx(300.0 * 4 * (1.1 if with_counter else 1.0))
+    assert m["energy_from_counter"] == (1.0 if with_counter else 0.0)
+    assert m["telemetry_server_cpu_cores_mean"] == 1.5 and m["telemetry_server_rss_gb_max"] == pytest.approx(2.6)
+
+
+def test_cpu_only_windows_say_nothing_of_energy():
+    rows = [(float(t), "servers", "cpu_cores", 1.0) for t in range(5)]
+    m = window_metrics(rows, 0.0, 4.0)
+    assert "energy_j" not in m and energy_metrics(m) == {}
+    # RAPL counters (CPU packages) give energy where there is no GPU.
+    rows += [(float(t), "cpu_package0", "energy_j", 40.0 * t) for t in range(5)]
+    assert window_metrics(rows, 1.0, 3.0)["energy_j"] == pytest.approx(80.0)
+
+
+def test_energy_and_cost_per_token():
+    point = {"energy_j": 600.0, "output_tokens": 3000.0, "input_tokens": 1000.0, "completed": 30.0, "duration_s": 10.0}
+    e = energy_metrics(point)
+    assert e == {"joules_per_output_token": 0.2, "output_tokens_per_joule": 5.0, "joules_per_request": 20.0}
+    c = cost_metrics(point, price_per_hour=3.6, devices=2)  # $7.2/h for 10 s = $0.02
+    assert c["cost_usd"] == pytest.approx(0.02)
+    assert c["cost_per_mtok_output"] == pytest.approx(0.02 / 3000 * 1e6)
+    assert c["cost_per_mtok_total"] == pytest.approx(0.02 / 4000 * 1e6)
+    assert cost_metrics(point, None, 2) == {}  # no price: no cost, never $0
+
+
+def test_rapl_counters_unwrap(tmp_path):
+    zone = tmp_path / "intel-rapl:0"
+    zone.mkdir()
+    (tmp_path / "intel-rapl:0:0").mkdir()  # a sub-zone (core): not a package
+    (zone / "energy_uj").write_text("900000000\n")
+    (zone / "max_energy_range_uj").write_text("1000000000\n")
+    counters = rapl_counters(tmp_path)
+    assert [(n, w) for n, _, w in counters] == [("cpu_package0", 1000.0)]
+    probe, tl = RaplProbe(counters), Timeline()
+    probe.sample(0.0, tl)
+    (zone / "energy_uj").write_text("50000000\n")  # wrapped: 900 J -> 1000 J -> 50 J
+    probe.sample(1.0, tl)
+    assert [v for _, _, _, v in tl.rows] == [900.0, pytest.approx(1050.0)]
+    assert rapl_counters(tmp_path / "absent") == []
+
+
+def test_visible_devices_from_the_environment_or_ray():
+    assert visible_devices([0, 1], {"CUDA_VISIBLE_DEVICES": "GPU-aa, 3"}) == ["GPU-aa", "3"]
+    assert visible_devices([2, 5], {}) == ["2", "5"]
+
+
+def test_the_nvml_probe_reads_the_dmon_fields(monkeypatch):
+    """The real nvidia-ml-py module with a fake device layer: our calls and units."""
+    pynvml = pytest.importorskip("pynvml")
+
+    class Util:
+        gpu, memory = 87, 40
+
+    class Mem:
+        used = 30e9
+
+    calls = []
+    fake = {
+        "nvmlInit": lambda: calls.append("init"),
+        "nvmlShutdown": lambda: calls.append("shutdown"),
+        "nvmlDeviceGetHandleByIndex": lambda i: f"h{i}",
+        "nvmlDeviceGetHandleByUUID": lambda u: f"h-{u}",
+        "nvmlDeviceGetUUID": lambda h: b"GPU-" + h.encode(),
+        "nvmlDeviceGetUtilizationRates": lambda h: Util(),
+        "nvmlDeviceGetPowerUsage": lambda h: 251_500,  # mW
+        "nvmlDeviceGetMemoryInfo": lambda h: Mem(),
+        "nvmlDeviceGetClockInfo": lambda h, kind: 1980 if kind == pynvml.NVML_CLOCK_SM else 2619,
+        "nvmlDeviceGetTemperature": lambda h, sensor: 71,
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda h: 4,
+        "nvmlDeviceGetTotalEnergyConsumption": lambda h: 123_456_789,  # mJ
+    }
+    for name, fn in fake.items():
+        monkeypatch.setattr(pynvml, name, fn)
+    probe = telemetry.NvmlProbe(["1", "GPU-x"])
+    assert probe.uuids == ["GPU-h1", "GPU-h-GPU-x"]
+    tl = Timeline()
+    probe.sample(5.0, tl)
+    got = {(s, n): v for _, s, n, v in tl.rows}
+    assert got[("gpu0", "power_w")] == 251.5 and got[("gpu0", "energy_j")] == pytest.approx(123456.789)
+    assert got[("gpu1", "sm_util_pct")] == 87 and got[("gpu1", "mem_used_gb")] == 30.0
+    assert got[("gpu0", "sm_clock_mhz")] == 1980 and got[("gpu0", "mem_clock_mhz")] == 2619
+    assert got[("gpu0", "temp_c")] == 71 and got[("gpu0", "throttle_reasons")] == 4
+
+    def no_counter(h):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", no_counter)  # pre-Volta
+    tl2 = Timeline()
+    probe.sample(6.0, tl2)
+    assert not any(n == "energy_j" for _, _, n, _ in tl2.rows) and any(n == "power_w" for _, _, n, _ in tl2.rows)
+    probe.close()
+    assert calls == ["init", "shutdown"]
+
+
+def test_without_nvml_the_gpu_is_said_not_measured(monkeypatch):
+    monkeypatch.setattr(telemetry, "rapl_counters", lambda: [])
+    probes, notes = telemetry.open_probes([os.getpid()], ["0"])  # no NVML library on this machine
+    assert [type(p).__name__ for p in probes] == ["ProcessProbe"]
+    assert notes["gpu"].startswith("not measured") and notes["energy"].startswith("not measured")
+
+
+def test_the_process_probe_on_this_machine():
+    probe, tl = ProcessProbe([os.getpid()]), Timeline()
+    probe.sample(time.perf_counter(), tl)
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # busy: about one core
+        pass
+    probe.sample(time.perf_counter(), tl)
+    got = {(s, n): v for _, s, n, v in tl.rows}
+    assert 0.3 < got[("servers", "cpu_cores")] <= (os.cpu_count() or 1) + 0.1
+    assert got[("servers", "rss_gb")] > 0.01 and got[("machine", "mem_used_gb")] > 0.1
+    assert 0.0 <= got[("machine", "cpu_cores")] <= (os.cpu_count() or 1) + 0.1
+
+
+def test_the_sampler_stops_with_a_last_sample_and_the_series_round_trips():
+    tl = Timeline()
+    sampler = TelemetrySampler([ProcessProbe([os.getpid()])], tl, interval_s=0.05)
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    sampler.stop()  # idempotent
+    assert sampler.samples >= 2 and sampler.probes == []
+    rows = rows_from_parquet(tl.to_parquet())
+    assert rows == tl.rows and {s for _, s, _, _ in rows} == {"servers", "machine"}
+    assert all(math.isfinite(v) for _, _, _, v in rows)
+
+
+def test_a_failing_probe_is_dropped_not_fatal():
+    class Broken:
+        def sample(self, t, timeline):
+            raise RuntimeError("sensor gone")
+
+        def close(self):
+            pass
+
+    sampler = TelemetrySampler([Broken(), ProcessProbe([os.getpid()])], Timeline())
+    sampler.sample()
+    assert [type(p).__name__ for p in sampler.probes] == ["ProcessProbe"]
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("platform.telemetry_interval_s=0.01", "telemetry_interval_s"), ("platform.price_per_hour=-1", "price_per_hour")],
+)
+def test_bad_telemetry_settings_name_the_key(compose, override, key):
+    with pytest.raises(ConfigError, match=key):
+        to_specs(compose([override]))
+
+
+def test_a_price_changes_the_trial_identity_only_when_set(compose):
+    base, _ = to_specs(compose([]))
+    priced, _ = to_specs(compose(["platform.price_per_hour=0.5"]))
+    quiet, _ = to_specs(compose(["platform.telemetry=false", "platform.telemetry_interval_s=0.5"]))
+    assert trial_hash(base) != trial_hash(priced) and trial_hash(base) == trial_hash(quiet)
+
+
+def test_the_timeline_figure_of_a_trial(tmp_path):
+    from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
+    from orchestrator.metrics.result import PointResult, TrialResult
+    from orchestrator.report.timeline import timeline_figure
+
+    records, tl = [], Timeline()
+    for i in range(40):
+        sent = 100.0 + i * 0.25
+        chunks = [sent + 0.05 + k * 0.01 for k in range(16)]
+        records.append(
+            RequestRecord(
+                request_id=i,
+                point=i // 20,
+                request_class="default",
+                intended_send_s=sent,
+                sent_s=sent,
+                input_tokens_target=32,
+                output_tokens_target=16,
+                chunk_times_s=chunks,
+                chunk_tokens=[1] * 16,
+                done_s=chunks[-1],
+            )
+        )
+    for k in range(12):
+        t = 100.0 + k
+        tl.add(t, "servers", {"cpu_cores": 1.2, "rss_gb": 1.5})
+        tl.add(t, "engine", {"requests_running": 3.0, "requests_waiting": 1.0, "kv_cache_usage": 0.2})
+    points = [
+        PointResult(index=j, label=f"c{j + 1}", setting={}, window=(100.0 + 5 * j, 105.0 + 5 * j)) for j in range(2)
+    ]
+    result = TrialResult(
+        trial_hash="ab" * 8,
+        experiment="x",
+        spec={},
+        status="FINISHED",
+        started_at=0.0,
+        ended_at=1.0,
+        points=points,
+        records_parquet=records_to_parquet_bytes(records),
+        telemetry_parquet=tl.to_parquet(),
+    )
+    path = timeline_figure(result, tmp_path)
+    assert path is not None and path.name == "timeline.png" and path.stat().st_size > 20_000
+    assert timeline_figure(result.model_copy(update={"points": []}), tmp_path) is None
