@@ -27,6 +27,8 @@ _EXCLUDE: dict[str, Any] = {
 def canonical_json(spec: TrialSpec) -> str:
     """Sorted-key, compact JSON of everything in the spec that changes the measurement."""
     data = spec.model_dump(mode="json", exclude=_EXCLUDE)
+    if data.get("profile", 0) is None:  # not profiled: same identity as before profiles existed
+        data.pop("profile")
     if not spec.eval.tasks:  # no evaluation: same identity as before evaluations existed
         data.pop("eval", None)
     if "router" in data.get("engine", {}) and data["engine"]["router"] is None:  # knobs added later: unset = as before

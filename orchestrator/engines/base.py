@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from orchestrator.config.schema import TrialSpec
 from orchestrator.config.secrets import REDACTED, is_secret_name, redact_argv
@@ -83,6 +83,17 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
 
 
+@dataclass(frozen=True)
+class Profiler:
+    """How an engine's servers are profiled (``profile``): what each engine server's launch gains
+    (``argv``, ``env``) and the endpoints that start and stop a trace, with their JSON bodies."""
+
+    argv: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    start: tuple[str, dict[str, Any] | None] = ("/start_profile", None)
+    stop: tuple[str, dict[str, Any] | None] = ("/stop_profile", None)
+
+
 class EngineAdapter(Protocol):
     """What each engine module (``vllm``, ``sglang``, ``external``, ``sleep``) provides; the
     rest of the orchestrator reaches an engine only through these (``engines.adapter_for``)."""
@@ -115,4 +126,8 @@ class EngineAdapter(Protocol):
 
     def hold(self, spec: TrialSpec) -> dict[str, float] | None:
         """A trial without a server does this instead and returns its metrics; None for engines."""
+        ...
+
+    def profiler(self, spec: TrialSpec, trace_dir: str) -> Profiler | None:
+        """How to trace the engine's servers into ``trace_dir``; None when it cannot be profiled."""
         ...

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 from orchestrator.config.errors import ConfigError, ServerCrashedError, ServerStartError
 from orchestrator.config.schema import ExternalEngineSpec, TrialSpec
 from orchestrator.engines import vllm
-from orchestrator.engines.base import EngineMetric, ServerLaunch
+from orchestrator.engines.base import EngineMetric, Profiler, ServerLaunch
 
 METRICS_BY_FLAVOR: dict[str, dict[str, EngineMetric]] = {"vllm": vllm.METRICS, "none": {}}
 
@@ -122,4 +122,9 @@ class ExternalServer:
 
 def hold(spec: TrialSpec) -> dict[str, float] | None:
     """Not a holding kind: the trial serves."""
+    return None
+
+
+def profiler(spec: TrialSpec, trace_dir: str) -> Profiler | None:
+    """A server we did not start: its profiler is not ours to configure."""
     return None

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
 from orchestrator.engines import envs
-from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
+from orchestrator.engines.base import EngineMetric, Profiler, ServerLaunch, opt
 from orchestrator.engines.router import router_launch
 
 SERVER_MODULE = "sglang.launch_server"
@@ -191,3 +191,18 @@ def version(spec: TrialSpec) -> str:
 def hold(spec: TrialSpec) -> dict[str, float] | None:
     """Not a holding kind: the trial serves."""
     return None
+
+
+def profiler(spec: TrialSpec, trace_dir: str) -> Profiler | None:
+    """SGLang's torch profiler: POST /start_profile with the output folder and activities, POST
+    /stop_profile; traces land in ``trace_dir`` (``SGLANG_TORCH_PROFILER_DIR`` too)."""
+    p = spec.profile
+    if p is None:
+        return None
+    body = {
+        "output_dir": trace_dir,
+        "activities": ["CPU", "GPU"],
+        "with_stack": p.with_stack,
+        "record_shapes": p.record_shapes,
+    }
+    return Profiler(env=(("SGLANG_TORCH_PROFILER_DIR", trace_dir),), start=("/start_profile", body))

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from orchestrator.config.schema import SleepEngineSpec, TrialSpec
-from orchestrator.engines.base import EngineMetric, ServerLaunch
+from orchestrator.engines.base import EngineMetric, Profiler, ServerLaunch
 
 
 def launches(
@@ -45,3 +45,8 @@ def api_key(spec: TrialSpec) -> str | None:
 
 def version(spec: TrialSpec) -> str:
     return "sleep"
+
+
+def profiler(spec: TrialSpec, trace_dir: str) -> Profiler | None:
+    """No server, nothing to profile."""
+    return None

@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.engines import envs, vllm_cpu
-from orchestrator.engines.base import EngineMetric, ServerLaunch, opt
+from orchestrator.engines.base import EngineMetric, Profiler, ServerLaunch, opt
 from orchestrator.engines.router import router_launch
 
 log = logging.getLogger(__name__)
@@ -349,3 +349,20 @@ def version(spec: TrialSpec) -> str:
 def hold(spec: TrialSpec) -> dict[str, float] | None:
     """Not a holding kind: the trial serves."""
     return None
+
+
+def profiler(spec: TrialSpec, trace_dir: str) -> Profiler | None:
+    """vLLM 0.32's torch profiler (``--profiler-config``; the course's ``VLLM_TORCH_PROFILER_DIR`` is
+    no longer read): gzipped Chrome traces of the API server and each worker in ``trace_dir``,
+    between POST /start_profile and /stop_profile."""
+    p = spec.profile
+    if p is None:
+        return None
+    config = {
+        "profiler": "torch",
+        "torch_profiler_dir": trace_dir,
+        "torch_profiler_with_stack": p.with_stack,
+        "torch_profiler_record_shapes": p.record_shapes,
+        "torch_profiler_use_gzip": True,
+    }
+    return Profiler(argv=("--profiler-config", json.dumps(config, sort_keys=True)))

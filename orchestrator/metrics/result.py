@@ -54,17 +54,21 @@ class TrialResult(BaseModel):
     )
     records_parquet: bytes = b""
     telemetry_parquet: bytes = b""
+    artifacts: dict[str, bytes] = Field(
+        default_factory=dict, description="more files by their path in the trial's folder (profile/ traces)"
+    )
     server_log: str = ""
 
     def summary_json(self) -> dict[str, Any]:
         """The result without its bulky payloads (records, telemetry, log), for result files."""
-        return self.model_dump(mode="json", exclude={"records_parquet", "telemetry_parquet", "server_log"})
+        return self.model_dump(mode="json", exclude={"records_parquet", "telemetry_parquet", "artifacts", "server_log"})
 
 
 RESULT_FILE = "result.json"
 RECORDS_FILE = "records.parquet"
 TELEMETRY_FILE = "telemetry.parquet"
 TIMELINE_FILE = "timeline.png"
+ARTIFACT_DIR = "profile"  # the trial's more files (artifacts) live under it
 SERVER_LOG_FILE = "server.log"
 
 
@@ -77,6 +81,12 @@ def save_result(result: TrialResult, trial_dir: str | os.PathLike[str]) -> Path:
         _atomic_write(d / RECORDS_FILE, result.records_parquet)
     if result.telemetry_parquet:
         _atomic_write(d / TELEMETRY_FILE, result.telemetry_parquet)
+    for name, data in result.artifacts.items():
+        path = (d / name).resolve()
+        if not path.is_relative_to(d.resolve()):
+            raise ValueError(f"artifact {name!r} is outside the trial's folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, data)
     if result.server_log:
         _atomic_write(d / SERVER_LOG_FILE, result.server_log.encode())
     _atomic_write(d / RESULT_FILE, json.dumps(result.summary_json(), indent=2, sort_keys=True).encode())
@@ -92,6 +102,9 @@ def load_result(trial_dir: str | os.PathLike[str]) -> TrialResult:
     telemetry = d / TELEMETRY_FILE
     data["records_parquet"] = records.read_bytes() if records.exists() else b""
     data["telemetry_parquet"] = telemetry.read_bytes() if telemetry.exists() else b""
+    data["artifacts"] = {
+        str(f.relative_to(d)): f.read_bytes() for f in sorted((d / ARTIFACT_DIR).rglob("*")) if f.is_file()
+    }
     data["server_log"] = log_file.read_text(errors="replace") if log_file.exists() else ""
     return TrialResult.model_validate(data)
 

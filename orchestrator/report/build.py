@@ -157,6 +157,46 @@ def load_description(trials: list[TrialData]) -> list[str]:
     return out
 
 
+HARDWARE_COLUMNS = [
+    ("telemetry_server_cpu_cores_mean", "servers' CPU cores"),
+    ("telemetry_server_rss_gb_max", "servers' RSS GB"),
+    ("telemetry_gpu_power_w_mean", "GPU W"),
+    ("telemetry_gpu_sm_util_pct_mean", "SM util %"),
+    ("joules_per_output_token", "J / output token"),
+    ("cost_per_mtok_output", "$ / M output tok"),
+    ("cost_per_mtok_total", "$ / M tok (in+out)"),
+]
+
+
+def hardware_section(trials: list[TrialData]) -> list[str]:
+    """What the hardware did at each trial's points, energy and cost per token, and how to read
+    the per-trial timeline; columns nobody measured are left out, and why is said."""
+    measured = [t for t in trials if any(k in p.metrics for p in t.points for k, _ in HARDWARE_COLUMNS)]
+    if not measured:
+        return []
+    cols = [(k, h) for k, h in HARDWARE_COLUMNS if any(k in p.metrics for t in measured for p in t.points)]
+    lines = [
+        "",
+        "## Hardware, energy and cost per point",
+        "",
+        "Each trial's MLflow run holds `timeline.png` (requests in flight, TTFT and ITL per request, the "
+        "engine's running/waiting/KV usage and the hardware on one time axis, the load points shaded) and "
+        "`telemetry.parquet` (rows of t, source, name, value on the records' clock); docs/observability.md "
+        "explains each series.",
+        "",
+        "| trial | point | " + " | ".join(h for _, h in cols) + " |",
+        "|" + "---|" * (len(cols) + 2),
+    ]
+    for t in measured:
+        for p in t.points:
+            lines.append(f"| {t.name} | {p.label} | " + " | ".join(_fmt(p.metrics.get(k)) for k, _ in cols) + " |")
+    notes = {key: sorted({t.telemetry[key] for t in measured if key in t.telemetry}) for key in ("energy", "price")}
+    for key, label in (("energy", "Energy"), ("price", "Price")):
+        if notes[key]:
+            lines += ["", f"{label}: " + " / ".join(notes[key]) + "."]
+    return lines
+
+
 def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float = 0.01) -> str:
     varied = data.varied_params()
     lines = [
@@ -199,6 +239,7 @@ def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float 
             f"**Best configuration:** {best.name if best else 'none'} ({why}; the experiment declares "
             "no `objective`, see README).",
         ]
+    lines += hardware_section(data.finished)
     skipped = [t for t in data.trials if t.status != "FINISHED"]
     if skipped:
         lines += ["", "Not measured: " + "; ".join(f"{t.name} {t.status}" for t in skipped) + "."]

@@ -54,7 +54,7 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
             )
             + "."
         )
-    flagged = [t.name for t, v in scored if _read_at_invalid_point(t, v)]
+    flagged = [t.name for t, v in scored if _read_at(t, v, "invalid")]
     if flagged:
         verdict.lines.append(
             "Caution: the value of " + ", ".join(flagged) + " was read at a load point flagged "
@@ -82,6 +82,8 @@ def _score(trials: list[TrialData], objective: ObjectiveSpec, verdict: Verdict) 
         v = value_of(t, key, objective.at)
         if v is None:
             failed.append(f"{key} {'not set' if '.' in key and '/' not in key else 'not measured'}")
+        elif _read_at(t, v, "profiled_excluded"):
+            failed.append(f"{key} read at {v.where}, a profiled point (profile.in_verdict=true counts it)")
         if failed:
             verdict.excluded.append((t, "; ".join(failed)))
         else:
@@ -118,9 +120,10 @@ def _headline(verdict: Verdict, bv: Value, n_scored: int) -> str:
     return head
 
 
-def _read_at_invalid_point(t: TrialData, v: Value) -> bool:
+def _read_at(t: TrialData, v: Value, flag: str) -> bool:
+    """The value was read at a fixed point that carries ``flag`` (invalid, profiled_excluded)."""
     point = next((p for p in fixed_points(t) if p.label == v.where), None)
-    return point is not None and point.metrics.get("invalid", 0.0) >= 1.0
+    return point is not None and point.metrics.get(flag, 0.0) >= 1.0
 
 
 def knob_effects(trials: list[TrialData], varied: list[str], objective: ObjectiveSpec) -> list[str]:

@@ -18,7 +18,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.metrics.result import RECORDS_FILE, SERVER_LOG_FILE, TELEMETRY_FILE, TIMELINE_FILE, TrialResult
+from orchestrator.metrics.result import (
+    ARTIFACT_DIR,
+    RECORDS_FILE,
+    SERVER_LOG_FILE,
+    TELEMETRY_FILE,
+    TIMELINE_FILE,
+    TrialResult,
+)
 from orchestrator.tracking.params import flatten_params, sanitize_key, truncate
 
 log = logging.getLogger(__name__)
@@ -223,6 +230,8 @@ class MlflowTracker:
             path = trial_dir / name
             if path.exists():
                 self.client.log_artifact(run_id, str(path))
+        if (trial_dir / ARTIFACT_DIR).is_dir():  # profiler traces
+            self.client.log_artifacts(run_id, str(trial_dir / ARTIFACT_DIR), ARTIFACT_DIR)
         if (trial_dir / "eval").is_dir():  # lm-eval's results and every question's answer (--log_samples)
             self.client.log_artifacts(run_id, str(trial_dir / "eval"), "eval")
         with tempfile.TemporaryDirectory() as tmp:

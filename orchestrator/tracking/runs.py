@@ -51,6 +51,7 @@ class TrialData:
     run_id: str | None = None
     trial_hash: str = ""
     records: Callable[[], Any] = field(default=lambda: None, repr=False)  # () -> pyarrow.Table | None
+    telemetry: dict[str, str] = field(default_factory=dict)  # what the telemetry measured or why not
 
     def param(self, key: str, default: str | None = None) -> str | None:
         value = self.params.get(key, default)
@@ -123,6 +124,7 @@ def from_results(
                 points=points,
                 trial_hash=r.trial_hash,
                 records=load,
+                telemetry=dict(r.telemetry),
             )
         )
     return SweepData(experiment, trials, "results", sweep_run_id, objective)
@@ -218,6 +220,7 @@ def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
         run_id=run_id,
         trial_hash=tags.get("trial_hash", ""),
         records=load,
+        telemetry={k.removeprefix("telemetry."): v for k, v in tags.items() if k.startswith("telemetry.")},
     )
 
 

@@ -13,6 +13,8 @@ from orchestrator.loadgen.capacity import CapacitySearch, judge
 from orchestrator.metrics.result import PointResult
 
 UNITS = {"rate": "req/s", "concurrency": "streams"}
+# Read at the probe that sets the capacity: the cost and energy of a token at the SLO's limit.
+AT_CAPACITY = ("cost_per_mtok_output", "cost_per_mtok_total", "joules_per_output_token", "output_tokens_per_joule")
 
 Schedule = Generator[LoadPointSpec, PointResult | None, bool]
 """Load points to run; each is sent its result (None: not measured). Returns whether it ran to its end."""
@@ -37,6 +39,7 @@ class CapacityProbes:
             max_probes=cap.max_probes,
             integer=cap.knob == "concurrency",
         )
+        self.measured: dict[str, PointResult] = {}  # each probe's result, by label
 
     def probes(self) -> Schedule:
         """Yield the next probe until the search has its answer (or its time budget is spent);
@@ -54,6 +57,7 @@ class CapacityProbes:
             per_class = p.class_metrics or {self.classes[0]: p.metrics}  # one class: its metrics are the point's
             verdict = judge(p.metrics, per_class, cap.slo, cap.knob, cap.min_goodput_fraction, cap.min_sustained)
             search.observe(value, p.label, verdict)
+            self.measured[p.label] = p
             p.metrics["slo_met"] = 1.0 if verdict.verdict == "pass" else 0.0
             self.say(
                 f"probe {p.label}: "
@@ -75,6 +79,11 @@ class CapacityProbes:
             return {}, {}
         name = "slo_capacity_rps" if cap.knob == "rate" else "slo_capacity_concurrency"
         metrics = {name if k == "capacity" else k.replace("capacity", name): v for k, v in search.summary().items()}
+        at = self.measured.get(search.best_pass.label) if search.best_pass else None
+        if at is not None:  # what a token costs, in energy and money, at the capacity
+            for key in AT_CAPACITY:
+                if key in at.metrics:
+                    metrics[f"slo_capacity_{key}"] = at.metrics[key]
         account = {
             "knob": cap.knob,
             "metric": name,

@@ -25,6 +25,7 @@ from orchestrator.metrics.summary import (
     summarize_repeats,
 )
 from orchestrator.metrics.telemetry import Timeline
+from orchestrator.trial.profile import ProfileWindow
 from orchestrator.trial.servers import ServerGroup, reset_caches
 
 log = logging.getLogger(__name__)
@@ -159,10 +160,12 @@ class PointMeasurer:
         progress: Progress,
         cache_reset: tuple[str, str] | None = None,
         timeline: Timeline | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.spec, self.group, self.engine_metrics = spec, group, engine_metrics
         self.monitor, self.progress, self.cache_reset = monitor, progress, cache_reset
-        self.timeline = timeline
+        self.timeline, self.api_key = timeline, api_key
+        self.window: ProfileWindow | None = None
         self.launch = group.metrics_launch()
         self._before: prometheus.Sample = {}
         self._t0 = 0.0
@@ -196,14 +199,18 @@ class PointMeasurer:
         self.monitor.reset()
         self.monitor.start()
         self._t0 = telemetry.now()
+        self.window = self._profile_window(index, point)
 
     def finish(
         self, index: int, point: LoadPointSpec, records: list[RequestRecord], client: dict[str, float]
     ) -> tuple[PointResult, ServerCrashedError | None]:
         """The point's result, and the servers' failure when they were not serving."""
         t1 = telemetry.now()
+        profiled = self.window.finish() if self.window is not None else {}
+        self.window = None
         raw = RawPoint(records, client, self.monitor.stop(), self._before, self._scrape())
         metrics = point_metrics(self.spec, point, raw, self.engine_metrics, self.group.disaggregated())
+        metrics.update(profiled)
         if self.timeline is not None:
             metrics.update(hardware_metrics(self.spec, self.timeline.snapshot(), (self._t0, t1), metrics))
         crash = self._server_failure(records)
@@ -244,6 +251,17 @@ class PointMeasurer:
             f"{metrics.get('tokens_per_second', 0):.0f} tok/s"
         )
         return result, crash
+
+    def _profile_window(self, index: int, point: LoadPointSpec) -> ProfileWindow | None:
+        """The profiler's window over this point, started, when it is the ``profile.point``."""
+        profile, profiler = self.spec.profile, self.group.profiler
+        fixed = index < len(self.spec.workload.load_points)  # not a capacity probe of the same label
+        if profile is None or profiler is None or not fixed or point.label != profile.point:
+            return None
+        urls = [x.base_url for x in self.group.engine_launches()]
+        window = ProfileWindow(profile, profiler, urls, self.api_key, self.progress)
+        window.start()
+        return window
 
     def _server_failure(self, records: list[RequestRecord]) -> ServerCrashedError | None:
         """The servers' state after a point: a process gone, an engine dead under a live API

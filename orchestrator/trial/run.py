@@ -33,6 +33,7 @@ from orchestrator.models import resolve_model, resolve_tokenizer
 from orchestrator.trial.capacity import CapacityProbes, Schedule, unmeasured
 from orchestrator.trial.plan import check_feasible
 from orchestrator.trial.points import PointMeasurer
+from orchestrator.trial.profile import collect_traces
 from orchestrator.trial.servers import (
     ServerGroup,
     describe_servers,
@@ -157,7 +158,14 @@ class TrialRun:
             self.timeline,
         )
         measurer = PointMeasurer(
-            spec, group, engine_metrics, monitor, self.say, self.adapter.cache_reset(spec), self.timeline
+            spec,
+            group,
+            engine_metrics,
+            monitor,
+            self.say,
+            self.adapter.cache_reset(spec),
+            self.timeline,
+            self.adapter.api_key(spec),
         )
         sampler = self._telemetry(group)
         front = group.launches[-1]
@@ -285,9 +293,11 @@ class TrialRun:
 
     def checkpoint(self) -> None:
         done, total = len(self.points), len(self.spec.workload.load_points)
-        save_result(self.result("FAILED", f"interrupted after {done} of {total} load points"), self.workdir)
+        interrupted = f"interrupted after {done} of {total} load points"
+        save_result(self.result("FAILED", interrupted, traces=False), self.workdir)
 
-    def result(self, status: TrialStatus, error: str | None) -> TrialResult:
+    def result(self, status: TrialStatus, error: str | None, traces: bool = True) -> TrialResult:
+        """The trial's result; ``traces``: with the profiler's trace files (not in checkpoints)."""
         capacity_metrics, capacity = self.capacity.outcome() if self.capacity else ({}, {})
         metrics = dict(self.held)
         if self.measuring:
@@ -310,6 +320,7 @@ class TrialRun:
             telemetry=dict(self.telemetry_notes),
             records_parquet=records_to_parquet_bytes(self.records) if self.records else b"",
             telemetry_parquet=self.timeline.to_parquet() if self.timeline.rows else b"",
+            artifacts=collect_traces(self.workdir) if traces else {},
             server_log=redact_text(self.server_log()),
         )
 

@@ -28,7 +28,9 @@ from orchestrator.engines import (
     port_is_free,
     server_for,
 )
+from orchestrator.engines.base import Profiler
 from orchestrator.models import resolve_model
+from orchestrator.trial.profile import with_profiler
 
 
 def port_for(spec: TrialSpec, pick_free: bool = True) -> int:
@@ -102,8 +104,14 @@ def server_env(launch: ServerLaunch, gpu_ids: list[int]) -> dict[str, str]:
 class ServerGroup:
     """The running servers of a trial (one, or prefill + decode + proxy), front last."""
 
-    def __init__(self, launches: list[ServerLaunch], servers: list[ServerProcess | ExternalServer]) -> None:
+    def __init__(
+        self,
+        launches: list[ServerLaunch],
+        servers: list[ServerProcess | ExternalServer],
+        profiler: Profiler | None = None,
+    ) -> None:
         self.launches, self.servers = launches, servers
+        self.profiler = profiler  # how to trace the engine servers (``profile``), when asked
 
     def pids(self) -> list[int]:
         return [s.pid for s in self.servers if s.pid]
@@ -158,6 +166,7 @@ def start_servers(
     server's own (0 for an external one), several: until all are up."""
     port = port_for(spec)
     launches = adapter.launches(spec, model_path, port, port_picker(spec, {port}), str(workdir))
+    launches, profiler = with_profiler(adapter, spec, workdir, launches)
     planned(launches)  # described before anything starts: a server that never comes up is still on record
     servers: list[ServerProcess | ExternalServer] = []
     t0 = time.monotonic()
@@ -173,7 +182,7 @@ def start_servers(
         stack.enter_context(server)
         healthy_after = server.wait_healthy(launch.startup_timeout_s)
         servers.append(server)
-    return ServerGroup(launches, servers), healthy_after if len(launches) == 1 else time.monotonic() - t0
+    return ServerGroup(launches, servers, profiler), healthy_after if len(launches) == 1 else time.monotonic() - t0
 
 
 def reset_caches(group: ServerGroup, how: tuple[str, str] | None) -> None:
@@ -210,8 +219,8 @@ def server_key(spec: TrialSpec) -> str | None:
     or None when its servers cannot be shared: trials with the same key differ only in
     workload/load settings and can run one after the other on one server start."""
     engine = spec.engine
-    if not isinstance(engine, LaunchedEngineSpec) or engine.restart_between_points:
-        return None
+    if not isinstance(engine, LaunchedEngineSpec) or engine.restart_between_points or spec.profile is not None:
+        return None  # a profiled trial's servers trace into its own folder: not shared
     launches = planned_launches(shared_server_spec(spec))
     ident = {
         "servers": [[x.argv, x.env, x.files, x.gpus, x.unset_env] for x in launches],

@@ -233,7 +233,7 @@ def test_pd_on_cpu_through_the_example_connector(vllm_parser, sglang_parser, com
     from orchestrator.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs engine.max_model_len"):
-        to_specs(compose(["engine.disaggregation={connector:ExampleConnector}"]))
+        to_specs(compose(["engine.disaggregation={connector:ExampleConnector}", "engine.max_model_len=1024"]))
     spec, _ = to_specs(
         compose(
             [
@@ -314,3 +314,25 @@ def test_replicas_behind_the_router(vllm_parser, sglang_parser, compose):
     launches = vllm_adapter.launches(gpu, "/m", 8000, iter(range(9000, 9100)).__next__, "/t")
     assert [x.gpus for x in launches] == [(0, 1), (2, 3), (4, 5), ()] and gpu.engine.num_gpus == 6
     assert launches[-1].argv[0].endswith("sglang-gpu/bin/python")
+
+
+def test_a_profiled_trial_configures_each_engines_profiler(vllm_parser, sglang_parser, compose, tmp_path):
+    """vLLM 0.32 takes --profiler-config (torch, into the trial's profile/ folder) on every
+    engine server, not the proxy; SGLang's start endpoint gets the folder. Parsed by their own code."""
+    from orchestrator.trial.profile import with_profiler
+
+    base, _ = to_specs(compose([]))
+    label = base.workload.load_points[0].label
+    spec, _ = to_specs(compose([f"+profile={{point:{label}}}", "engine.disaggregation={connector:ExampleConnector}", "engine.max_model_len=1024"]))
+    launches = vllm_adapter.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, str(tmp_path))
+    profiled, profiler = with_profiler(vllm_adapter, spec, tmp_path, launches)
+    assert profiler is not None and profiler.start == ("/start_profile", None)
+    for launch in profiled[:2]:  # prefill, decode
+        config = parse_launch(launch, vllm_parser, sglang_parser).profiler_config
+        assert config.profiler == "torch" and config.torch_profiler_dir == str(tmp_path / "profile")
+        assert config.torch_profiler_with_stack is False and config.torch_profiler_use_gzip
+    assert "--profiler-config" not in profiled[2].argv  # our proxy
+    assert (tmp_path / "profile").is_dir()
+    sg, _ = to_specs(compose(["platform=gpu", "engine=sglang", f"+profile={{point:{label}}}"]))
+    p = sglang_adapter.profiler(sg, "/t/profile")
+    assert p is not None and p.start[1]["output_dir"] == "/t/profile" and dict(p.env)["SGLANG_TORCH_PROFILER_DIR"]

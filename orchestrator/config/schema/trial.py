@@ -42,6 +42,21 @@ class EvalSpec(StrictModel):
         return v
 
 
+class ProfileSpec(StrictModel):
+    """A profiler trace of a window of one load point: the engine starts with its profiler
+    configured (vLLM: ``--profiler-config``, torch; SGLang: its profile endpoints) and the window
+    is bracketed with the server's start/stop profile endpoints. The trace (gzipped Chrome trace
+    JSON, opened in Perfetto) is a trial artifact. The profiler slows the point: it is marked
+    ``profiled`` and the verdict does not read it unless ``in_verdict``."""
+
+    point: str = Field(description="label of the load point to profile (e.g. c8, r2)")
+    start_after_s: float = Field(default=1.0, ge=0.0, description="seconds into the point before the trace starts")
+    duration_s: PositiveFloat = Field(default=3.0, description="seconds traced (less if the point ends first)")
+    with_stack: bool = Field(default=False, description="Python stacks of each op (large traces)")
+    record_shapes: bool = False
+    in_verdict: bool = Field(default=False, description="let the verdict read the profiled point")
+
+
 class TrialSpec(StrictModel):
     """Everything that determines one trial's measurement."""
 
@@ -53,6 +68,21 @@ class TrialSpec(StrictModel):
     workload: WorkloadSpec
     platform: PlatformSpec
     eval: EvalSpec = Field(default_factory=EvalSpec)
+    profile: ProfileSpec | None = None
+
+    @model_validator(mode="after")
+    def _profiled_point_exists(self) -> TrialSpec:
+        if self.profile is None:
+            return self
+        labels = [p.label for p in self.workload.load_points]
+        if self.profile.point not in labels:
+            raise ValueError(
+                f"profile.point '{self.profile.point}' is not a load point of workload '{self.workload.name}' "
+                f"(its points: {', '.join(labels)})"
+            )
+        if not isinstance(self.engine, LaunchedEngineSpec):
+            raise ValueError(f"profile: engine '{self.engine.name}' has no profiler we can start (vllm or sglang)")
+        return self
 
     @model_validator(mode="after")
     def _fits_context(self) -> TrialSpec:

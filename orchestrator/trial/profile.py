@@ -1,0 +1,128 @@
+"""A profiler trace of one load point's window (``profile``): the engine servers start with
+their profiler configured (:func:`with_profiler`), and :class:`ProfileWindow` brackets a window
+of the chosen point with their start/stop endpoints; :func:`collect_traces` gathers the files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.logs import Progress
+from orchestrator.config.schema import ProfileSpec, TrialSpec
+from orchestrator.engines import EngineAdapter, ServerLaunch
+from orchestrator.engines.base import Profiler
+from orchestrator.metrics.result import ARTIFACT_DIR
+
+log = logging.getLogger(__name__)
+
+TRACE_DIR = ARTIFACT_DIR  # "profile": in the trial's folder, and the artifact folder of its run
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json.gz")
+
+
+def with_profiler(
+    adapter: EngineAdapter, spec: TrialSpec, workdir: Path, launches: list[ServerLaunch]
+) -> tuple[list[ServerLaunch], Profiler | None]:
+    """The launches with the engine's profiler configured on every engine server (not a router
+    or proxy in front), when the trial is profiled."""
+    if spec.profile is None:
+        return launches, None
+    trace_dir = workdir / TRACE_DIR
+    profiler = adapter.profiler(spec, str(trace_dir))
+    if profiler is None:
+        raise ConfigError(f"profile: engine '{spec.engine.name}' cannot be profiled by us")
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        dataclasses.replace(x, argv=[*x.argv, *profiler.argv], env={**x.env, **dict(profiler.env)})
+        if x.metrics_path and x.argv
+        else x
+        for x in launches
+    ], profiler
+
+
+class ProfileWindow:
+    """Starts the trace ``start_after_s`` into the point on every engine server and stops it
+    ``duration_s`` later, or when the point ends first (:meth:`finish`)."""
+
+    def __init__(
+        self,
+        spec: ProfileSpec,
+        profiler: Profiler,
+        urls: list[str],
+        api_key: str | None,
+        say: Progress,
+    ) -> None:
+        self.spec, self.profiler, self.urls, self.api_key, self.say = spec, profiler, urls, api_key, say
+        self.started_s: float | None = None
+        self.stopped_s: float | None = None
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="profile-window", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _call(self, endpoint: tuple[str, dict[str, Any] | None]) -> None:
+        path, body = endpoint
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        for url in self.urls:
+            data = json.dumps(body).encode() if body is not None else b""
+            req = urllib.request.Request(url + path, data=data, headers=headers, method="POST")
+            with urllib.request.urlopen(req, timeout=300) as resp:  # stopping writes the trace: slow
+                resp.read()
+
+    def _run(self) -> None:
+        if self._cancel.wait(self.spec.start_after_s):
+            return
+        with self._lock:
+            try:
+                self._call(self.profiler.start)
+            except OSError as exc:
+                self.say(f"profile: could not start the trace: {exc}")
+                return
+            self.started_s = time.perf_counter()
+            self.say(f"profile: tracing for up to {self.spec.duration_s:g} s")
+        self._cancel.wait(self.spec.duration_s)
+        self._stop()
+
+    def _stop(self) -> None:
+        with self._lock:
+            if self.started_s is None or self.stopped_s is not None:
+                return
+            try:
+                self._call(self.profiler.stop)
+            except OSError as exc:
+                self.say(f"profile: could not stop the trace: {exc}")
+            self.stopped_s = time.perf_counter()
+
+    def finish(self) -> dict[str, float]:
+        """The point is over: stop a trace still running; the point's profile metrics."""
+        self._cancel.set()
+        self._thread.join(timeout=600)
+        self._stop()
+        out = {"profiled": 1.0}
+        if not self.spec.in_verdict:
+            out["profiled_excluded"] = 1.0  # the profiler slowed it: the verdict does not read it
+        if self.started_s is not None and self.stopped_s is not None:
+            out["profile_window_s"] = self.stopped_s - self.started_s
+        return out
+
+
+def collect_traces(workdir: Path) -> dict[str, bytes]:
+    """Trace files written in the trial's ``profile/`` folder, by their path under the trial."""
+    folder = workdir / TRACE_DIR
+    if not folder.is_dir():
+        return {}
+    return {
+        f"{TRACE_DIR}/{f.relative_to(folder)}": f.read_bytes()
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and f.name.endswith(TRACE_SUFFIXES)
+    }
