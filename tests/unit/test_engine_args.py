@@ -323,7 +323,15 @@ def test_a_profiled_trial_configures_each_engines_profiler(vllm_parser, sglang_p
 
     base, _ = to_specs(compose([]))
     label = base.workload.load_points[0].label
-    spec, _ = to_specs(compose([f"+profile={{point:{label}}}", "engine.disaggregation={connector:ExampleConnector}", "engine.max_model_len=1024"]))
+    spec, _ = to_specs(
+        compose(
+            [
+                f"+profile={{point:{label}}}",
+                "engine.disaggregation={connector:ExampleConnector}",
+                "engine.max_model_len=1024",
+            ]
+        )
+    )
     launches = vllm_adapter.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, str(tmp_path))
     profiled, profiler = with_profiler(vllm_adapter, spec, tmp_path, launches)
     assert profiler is not None and profiler.start == ("/start_profile", None)
