@@ -14,7 +14,9 @@ REDACTED = "***"
 
 
 def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name.strip("-")))
+    """A name that holds a secret. ``api_key_env`` names the variable that holds one: not a secret."""
+    name = name.strip("-")
+    return bool(_SECRET_NAME.search(name)) and not name.lower().endswith(("_env", "-env"))
 
 
 def redact_text(text: str) -> str:
@@ -51,7 +53,7 @@ def redact_override(override: str) -> str:
 
 def redact_mapping(value: Any, key: str = "") -> Any:
     """A copy of nested data with secret-named keys hidden and argv-like lists redacted."""
-    if key and is_secret_name(key):
+    if key and is_secret_name(key) and value is not None:  # an unset one is shown unset
         return REDACTED
     if isinstance(value, dict):
         return {k: redact_mapping(v, str(k)) for k, v in value.items()}

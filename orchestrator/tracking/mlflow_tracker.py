@@ -51,6 +51,12 @@ def default_artifact_location(uri: str, experiment: str) -> str | None:
     return (db_path.resolve().parent / "mlartifacts" / sanitize_key(experiment)).as_uri()
 
 
+# MLflow 3's UI opens an experiment without a kind on its GenAI overview (traces: 0); ours are
+# model development: the runs table opens first (the kinds are in MLflow's UI code).
+EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_TAGS = {EXPERIMENT_KIND: "custom_model_development"}
+
+
 class MlflowTracker:
     """Parent/child runs of one sweep in one MLflow experiment."""
 
@@ -62,10 +68,12 @@ class MlflowTracker:
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             exp_id = self.client.create_experiment(
-                experiment, artifact_location=default_artifact_location(uri, experiment)
+                experiment, artifact_location=default_artifact_location(uri, experiment), tags=EXPERIMENT_TAGS
             )
         else:
             exp_id = exp.experiment_id
+            if exp.tags.get(EXPERIMENT_KIND) is None:  # made before the tag existed
+                self.client.set_experiment_tag(exp_id, EXPERIMENT_KIND, EXPERIMENT_TAGS[EXPERIMENT_KIND])
         self.experiment_id = exp_id
         self.experiment = experiment
         self.parent_run_id: str | None = None

@@ -34,7 +34,7 @@ def flatten_params(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         if isinstance(value, Mapping) and value:
             out.update(flatten_params(value, full + "."))
             continue
-        if is_secret_name(str(key)):
+        if is_secret_name(str(key)) and value is not None:  # an unset secret shows as null
             text = REDACTED
         elif isinstance(value, (list, tuple, Mapping)):
             text = json.dumps(value, sort_keys=True, default=str)

@@ -138,3 +138,53 @@ def test_a_running_server_with_another_tokenizer_is_refused_before_load(compose,
         assert result.status == "FINISHED", result.error
         assert result.points[0].metrics["workload_invalid"] == 0.0, result.points[0].invalid_reasons
     assert not engine_processes()
+
+
+def test_telemetry_cost_and_a_profiled_window_on_real_vllm(compose, tmp_path, tiny_model_dir):
+    """Issue 22 on the real CPU server: the telemetry series covers the point, the engine's gauges
+    are on the same clock, cost per Mtok comes from the price, energy is said not measured (no
+    RAPL here), and the profiled window's trace is a Chrome trace holding the model's ops."""
+    import gzip
+    import json
+
+    from orchestrator.metrics.telemetry import rows_from_parquet
+    from orchestrator.report.timeline import timeline_figure
+
+    spec, _ = to_specs(
+        compose(
+            [
+                "workload.classes={main:{input_tokens:64,output_tokens:48}}",
+                "workload.load_points=[{concurrency:4}]",
+                "workload.num_requests=24",
+                "engine.max_model_len=512",
+                "platform.telemetry_interval_s=0.2",
+                "platform.price_per_hour=0.5",
+                "+profile={point:c4,start_after_s:0.2,duration_s:1.0}",
+            ]
+        )
+    )
+    result = run_trial(spec, tmp_path, ["test"], progress=print)
+    assert result.status == "FINISHED", result.error
+    (point,) = result.points
+    m = point.metrics
+    assert m["telemetry_server_cpu_cores_mean"] > 0.1 and m["telemetry_server_rss_gb_max"] > 0.3
+    assert m["cost_per_mtok_output"] == pytest.approx(0.5 * m["duration_s"] / 3600 / m["output_tokens"] * 1e6)
+    assert "energy_j" not in m and result.telemetry["energy"].startswith("not measured")
+    assert result.telemetry["price"] == "0.5 per node-hour"
+    rows = rows_from_parquet(result.telemetry_parquet)
+    t0, t1 = point.window
+    inside = {(s, n) for t, s, n, _ in rows if t0 <= t <= t1}
+    assert {("servers", "cpu_cores"), ("machine", "cpu_cores"), ("engine", "requests_running")} <= inside
+    records = parquet_bytes_to_table(result.records_parquet).to_pydict()
+    assert t0 <= min(records["sent_s"]) and max(records["done_s"]) <= t1  # one clock for records and telemetry
+    assert m["profiled"] == 1.0 and m["profiled_excluded"] == 1.0 and m["profile_window_s"] > 0
+    traces = [name for name in result.artifacts if name.endswith(".json.gz")]
+    assert traces, list(result.artifacts)
+    names: set[str] = set()
+    for name in traces:
+        trace = json.loads(gzip.decompress(result.artifacts[name]))
+        names |= {e.get("name", "") for e in trace["traceEvents"]}
+    assert any(n.startswith("aten::") for n in names) and any("mm" in n or "linear" in n for n in names), sorted(names)[
+        :50
+    ]
+    assert timeline_figure(result, tmp_path) is not None

@@ -69,3 +69,12 @@ def test_redact_override_and_mapping():
             "max_num_batched_tokens": 256,
         }
     }
+
+
+def test_a_variable_name_and_an_unset_value_are_not_hidden():
+    """``engine.api_key_env`` names the variable holding the key (shown); an unset secret is null."""
+    assert not is_secret_name("api_key_env") and is_secret_name("api_key")
+    out = flatten_params({"engine": {"api_key_env": "MY_KEY", "api_key": None, "hf_token": "x"}})
+    assert out == {"engine.api_key_env": "MY_KEY", "engine.api_key": "null", "engine.hf_token": "***"}
+    assert redact_mapping({"api_key": None, "token": "abc"}) == {"api_key": None, "token": "***"}
+    assert redact_override("engine.api_key_env=MY_KEY") == "engine.api_key_env=MY_KEY"

@@ -134,3 +134,16 @@ def test_replay_logs_what_mlflow_lacks_once(tmp_path):
     assert len(trials) == 3 and len(sweeps) == 1
     assert sweeps[0].data.tags["sweep_dir"] == str(sweep)
     assert all(t.data.tags["mlflow.parentRunId"] == sweeps[0].info.run_id for t in trials)
+
+
+def test_experiments_open_on_the_runs_table(tmp_path):
+    """MLflow 3's UI opens an experiment without a kind on its GenAI overview: ours say model
+    development, also an experiment made before the tag existed."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    MlflowTracker(uri, "fresh")
+    old = mlflow.tracking.MlflowClient(uri).create_experiment("older")
+    MlflowTracker(uri, "older")
+    client = mlflow.tracking.MlflowClient(uri)
+    for name in ("fresh", "older"):
+        assert client.get_experiment_by_name(name).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert client.get_experiment(old).name == "older"
