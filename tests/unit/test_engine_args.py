@@ -233,7 +233,7 @@ def test_pd_on_cpu_through_the_example_connector(vllm_parser, sglang_parser, com
     from orchestrator.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs engine.max_model_len"):
-        to_specs(compose(["engine.disaggregation={connector:ExampleConnector}", "engine.max_model_len=1024"]))
+        to_specs(compose(["engine.disaggregation={connector:ExampleConnector}"]))
     spec, _ = to_specs(
         compose(
             [
