@@ -23,7 +23,7 @@ from orchestrator.metrics.result import ARTIFACT_DIR
 log = logging.getLogger(__name__)
 
 TRACE_DIR = ARTIFACT_DIR  # "profile": in the trial's folder, and the artifact folder of its run
-TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json.gz")
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json.gz", "profiler_out.txt")  # traces and vLLM's op tables
 
 
 def with_profiler(
@@ -97,11 +97,11 @@ class ProfileWindow:
         with self._lock:
             if self.started_s is None or self.stopped_s is not None:
                 return
+            self.stopped_s = time.perf_counter()  # the traced window ends here; writing the trace takes longer
             try:
                 self._call(self.profiler.stop)
             except OSError as exc:
                 self.say(f"profile: could not stop the trace: {exc}")
-            self.stopped_s = time.perf_counter()
 
     def finish(self) -> dict[str, float]:
         """The point is over: stop a trace still running; the point's profile metrics."""
