@@ -28,6 +28,7 @@ demo: install
 	$(PY) -m orchestrator +experiment=chunked_prefill $(DEMO_ARGS) -m
 	@echo
 	@echo "Open the results:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000"
+	@echo "then the 'MLflow UI:' link above (MLflow 3 opens on its GenAI overview without ?workflowType=machine_learning)"
 	@echo "then browse http://127.0.0.1:5000 (experiment 'chunked_prefill')."
 
 # Every lab's CPU sweep as a newcomer runs it (the CLI from the project root, default sweep

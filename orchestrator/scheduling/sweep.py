@@ -138,7 +138,12 @@ def run_sweep(
     summary = ", ".join(f"{n} {s}" for s, n in sorted(record.counts.items()))
     progress(f"sweep '{experiment}' done in {time.monotonic() - record.t0:.0f}s: {summary}")
     if tracker is not None:
-        progress(f"MLflow: experiment '{experiment}' at {settings.tracking.uri}")
+        uri = settings.tracking.uri
+        progress(f"MLflow: experiment '{experiment}' at {uri}")
+        if uri.startswith(("http://", "https://")):
+            progress(f"MLflow UI: {uri.rstrip('/')}/{tracker.ui_path()}")
+        else:
+            progress(f"MLflow UI: start it (make ui), then open http://127.0.0.1:5000/{tracker.ui_path()}")
     return record.results
 
 

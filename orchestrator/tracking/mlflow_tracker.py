@@ -78,6 +78,12 @@ class MlflowTracker:
         self.experiment = experiment
         self.parent_run_id: str | None = None
 
+    def ui_path(self) -> str:
+        """The experiment's runs table in the MLflow UI. MLflow 3.17's UI opens on its GenAI
+        overview unless told ``workflowType=machine_learning`` (it keeps the choice in the
+        browser); the experiment's kind tag alone does not switch it."""
+        return f"#/experiments/{self.experiment_id}/runs?workflowType=machine_learning"
+
     def _runs(self, filter_string: str, newest_first: bool = False) -> Iterator[Any]:
         """Every run of this experiment matching ``filter_string``, page after page."""
         order = ["attributes.start_time DESC"] if newest_first else None

@@ -210,7 +210,9 @@ def _js_text_has(names: list[str], root: str = "document.body") -> str:
     )
 
 
-async def _check_ui(devtools_port: int, url: str, experiment_id: str, parent_id: str, children: list[str]) -> None:
+async def _check_ui(
+    devtools_port: int, url: str, experiment_id: str, parent_id: str, children: list[str], printed_link: str
+) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession() as http:
@@ -220,10 +222,13 @@ async def _check_ui(devtools_port: int, url: str, experiment_id: str, parent_id:
         async with http.ws_connect(page_ws, max_msg_size=0) as ws:
             page = _Page(ws)
 
+            # 0. The link the sweep prints opens the runs table, not MLflow 3's empty GenAI overview.
+            parent_link = f"document.querySelector('a[href$=\"/runs/{parent_id}\"]')"
+            await page.send("Page.navigate", url=printed_link)
+            await page.wait_for(f"!!{parent_link}", "the runs table when the experiment opens")
             # 1. The experiment's runs table. Child runs are collapsed under their parent run:
             #    expand the parent's row (the button in its Run Name cell).
             await page.send("Page.navigate", url=f"{url}/#/experiments/{experiment_id}/runs")
-            parent_link = f"document.querySelector('a[href$=\"/runs/{parent_id}\"]')"
             await page.wait_for(f"!!{parent_link}", "the sweep's parent run in the runs table")
             grid = "document.querySelector('[role=grid]')"
             if not await page.eval(_js_text_has(children, grid)):
@@ -284,5 +289,8 @@ def test_sweep_child_runs_are_listed_in_the_mlflow_ui(tmp_path, mlflow_server, c
     assert client.list_artifacts(trials[0].info.run_id), "no artifacts logged through the server"
 
     ARTIFACTS.mkdir(exist_ok=True)
-    asyncio.run(_check_ui(chromium, mlflow_server, exp.experiment_id, parent.info.run_id, children))
+    printed = [x for x in p.stdout.splitlines() if x.startswith("MLflow UI: ")]
+    assert printed and printed[-1].endswith(f"#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning")
+    link = printed[-1].removeprefix("MLflow UI: ")
+    asyncio.run(_check_ui(chromium, mlflow_server, exp.experiment_id, parent.info.run_id, children, link))
     assert (ARTIFACTS / "mlflow_ui.png").stat().st_size > 10_000
