@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 
-from orchestrator.metrics.telemetry import TelemetrySampler, Timeline, open_probes
+from orchestrator.metrics.probes import TelemetrySampler, open_probes
+from orchestrator.metrics.telemetry import Timeline
 
 
 def measure(pids: list[int], interval_s: float, seconds: float) -> dict[str, float]:

@@ -25,8 +25,9 @@ from orchestrator.trial.points import (
     judge_point,
     point_metrics,
     roofline_metrics,
+    trial_metrics,
 )
-from orchestrator.trial.run import TrialRun, run_trial, run_trial_group, trial_metrics
+from orchestrator.trial.run import TrialRun, run_trial, run_trial_group
 from orchestrator.trial.servers import (
     ServerGroup,
     describe_servers,

@@ -277,3 +277,20 @@ class PointMeasurer:
             f"the server answered no request of the point: {failed} "
             "(its process is up and its health check answers 200)"
         )
+
+
+def trial_metrics(points: list[PointResult], startup_s: float | None) -> dict[str, float]:
+    """The trial's own numbers over its points: start-up, peak memory, totals."""
+    out: dict[str, float] = {}
+    if startup_s is not None:
+        out["startup_s"] = startup_s
+    peaks = [p.metrics["memory_peak_gb"] for p in points if "memory_peak_gb" in p.metrics]
+    if peaks:
+        out["memory_peak_gb_max"] = max(peaks)
+    out["requests_total"] = sum(p.metrics.get("requests", 0.0) for p in points)
+    out["errors_total"] = sum(p.metrics.get("errors", 0.0) for p in points)
+    out["num_points"] = float(len(points))
+    return out
+
+
+# ---------------------------------------------------------------------- entry points

@@ -26,13 +26,14 @@ from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.loadgen.preflight import preflight
 from orchestrator.metrics import hardware
 from orchestrator.metrics.monitor import ResourceMonitor
+from orchestrator.metrics.probes import start_telemetry
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, save_result
-from orchestrator.metrics.telemetry import TelemetrySampler, Timeline, open_probes, visible_devices
+from orchestrator.metrics.telemetry import Timeline
 from orchestrator.models import resolve_model, resolve_tokenizer
 from orchestrator.trial.capacity import CapacityProbes, Schedule, unmeasured
 from orchestrator.trial.plan import check_feasible
-from orchestrator.trial.points import PointMeasurer
+from orchestrator.trial.points import PointMeasurer, trial_metrics
 from orchestrator.trial.profile import collect_traces
 from orchestrator.trial.servers import (
     ServerGroup,
@@ -146,28 +147,7 @@ class TrialRun:
     def _run_on(self, group: ServerGroup, factory: PromptFactory, first: int, last: int) -> None:
         """Run load points ``first..last-1`` at the group's front server, then lm-eval after the last."""
         spec = self.spec
-        engine_metrics = self.adapter.metrics_for(spec)
-        scraped = group.metrics_launch()
-        monitor = ResourceMonitor(
-            group.pids(),
-            scraped.metrics_url if scraped else None,
-            engine_metrics,
-            spec.platform.monitor_interval_s,
-            self.gpu_ids,
-            spec.platform.monitor_budget,
-            self.timeline,
-        )
-        measurer = PointMeasurer(
-            spec,
-            group,
-            engine_metrics,
-            monitor,
-            self.say,
-            self.adapter.cache_reset(spec),
-            self.timeline,
-            self.adapter.api_key(spec),
-        )
-        sampler = self._telemetry(group)
+        measurer = self._measurer(group)
         front = group.launches[-1]
         endpoint = Endpoint(front.base_url, spec.model.name, api_key=self.adapter.api_key(spec))
         workload = spec.workload
@@ -177,7 +157,9 @@ class TrialRun:
         if first == 0 and not self.points:
             self._preflight(group, factory, endpoint.api_key)
         everything = last == len(spec.workload.load_points)
+        sampler = None
         try:
+            sampler, self.telemetry_notes = start_telemetry(spec.platform, group.pids(), self.gpu_ids, self.timeline)
             run_points(
                 endpoint,
                 workload,
@@ -189,7 +171,7 @@ class TrialRun:
                 points=self._schedule(workload.load_points, everything),
             )
         finally:
-            monitor.stop()  # idempotent; a point that raised must not leave the sampler running
+            measurer.monitor.stop()  # idempotent; a point that raised must not leave the sampler running
             if sampler is not None:
                 sampler.stop()
         if everything and spec.eval.tasks and self.crash is None:
@@ -205,22 +187,31 @@ class TrialRun:
                 self.say,
             )
 
-    def _telemetry(self, group: ServerGroup) -> TelemetrySampler | None:
-        """The trial's telemetry sampler, started (None when ``platform.telemetry`` is off)."""
-        platform = self.spec.platform
-        if not platform.telemetry:
-            self.telemetry_notes = {"telemetry": "off (platform.telemetry=false)"}
-            return None
-        devices = visible_devices(self.gpu_ids) if platform.device == "cuda" else []
-        probes, notes = open_probes(group.pids(), devices)
-        price = platform.price_per_hour
-        unit = "GPU-hour" if platform.device == "cuda" else "node-hour"
-        notes["price"] = f"{price:g} per {unit}" if price is not None else "no price set (platform.price_per_hour)"
-        notes["interval_s"] = f"{platform.telemetry_interval_s:g}"
-        self.telemetry_notes = notes
-        sampler = TelemetrySampler(probes, self.timeline, platform.telemetry_interval_s, platform.monitor_budget)
-        sampler.start()
-        return sampler
+    def _measurer(self, group: ServerGroup) -> PointMeasurer:
+        """What measures each point on ``group``: its resource monitor (memory, engine gauges onto
+        the trial's timeline), cache resets, the profiler's window."""
+        spec = self.spec
+        engine_metrics = self.adapter.metrics_for(spec)
+        scraped = group.metrics_launch()
+        monitor = ResourceMonitor(
+            group.pids(),
+            scraped.metrics_url if scraped else None,
+            engine_metrics,
+            spec.platform.monitor_interval_s,
+            self.gpu_ids,
+            spec.platform.monitor_budget,
+            self.timeline,
+        )
+        return PointMeasurer(
+            spec,
+            group,
+            engine_metrics,
+            monitor,
+            self.say,
+            self.adapter.cache_reset(spec),
+            self.timeline,
+            self.adapter.api_key(spec),
+        )
 
     def _preflight(self, group: ServerGroup, factory: PromptFactory, api_key: str | None) -> None:
         """The servers are the ones the plan was made for (model name, tokenizer): before any load."""
@@ -323,23 +314,6 @@ class TrialRun:
             artifacts=collect_traces(self.workdir) if traces else {},
             server_log=redact_text(self.server_log()),
         )
-
-
-def trial_metrics(points: list[PointResult], startup_s: float | None) -> dict[str, float]:
-    """The trial's own numbers over its points: start-up, peak memory, totals."""
-    out: dict[str, float] = {}
-    if startup_s is not None:
-        out["startup_s"] = startup_s
-    peaks = [p.metrics["memory_peak_gb"] for p in points if "memory_peak_gb" in p.metrics]
-    if peaks:
-        out["memory_peak_gb_max"] = max(peaks)
-    out["requests_total"] = sum(p.metrics.get("requests", 0.0) for p in points)
-    out["errors_total"] = sum(p.metrics.get("errors", 0.0) for p in points)
-    out["num_points"] = float(len(points))
-    return out
-
-
-# ---------------------------------------------------------------------- entry points
 
 
 def run_trial(

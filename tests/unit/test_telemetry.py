@@ -13,19 +13,15 @@ import pytest
 from orchestrator.config import to_specs
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.hashing import trial_hash
-from orchestrator.metrics import telemetry
+from orchestrator.metrics import probes, telemetry
+from orchestrator.metrics.probes import ProcessProbe, RaplProbe, TelemetrySampler, rapl_counters, visible_devices
 from orchestrator.metrics.telemetry import (
-    ProcessProbe,
-    RaplProbe,
-    TelemetrySampler,
     Timeline,
     cost_metrics,
     energy_in_window,
     energy_metrics,
     integrate,
-    rapl_counters,
     rows_from_parquet,
-    visible_devices,
     window_metrics,
 )
 
@@ -139,7 +135,7 @@ def test_the_nvml_probe_reads_the_dmon_fields(monkeypatch):
     }
     for name, fn in fake.items():
         monkeypatch.setattr(pynvml, name, fn)
-    probe = telemetry.NvmlProbe(["1", "GPU-x"])
+    probe = probes.NvmlProbe(["1", "GPU-x"])
     assert probe.uuids == ["GPU-h1", "GPU-h-GPU-x"]
     tl = Timeline()
     probe.sample(5.0, tl)
@@ -161,9 +157,9 @@ def test_the_nvml_probe_reads_the_dmon_fields(monkeypatch):
 
 
 def test_without_nvml_the_gpu_is_said_not_measured(monkeypatch):
-    monkeypatch.setattr(telemetry, "rapl_counters", lambda: [])
-    probes, notes = telemetry.open_probes([os.getpid()], ["0"])  # no NVML library on this machine
-    assert [type(p).__name__ for p in probes] == ["ProcessProbe"]
+    monkeypatch.setattr(probes, "rapl_counters", lambda: [])
+    opened, notes = probes.open_probes([os.getpid()], ["0"])  # no NVML library on this machine
+    assert [type(p).__name__ for p in opened] == ["ProcessProbe"]
     assert notes["gpu"].startswith("not measured") and notes["energy"].startswith("not measured")
 
 

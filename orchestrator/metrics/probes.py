@@ -1,0 +1,269 @@
+"""The telemetry probes (servers' processes, the machine, NVML GPUs, RAPL packages) and the
+sampler that runs them beside a trial: :func:`start_telemetry`. What each records is described
+in :mod:`orchestrator.metrics.telemetry` and docs/observability.md.
+
+:class:`TelemetrySampler` runs the probes in a daemon thread every ``interval_s`` and within a
+CPU budget (a sample that took ``w`` seconds waits at least ``w / budget``); a failing probe is
+dropped, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from orchestrator.config.schema import PlatformSpec
+from orchestrator.metrics.telemetry import Timeline, now
+
+log = logging.getLogger(__name__)
+
+RAPL_ROOT = Path("/sys/class/powercap")
+
+
+class ProcessProbe:
+    """CPU and memory of the servers' process trees (``pids``: their roots) and of the machine."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = list(pids)
+        self._cpu: dict[int, float] = {}  # pid -> its CPU seconds at the previous sample
+        self._machine: tuple[float, float] | None = None  # (t, busy CPU seconds of the machine)
+        self._t: float | None = None
+
+    def sample(self, t: float, timeline: Timeline) -> None:
+        cpu: dict[int, float] = {}
+        rss = 0
+        for root in self.pids:
+            try:
+                procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+            except psutil.Error:
+                continue
+            for p in procs:
+                try:
+                    times = p.cpu_times()
+                    cpu[p.pid] = times.user + times.system
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    continue
+        values: dict[str, float] = {"rss_gb": rss / 1e9}
+        if self._t is not None and t > self._t:
+            # A process new since the last sample counts from 0; one gone since counts no more.
+            used = sum(c - self._cpu.get(pid, 0.0) for pid, c in cpu.items())
+            values["cpu_cores"] = max(used, 0.0) / (t - self._t)
+        timeline.add(t, "servers", values)
+        self._cpu, self._t = cpu, t
+        times = psutil.cpu_times()
+        busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
+        machine = {"mem_used_gb": psutil.virtual_memory().used / 1e9}
+        if self._machine is not None and t > self._machine[0]:
+            machine["cpu_cores"] = max(busy - self._machine[1], 0.0) / (t - self._machine[0])
+        timeline.add(t, "machine", machine)
+        self._machine = (t, busy)
+
+    def close(self) -> None:
+        pass
+
+
+def rapl_counters(root: Path = RAPL_ROOT) -> list[tuple[str, Path, float]]:
+    """The CPU packages' RAPL energy counters Linux exposes and we may read: (name, file, wrap
+    in J). Empty in most VMs (and where ``energy_uj`` is readable by root only)."""
+    out = []
+    for zone in sorted(root.glob("intel-rapl:*")) if root.is_dir() else []:
+        if zone.name.count(":") != 1:  # packages only (intel-rapl:0), not their sub-zones
+            continue
+        energy, wrap = zone / "energy_uj", zone / "max_energy_range_uj"
+        try:
+            int(energy.read_text())
+            wrap_j = int(wrap.read_text()) / 1e6 if wrap.exists() else math.inf
+        except (OSError, ValueError):
+            continue
+        out.append((f"cpu_package{zone.name.split(':')[1]}", energy, wrap_j))
+    return out
+
+
+class RaplProbe:
+    """Energy of the CPU packages from RAPL counters (J, unwrapped)."""
+
+    def __init__(self, counters: list[tuple[str, Path, float]]) -> None:
+        self.counters = counters
+        self._last: dict[str, tuple[float, float]] = {}  # name -> (raw J, unwrapped J)
+
+    def sample(self, t: float, timeline: Timeline) -> None:
+        for name, path, wrap in self.counters:
+            try:
+                raw = int(path.read_text()) / 1e6
+            except (OSError, ValueError):
+                continue
+            prev = self._last.get(name)
+            total = (
+                raw if prev is None else prev[1] + ((raw - prev[0]) % wrap if math.isfinite(wrap) else raw - prev[0])
+            )
+            self._last[name] = (raw, total)
+            timeline.add(t, name, {"energy_j": total})
+
+    def close(self) -> None:
+        pass
+
+
+def visible_devices(gpu_ids: Sequence[int | str], env: Mapping[str, str] | None = None) -> list[str]:
+    """The trial's GPUs as NVML identifies them: the entries of the ``CUDA_VISIBLE_DEVICES`` it was
+    given (indices or ``GPU-``/``MIG-`` UUIDs), else Ray's GPU ids."""
+    given = [x.strip() for x in ((os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES") or "").split(",")]
+    given = [x for x in given if x]
+    return given or [str(g) for g in gpu_ids]
+
+
+class NvmlProbe:
+    """The trial's GPUs through NVML: one ``gpu<k>`` source per device, in the order given."""
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        import pynvml
+
+        self.nv = pynvml
+        pynvml.nvmlInit()
+        try:
+            self.handles = [
+                pynvml.nvmlDeviceGetHandleByUUID(d)
+                if d.startswith(("GPU-", "MIG-"))
+                else pynvml.nvmlDeviceGetHandleByIndex(int(d))
+                for d in devices
+            ]
+            self.uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self.handles]
+        except Exception:
+            pynvml.nvmlShutdown()
+            raise
+        self._energy_ok = [True] * len(self.handles)
+        # "Clocks event reasons" is the newer name of the throttle reasons (same bitmask).
+        self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
+            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+
+    def sample(self, t: float, timeline: Timeline) -> None:
+        nv = self.nv
+        for k, h in enumerate(self.handles):
+            util = nv.nvmlDeviceGetUtilizationRates(h)
+            values = {
+                "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                "sm_util_pct": float(util.gpu),
+                "mem_util_pct": float(util.memory),
+                "mem_used_gb": nv.nvmlDeviceGetMemoryInfo(h).used / 1e9,
+                "sm_clock_mhz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                "mem_clock_mhz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+                "temp_c": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                "throttle_reasons": float(self._reasons(h)),
+            }
+            if self._energy_ok[k]:
+                try:  # mJ since the driver loaded; Volta and later
+                    values["energy_j"] = nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+                except nv.NVMLError:
+                    self._energy_ok[k] = False
+            timeline.add(t, f"gpu{k}", values)
+
+    def close(self) -> None:
+        self.nv.nvmlShutdown()
+
+
+def _text(x: bytes | str) -> str:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def open_probes(pids: Sequence[int], gpu_devices: Sequence[str]) -> tuple[list[Any], dict[str, str]]:
+    """The probes this machine supports for these servers, and what each kind measures or why
+    not (``gpu``, ``energy``): said plainly, never a 0."""
+    probes: list[Any] = [ProcessProbe(pids)]
+    notes: dict[str, str] = {}
+    if gpu_devices:
+        try:
+            nvml = NvmlProbe(gpu_devices)
+        except Exception as exc:  # no driver, no library: the trial still runs
+            notes["gpu"] = f"not measured: NVML unavailable ({type(exc).__name__}: {exc})"
+        else:
+            probes.append(nvml)
+            notes["gpu"] = "NVML: " + ", ".join(nvml.uuids)
+    rapl = rapl_counters()
+    if rapl:
+        probes.append(RaplProbe(rapl))
+    if any(isinstance(p, NvmlProbe) for p in probes):
+        notes["energy"] = "GPU energy counters (NVML), else GPU power integrated"
+        if rapl:
+            notes["energy"] += "; CPU packages (RAPL) recorded beside them"
+    elif rapl:
+        notes["energy"] = "CPU packages' RAPL counters (" + ", ".join(n for n, _, _ in rapl) + ")"
+    else:
+        notes["energy"] = (
+            "not measured: no GPU and no readable RAPL energy counter on this machine "
+            "(/sys/class/powercap; VMs rarely expose it)"
+        )
+    return probes, notes
+
+
+class TelemetrySampler:
+    """Samples every probe into ``timeline`` in a daemon thread, every ``interval_s`` and within
+    ``budget`` of wall time; a failing probe is logged and dropped, never fatal."""
+
+    def __init__(self, probes: list[Any], timeline: Timeline, interval_s: float = 1.0, budget: float = 0.01) -> None:
+        self.probes, self.timeline = probes, timeline
+        self.interval_s, self.budget = interval_s, budget
+        self.cost_s = 0.0  # the sampler's own time, for the observer-effect benchmark
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> None:
+        t0 = now()
+        for probe in list(self.probes):
+            try:
+                probe.sample(t0, self.timeline)
+            except Exception as exc:
+                log.warning("telemetry: %s dropped after an error: %s", type(probe).__name__, exc)
+                self.probes.remove(probe)
+        self.samples += 1
+        self.cost_s += now() - t0
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = now()
+            self.sample()
+            wait = max(self.interval_s, (now() - t0) / self.budget) - (now() - t0)
+            self._stop.wait(max(wait, 0.0))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop, take a last sample and close the probes. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+            self.sample()
+        for probe in self.probes:
+            try:
+                probe.close()
+            except Exception as exc:
+                log.debug("telemetry: closing %s: %s", type(probe).__name__, exc)
+        self.probes = []
+
+
+def start_telemetry(
+    platform: PlatformSpec, pids: Sequence[int], gpu_ids: Sequence[int], timeline: Timeline
+) -> tuple[TelemetrySampler | None, dict[str, str]]:
+    """A trial's sampler, started (None when ``platform.telemetry`` is off), and its notes: what
+    is measured or why not (gpu, energy), the price and the interval."""
+    if not platform.telemetry:
+        return None, {"telemetry": "off (platform.telemetry=false)"}
+    devices = visible_devices(gpu_ids) if platform.device == "cuda" else []
+    probes, notes = open_probes(pids, devices)
+    price, unit = platform.price_per_hour, "GPU-hour" if platform.device == "cuda" else "node-hour"
+    notes["price"] = f"{price:g} per {unit}" if price is not None else "no price set (platform.price_per_hour)"
+    notes["interval_s"] = f"{platform.telemetry_interval_s:g}"
+    sampler = TelemetrySampler(probes, timeline, platform.telemetry_interval_s, platform.monitor_budget)
+    sampler.start()
+    return sampler, notes
