@@ -119,3 +119,18 @@ def test_the_verdict_does_not_read_a_profiled_point():
     )
     assert v.best is not None and v.best.name == "slow"
     assert "profiled point" in dict((t.name, why) for t, why in v.excluded)["fast_profiled"]
+
+
+def test_cost_per_token_as_the_objective_under_a_latency_constraint():
+    """minimize cost_per_mtok_output subject to ttft_ms_p99: the cheapest trial that meets it."""
+
+    def trial(name, cost, ttft):
+        m = {"cost_per_mtok_output": cost, "ttft_ms_p99": ttft}
+        return TrialData(name, "FINISHED", {}, {}, [Point(0, "r4", {"rate": 4}, m, "")])
+
+    objective = ObjectiveSpec(minimize="cost_per_mtok_output", subject_to={"ttft_ms_p99": 2000})
+    v = decide([trial("cheap_slow", 0.2, 2500.0), trial("mid", 0.4, 900.0), trial("dear", 0.9, 300.0)], objective)
+    assert v.best is not None and v.best.name == "mid"
+    assert [t.name for t, _ in v.excluded] == ["cheap_slow"]
+    unpriced = TrialData("no_price", "FINISHED", {}, {}, [Point(0, "r4", {"rate": 4}, {"ttft_ms_p99": 100.0}, "")])
+    assert "not measured" in dict((t.name, w) for t, w in decide([unpriced], objective).excluded)["no_price"]
