@@ -24,20 +24,31 @@ _EXCLUDE: dict[str, Any] = {
 }
 
 
+# Knobs added after trials were first hashed: left unset, a trial keeps the identity it had before.
+_UNSET_AS_BEFORE: tuple[tuple[str, ...], ...] = (
+    ("profile",),
+    ("engine", "router"),
+    ("platform", "price_per_hour"),
+    ("model", "tiny", "quantization"),
+)
+
+
+def _drop_unset(data: dict[str, Any], path: tuple[str, ...]) -> None:
+    """Remove the key at ``path`` when it is present and None."""
+    parent: Any = data
+    for key in path[:-1]:
+        parent = parent.get(key) if isinstance(parent, dict) else None
+    if isinstance(parent, dict) and path[-1] in parent and parent[path[-1]] is None:
+        del parent[path[-1]]
+
+
 def canonical_json(spec: TrialSpec) -> str:
     """Sorted-key, compact JSON of everything in the spec that changes the measurement."""
     data = spec.model_dump(mode="json", exclude=_EXCLUDE)
-    if data.get("profile", 0) is None:  # not profiled: same identity as before profiles existed
-        data.pop("profile")
     if not spec.eval.tasks:  # no evaluation: same identity as before evaluations existed
         data.pop("eval", None)
-    if "router" in data.get("engine", {}) and data["engine"]["router"] is None:  # knobs added later: unset = as before
-        data["engine"].pop("router")
-    if data.get("platform", {}).get("price_per_hour", 0) is None:  # no price: same identity as before prices
-        data["platform"].pop("price_per_hour")
-    tiny = (data.get("model") or {}).get("tiny")
-    if tiny and tiny.get("quantization") is None:  # unquantized: same identity as before the knob existed
-        tiny.pop("quantization", None)
+    for path in _UNSET_AS_BEFORE:
+        _drop_unset(data, path)
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 

@@ -27,15 +27,19 @@ from orchestrator.metrics.telemetry import Timeline
 log = logging.getLogger(__name__)
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """RSS of a process and all its descendants (0 if it is gone)."""
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants (empty if it is gone)."""
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0
+        return []
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """RSS of a process and all its descendants (0 if it is gone)."""
     total = 0
-    for p in procs:
+    for p in process_tree(pid):
         try:
             total += p.memory_info().rss
         except psutil.Error:

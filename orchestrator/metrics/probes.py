@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from orchestrator.config.schema import PlatformSpec
+from orchestrator.metrics.monitor import process_tree
 from orchestrator.metrics.telemetry import Timeline, now
 
 log = logging.getLogger(__name__)
@@ -40,11 +41,7 @@ class ProcessProbe:
         cpu: dict[int, float] = {}
         rss = 0
         for root in self.pids:
-            try:
-                procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-            except psutil.Error:
-                continue
-            for p in procs:
+            for p in process_tree(root):
                 try:
                     times = p.cpu_times()
                     cpu[p.pid] = times.user + times.system
