@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec
-from orchestrator.engines import adapter_for
+from orchestrator.engines import adapter_for, nsys
 from orchestrator.models.capacity import Capacity, arch_of, kv_capacity
 from orchestrator.models.gpus import gpu_spec
 from orchestrator.models.roofline import DecodeFloor, decode_floor, measured_bandwidth_gb_s
@@ -72,7 +72,7 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
                 f"model {spec.model.name} needs ~{need_gb:.0f} GB for its weights on the CPU platform; "
                 f"this host has {have_gb:.0f} GB"
             )
-    reason = adapter_for(spec.engine.name).unsupported(spec)
+    reason = adapter_for(spec.engine.name).unsupported(spec) or nsys.unsupported(spec)
     if reason:
         return reason
     need = gpus_needed(spec)

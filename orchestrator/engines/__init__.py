@@ -19,8 +19,15 @@ def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> Ser
     """A context manager that runs the launched server, or only watches an external one."""
     if not launch.argv:
         return ExternalServer(launch)
+    grace = {"stop_grace_s": launch.stop_grace_s} if launch.stop_grace_s is not None else {}
     return ServerProcess(
-        launch.argv, env, log_path, launch.health_url, name=launch.name, fatal_log_markers=launch.fatal_log_markers
+        launch.argv,
+        env,
+        log_path,
+        launch.health_url,
+        name=launch.name,
+        fatal_log_markers=launch.fatal_log_markers,
+        **grace,
     )
 
 

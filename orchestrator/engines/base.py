@@ -46,6 +46,7 @@ class ServerLaunch:
     # Log lines that mean the engine died while its API process lives on (it then answers 5xx):
     # the adapter's words for it, e.g. vLLM's "EngineCore encountered a fatal error".
     fatal_log_markers: tuple[str, ...] = ()
+    stop_grace_s: float | None = None  # TERM-to-KILL wait at stop; None = the process default (15 s)
 
     @property
     def base_url(self) -> str:
@@ -92,6 +93,9 @@ class Profiler:
     env: tuple[tuple[str, str], ...] = ()
     start: tuple[str, dict[str, Any] | None] = ("/start_profile", None)
     stop: tuple[str, dict[str, Any] | None] = ("/stop_profile", None)
+    # argv put in front of a server's interpreter (inside its launch prefix), by server name: nsys
+    wrapper: Callable[[str], list[str]] | None = None
+    stop_grace_s: float | None = None  # how long a wrapped server may take to stop (nsys writes its report)
 
 
 class EngineAdapter(Protocol):

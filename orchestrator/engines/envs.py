@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.engines import nsys
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "INFERENCE_LAB_ENGINES"
@@ -87,6 +88,9 @@ def missing(spec: TrialSpec) -> str | None:
     """Why the engine's interpreter cannot be used here, or None. Checked before anything starts:
     a container's interpreter (behind a launch prefix) is not looked for on this host."""
     python, prefix = _configured(spec)
+    no_nsys = nsys.missing_on_host(spec)
+    if no_nsys:
+        return no_nsys
     if prefix:
         return None
     if python:

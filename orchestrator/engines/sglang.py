@@ -13,6 +13,7 @@ from collections.abc import Callable
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
 from orchestrator.engines import envs
 from orchestrator.engines.base import EngineMetric, Profiler, ServerLaunch, opt
+from orchestrator.engines.nsys import wrapper as nsys_wrapper
 from orchestrator.engines.router import router_launch
 
 SERVER_MODULE = "sglang.launch_server"
@@ -199,6 +200,13 @@ def profiler(spec: TrialSpec, trace_dir: str) -> Profiler | None:
     p = spec.profile
     if p is None:
         return None
+    if p.nsys is not None:  # the CUDA_PROFILER activity: cudaProfilerStart/Stop, nsys's capture range
+        nsys = p.nsys
+        return Profiler(
+            start=("/start_profile", {"output_dir": trace_dir, "activities": ["CUDA_PROFILER"]}),
+            wrapper=lambda server: nsys_wrapper(nsys, trace_dir, server),
+            stop_grace_s=nsys.stop_grace_s,
+        )
     body = {
         "output_dir": trace_dir,
         "activities": ["CPU", "GPU"],

@@ -18,6 +18,7 @@ from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.engines import envs, vllm_cpu
 from orchestrator.engines.base import EngineMetric, Profiler, ServerLaunch, opt
+from orchestrator.engines.nsys import wrapper as nsys_wrapper
 from orchestrator.engines.router import router_launch
 
 log = logging.getLogger(__name__)
@@ -354,10 +355,19 @@ def hold(spec: TrialSpec) -> dict[str, float] | None:
 def profiler(spec: TrialSpec, trace_dir: str) -> Profiler | None:
     """vLLM 0.32's torch profiler (``--profiler-config``; the course's ``VLLM_TORCH_PROFILER_DIR`` is
     no longer read): gzipped Chrome traces of the API server and each worker in ``trace_dir``,
-    between POST /start_profile and /stop_profile."""
+    between POST /start_profile and /stop_profile. With ``profile.nsys`` the profiler is vLLM's
+    ``cuda`` one instead: the same endpoints call cudaProfilerStart/Stop, the capture range of
+    the nsys that runs each server."""
     p = spec.profile
     if p is None:
         return None
+    if p.nsys is not None:
+        nsys = p.nsys
+        return Profiler(
+            argv=("--profiler-config", json.dumps({"profiler": "cuda"})),
+            wrapper=lambda server: nsys_wrapper(nsys, trace_dir, server),
+            stop_grace_s=nsys.stop_grace_s,
+        )
     config = {
         "profiler": "torch",
         "torch_profiler_dir": trace_dir,

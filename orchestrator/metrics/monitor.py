@@ -65,6 +65,11 @@ def gpu_used_bytes(device_indices: list[int]) -> int | None:
         return None
 
 
+# The engine's counters that go onto the trial's timeline beside its gauges (cumulative values):
+# when preemptions happened, and the prefix-cache hit rate of each scrape interval.
+TIMELINE_COUNTERS = ("preemptions", "prefix_cache_hits", "prefix_cache_queries")
+
+
 class ResourceMonitor:
     """Samples memory and gauges in a daemon thread, each at most every ``interval_s`` and
     within ``budget`` (a fraction of wall time) of its own measured cost; keeps maxima."""
@@ -82,6 +87,8 @@ class ResourceMonitor:
         self.pids = pids
         self.metrics_url = metrics_url
         self.gauges = {k: v for k, v in gauges.items() if v.kind == "gauge"}
+        # counters kept on the timeline only (their deltas per point come from the point's scrapes)
+        self.counters = {k: v for k, v in gauges.items() if v.kind == "counter" and k in TIMELINE_COUNTERS}
         self.interval_s = interval_s
         self.gpu_indices = gpu_indices or []
         self.budget = budget
@@ -112,9 +119,8 @@ class ResourceMonitor:
         if self.metrics_url and self.gauges:
             self.scrapes += 1
             try:
-                scraped = prometheus.scrape(
-                    self.metrics_url, timeout_s=2.0, families=[ref.family for ref in self.gauges.values()]
-                )
+                families = [ref.family for ref in (*self.gauges.values(), *self.counters.values())]
+                scraped = prometheus.scrape(self.metrics_url, timeout_s=2.0, families=families)
             except OSError as exc:
                 log.debug("gauge scrape failed: %s", exc)
             else:
@@ -124,6 +130,10 @@ class ResourceMonitor:
                     if v is not None:
                         self.gauge_max[name] = max(self.gauge_max.get(name, v), v)
                         seen[name] = v
+                for name, ref in self.counters.items():
+                    c = prometheus.counter(scraped, ref.family)
+                    if c is not None:
+                        seen[name] = c
                 if self.timeline is not None and seen:
                     self.timeline.add(telemetry.now(), "engine", seen)
 

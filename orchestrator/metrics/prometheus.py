@@ -60,7 +60,8 @@ def only_families(text: str, families: Iterable[str]) -> str:
 _SUFFIXES = ("_total", "_created", "_count", "_sum", "_bucket")
 
 
-def _counter(sample: Sample, family: str) -> float | None:
+def counter(sample: Sample, family: str) -> float | None:
+    """A counter's value (``family_total`` or ``family``), summed over its label sets."""
     for name in (family + "_total", family):
         if name in sample:
             return sample[name]
@@ -80,7 +81,7 @@ def deltas(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict
     out: dict[str, float] = {}
     for name, ref in metric_map.items():
         if ref.kind == "counter":
-            a, b = _counter(before, ref.family), _counter(after, ref.family)
+            a, b = counter(before, ref.family), counter(after, ref.family)
             if a is not None and b is not None:
                 out[name] = b - a
         elif ref.kind == "histogram":

@@ -87,6 +87,24 @@ def series(rows: Iterable[Row], source: str, name: str) -> tuple[list[float], li
     return [t for t, _ in pts], [v for _, v in pts]
 
 
+def ratio_of_deltas(
+    rows: Iterable[Row], source: str, numerator: str, denominator: str
+) -> tuple[list[float], list[float]]:
+    """Between consecutive samples of two counters: (time, delta numerator / delta denominator)
+    where the denominator moved (e.g. the prefix-cache hit rate of each scrape interval). A
+    counter that went down (the engine restarted) starts over."""
+    num = dict(zip(*series(rows, source, numerator), strict=True))
+    den = dict(zip(*series(rows, source, denominator), strict=True))
+    times = sorted(set(num) & set(den))
+    out_t, out_v = [], []
+    for t0, t1 in zip(times, times[1:], strict=False):
+        dd, dn = den[t1] - den[t0], num[t1] - num[t0]
+        if dd > 0 and dn >= 0:
+            out_t.append(t1)
+            out_v.append(dn / dd)
+    return out_t, out_v
+
+
 def _interp(ts: Sequence[float], vs: Sequence[float], t: float) -> float:
     """Linear interpolation inside the samples, the nearest sample outside them."""
     if t <= ts[0]:

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from orchestrator.tracking import MlflowTracker
 
-        MlflowTracker(uri, args["experiment"]).log_sweep_files(files, "report", run_id=data.sweep_run_id)
+        MlflowTracker(uri, args["experiment"]).log_sweep_files(files, "report", run_id=data.sweep_run_id, root=out)
         print(f"logged {len(files)} file(s) to run {data.sweep_run_id} under report/")
     return 0
 

@@ -52,9 +52,50 @@ def build_report(data: SweepData, out: Path, accuracy_delta: float = 0.01) -> li
             files += builder(data, out)
         except Exception as exc:  # one broken figure must not cost the others or the table
             log.warning("report: %s failed: %s", builder.__name__, exc)
+    timelines = copy_timelines(data.trials, out)
     summary = out / "summary.md"
-    summary.write_text(summary_markdown(data, [f.name for f in files], accuracy_delta))
-    return files + [summary]
+    summary.write_text(summary_markdown(data, [f.name for f in files], accuracy_delta, timelines))
+    return files + list(timelines.values()) + [summary]
+
+
+TIMELINES_DIR = "timelines"
+
+
+def copy_timelines(trials: list[TrialData], out: Path) -> dict[str, Path]:
+    """Each trial's ``timeline.png`` (from its folder or its MLflow run) into the report's
+    ``timelines/``, by trial name; trials without one are left out."""
+    copied: dict[str, Path] = {}
+    for t in trials:
+        try:
+            png = t.timeline()
+        except Exception as exc:  # one unreadable timeline must not cost the report
+            log.warning("report: the timeline of %s could not be read: %s", t.name, exc)
+            continue
+        if not png:
+            continue
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", t.name).strip("_") or "trial"
+        path = out / TIMELINES_DIR / (f"{stem}-{t.trial_hash[:8]}.png" if t.trial_hash else f"{stem}.png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+        copied[t.name] = path
+    return copied
+
+
+def timelines_section(timelines: dict[str, Path]) -> list[str]:
+    """Links to each trial's timeline in the report, and what the panels are."""
+    if not timelines:
+        return []
+    lines = [
+        "",
+        "## Timelines",
+        "",
+        "One per trial, the load points shaded: requests in flight and completions (client), each "
+        "request's TTFT and ITL, the engine's running/waiting requests and KV-cache usage, and the "
+        "hardware (GPU power and utilisation, or the servers' CPU cores and RSS) on one time axis. "
+        "docs/observability.md explains how to read them.",
+        "",
+    ]
+    return lines + [f"- {name}: [{p.parent.name}/{p.name}]({p.parent.name}/{p.name})" for name, p in timelines.items()]
 
 
 def _fmt(v: float | None) -> str:
@@ -197,7 +238,9 @@ def hardware_section(trials: list[TrialData]) -> list[str]:
     return lines
 
 
-def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float = 0.01) -> str:
+def summary_markdown(
+    data: SweepData, figures: list[str], accuracy_delta: float = 0.01, timelines: dict[str, Path] | None = None
+) -> str:
     varied = data.varied_params()
     lines = [
         f"# {data.experiment}: sweep report",
@@ -240,6 +283,7 @@ def summary_markdown(data: SweepData, figures: list[str], accuracy_delta: float 
             "no `objective`, see README).",
         ]
     lines += hardware_section(data.finished)
+    lines += timelines_section(timelines or {})
     skipped = [t for t in data.trials if t.status != "FINISHED"]
     if skipped:
         lines += ["", "Not measured: " + "; ".join(f"{t.name} {t.status}" for t in skipped) + "."]

@@ -2,7 +2,8 @@
 
 Four panels share the records' clock (seconds from the trial's first point), each load point
 shaded and labelled: requests in flight and completions per second (client); every request's
-TTFT and mean ITL; the engine's running and waiting requests and its KV-cache usage; the
+TTFT and mean ITL; the engine's running and waiting requests, its preemptions, its KV-cache
+usage and the prefix-cache hit rate of each scrape interval; the
 hardware (GPU power and SM utilisation, or the servers' and machine's CPU cores and the
 servers' RSS). A stall, the queue behind it and the power at that instant line up.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from orchestrator.metrics.records import parquet_bytes_to_table, table_to_records
 from orchestrator.metrics.result import TIMELINE_FILE, TrialResult
-from orchestrator.metrics.telemetry import Row, rows_from_parquet, series
+from orchestrator.metrics.telemetry import Row, ratio_of_deltas, rows_from_parquet, series
 from orchestrator.report.figures import pyplot, save_figure
 
 
@@ -92,11 +93,19 @@ def _engine(ax: Any, rows: list[Row], origin: float) -> None:
         if ts:
             ax.plot([t - origin for t in ts], vs, color=color, label=name.replace("_", " "))
             drawn = True
-    ts, vs = series(rows, "engine", "kv_cache_usage")
-    if ts:
+    ts, vs = series(rows, "engine", "preemptions")
+    moved = [t for k, t in enumerate(ts[1:], 1) if vs[k] > vs[k - 1]]  # a scrape interval with preemptions
+    if moved:
+        ax.plot([t - origin for t in moved], [0.0] * len(moved), "x", color="tab:red", label="preemptions")
+        drawn = True
+    kv_t, kv_v = series(rows, "engine", "kv_cache_usage")
+    hit_t, hit_v = ratio_of_deltas(rows, "engine", "prefix_cache_hits", "prefix_cache_queries")
+    if kv_t or hit_t:
         twin = ax.twinx()
-        twin.plot([t - origin for t in ts], [v * 100 for v in vs], color="tab:brown", linestyle="--")
-        twin.set_ylabel("KV cache used (%)", color="tab:brown")
+        twin.plot([t - origin for t in kv_t], [v * 100 for v in kv_v], color="tab:brown", linestyle="--")
+        if hit_t:
+            twin.plot([t - origin for t in hit_t], [v * 100 for v in hit_v], color="tab:green", linestyle=":")
+        twin.set_ylabel("KV used -- / prefix hits .. (%)", color="tab:brown")
     ax.set_ylabel("engine: requests")
     if drawn:
         ax.legend(loc="upper left", fontsize=8)

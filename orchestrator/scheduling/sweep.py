@@ -132,7 +132,7 @@ def run_sweep(
     finally:
         ray_ctx.shutdown()
         record.end_sweep(status)
-    _report(experiment, record.results, sweep_dir, tracker, progress, settings.objective)
+    _report(experiment, record.results, sweep_dir, tracker, progress, settings.objective, record.dirs)
     for line in status_table(record.results):
         progress(line)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(record.counts.items()))
@@ -189,10 +189,12 @@ class _Recorder:
         self.progress = progress
         self.counts: Counter[str] = Counter()
         self.results: list[TrialResult] = []
+        self.dirs: dict[str, Path] = {}  # trial hash -> its folder (its timeline, for the report)
         self.t0 = time.monotonic()
 
     def finish(self, job: TrialJob, result: TrialResult) -> None:
         d = save_result(result, trial_dir(self.sweep_dir, job))
+        self.dirs[result.trial_hash] = d
         _draw_timeline(result, d, self.progress)
         if self.tracker is not None:
             _log_trial(self.tracker, result, d, self.commit, self.progress)
@@ -280,8 +282,9 @@ def _report(
     tracker: MlflowTracker | None,
     progress: Progress,
     objective: ObjectiveSpec | None = None,
+    trial_dirs: dict[str, Path] | None = None,
 ) -> None:
-    """The sweep's report (lab plots, summary.md): written to ``<sweep_dir>/report`` first,
+    """The sweep's report (lab plots, summary.md, each trial's timeline): written to ``<sweep_dir>/report`` first,
     then logged to the sweep's parent run under ``report/``. A report failure costs nothing
     measured; ``python -m orchestrator.report experiment=NAME`` rebuilds it from MLflow."""
     if not any(r.points for r in results):
@@ -291,7 +294,7 @@ def _report(
         from orchestrator.report.build import best_configuration
         from orchestrator.report.verdict import decide
 
-        data = from_results(results, experiment, objective=objective)
+        data = from_results(results, experiment, objective=objective, trial_dirs=trial_dirs)
         if tracker is not None and tracker.parent_run_id and len(data.trials) < tracker.sweep_trial_count():
             from orchestrator.report import from_mlflow  # a search's batch: report on all its trials so far
 
@@ -308,7 +311,7 @@ def _report(
             if best is not None:
                 progress(f"Best configuration: {best.name} ({why}; the experiment declares no objective)")
         if tracker is not None:
-            tracker.log_sweep_files(files, "report")
+            tracker.log_sweep_files(files, "report", root=sweep_dir / "report")
             if verdict is not None:
                 tracker.set_sweep_tags(
                     {

@@ -140,14 +140,17 @@ class MlflowTracker:
         self._log_params(self.parent_run_id, flatten_params(params))
         return self.parent_run_id
 
-    def log_sweep_files(self, files: Iterable[Path], folder: str, run_id: str | None = None) -> None:
+    def log_sweep_files(
+        self, files: Iterable[Path], folder: str, run_id: str | None = None, root: Path | None = None
+    ) -> None:
         """Attach files (the sweep's report) to the parent run, or to the sweep run ``run_id``
-        (a report rebuilt later), under ``folder``."""
+        (a report rebuilt later), under ``folder``; a file in a subfolder of ``root`` keeps it."""
         run_id = run_id or self.parent_run_id
         if not run_id:
             return
         for f in files:
-            self.client.log_artifact(run_id, str(f), folder)
+            sub = f.parent.relative_to(root).as_posix() if root is not None and f.parent != root else ""
+            self.client.log_artifact(run_id, str(f), f"{folder}/{sub}" if sub else folder)
 
     def sweep_trial_count(self) -> int:
         """Trial runs logged under the current sweep run."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.metrics.result import TrialResult
+from orchestrator.metrics.result import TIMELINE_FILE, TrialResult
 from orchestrator.tracking.mlflow_tracker import trial_params
 
 
@@ -52,6 +52,7 @@ class TrialData:
     trial_hash: str = ""
     records: Callable[[], Any] = field(default=lambda: None, repr=False)  # () -> pyarrow.Table | None
     telemetry: dict[str, str] = field(default_factory=dict)  # what the telemetry measured or why not
+    timeline: Callable[[], bytes | None] = field(default=lambda: None, repr=False)  # () -> timeline.png
 
     def param(self, key: str, default: str | None = None) -> str | None:
         value = self.params.get(key, default)
@@ -93,11 +94,21 @@ def _finite(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def _file_reader(path: Path | None) -> Callable[[], bytes | None]:
+    return lambda: path.read_bytes() if path is not None and path.is_file() else None
+
+
 def from_results(
-    results: list[TrialResult], experiment: str, sweep_run_id: str | None = None, objective: ObjectiveSpec | None = None
+    results: list[TrialResult],
+    experiment: str,
+    sweep_run_id: str | None = None,
+    objective: ObjectiveSpec | None = None,
+    trial_dirs: dict[str, Path] | None = None,
 ) -> SweepData:
-    """Report data from the driver's own results (no MLflow needed)."""
+    """Report data from the driver's own results (no MLflow needed); ``trial_dirs`` (trial hash
+    -> the trial's folder) is where their timelines were drawn."""
     trials = []
+    dirs = trial_dirs or {}
     for r in results:
         points = []
         for p in r.points:
@@ -125,6 +136,7 @@ def from_results(
                 trial_hash=r.trial_hash,
                 records=load,
                 telemetry=dict(r.telemetry),
+                timeline=_file_reader(dirs[r.trial_hash] / TIMELINE_FILE if r.trial_hash in dirs else None),
             )
         )
     return SweepData(experiment, trials, "results", sweep_run_id, objective)
@@ -210,6 +222,13 @@ def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
                 return None
             return pq.read_table(path)
 
+    def timeline(run_id: str = run_id) -> bytes | None:
+        with tempfile.TemporaryDirectory() as d:
+            try:
+                return Path(client.download_artifacts(run_id, TIMELINE_FILE, d)).read_bytes()
+            except Exception:  # a trial without points has none
+                return None
+
     tags = run.data.tags
     return TrialData(
         name=tags.get("variant") or run.info.run_name or run_id[:8],
@@ -221,6 +240,7 @@ def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
         trial_hash=tags.get("trial_hash", ""),
         records=load,
         telemetry={k.removeprefix("telemetry."): v for k, v in tags.items() if k.startswith("telemetry.")},
+        timeline=timeline,
     )
 
 

@@ -15,35 +15,58 @@ from typing import Any
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.logs import Progress
-from orchestrator.config.schema import ProfileSpec, TrialSpec
+from orchestrator.config.schema import LaunchedEngineSpec, ProfileSpec, TrialSpec
 from orchestrator.engines import EngineAdapter, ServerLaunch
 from orchestrator.engines.base import Profiler
+from orchestrator.engines.nsys import REPORT_SUFFIX, check_in_container
 from orchestrator.metrics.result import ARTIFACT_DIR
 
 log = logging.getLogger(__name__)
 
 TRACE_DIR = ARTIFACT_DIR  # "profile": in the trial's folder, and the artifact folder of its run
-TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json.gz", "profiler_out.txt")  # traces and vLLM's op tables
+# traces, vLLM's op tables, Nsight Systems reports
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json.gz", "profiler_out.txt", REPORT_SUFFIX)
+
+
+def profiled_launches(
+    adapter: EngineAdapter, spec: TrialSpec, trace_dir: str, launches: list[ServerLaunch]
+) -> tuple[list[ServerLaunch], Profiler | None]:
+    """The launches with the engine's profiler configured on every engine server (not a router
+    or proxy in front), when the trial is profiled. Nothing is started or created."""
+    if spec.profile is None:
+        return launches, None
+    profiler = adapter.profiler(spec, trace_dir)
+    if profiler is None:
+        raise ConfigError(f"profile: engine '{spec.engine.name}' cannot be profiled by us")
+    return [_profiled(x, profiler, spec) if x.metrics_path and x.argv else x for x in launches], profiler
 
 
 def with_profiler(
     adapter: EngineAdapter, spec: TrialSpec, workdir: Path, launches: list[ServerLaunch]
 ) -> tuple[list[ServerLaunch], Profiler | None]:
-    """The launches with the engine's profiler configured on every engine server (not a router
-    or proxy in front), when the trial is profiled."""
-    if spec.profile is None:
-        return launches, None
+    """:func:`profiled_launches` into the trial's ``profile/`` folder, which is created; nsys
+    behind a launch prefix is asked for there first, before any server starts."""
     trace_dir = workdir / TRACE_DIR
-    profiler = adapter.profiler(spec, str(trace_dir))
-    if profiler is None:
-        raise ConfigError(f"profile: engine '{spec.engine.name}' cannot be profiled by us")
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    return [
-        dataclasses.replace(x, argv=[*x.argv, *profiler.argv], env={**x.env, **dict(profiler.env)})
-        if x.metrics_path and x.argv
-        else x
-        for x in launches
-    ], profiler
+    launches, profiler = profiled_launches(adapter, spec, str(trace_dir), launches)
+    if profiler is not None:
+        check_in_container(spec)
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    return launches, profiler
+
+
+def _profiled(launch: ServerLaunch, profiler: Profiler, spec: TrialSpec) -> ServerLaunch:
+    """One engine server with the profiler's arguments and environment, and its wrapper (nsys)
+    between the launch prefix and the interpreter."""
+    argv = [*launch.argv, *profiler.argv]
+    if profiler.wrapper is not None:
+        head = len(spec.engine.launch_prefix) if isinstance(spec.engine, LaunchedEngineSpec) else 0
+        argv = [*argv[:head], *profiler.wrapper(launch.name), *argv[head:]]
+    return dataclasses.replace(
+        launch,
+        argv=argv,
+        env={**launch.env, **dict(profiler.env)},
+        stop_grace_s=profiler.stop_grace_s if profiler.stop_grace_s is not None else launch.stop_grace_s,
+    )
 
 
 class ProfileWindow:

@@ -30,7 +30,7 @@ from orchestrator.engines import (
 )
 from orchestrator.engines.base import Profiler
 from orchestrator.models import resolve_model
-from orchestrator.trial.profile import with_profiler
+from orchestrator.trial.profile import TRACE_DIR, profiled_launches, with_profiler
 
 
 def port_for(spec: TrialSpec, pick_free: bool = True) -> int:
@@ -67,13 +67,15 @@ def port_picker(spec: TrialSpec, taken: set[int]) -> Callable[[], int]:
 def planned_launches(spec: TrialSpec) -> list[ServerLaunch]:
     """The trial's server launches with placeholder ports and folder: nothing is bound or built."""
     ports = iter(range(1, 100))
-    return adapter_for(spec.engine.name).launches(
+    adapter = adapter_for(spec.engine.name)
+    launches = adapter.launches(
         spec,
         resolve_model(spec.model, build=False),
         port_for(spec, pick_free=False),
         lambda: next(ports),
         "<trial dir>",
     )
+    return profiled_launches(adapter, spec, f"<trial dir>/{TRACE_DIR}", launches)[0]
 
 
 def server_gpus(launch: ServerLaunch, gpu_ids: list[int]) -> list[int]:

@@ -58,4 +58,7 @@ def test_capacity_of_two_chunked_prefill_budgets_and_the_verdict(tmp_path):
         (tmp_path / "multirun").glob("**/summary.md")
     )
     assert "**Verdict:**" in summary.read_text()
+    timelines = sorted(summary.parent.glob("timelines/*.png"))  # each trial's timeline, in the report
+    assert [t.name.split("-")[0] for t in timelines] == ["budget_2048", "budget_256"]
+    assert all(t.stat().st_size > 20_000 for t in timelines) and "## Timelines" in summary.read_text()
     assert not engine_processes()

@@ -175,6 +175,7 @@ def test_telemetry_cost_and_a_profiled_window_on_real_vllm(compose, tmp_path, ti
     t0, t1 = point.window
     inside = {(s, n) for t, s, n, _ in rows if t0 <= t <= t1}
     assert {("servers", "cpu_cores"), ("machine", "cpu_cores"), ("engine", "requests_running")} <= inside
+    assert {("engine", "preemptions"), ("engine", "prefix_cache_queries")} <= inside  # counters too
     records = parquet_bytes_to_table(result.records_parquet).to_pydict()
     assert t0 <= min(records["sent_s"]) and max(records["done_s"]) <= t1  # one clock for records and telemetry
     assert m["profiled"] == 1.0 and m["profiled_excluded"] == 1.0 and m["profile_window_s"] > 0

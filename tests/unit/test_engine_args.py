@@ -5,6 +5,7 @@ see the Makefile), and our P/D proxy's. No GPU is needed to parse."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -344,3 +345,91 @@ def test_a_profiled_trial_configures_each_engines_profiler(vllm_parser, sglang_p
     sg, _ = to_specs(compose(["platform=gpu", "engine=sglang", f"+profile={{point:{label}}}"]))
     p = sglang_adapter.profiler(sg, "/t/profile")
     assert p is not None and p.start[1]["output_dir"] == "/t/profile" and dict(p.env)["SGLANG_TORCH_PROFILER_DIR"]
+
+
+def test_nsys_wraps_each_engine_server_inside_the_launch_prefix(vllm_parser, sglang_parser, compose):
+    """profile.nsys on GPUs: `nsys profile` between the container prefix and the interpreter of
+    every engine server (the engine's own parser reads the rest), vLLM's cuda profiler (the
+    endpoints call cudaProfilerStart/Stop, nsys's capture range), a long stop for the report."""
+    from orchestrator.trial.profile import profiled_launches
+
+    label = to_specs(compose([]))[0].workload.load_points[0].label
+    prefix = ["apptainer", "exec", "--nv", "/shared/vllm.sif"]
+    spec, _ = to_specs(
+        compose(
+            [
+                "platform=gpu",
+                "engine.tensor_parallel_size=2",
+                f"engine.launch_prefix=[{','.join(prefix)}]",
+                f"+profile={{point:{label},nsys:{{trace:[cuda,nvtx],args:['--sample=none']}}}}",
+            ]
+        )
+    )
+    assert assess(spec, cluster_gpus=2) is None
+    launches = vllm_adapter.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/t")
+    (server,), profiler = profiled_launches(vllm_adapter, spec, "/t/profile", launches)
+    assert profiler is not None and server.stop_grace_s == 300.0
+    head = len(prefix)
+    assert server.argv[:head] == prefix and server.argv[head : head + 2] == ["nsys", "profile"]
+    rest = server.argv.index("python3")  # the container's interpreter, right after nsys's options
+    nsys_options = server.argv[head + 2 : rest]
+    assert nsys_options == [
+        "--output=/t/profile/nsys-server",
+        "--force-overwrite=true",
+        "--trace=cuda,nvtx",
+        "--cuda-graph-trace=node",
+        "--trace-fork-before-exec=true",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        "--sample=none",
+    ]
+    unwrapped = dataclasses.replace(server, argv=server.argv[rest:])
+    args = parse_launch(unwrapped, vllm_parser, sglang_parser)
+    assert args.profiler_config.profiler == "cuda" and args.tensor_parallel_size == 2
+    sg, _ = to_specs(compose(["platform=gpu", "engine=sglang", f"+profile={{point:{label},nsys:{{}}}}"]))
+    (sg_server,), sg_profiler = profiled_launches(
+        sglang_adapter,
+        sg,
+        "/t/profile",
+        sglang_adapter.launches(sg, "/m", 8000, iter(range(9000, 9100)).__next__, "/t"),
+    )
+    assert sg_profiler is not None and sg_profiler.start[1] == {
+        "output_dir": "/t/profile",
+        "activities": ["CUDA_PROFILER"],
+    }
+    assert sg_server.argv[:2] == ["nsys", "profile"] and "--trace=cuda,nvtx,osrt" in sg_server.argv
+    parse_launch(
+        dataclasses.replace(sg_server, argv=sg_server.argv[sg_server.argv.index("--capture-range-end=stop") + 1 :]),
+        vllm_parser,
+        sglang_parser,
+    )
+
+
+def test_nsys_is_checked_before_anything_starts(compose, tmp_path, monkeypatch):
+    """A missing nsys is a clear error before launch (on this host, or inside the container);
+    nsys on the CPU platform is SKIPPED with the reason; bad trace names are refused."""
+    from orchestrator.config.errors import ConfigError
+    from orchestrator.engines import envs, nsys
+
+    label = to_specs(compose([]))[0].workload.load_points[0].label
+    profile = f"+profile={{point:{label},nsys:{{}}}}"
+    cpu, _ = to_specs(compose([profile]))
+    assert "profile.nsys traces CUDA kernels and needs GPUs" in (assess(cpu) or "")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    gpu, _ = to_specs(compose(["platform=gpu", "engine.python=/usr/bin/env", profile]))
+    assert "profile.nsys: 'nsys' was not found" in (envs.missing(gpu) or "")
+    fake = tmp_path / "nsys"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA Nsight Systems version 2025.3'\n")
+    fake.chmod(0o755)
+    assert envs.missing(gpu) is None
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    boxed, _ = to_specs(compose(["platform=gpu", "engine.launch_prefix=[env]", profile]))
+    assert envs.missing(boxed) is None  # in a container: asked there, by the trial, before its servers
+    with pytest.raises(ConfigError, match=r"profile.nsys: 'nsys' does not run inside engine.launch_prefix"):
+        nsys.check_in_container(boxed)
+    found, _ = to_specs(
+        compose(["platform=gpu", "engine.launch_prefix=[env]", f"+profile={{point:{label},nsys:{{path:'{fake}'}}}}"])
+    )
+    nsys.check_in_container(found)
+    with pytest.raises(ConfigError, match="nsys trace names"):
+        to_specs(compose([f"+profile={{point:{label},nsys:{{trace:['cuda,nvtx']}}}}"]))

@@ -36,3 +36,49 @@ def test_no_gauges_means_no_scrape():
     mon.start()
     time.sleep(0.2)
     assert mon.stop()["memory_peak_gb"] > 0 and mon.scrapes == 0
+
+
+def test_engine_counters_join_the_gauges_on_the_timeline():
+    """Each scrape puts the gauges and the preemption and prefix-cache counters on the trial's
+    timeline; the hit rate of each interval is the ratio of the counters' deltas."""
+    import http.server
+    import threading
+
+    from orchestrator.engines.vllm import METRICS
+    from orchestrator.metrics.telemetry import Timeline, ratio_of_deltas, series
+
+    pages = iter(
+        [
+            "vllm:num_requests_running 2\nvllm:num_preemptions_total 0\n"
+            "vllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n",
+            "vllm:num_requests_running 5\nvllm:num_preemptions_total 1\n"
+            "vllm:prefix_cache_hits_total 30\nvllm:prefix_cache_queries_total 120\n",
+        ]
+    )
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = next(pages).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tl = Timeline()
+        mon = ResourceMonitor(
+            [os.getpid()], f"http://127.0.0.1:{server.server_address[1]}/metrics", METRICS, timeline=tl
+        )
+        mon.sample_gauges()
+        mon.sample_gauges()
+    finally:
+        server.shutdown()
+    assert series(tl.rows, "engine", "requests_running")[1] == [2.0, 5.0]
+    assert series(tl.rows, "engine", "preemptions")[1] == [0.0, 1.0]
+    assert ratio_of_deltas(tl.rows, "engine", "prefix_cache_hits", "prefix_cache_queries")[1] == [0.25]
+    assert mon.gauge_max == {"requests_running": 5.0}  # counters are not gauges: no per-point maximum

@@ -133,6 +133,7 @@ def test_report_rebuilt_from_mlflow_alone(chunked_results, tmp_path):
         from orchestrator.metrics.result import save_result
 
         save_result(r, d)
+        (d / "timeline.png").write_bytes(b"\x89PNG timeline of " + r.variant.encode())
         tracker.log_trial(r, d)
     tracker.end_sweep({"FINISHED": 3})
     data = from_mlflow(uri, "chunked_prefill")
@@ -143,6 +144,10 @@ def test_report_rebuilt_from_mlflow_alone(chunked_results, tmp_path):
     assert by["budget_256"].records().num_rows == 6
     files = build_report(data, tmp_path / "rebuilt")
     assert [f.name for f in files][:2] == ["chunked_prefill_budget.png", "chunked_prefill_itl_over_time.png"]
+    timeline = tmp_path / "rebuilt" / "timelines" / f"budget_256-{by['budget_256'].trial_hash[:8]}.png"
+    assert timeline in files and timeline.read_bytes() == b"\x89PNG timeline of budget_256"  # the run's own
+    summary = (tmp_path / "rebuilt" / "summary.md").read_text()
+    assert f"- budget_256: [timelines/{timeline.name}](timelines/{timeline.name})" in summary
     with pytest.raises(LookupError, match="no MLflow experiment 'nope'.*chunked_prefill"):
         from_mlflow(uri, "nope")
 
@@ -156,11 +161,15 @@ def test_report_cli_rebuilds_and_logs_to_the_sweep_run(chunked_results, tmp_path
     uri = f"sqlite:///{tmp_path}/m.db"
     tracker = MlflowTracker(uri, "chunked_prefill")
     sweep = tracker.start_sweep("s", {}, {})
+    (tmp_path / "timeline.png").write_bytes(b"\x89PNG")
     tracker.log_trial(chunked_results[0], tmp_path)
     tracker.end_sweep({"FINISHED": 1})
     assert main(["experiment=chunked_prefill", f"tracking.uri={uri}", f"out={tmp_path}/r", "log=true"]) == 0
     logged = {a.path for a in MlflowClient(uri).list_artifacts(sweep, "report")}
     assert "report/summary.md" in logged and "report/chunked_prefill_budget.png" in logged
+    assert "report/timelines" in logged  # the report's subfolder is kept on the run
+    timelines = [a.path for a in MlflowClient(uri).list_artifacts(sweep, "report/timelines")]
+    assert timelines == [f"report/timelines/{chunked_results[0].variant}-{chunked_results[0].trial_hash[:8]}.png"]
     assert main(["experiment=missing", f"tracking.uri={uri}"]) == 2
     with pytest.raises(SystemExit, match="expected key=value"):
         main(["chunked_prefill"])

@@ -21,9 +21,18 @@ from orchestrator.metrics.telemetry import (
     energy_in_window,
     energy_metrics,
     integrate,
+    ratio_of_deltas,
     rows_from_parquet,
     window_metrics,
 )
+
+
+def test_the_ratio_of_two_counters_deltas_per_interval():
+    tl = Timeline()
+    for t, hits, queries in ((1.0, 0, 0), (2.0, 10, 40), (3.0, 10, 40), (4.0, 2, 8), (5.0, 3, 12)):
+        tl.add(t, "engine", {"hits": float(hits), "queries": float(queries)})
+    # no queries in (2, 3]; the engine restarted before 4 (counters went down): that interval is skipped
+    assert ratio_of_deltas(tl.rows, "engine", "hits", "queries") == ([2.0, 5.0], [0.25, 0.25])
 
 
 def test_integrate_holds_the_edges_and_interpolates_inside():
@@ -245,6 +254,9 @@ def test_the_timeline_figure_of_a_trial(tmp_path):
         t = 100.0 + k
         tl.add(t, "servers", {"cpu_cores": 1.2, "rss_gb": 1.5})
         tl.add(t, "engine", {"requests_running": 3.0, "requests_waiting": 1.0, "kv_cache_usage": 0.2})
+        tl.add(
+            t, "engine", {"preemptions": float(k // 4), "prefix_cache_hits": 5.0 * k, "prefix_cache_queries": 20.0 * k}
+        )
     points = [
         PointResult(index=j, label=f"c{j + 1}", setting={}, window=(100.0 + 5 * j, 105.0 + 5 * j)) for j in range(2)
     ]

@@ -23,7 +23,7 @@ from .engines import (
 )
 from .model import ModelArch, ModelSpec, TinyModelSpec, TinyTrainSpec
 from .platform import ClusterSpec, PlatformSpec, TrackingSpec
-from .trial import EvalSpec, ObjectiveSpec, ProfileSpec, SweepSettings, TrialSpec
+from .trial import EvalSpec, NsysSpec, ObjectiveSpec, ProfileSpec, SweepSettings, TrialSpec
 from .workload import (
     SLO_METRIC,
     CapacitySpec,
@@ -55,6 +55,7 @@ __all__ = [
     "ModelSpec",
     "ObjectiveSpec",
     "PlatformSpec",
+    "NsysSpec",
     "ProfileSpec",
     "RequestClass",
     "RouterSpec",

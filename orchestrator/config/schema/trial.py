@@ -42,11 +42,35 @@ class EvalSpec(StrictModel):
         return v
 
 
+class NsysSpec(StrictModel):
+    """Nsight Systems around each engine server (GPUs only; opt-in: ``profile.nsys: {}``): the
+    server runs under ``nsys profile --capture-range=cudaProfilerApi``, inside
+    ``engine.launch_prefix`` when there is one, and the engine's start/stop profile endpoints
+    (vLLM's ``cuda`` profiler, SGLang's ``CUDA_PROFILER`` activity) open and close the capture
+    around the chosen window. NCCL's collectives (tensor parallelism) show as NVTX ranges: NCCL
+    annotates them itself, so keep ``nvtx`` in ``trace``. The ``.nsys-rep`` report is written when
+    the server exits and is a trial artifact (open it in the Nsight Systems GUI)."""
+
+    path: str = Field(default="nsys", description="the nsys executable, where the server runs")
+    trace: list[str] = Field(default_factory=lambda: ["cuda", "nvtx", "osrt"], min_length=1)
+    cuda_graph_trace: Literal["graph", "node"] = Field(default="node", description="kernels inside CUDA graphs")
+    args: list[str] = Field(default_factory=list, description="more `nsys profile` options, one per item")
+    stop_grace_s: PositiveFloat = Field(default=300.0, description="time nsys gets to write its report at stop")
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_names(cls, v: list[str]) -> list[str]:
+        bad = [t for t in v if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", t)]
+        if bad:
+            raise ValueError(f"nsys trace names are lower-case words like cuda, nvtx, osrt, cublas: {bad}")
+        return v
+
+
 class ProfileSpec(StrictModel):
     """A profiler trace of a window of one load point: the engine starts with its profiler
     configured (vLLM: ``--profiler-config``, torch; SGLang: its profile endpoints) and the window
     is bracketed with the server's start/stop profile endpoints. The trace (gzipped Chrome trace
-    JSON, opened in Perfetto) is a trial artifact. The profiler slows the point: it is marked
+    JSON, opened in Perfetto; with ``nsys`` on GPUs an Nsight Systems report) is a trial artifact. The profiler slows the point: it is marked
     ``profiled`` and the verdict does not read it unless ``in_verdict``."""
 
     point: str = Field(description="label of the load point to profile (e.g. c8, r2)")
@@ -55,6 +79,7 @@ class ProfileSpec(StrictModel):
     with_stack: bool = Field(default=False, description="Python stacks of each op (large traces)")
     record_shapes: bool = False
     in_verdict: bool = Field(default=False, description="let the verdict read the profiled point")
+    nsys: NsysSpec | None = Field(default=None, description="Nsight Systems instead of the torch profiler (GPUs)")
 
 
 class TrialSpec(StrictModel):
