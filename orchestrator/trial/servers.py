@@ -216,6 +216,18 @@ def shared_server_spec(spec: TrialSpec) -> TrialSpec:
     return spec
 
 
+# Platform settings of the trial's own observation (how often it samples, what it prices): they do
+# not change the server, so trials differing only in them share one.
+OBSERVER_SETTINGS = {
+    "max_concurrent_trials",
+    "monitor_interval_s",
+    "monitor_budget",
+    "telemetry",
+    "telemetry_interval_s",
+    "price_per_hour",
+}
+
+
 def server_key(spec: TrialSpec) -> str | None:
     """Identity of the servers a trial starts (every argv, env, file, GPU slot, the platform),
     or None when its servers cannot be shared: trials with the same key differ only in
@@ -227,6 +239,6 @@ def server_key(spec: TrialSpec) -> str | None:
     ident = {
         "servers": [[x.argv, x.env, x.files, x.gpus, x.unset_env] for x in launches],
         "model": spec.model.model_dump(mode="json"),
-        "platform": spec.platform.model_dump(mode="json"),
+        "platform": spec.platform.model_dump(mode="json", exclude=OBSERVER_SETTINGS),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -19,6 +19,9 @@ def test_workload_and_seed_differences_share_a_server(compose):
     assert server_key(_spec(compose, "seed=7", "workload.num_requests=3")) == base
     # the cache-reset flag does not change the server: a shared server always has the endpoint on
     assert server_key(_spec(compose, "engine.reset_cache_between_points=true")) == base
+    # how the trial observes the server (telemetry, monitor, price) is not the server
+    observed = ("platform.telemetry=false", "platform.telemetry_interval_s=0.2", "platform.price_per_hour=0.3")
+    assert server_key(_spec(compose, *observed, "platform.monitor_interval_s=2")) == base
 
 
 def test_server_differences_do_not(compose):
