@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,11 @@ from orchestrator.config.resolvers import register
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 ENGINE_PATTERN = "vllm.entrypoints|VLLM::|sglang.launch_server"
+# Every process this test run starts inherits this mark (servers, Ray workers, CLI subprocesses,
+# and an orphan reparented to init still carries it): the leftover check counts only those, so a
+# user's own `make demo` on the same machine neither fails the suite nor hides our leftovers.
+RUN_MARK_VAR = "INFERENCE_LAB_TEST_RUN"
+RUN_MARK = os.environ.setdefault(RUN_MARK_VAR, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 register()
 
@@ -38,13 +44,27 @@ def tiny_model_dir() -> Path:
     return ensure_tiny_model(TinyModelSpec())
 
 
+def _of_this_run(pid: str) -> bool:
+    """Whether the process carries this test run's mark in its environment (an unreadable one,
+    another user's, does not)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{RUN_MARK_VAR}={RUN_MARK}".encode() in environ.split(b"\0")
+
+
 def engine_processes() -> list[str]:
-    """Engine processes still running (zombies waiting for init to reap them hold nothing)."""
+    """Engine processes of this test run still running (zombies waiting for init to reap them
+    hold nothing; engines started outside this run are not ours to judge)."""
     out = subprocess.run(["pgrep", "-fa", ENGINE_PATTERN], capture_output=True, text=True)
     return [
         line
         for line in out.stdout.splitlines()
-        if "pgrep" not in line and "<defunct>" not in line and str(os.getpid()) != line.split()[0]
+        if "pgrep" not in line
+        and "<defunct>" not in line
+        and str(os.getpid()) != line.split()[0]
+        and _of_this_run(line.split()[0])
     ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,14 +55,19 @@ def test_quantized_tiny_adder_against_the_unquantized_one(tmp_path):
     base = runs["cpu_fp32"].data.metrics["accuracy"]
     assert abs(runs["cpu_w8a8"].data.metrics["accuracy"] - base) <= 0.1
     assert runs["cpu_w8a8"].data.params["model.tiny.quantization"] == "w8a8"
-    # the servers really loaded compressed-tensors checkpoints
-    for name in runs.keys() - {"cpu_fp32"}:
-        spec = json.loads(
-            (
-                next((tmp_path / "multirun" / "trials").glob(f"*-{runs[name].data.tags['trial_hash']}")) / "result.json"
-            ).read_text()
-        )["spec"]
-        assert spec["model"]["tiny"]["quantization"] == name.split("_")[1]
+    # the servers really loaded compressed-tensors checkpoints: the folder each was started on
+    # holds one (the argv in result.json's servers), and the engine's own config line says so (server.log)
+    formats = {"cpu_fp32": None, "cpu_w8a8": "int-quantized", "cpu_w4a16": "pack-quantized"}
+    for name, run in runs.items():
+        trial = next((tmp_path / "multirun" / "trials").glob(f"*-{run.data.tags['trial_hash']}"))
+        (server,) = json.loads((trial / "result.json").read_text())["servers"]
+        argv = server["argv"]
+        model_dir = Path(argv[argv.index("--model") + 1])
+        config = json.loads((model_dir / "config.json").read_text())
+        assert config.get("quantization_config", {}).get("format") == formats[name], (name, model_dir)
+        log = (trial / "server.log").read_text()
+        loaded = "quantization=compressed-tensors," if formats[name] else "quantization=None,"
+        assert "Initializing a V1 LLM engine" in log and loaded in log, (name, loaded)
     from orchestrator.config.schema import TinyModelSpec
     from orchestrator.models.tiny import ensure_tiny_model
 

@@ -3,6 +3,7 @@ about what reaches the shell."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -35,8 +36,9 @@ OVERRIDES = [
 
 def test_golden_file():
     script = render_sbatch(params_from(PARAMS), OVERRIDES)
-    if not GOLDEN.exists():  # first run writes it; review and commit it
+    if os.environ.get("UPDATE_GOLDEN") == "1":  # regenerate on purpose, then review the diff and commit it
         GOLDEN.write_text(script)
+    assert GOLDEN.exists(), f"{GOLDEN} is missing: it is the reviewed script, never written by the test itself"
     assert script == GOLDEN.read_text()
 
 

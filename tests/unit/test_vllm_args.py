@@ -59,7 +59,8 @@ def test_generated_argv_parses(vllm_parser, compose, overrides):
         assert ns.distributed_executor_backend == "mp"
     if e.speculative_config:
         assert ns.speculative_config["num_speculative_tokens"] == 3
-    assert ns.enforce_eager is (e.enforce_eager or None) or ns.enforce_eager == e.enforce_eager
+    # on: the flag; off: no flag, so vLLM's own default (not an `or` that a None/False mix passes)
+    assert ns.enforce_eager is (True if e.enforce_eager else vllm_parser.get_default("enforce_eager"))
 
 
 def test_cpu_env_and_unset_omp(compose):
