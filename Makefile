@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo labs test test-unit test-slurm slurm-deps test-ui ui-deps test-faults engines-gpu install-gpu test-engines lint ui clean
+.PHONY: install demo labs test test-unit test-slurm slurm-deps test-ui ui-deps test-faults stress-faults engines-gpu install-gpu test-engines lint ui clean
 
 install: $(STAMP)
 
@@ -38,7 +38,7 @@ labs: install
 	$(PY) -m orchestrator.labs.labs $(LABS) $(if $(LABS_ARGS),-- $(LABS_ARGS))
 
 test: install lint
-	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines"
+	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines and not stress"
 
 # The code's own checks, before any test: layers and cycles (import-linter), lint and format
 # (ruff), types (mypy: [tool.mypy] in pyproject.toml).
@@ -72,6 +72,11 @@ test-ui: install ui-deps
 test-faults: install
 	$(PY) -m pytest tests -m faults -s
 
+# The driver-signal faults, STRESS_REPEATS (10) times each with every core kept busy; not in
+# CI (long). Times in test-artifacts/stress-faults.tsv, summed up in docs/reliability.md.
+stress-faults: install
+	$(PY) -m pytest tests -m stress -s
+
 # GPU engine environments (docs/gpu.md): one virtualenv per engine family, never the
 # orchestrator's: vLLM's CUDA build + LMCache + NIXL, and SGLang + sglang-router. Pinned by
 # engines/<name>.txt (what we ask for) and engines/<name>.lock (every package, from an install
@@ -101,7 +106,7 @@ test-engines: install engines-gpu
 	$(PY) -m pytest tests -m engines
 
 test-unit: install
-	$(PY) -m pytest tests -m "not integration and not slurm and not ui and not faults and not engines"
+	$(PY) -m pytest tests -m "not integration and not slurm and not ui and not faults and not engines and not stress"
 
 ui: install
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

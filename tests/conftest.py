@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -66,6 +67,48 @@ def engine_processes() -> list[str]:
         and str(os.getpid()) != line.split()[0]
         and _of_this_run(line.split()[0])
     ]
+
+
+def _describe(pid: int) -> str:
+    """pid, parent, process group, session, state and command of one process (for a leftover)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            parent = proc.ppid()
+            state, cmd = proc.status(), " ".join(proc.cmdline())[:160]
+        try:
+            parent_cmd = " ".join(psutil.Process(parent).cmdline())[:80]
+        except psutil.Error:
+            parent_cmd = "?"
+        return (
+            f"pid {pid} ppid {parent} ({parent_cmd}) pgid {os.getpgid(pid)} sid {os.getsid(pid)} state {state}: {cmd}"
+        )
+    except (psutil.Error, OSError) as exc:
+        return f"pid {pid}: gone while described ({exc})"
+
+
+def wait_no_engines(seconds: float) -> float:
+    """Wait until no engine process of this run is left; the seconds it took. If some are
+    left after ``seconds``, fail with each leftover's parent, group, session and state, and
+    when each of the others went (the record of a lingering engine core, issue 23)."""
+    t0 = time.monotonic()
+    gone: dict[str, float] = {}
+    seen: set[str] = set()
+    while True:
+        now = {line.split()[0] for line in engine_processes()}
+        for pid in seen - now:
+            gone.setdefault(pid, time.monotonic() - t0)
+        seen |= now
+        if not now:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 >= seconds:
+            break
+        time.sleep(0.2)
+    lines = [_describe(int(pid)) for pid in sorted(now)]
+    went = ", ".join(f"{pid} after {s:.1f} s" for pid, s in sorted(gone.items(), key=lambda x: x[1])) or "none"
+    pytest.fail(f"engine processes still running after {seconds:.0f} s:\n" + "\n".join(lines) + f"\nexited: {went}")
 
 
 def search_runs(store: str, experiment: str) -> list:

@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--exit-at-start", action="store_true")
     ap.add_argument("--spawn-child", action="store_true")
     ap.add_argument("--ignore-term", action="store_true")
+    ap.add_argument("--child-ignores-term", action="store_true", help="only the child (an engine core) ignores TERM")
     ap.add_argument("--die-after", type=float, default=None)
     ap.add_argument("--start-delay", type=float, default=0.0)
     ap.add_argument("--engine-dies-after", type=float, default=None)
@@ -53,7 +54,7 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.spawn_child:
         cmd = [sys.executable, "-c", "import time; time.sleep(600)"]
-        if a.ignore_term:
+        if a.ignore_term or a.child_ignores_term:
             cmd = [
                 sys.executable,
                 "-c",

@@ -8,16 +8,18 @@ dies without cleaning up (e.g. a Ray worker killed with SIGKILL).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -50,6 +52,49 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+# Process groups of the servers this process started and has not stopped yet: an interrupt
+# TERMs them at once (:func:`terminate_running`), before the code unwinding it gets there.
+_RUNNING: set[int] = set()
+# After the group leader (the API server, which orchestrates its engine's shutdown) is gone,
+# what is left of its group gets this long before KILL: measured here, vLLM's EngineCore
+# orphaned by a killed API server took 9.1 s to exit on TERM (waiting on its dead worker's reply).
+ORPHAN_GRACE_S = 2.0
+
+
+def terminate_running() -> None:
+    """TERM every running server's process group now, without waiting (an interrupt's first
+    act: each server's own stop then waits for its group and KILLs what is left)."""
+    for pgid in list(_RUNNING):
+        _signal_group(pgid, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def interrupts_stop_servers() -> Iterator[None]:
+    """In the main thread: SIGTERM (``kill``, a scheduler ending the job) and SIGINT (Ctrl-C; Ray
+    cancelling a task interrupts its main thread the same way) first TERM every running server's
+    group (:func:`terminate_running`), then raise KeyboardInterrupt, so the servers go down at
+    once rather than after the code above them has unwound: if that took longer than Ray's
+    cancel grace, Ray killed the worker and its API server and left the engine core orphaned.
+
+    SIGINT gets the handler explicitly: a process started from a background job of a
+    non-interactive shell inherits SIGINT *ignored*, and Python then never raises
+    KeyboardInterrupt, so ``kill -INT`` would be lost (seen in CI-like runs here)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        terminate_running()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class ServerProcess:
@@ -96,6 +141,7 @@ class ServerProcess:
             )
         finally:
             log_file.close()
+        _RUNNING.add(self.proc.pid)
         try:
             self._watchdog = subprocess.Popen(
                 [sys.executable, "-m", "orchestrator.engines.watchdog", str(os.getpid()), str(self.proc.pid)],
@@ -211,15 +257,15 @@ class ServerProcess:
     # -- stop -----------------------------------------------------------------------
 
     def stop(self) -> None:
-        """TERM the process group, wait up to the grace period, then KILL it. Idempotent."""
+        """TERM the process group, wait up to the grace period, then KILL it. Once the group's
+        leader has exited, what is left of the group (its orchestrator gone) gets only
+        ``ORPHAN_GRACE_S``. Idempotent."""
         proc = self.proc
         if proc is not None:
             pgid = proc.pid  # start_new_session: the pid is the group id
             if proc.poll() is None or group_alive(pgid):
                 _signal_group(pgid, signal.SIGTERM)
-                deadline = time.monotonic() + self.stop_grace_s
-                while time.monotonic() < deadline and (proc.poll() is None or group_alive(pgid)):
-                    time.sleep(0.1)
+                wait_group(pgid, lambda: proc.poll() is not None, self.stop_grace_s)
                 if proc.poll() is None or group_alive(pgid):
                     log.warning("%s did not stop after TERM; sending KILL", self.name)
                     _signal_group(pgid, signal.SIGKILL)
@@ -230,6 +276,7 @@ class ServerProcess:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     log.error("%s (pid %d) did not exit after KILL", self.name, proc.pid)
+            _RUNNING.discard(pgid)
         self._watchdog = None  # the detached watcher exits by itself once the group is gone
 
     def __enter__(self) -> ServerProcess:
@@ -247,6 +294,18 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def wait_group(pgid: int, leader_gone: Callable[[], bool], grace_s: float, poll_s: float = 0.1) -> None:
+    """Wait until the group is gone, at most ``grace_s``, and at most ``ORPHAN_GRACE_S`` after its
+    leader is gone (the caller KILLs what is left)."""
+    deadline = time.monotonic() + grace_s
+    orphaned_at: float | None = None
+    while time.monotonic() < deadline and group_alive(pgid):
+        if orphaned_at is None and leader_gone():
+            orphaned_at = time.monotonic()
+            deadline = min(deadline, orphaned_at + ORPHAN_GRACE_S)
+        time.sleep(poll_s)
 
 
 def group_alive(pgid: int) -> bool:

@@ -20,7 +20,7 @@ import time
 
 import psutil
 
-from orchestrator.engines.process import group_alive
+from orchestrator.engines.process import group_alive, wait_group
 
 
 def started_at(proc: psutil.Process) -> float:
@@ -46,14 +46,23 @@ def owner_alive(pid: int, create_time: float | None) -> bool:
         return False
 
 
+def leader_gone(pgid: int) -> bool:
+    """The group's leader (the server's first process, pid == pgid) has exited (or is a zombie)."""
+    try:
+        return psutil.Process(pgid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
 def kill_group(pgid: int, grace_s: float) -> None:
+    """TERM the group, then KILL what is left after ``grace_s``, or ``ORPHAN_GRACE_S`` after the
+    leader is gone: a supervisor that kills a dead owner's children (Ray does) takes the API
+    server first, and vLLM's EngineCore without it took 9.1 s to exit on TERM here."""
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and group_alive(pgid):
-        time.sleep(0.2)
+    wait_group(pgid, lambda: leader_gone(pgid), grace_s, poll_s=0.2)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.config.errors import DiskFullError
 
 TrialStatus = Literal["FINISHED", "FAILED", "SKIPPED"]
 
@@ -73,23 +77,36 @@ SERVER_LOG_FILE = "server.log"
 
 
 def save_result(result: TrialResult, trial_dir: str | os.PathLike[str]) -> Path:
-    """Write a result to ``trial_dir`` (result.json, records.parquet, telemetry.parquet, server.log);
-    atomic per file."""
+    """Write a result to ``trial_dir`` (result.json, records.parquet, telemetry.parquet, server.log,
+    artifacts). All-or-nothing: every file is first written whole beside its place, then each is
+    renamed into place, result.json last. When a write fails (a full disk: :class:`DiskFullError`)
+    nothing in the folder has changed, so an earlier checkpoint there stays whole and consistent."""
     d = Path(trial_dir)
     d.mkdir(parents=True, exist_ok=True)
+    files: list[tuple[Path, bytes]] = []
     if result.records_parquet:
-        _atomic_write(d / RECORDS_FILE, result.records_parquet)
+        files.append((d / RECORDS_FILE, result.records_parquet))
     if result.telemetry_parquet:
-        _atomic_write(d / TELEMETRY_FILE, result.telemetry_parquet)
+        files.append((d / TELEMETRY_FILE, result.telemetry_parquet))
     for name, data in result.artifacts.items():
         path = (d / name).resolve()
         if not path.is_relative_to(d.resolve()):
             raise ValueError(f"artifact {name!r} is outside the trial's folder")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, data)
+        files.append((path, data))
     if result.server_log:
-        _atomic_write(d / SERVER_LOG_FILE, result.server_log.encode())
-    _atomic_write(d / RESULT_FILE, json.dumps(result.summary_json(), indent=2, sort_keys=True).encode())
+        files.append((d / SERVER_LOG_FILE, result.server_log.encode()))
+    files.append((d / RESULT_FILE, json.dumps(result.summary_json(), indent=2, sort_keys=True).encode()))
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staged.append((_write_beside(path, data), path))
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, path in staged:  # renames need no space
+        os.replace(tmp, path)
     return d
 
 
@@ -109,7 +126,25 @@ def load_result(trial_dir: str | os.PathLike[str]) -> TrialResult:
     return TrialResult.model_validate(data)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _write_beside(path: Path, data: bytes) -> Path:
+    """``data`` whole in ``<path>.tmp`` (synced), returned; a full filesystem is a
+    :class:`DiskFullError` naming the file and the space it needed, and leaves no tmp file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # a full disk can surface only here (delayed allocation)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(str(path), len(data), _free_bytes(path.parent)) from exc
+        raise
+    return tmp
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None

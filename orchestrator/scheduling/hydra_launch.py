@@ -16,16 +16,22 @@ log = logging.getLogger(__name__)
 
 
 def _exit_on_config_error(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A config mistake ends the command with one clear message and exit code 2 (no traceback)."""
+    """A config mistake ends the command with one clear message and exit code 2; any other
+    error the orchestrator raises on purpose (a full results disk) with its message and exit
+    code 1. No traceback: the message says what to do."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from orchestrator.config import ConfigError
+        from orchestrator.config.errors import OrchestratorError
 
         try:
             return fn(*args, **kwargs)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
+        except OrchestratorError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(1)
 
     wrapper.__doc__ = fn.__doc__
     return wrapper

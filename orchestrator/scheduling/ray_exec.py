@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.config.schema import ClusterSpec
 from orchestrator.config.secrets import redact_mapping, redact_override
+from orchestrator.engines.process import interrupts_stop_servers
 from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling.jobs import TrialJob
 
@@ -38,7 +39,8 @@ def _run_trial_task(spec_json: str, workdir: str, overrides: list[str]) -> dict[
     from orchestrator.trial import run_trial
 
     gpu_ids, node = _worker_start([workdir])
-    result = run_trial(TrialSpec.model_validate_json(spec_json), workdir, overrides, gpu_ids)
+    with interrupts_stop_servers():  # a cancel TERMs the servers first
+        result = run_trial(TrialSpec.model_validate_json(spec_json), workdir, overrides, gpu_ids)
     result.hardware["ray_node_id"] = node  # where it ran
     return result.model_dump()
 
@@ -130,7 +132,8 @@ def _run_group_task(specs_json: list[str], workdirs: list[str], overrides: list[
 
     gpu_ids, node = _worker_start(workdirs)
     items = [(TrialSpec.model_validate_json(s), w, o) for s, w, o in zip(specs_json, workdirs, overrides)]
-    results = run_trial_group(items, gpu_ids)
+    with interrupts_stop_servers():
+        results = run_trial_group(items, gpu_ids)
     for result in results:
         result.hardware["ray_node_id"] = node
     return [r.model_dump() for r in results]

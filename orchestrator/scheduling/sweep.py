@@ -6,21 +6,18 @@ tracking failure loses nothing. A progress line is printed per finished trial.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import subprocess
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.errors import OrchestratorError
+from orchestrator.config.errors import DiskFullError, OrchestratorError
 from orchestrator.config.logs import Progress, print_progress
 from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.engines.process import interrupts_stop_servers
 from orchestrator.feasibility import assess
 from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
 from orchestrator.scheduling.jobs import TrialJob
@@ -51,28 +48,6 @@ def absolute_dir(path: str | os.PathLike[str]) -> Path:
 
 def trial_dir(sweep_dir: Path, job: TrialJob) -> Path:
     return sweep_dir / "trials" / f"{job.index:03d}-{job.trial_hash}"
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM (``kill``, a scheduler ending the job) like Ctrl-C: trials stop cleanly.
-
-    SIGINT gets the same handler explicitly: a process started from a background job of a
-    non-interactive shell inherits SIGINT *ignored*, and Python then never raises
-    KeyboardInterrupt, so ``kill -INT`` would be lost (seen in CI-like runs here)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _point_summary(result: TrialResult) -> str:
@@ -121,13 +96,19 @@ def run_sweep(
     status = "FAILED"
     ray_ctx = init_ray(settings.cluster)
     try:
-        with sigterm_as_interrupt():
+        with interrupts_stop_servers():
             _run_trials(jobs, done, record)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
         progress("interrupted: running trials were stopped (and their servers)")
         _log_partial_results(jobs, record.results, sweep_dir, tracker, commit, progress)
+        raise
+    except DiskFullError as exc:  # nothing more can be kept: stop now rather than measure for nothing
+        progress(
+            f"stopping the sweep: {exc.path}: no space left; running trials were stopped (and their servers); "
+            f"{len(record.results)} trial result(s) written before are whole on disk and in MLflow"
+        )
         raise
     finally:
         ray_ctx.shutdown()

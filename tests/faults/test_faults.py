@@ -17,7 +17,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import ROOT, engine_processes, search_runs
+from tests.conftest import ROOT, engine_processes, search_runs, wait_no_engines
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
@@ -72,15 +72,6 @@ def _vllm_servers() -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if SERVER_MODULE in (p.info["cmdline"] or [])]
 
 
-def _no_engines_within(seconds: float) -> float:
-    t0 = time.monotonic()
-    while engine_processes() and time.monotonic() - t0 < seconds:
-        time.sleep(0.2)
-    left = engine_processes()
-    assert not left, f"engine processes still running after {seconds:.0f} s: {left}"
-    return time.monotonic() - t0
-
-
 def test_server_killed_mid_load(tmp_path):
     """kill -9 of the vLLM server in the middle of a load point: that trial FAILED with the
     cause and the server log's tail, the records measured before the crash kept, the next
@@ -111,7 +102,7 @@ def test_server_killed_mid_load(tmp_path):
     ok = [s for s in records.column("status").to_pylist() if s == "ok"]
     assert ok and len(ok) < 400, "the requests completed before the crash are kept"
     assert next(r for r in results if r["status"] == "FINISHED")["points"]
-    _no_engines_within(10)
+    wait_no_engines(10)
 
 
 def test_server_exiting_at_start_is_detected_at_once_and_timeouts_carry_the_log(tmp_path):
@@ -139,7 +130,7 @@ def test_server_exiting_at_start_is_detected_at_once_and_timeouts_carry_the_log(
     assert p.returncode == 0 and "1 FAILED" in p.stdout, p.stdout[-3000:]
     result = json.loads(next((slow / "sweep").glob("trials/*/result.json")).read_text())
     assert "not healthy after 3 s" in result["error"] and "last log lines" in result["error"], result["error"][:500]
-    _no_engines_within(10)
+    wait_no_engines(10)
 
 
 def test_port_already_taken_is_a_clear_error_before_launch(tmp_path):
@@ -153,7 +144,7 @@ def test_port_already_taken_is_a_clear_error_before_launch(tmp_path):
     assert p.returncode == 0 and "1 FAILED" in p.stdout, p.stdout[-3000:]
     assert f"127.0.0.1:{port} is already in use" in p.stdout
     assert "starting vllm" not in p.stdout
-    _no_engines_within(5)
+    wait_no_engines(5)
 
 
 def test_sigterm_to_the_driver_leaves_nothing_running_within_10s(tmp_path):
@@ -173,7 +164,7 @@ def test_sigterm_to_the_driver_leaves_nothing_running_within_10s(tmp_path):
         time.sleep(2)
         assert engine_processes()
         proc.send_signal(signal.SIGTERM)
-        gone_after = _no_engines_within(10)
+        gone_after = wait_no_engines(10)
     finally:
         text = _finish(proc, lines, timeout=120)
     assert proc.returncode != 0
@@ -301,7 +292,7 @@ def test_planted_secrets_never_reach_the_store_logs_or_argv(tmp_path):
                 assert secret.encode() not in path.read_bytes(), f"{secret[:8]}... found in {path}"
     servers = json.loads(next((tmp_path / "sweep").glob("trials/*/result.json")).read_text())["servers"]
     assert servers[0]["env"]["VLLM_API_KEY"] == "***"
-    _no_engines_within(10)
+    wait_no_engines(10)
 
 
 def test_two_hundred_cheap_trials(tmp_path):

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
-from orchestrator.engines.process import ServerProcess, free_port, group_alive, port_is_free
+from orchestrator.engines.process import ServerProcess, free_port, group_alive, interrupts_stop_servers, port_is_free
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fake_engine.py")
 
@@ -64,6 +64,37 @@ def test_kill_escalates_when_term_ignored(tmp_path):
         s.wait_healthy(20)
         pgid = s.pid
     assert not group_alive(pgid)
+
+
+def test_what_outlives_its_leader_is_killed_without_the_full_grace(tmp_path):
+    """The leader (vLLM's API server, which stops its own engine core) exits on TERM; a child that
+    does not (an engine core orphaned mid-shutdown) is KILLed ORPHAN_GRACE_S later, not after
+    the full grace (30 s here)."""
+    s = server(tmp_path, "--spawn-child", "--child-ignores-term", grace=30.0)
+    with s:
+        s.wait_healthy(20)
+        pgid = s.pid
+        t0 = time.monotonic()
+    took = time.monotonic() - t0
+    assert not group_alive(pgid)
+    assert took < 20, f"stop waited {took:.1f} s for the orphaned child (the full grace is 30 s)"
+
+
+def test_an_interrupt_terms_the_running_servers_before_anything_unwinds(tmp_path):
+    """SIGINT (Ctrl-C, or Ray cancelling a task) inside interrupts_stop_servers: the servers'
+    groups get TERM in the handler itself, before the code above them unwinds to their stop()."""
+    s = server(tmp_path, "--spawn-child", grace=30.0)
+    s.start()
+    try:
+        s.wait_healthy(20)
+        pgid = s.pid
+        with pytest.raises(KeyboardInterrupt), interrupts_stop_servers():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)  # never reached: the handler raises
+        assert _wait_group_gone(pgid, 10), "the interrupt did not TERM the running server"
+    finally:
+        s.stop()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 def test_crash_detected(tmp_path):
