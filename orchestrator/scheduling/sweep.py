@@ -23,7 +23,7 @@ from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, s
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.preview import dry_run, share_key
 from orchestrator.scheduling.ray_exec import cluster_gpus, init_ray, run_jobs
-from orchestrator.tracking import MlflowTracker
+from orchestrator.tracking import MlflowTracker, result_id
 from orchestrator.trial import skipped_result
 
 log = logging.getLogger(__name__)
@@ -170,12 +170,14 @@ class _Recorder:
         self.progress = progress
         self.counts: Counter[str] = Counter()
         self.results: list[TrialResult] = []
-        self.dirs: dict[str, Path] = {}  # trial hash -> its folder (its timeline, for the report)
+        # result_id -> its folder (its timeline, for the report); trials differing only in how they
+        # are observed share a trial hash, so the hash alone would mix up their folders
+        self.dirs: dict[str, Path] = {}
         self.t0 = time.monotonic()
 
     def finish(self, job: TrialJob, result: TrialResult) -> None:
         d = save_result(result, trial_dir(self.sweep_dir, job))
-        self.dirs[result.trial_hash] = d
+        self.dirs[result_id(result)] = d
         _draw_timeline(result, d, self.progress)
         if self.tracker is not None:
             _log_trial(self.tracker, result, d, self.commit, self.progress)

@@ -19,7 +19,7 @@ from typing import Any
 
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.metrics.result import TIMELINE_FILE, TrialResult
-from orchestrator.tracking.mlflow_tracker import trial_params
+from orchestrator.tracking.mlflow_tracker import result_id, trial_params
 
 
 @dataclass
@@ -105,7 +105,7 @@ def from_results(
     objective: ObjectiveSpec | None = None,
     trial_dirs: dict[str, Path] | None = None,
 ) -> SweepData:
-    """Report data from the driver's own results (no MLflow needed); ``trial_dirs`` (trial hash
+    """Report data from the driver's own results (no MLflow needed); ``trial_dirs`` (``result_id``
     -> the trial's folder) is where their timelines were drawn."""
     trials = []
     dirs = trial_dirs or {}
@@ -136,7 +136,7 @@ def from_results(
                 trial_hash=r.trial_hash,
                 records=load,
                 telemetry=dict(r.telemetry),
-                timeline=_file_reader(dirs[r.trial_hash] / TIMELINE_FILE if r.trial_hash in dirs else None),
+                timeline=_file_reader(dirs[result_id(r)] / TIMELINE_FILE if result_id(r) in dirs else None),
             )
         )
     return SweepData(experiment, trials, "results", sweep_run_id, objective)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, engine_processes, wait_no_engines
+from tests.faults.test_faults import _finish, _read_until, _start
 
 pytestmark = [pytest.mark.stress, pytest.mark.timeout(900)]
 
@@ -54,33 +55,15 @@ def test_a_signal_to_the_driver_leaves_nothing_on_a_busy_machine(tmp_path, busy_
         f"hydra.sweep.dir={tmp_path}/sweep",
         "-m",
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    lines: list[str] = []
+    proc, lines = _start(cmd), []
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-            lines.append(line)
-            if "point 2/2" in line and "running" in line:
-                break
-        else:
-            pytest.fail("the second load point never started:\n" + "".join(lines[-40:]))
+        _read_until(proc, lines, lambda s: "point 2/2" in s and "running" in s, timeout=600)
         time.sleep(2)
         assert engine_processes(), "no engine process to stop"
         proc.send_signal(SIGNALS[name])  # the driver only, as a scheduler or `kill` does
         gone_after = wait_no_engines(10)
     finally:
-        try:
-            proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            pass
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _finish(proc, lines, timeout=120)
     LOG.parent.mkdir(parents=True, exist_ok=True)
     with LOG.open("a") as f:
         f.write(f"{name}\t{round_}\t{busy_machine}\t{gone_after:.2f}\n")
