@@ -20,6 +20,7 @@ _EXCLUDE: dict[str, Any] = {
         "telemetry": True,
         "telemetry_interval_s": True,
         "engine_envs": True,
+        "slate": True,
     },
 }
 

@@ -63,6 +63,24 @@ _RUNNING: set[int] = set()
 ORPHAN_GRACE_S = 2.0
 
 
+# Every server process we start, and every process it forks (the environment is inherited), carries
+# its owner in this variable: "<pid>:<start time>" of the process that started it. A later trial
+# tells a leftover (owner gone, or owner here but the server not running) from a running server.
+SERVER_OWNER_ENV = "INFERENCE_LAB_SERVER_OWNER"
+
+
+def owner_mark(pid: int | None = None) -> str:
+    """The owner mark of process ``pid`` (this one by default): pid and start time, so a reused
+    pid is not taken for the owner."""
+    proc = psutil.Process(pid)
+    return f"{proc.pid}:{proc.create_time():.2f}"
+
+
+def running_groups() -> frozenset[int]:
+    """Process groups of the servers this process started and has not stopped yet."""
+    return frozenset(_RUNNING)
+
+
 def terminate_running() -> None:
     """TERM every running server's process group now, without waiting (an interrupt's first
     act: each server's own stop then waits for its group and KILLs what is left)."""
@@ -133,7 +151,7 @@ class ServerProcess:
         try:
             self.proc = subprocess.Popen(
                 self.argv,
-                env=self.env,
+                env={**self.env, SERVER_OWNER_ENV: owner_mark()},
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

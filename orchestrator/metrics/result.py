@@ -49,6 +49,9 @@ class TrialResult(BaseModel):
     engine_version: str | None = None
     hardware: dict[str, Any] = Field(default_factory=dict)
     servers: list[dict[str, Any]] = Field(default_factory=list)
+    slate: dict[str, Any] = Field(
+        default_factory=dict, description="the machine before the servers started: leftovers waited for, baseline"
+    )
     points: list[PointResult] = Field(default_factory=list)
     metrics: dict[str, float] = Field(default_factory=dict)
     attempts: list[dict[str, Any]] = Field(default_factory=list, description="one entry per Ray attempt")

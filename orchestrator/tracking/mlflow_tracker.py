@@ -291,6 +291,8 @@ def _metrics_of(result: TrialResult) -> list[tuple[str, float, int]]:
             for k, v in metrics.items():
                 out.append((f"{cls}/{k}", v, p.index))
     out.extend((k, v, 0) for k, v in result.metrics.items())
+    slate = result.slate  # the clean slate the servers started on (waited for, memory and its baseline)
+    out.extend((f"slate_{k}", float(v), 0) for k, v in slate.items() if isinstance(v, (int, float)) and k != "checked")
     if result.attempts:
         out.append(("attempts", float(len(result.attempts)), 0))
     return out

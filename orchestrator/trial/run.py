@@ -42,6 +42,7 @@ from orchestrator.trial.servers import (
     shared_server_spec,
     start_servers,
 )
+from orchestrator.trial.slate import wait_for_clean_slate
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +129,19 @@ class TrialRun:
         suffix = "" if start_no is None else f"-{start_no}"
 
         def log_name(server: str, several: bool) -> Path:
-            path = self.workdir / (f"server-{server}{suffix}.log" if several or start_no is not None else "server.log")
+            # never server.log itself: each checkpoint replaces that file (atomically, redacted),
+            # which would unlink the live log under the server and lose its last lines
+            path = self.workdir / (
+                f"server-{server}{suffix}.log" if several or start_no is not None else "server.live.log"
+            )
             self.server_logs.append((server + ("" if start_no is None else f" (start {start_no})"), path))
             return path
 
         def described(launches: list[ServerLaunch]) -> None:
             self.base["servers"] = describe_servers(launches, self.gpu_ids)
 
+        slate = wait_for_clean_slate(spec, self.gpu_ids, self.say)  # nothing of an earlier trial left
+        self.base.setdefault("slate", slate)  # the first start's reading (later starts are checked too)
         group, startup = start_servers(
             stack, self.adapter, spec, model_path, self.workdir, self.gpu_ids, log_name, self.say, described
         )
@@ -373,6 +380,7 @@ def run_trial_group(
                     run.say(f"on the running server of [{lead.label}] (server start saved)")
                     reset_caches(group, between_trials)
                     run.base["servers"] = lead.base.get("servers", [])
+                    run.base["slate"] = lead.base.get("slate", {})
                 results.append(outcome(run, functools.partial(run.measure, group)))
                 save_result(results[-1], run.workdir)  # final on disk now, not when the whole group ends
                 if run.crash is not None:

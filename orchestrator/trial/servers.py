@@ -225,6 +225,7 @@ OBSERVER_SETTINGS = {
     "telemetry",
     "telemetry_interval_s",
     "price_per_hour",
+    "slate",
 }
 
 

@@ -139,10 +139,17 @@ def test_port_already_taken_is_a_clear_error_before_launch(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         p = subprocess.run(
-            _sweep(tmp_path, *SMALL, f"engine.port={port}"), cwd=ROOT, capture_output=True, text=True, timeout=300
+            _sweep(tmp_path, *SMALL, f"engine.port={port}", "platform.slate.wait_s=3"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
     assert p.returncode == 0 and "1 FAILED" in p.stdout, p.stdout[-3000:]
-    assert f"127.0.0.1:{port} is already in use" in p.stdout
+    # the trial waited its bound for the port, then named what holds it: this test's process
+    assert "waiting up to 3s for a clean slate" in p.stdout
+    assert "DirtySlateError: not a clean slate after 3 s" in p.stdout
+    assert f"pid {os.getpid()} (" in p.stdout and f"holds port {port}, the trial's engine.port" in p.stdout
     assert "starting vllm" not in p.stdout
     wait_no_engines(5)
 

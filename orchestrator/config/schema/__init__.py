@@ -22,7 +22,7 @@ from .engines import (
     VLLMEngineSpec,
 )
 from .model import ModelArch, ModelSpec, TinyModelSpec, TinyTrainSpec
-from .platform import ClusterSpec, PlatformSpec, TrackingSpec
+from .platform import ClusterSpec, PlatformSpec, SlateSpec, TrackingSpec
 from .trial import EvalSpec, NsysSpec, ObjectiveSpec, ProfileSpec, SweepSettings, TrialSpec
 from .workload import (
     SLO_METRIC,
@@ -55,6 +55,7 @@ __all__ = [
     "ModelSpec",
     "ObjectiveSpec",
     "PlatformSpec",
+    "SlateSpec",
     "NsysSpec",
     "ProfileSpec",
     "RequestClass",

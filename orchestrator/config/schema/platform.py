@@ -13,6 +13,27 @@ from pydantic import (
 from .base import StrictModel
 
 
+class SlateSpec(StrictModel):
+    """The clean slate a trial starts its servers on: no engine process of an earlier trial, its
+    port free, the machine's memory (and its GPUs' memory and compute processes) back at their
+    idle baseline. Checked before every server start; not part of a trial's identity."""
+
+    check: bool = Field(default=True, description="false: start the servers whatever the machine holds")
+    wait_s: float = Field(
+        default=60.0, ge=0.0, description="how long a leftover may take to go before the trial fails naming it"
+    )
+    memory_margin_gb: PositiveFloat | None = Field(
+        default=None,
+        description=(
+            "the machine's memory in use may exceed its idle baseline (the lowest clean reading of the worker) "
+            "by this much; null = the larger of 2 GB and 10% of the machine's memory"
+        ),
+    )
+    gpu_memory_margin_gb: PositiveFloat = Field(
+        default=0.5, description="the same for each GPU's memory in use (NVML), over its idle reading"
+    )
+
+
 class PlatformSpec(StrictModel):
     """The kind of hardware trials run on."""
 
@@ -57,6 +78,7 @@ class PlatformSpec(StrictModel):
     dtype: str = "auto"
     enforce_eager: bool = False
     cpu_kvcache_space_gib: PositiveInt | None = None
+    slate: SlateSpec = Field(default_factory=SlateSpec)
     engine_envs: str | None = Field(
         default=None,
         description=(
