@@ -79,7 +79,7 @@ def run_ours(
     cpu0, child0, t0 = time.process_time(), children_cpu(), time.perf_counter()
     records = run_points(Endpoint(server.url, "tiny"), w, factory, seed=0)
     cpu = time.process_time() - cpu0 + children_cpu() - child0  # client processes are waited for at the end
-    truth = server.truth()
+    truth = server.truth_json()
     lats = [x for x in (latency_of(r) for r in records) if x is not None]
     delays = []
     for r in records:
@@ -118,7 +118,7 @@ def run_vllm(
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return None
-    truth = server.truth()
+    truth = server.truth_json()
     ttft = [x * 1e3 for x in result.get("ttfts", []) if x]
     itl = [v * 1e3 for xs in result.get("itls", []) for v in xs]
     tokens = sum(result.get("output_lens", [])) or n * out_tokens

@@ -159,8 +159,9 @@ class FakeOpenAIServer:
             due = start + self.script.ttft_s + self.script.ttft_per_in_flight_s * (t.in_flight - 1)
             sent = 0
             while sent < n:
-                delay = due - time.perf_counter()
-                if delay > 0:
+                # never early: uvloop's timers run on a loop time cached at the start of the
+                # iteration, so on a busy machine one sleep can end before its deadline
+                while (delay := due - time.perf_counter()) > 0:
                     await asyncio.sleep(delay)
                 k = min(self.script.tokens_per_chunk, n - sent)
                 text = "".join(f"<{rid}:{sent + j}>" for j in range(k))  # a reply tests can recognise
@@ -173,10 +174,10 @@ class FakeOpenAIServer:
                 chunk = {"choices": [{**choice, "finish_reason": finish}]}
                 if self.script.usage:
                     chunk["usage"] = usage_of(prompt_tokens, sent)
-                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                now = time.perf_counter()
+                now = time.perf_counter()  # when the chunk is handed to the socket: no client sees it earlier
                 chunks.append(now)
                 t.chunk_sent.append(now)
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 due += self.script.itl_s
             if self.script.closing == "separate":
                 empty = {"index": 0, "delta": {"content": ""}} if chat else {"index": 0, "text": ""}
@@ -211,7 +212,17 @@ class FakeOpenAIServer:
         return web.Response(text=f"# TYPE fake:requests counter\nfake:requests_total {self.truth.requests}\n")
 
     async def _get_truth(self, request: web.Request) -> web.Response:
-        return web.json_response({"max_in_flight": self.truth.max_in_flight, "by_request": self.truth.by_request})
+        t = self.truth
+        return web.json_response(
+            {
+                "max_in_flight": t.max_in_flight,
+                "requests": t.requests,
+                "paths": sorted(t.paths),
+                "arrivals": t.arrivals,
+                "chunk_sent": t.chunk_sent,
+                "by_request": t.by_request,
+            }
+        )
 
     async def _reset_truth(self, request: web.Request) -> web.Response:
         self.truth = Truth()
@@ -300,7 +311,7 @@ class FakeServerProcess:
 
         urllib.request.urlopen(urllib.request.Request(self.url + "/truth/reset", method="POST"), timeout=10)
 
-    def truth(self) -> dict[str, object]:
+    def truth_json(self) -> dict[str, object]:
         import urllib.request
 
         with urllib.request.urlopen(self.url + "/truth", timeout=60) as r:
@@ -317,6 +328,37 @@ class FakeServerProcess:
         self.stop()
 
 
+class IsolatedFakeServer(FakeServerProcess):
+    """:class:`FakeOpenAIServer`'s interface (``base_url``, ``truth``) on a server in its own
+    process, for tests that judge the client's timing: an in-process server shares the client's
+    GIL, so on a busy machine its writes wait for the client and the truth itself is late. Both
+    processes stamp times with the same system-wide monotonic clock."""
+
+    def __init__(self, script: Script | None = None) -> None:
+        from dataclasses import asdict
+
+        super().__init__("--script", json.dumps(asdict(script or Script())))
+
+    @property
+    def base_url(self) -> str:
+        return self.url
+
+    @property
+    def truth(self) -> Truth:
+        data = self.truth_json()
+        return Truth(
+            max_in_flight=int(data["max_in_flight"]),  # type: ignore[call-overload]
+            requests=int(data["requests"]),  # type: ignore[call-overload]
+            arrivals=list(data["arrivals"]),  # type: ignore[call-overload]
+            chunk_sent=list(data["chunk_sent"]),  # type: ignore[call-overload]
+            paths=set(data["paths"]),  # type: ignore[call-overload]
+            by_request=dict(data["by_request"]),  # type: ignore[call-overload]
+        )
+
+    def __enter__(self) -> IsolatedFakeServer:
+        return self
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, required=True)
@@ -325,6 +367,7 @@ def main() -> None:
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--slots", type=int, default=0, help="at most this many requests generate at once")
     ap.add_argument("--ttft-per-in-flight", type=float, default=0.0, help="TTFT added per other request in flight")
+    ap.add_argument("--script", default=None, help="a whole Script as JSON (the other timing flags are ignored)")
     a = ap.parse_args()
     try:
         import uvloop
@@ -332,16 +375,18 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    server = FakeOpenAIServer(
-        Script(
+    script = (
+        Script(**{**json.loads(a.script), "served": tuple(json.loads(a.script).get("served", ()))})
+        if a.script
+        else Script(
             ttft_s=a.ttft,
             itl_s=a.itl,
             tokens_per_chunk=a.tokens_per_chunk,
             slots=a.slots,
             ttft_per_in_flight_s=a.ttft_per_in_flight,
-        ),
-        a.port,
+        )
     )
+    server = FakeOpenAIServer(script, a.port)
     web.run_app(server.app(), host="127.0.0.1", port=a.port, access_log=None, print=None)
 
 

@@ -10,24 +10,41 @@ from orchestrator.metrics.monitor import ResourceMonitor
 
 
 class SlowGauges(ResourceMonitor):
-    """A monitor whose gauge scrape takes 20 ms (as vLLM's /metrics page costs its server ~10 ms)."""
+    """A monitor whose gauge scrape takes 20 ms (as vLLM's /metrics page costs its server ~10 ms);
+    it notes when each scrape began and ended."""
 
-    gauge_calls = 0
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.gauge_calls: list[tuple[float, float]] = []
 
     def sample_gauges(self) -> None:
-        self.gauge_calls += 1
+        t0 = time.monotonic()
         time.sleep(0.02)
+        self.gauge_calls.append((t0, time.monotonic()))
 
 
 def test_costly_samples_wait_for_their_budget():
+    budget = 0.1
     mon = SlowGauges(
-        [os.getpid()], "http://127.0.0.1:9/metrics", {"kv": EngineMetric("x:kv", "gauge")}, interval_s=0.01, budget=0.1
-    )  # a 20 ms scrape may run every 200 ms
+        [os.getpid()],
+        "http://127.0.0.1:9/metrics",
+        {"kv": EngineMetric("x:kv", "gauge")},
+        interval_s=0.01,
+        budget=budget,
+    )  # a 20 ms scrape may run every >= 200 ms, however slow the machine makes it
     mon.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while len(mon.gauge_calls) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
     mon.stop_thread()
-    assert 3 <= mon.gauge_calls <= 8  # ~5 in 1 s; at the 10 ms interval it would be ~35
-    assert mon.samples > 3 * mon.gauge_calls  # memory is cheap: it keeps the short interval
+    calls = list(mon.gauge_calls)
+    assert len(calls) >= 5
+    # the rule itself, from the scrapes' own times: each waits its predecessor's cost / budget
+    # (not the 10 ms interval); a slower machine only makes both longer
+    for (start, end), (nxt, _) in zip(calls, calls[1:]):
+        assert nxt - start >= (end - start) / budget - 0.001
+    # memory is cheap: it keeps its short interval between the scrapes
+    assert mon.samples > 2 * len(calls)
     assert mon.stop()["memory_peak_gb"] > 0  # the final sample covers both kinds
 
 

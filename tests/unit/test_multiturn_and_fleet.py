@@ -11,7 +11,7 @@ from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.loadgen.plan import RequestPlanner, plan_point
 from orchestrator.metrics.records import records_to_table, table_to_records
 from orchestrator.metrics.summary import summarize_point
-from tests.fake_openai_server import FakeOpenAIServer, Script
+from tests.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_fleet_merges_records_on_one_clock(factory):
         }
     )
     stats = {}
-    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
+    with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
         records = run_points(
             Endpoint(srv.base_url, "m"),
             w,

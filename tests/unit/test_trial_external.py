@@ -7,7 +7,7 @@ import pytest
 from orchestrator.config import ConfigError, to_specs
 from orchestrator.metrics.result import load_result
 from orchestrator.trial import run_trial
-from tests.fake_openai_server import FakeOpenAIServer, Script
+from tests.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
 
 
 def external_spec(compose, url, *extra):
@@ -87,7 +87,7 @@ def test_repeats_give_fresh_requests_and_confidence_intervals(compose, tmp_path,
 def test_capacity_search_on_a_scripted_latency_curve(compose, tmp_path, tiny_model_dir):
     # TTFT = 10 ms + 20 ms per other request in flight: the p99 SLO of 100 ms holds up to 5 streams
     progress: list[str] = []
-    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.001, ttft_per_in_flight_s=0.02)) as srv:
+    with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.001, ttft_per_in_flight_s=0.02)) as srv:
         spec = external_spec(
             compose,
             srv.base_url,
