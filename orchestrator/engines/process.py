@@ -210,18 +210,24 @@ class ServerProcess:
         """Raise :class:`ServerCrashedError` if the server cannot serve any more: its process
         exited, its log says its engine died (the API process may live on, answering 5xx), or its
         health check fails three times. The message's first line is the engine's own error."""
-        if self.proc is not None and self.proc.poll() is not None:
-            raise ServerCrashedError(f"{self.name} died (exit code {self.proc.returncode}): {explain(self.log_path)}")
+        self._raise_if_exited()
         marker = self._fatal_marker()
         status = None if marker else self._health_after_retries()
         if marker is None and status == 200:
             return
+        # a process killed an instant ago may have closed its sockets before it could be reaped:
+        # asked again after the health retries, its exit code is the better reason
+        self._raise_if_exited()
         why = (
             f"its log says '{marker}'"
             if marker
             else (f"its health check answers HTTP {status}" if status else "its health check does not answer")
         )
         raise ServerCrashedError(f"{self.name}: the engine died ({why}): {self._run_cause()}")
+
+    def _raise_if_exited(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServerCrashedError(f"{self.name} died (exit code {self.proc.returncode}): {explain(self.log_path)}")
 
     def _health_after_retries(self, tries: int = 3) -> int | None:
         status = None

@@ -70,6 +70,14 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
     assert "point 2/2 c4" in "\n".join(lines)
     assert ": serves 'tiny-llama'; its tokenizer counts 64/64/64 tokens" in "\n".join(lines)
     assert "Application startup complete" in result.server_log
+    # its shutdown too: the server logs to server.live.log, which no checkpoint replaces
+    assert "[shutdown] API server: shutdown triggered" in result.server_log
+    assert "[shutdown] API server: shutdown triggered" in (tmp_path / "server.live.log").read_text()
+    # the machine was a clean slate before the server started, and the reading is on the result
+    assert result.slate["checked"] and result.slate["waited_s"] < 1, result.slate
+    assert (
+        0 < result.slate["cpu_mem_used_gb"] <= result.slate["cpu_mem_baseline_gb"] + result.slate["cpu_mem_margin_gb"]
+    )
     pid_alive = [p for p in psutil.process_iter(["cmdline"]) if "api_server.entry" in " ".join(p.info["cmdline"] or [])]
     assert not pid_alive and not engine_processes()
 
@@ -98,6 +106,7 @@ def test_restart_between_points_and_cache_reset(compose, tmp_path, tiny_model_di
     assert all(p.metrics["completed"] == 4 for p in result.points)
     assert sum("server healthy" in line for line in lines) == 2
     assert result.server_log.count("===== server (start") == 2
+    assert result.slate["checked"]  # the second start found the first server gone: no wait, no failure
     assert "reset_prefix_cache" in result.server_log
     assert not engine_processes()
 

@@ -107,6 +107,24 @@ def test_crash_detected(tmp_path):
             s.check_alive()
 
 
+def test_a_server_killed_while_its_health_is_asked_is_reported_by_its_exit_code(tmp_path, monkeypatch):
+    """SIGKILL a moment before the check: the process has not been reaped at the first look, its
+    health check then fails; the exit code it has by then is the reason given, not the health."""
+    s = server(tmp_path)
+    with s:
+        s.wait_healthy(20)
+        asked = s._health_after_retries
+
+        def killed_meanwhile(tries: int = 3) -> int | None:
+            os.kill(s.pid, signal.SIGKILL)
+            s.proc.wait(10)
+            return asked(1)
+
+        monkeypatch.setattr(s, "_health_after_retries", killed_meanwhile)
+        with pytest.raises(ServerCrashedError, match=r"died \(exit code -9\)"):
+            s.check_alive()
+
+
 def test_argv_must_be_a_list(tmp_path):
     with pytest.raises(TypeError):
         ServerProcess("python -m x", {}, tmp_path / "l", "http://x")

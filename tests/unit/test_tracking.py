@@ -34,6 +34,7 @@ def result(status="FINISHED", error=None, variant="v1"):
         ended_at=now,
         engine_version="vllm==0",
         hardware={"summary": "cpu:2x test"},
+        slate={"checked": True, "waited_s": 1.5, "cpu_mem_used_gb": 3.2, "cpu_mem_baseline_gb": 3.0},
         points=[
             PointResult(
                 index=i,
@@ -77,6 +78,12 @@ def test_parent_and_children(tmp_path, store):
     history = client.get_metric_history(run_ok, "ttft_ms_p50")
     assert sorted((m.step, m.value) for m in history) == [(0, 10.0), (1, 20.0)]
     assert ok.data.metrics["c1/ttft_ms_p50"] == 10.0
+    # the clean slate the server started on: how long it waited, the memory and its baseline
+    assert {k: v for k, v in ok.data.metrics.items() if k.startswith("slate_")} == {
+        "slate_waited_s": 1.5,
+        "slate_cpu_mem_used_gb": 3.2,
+        "slate_cpu_mem_baseline_gb": 3.0,
+    }
     artifacts = {a.path for a in client.list_artifacts(run_ok)}
     assert {"records.parquet", "server.log", "points.csv", "trial_config.json", "result.json"} <= artifacts
     bad = client.get_run(run_fail)
