@@ -45,28 +45,50 @@ def tiny_model_dir() -> Path:
     return ensure_tiny_model(TinyModelSpec())
 
 
+def _environ(pid: str) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or another user's
+        return []
+
+
 def _of_this_run(pid: str) -> bool:
     """Whether the process carries this test run's mark in its environment (an unreadable one,
     another user's, does not)."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-    return f"{RUN_MARK_VAR}={RUN_MARK}".encode() in environ.split(b"\0")
+    return f"{RUN_MARK_VAR}={RUN_MARK}".encode() in _environ(pid)
 
 
 def engine_processes() -> list[str]:
-    """Engine processes of this test run still running (zombies waiting for init to reap them
-    hold nothing; engines started outside this run are not ours to judge)."""
-    out = subprocess.run(["pgrep", "-fa", ENGINE_PATTERN], capture_output=True, text=True)
-    return [
-        line
-        for line in out.stdout.splitlines()
-        if "pgrep" not in line
-        and "<defunct>" not in line
-        and str(os.getpid()) != line.split()[0]
-        and _of_this_run(line.split()[0])
-    ]
+    """Engine processes of this test run still running, as "pid command" lines: every process of
+    a server's tree (it carries the server's owner mark, whatever its command: an engine core, a
+    worker, a fake engine's child), and anything that looks like an engine by its command line.
+    Zombies waiting for init to reap them hold nothing; engines started outside this run are not
+    ours to judge."""
+    import psutil
+
+    from orchestrator.engines.process import SERVER_OWNER_ENV
+
+    owner = f"{SERVER_OWNER_ENV}=".encode()
+    by_command = subprocess.run(["pgrep", "-f", ENGINE_PATTERN], capture_output=True, text=True).stdout.split()
+    out = []
+    for proc in psutil.process_iter():
+        pid = str(proc.pid)
+        if proc.pid == os.getpid():
+            continue
+        env = _environ(pid)
+        if f"{RUN_MARK_VAR}={RUN_MARK}".encode() not in env:
+            continue
+        if pid not in by_command and not any(e.startswith(owner) for e in env):
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(proc.cmdline()) or proc.name()
+        except psutil.Error:
+            continue
+        if "pgrep" not in cmd:
+            out.append(f"{pid} {cmd}")
+    return out
 
 
 def _describe(pid: int) -> str:

@@ -32,3 +32,21 @@ def test_only_this_runs_engines_count():
             p.kill()
             p.wait()
     assert not {str(theirs.pid), str(ours.pid)} & {line.split()[0] for line in engine_processes()}
+
+
+def test_every_process_of_a_servers_tree_counts_whatever_its_command():
+    """A server's child (an engine core) counts by the owner mark it inherits, not its name."""
+    from orchestrator.engines.process import SERVER_OWNER_ENV, owner_mark
+
+    child = [sys.executable, "-c", "import time; time.sleep(60)"]  # nothing like an engine by name
+    unmarked = subprocess.Popen(child, start_new_session=True)
+    marked = subprocess.Popen(child, env={**os.environ, SERVER_OWNER_ENV: owner_mark()}, start_new_session=True)
+    try:
+        time.sleep(0.3)
+        pids = {line.split()[0] for line in engine_processes()}
+        assert str(marked.pid) in pids and str(unmarked.pid) not in pids
+    finally:
+        for p in (marked, unmarked):
+            p.kill()
+            p.wait()
+    assert str(marked.pid) not in {line.split()[0] for line in engine_processes()}
