@@ -69,11 +69,37 @@ ORPHAN_GRACE_S = 2.0
 SERVER_OWNER_ENV = "INFERENCE_LAB_SERVER_OWNER"
 
 
+def start_stamp(pid: int) -> str:
+    """When process ``pid`` started, as a string that never changes while it runs: its start in
+    clock ticks since boot (``/proc/<pid>/stat``), not a wall-clock time, which moves when the
+    system clock is stepped; elsewhere psutil's creation time. Raises psutil.NoSuchProcess."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return "t" + stat[stat.rindex(")") + 2 :].split()[19]  # field 22, starttime
+    except FileNotFoundError:
+        if not os.path.isdir("/proc/self"):
+            return f"{psutil.Process(pid).create_time():.2f}"
+        raise psutil.NoSuchProcess(pid) from None
+    except (OSError, ValueError, IndexError):
+        return f"{psutil.Process(pid).create_time():.2f}"
+
+
 def owner_mark(pid: int | None = None) -> str:
-    """The owner mark of process ``pid`` (this one by default): pid and start time, so a reused
+    """The owner mark of process ``pid`` (this one by default): pid and start stamp, so a reused
     pid is not taken for the owner."""
-    proc = psutil.Process(pid)
-    return f"{proc.pid}:{proc.create_time():.2f}"
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{start_stamp(pid)}"
+
+
+def owner_alive(mark: str) -> tuple[int | None, bool]:
+    """The owner's pid in a mark and whether that very process (same start) still runs."""
+    pid_text, _, stamp = mark.partition(":")
+    if not pid_text.isdigit():
+        return None, False
+    try:
+        return int(pid_text), start_stamp(int(pid_text)) == stamp
+    except psutil.Error:
+        return int(pid_text), False
 
 
 def running_groups() -> frozenset[int]:
@@ -151,7 +177,9 @@ class ServerProcess:
         try:
             self.proc = subprocess.Popen(
                 self.argv,
-                env={**self.env, SERVER_OWNER_ENV: owner_mark()},
+                # SPT_NOENV: setproctitle (SGLang's processes, vLLM's engine core) must not write
+                # the title over the environment, where the owner mark is read
+                env={**self.env, SERVER_OWNER_ENV: owner_mark(), "SPT_NOENV": "1"},
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -380,7 +380,7 @@ def run_trial_group(
                     run.say(f"on the running server of [{lead.label}] (server start saved)")
                     reset_caches(group, between_trials)
                     run.base["servers"] = lead.base.get("servers", [])
-                    run.base["slate"] = lead.base.get("slate", {})
+                    run.base["slate"] = {"checked": False, "note": f"on the running server of [{lead.label}]"}
                 results.append(outcome(run, functools.partial(run.measure, group)))
                 save_result(results[-1], run.workdir)  # final on disk now, not when the whole group ends
                 if run.crash is not None:

@@ -31,7 +31,7 @@ import psutil
 from orchestrator.config.errors import TrialError
 from orchestrator.config.logs import Progress
 from orchestrator.config.schema import LaunchedEngineSpec, SlateSpec, TrialSpec
-from orchestrator.engines.process import SERVER_OWNER_ENV, port_is_free, running_groups
+from orchestrator.engines.process import SERVER_OWNER_ENV, owner_alive, port_is_free, running_groups
 from orchestrator.metrics.probes import visible_devices
 
 GB = 1e9
@@ -48,12 +48,14 @@ class DirtySlateError(TrialError):
 
 @dataclass(frozen=True)
 class Leftover:
-    """Something that should not be there: a process (or what holds a port or a GPU)."""
+    """Something that should not be there: a process (or what holds a port or a GPU).
+    ``ours``: a server process of an earlier trial (safe to kill), not someone else's."""
 
     pid: int | None
     command: str
     memory_gb: float | None
     why: str
+    ours: bool = False
 
     def describe(self) -> str:
         mem = "" if self.memory_gb is None else f", {self.memory_gb:.2f} GB"
@@ -69,6 +71,7 @@ class Reading:
     cpu_used_gb: float = 0.0  # the machine's memory in use, less this process and running servers
     gpu_used_gb: dict[str, float] = field(default_factory=dict)  # per GPU (as given), NVML
     notes: dict[str, str] = field(default_factory=dict)
+    others_running: int = 0  # processes of other trials' running servers (their memory is left out)
 
 
 def _command(proc: psutil.Process) -> str:
@@ -86,22 +89,31 @@ def _rss_gb(proc: psutil.Process) -> float | None:
         return None
 
 
-def _owner_alive(mark: str) -> tuple[int | None, bool]:
-    """The owner's pid in a mark and whether that very process (same start time) still runs."""
-    pid_text, _, born = mark.partition(":")
+def _private_gb(proc: psutil.Process) -> float:
+    """Memory of the process's own (RSS less its shared, file-backed pages, which the machine's
+    available memory counts as cache already and which forked processes share)."""
     try:
-        pid = int(pid_text)
-        return pid, f"{psutil.Process(pid).create_time():.2f}" == born
-    except (ValueError, psutil.Error):
-        return (int(pid_text) if pid_text.isdigit() else None), False
+        info = proc.memory_info()
+    except psutil.Error:
+        return 0.0
+    return float(info.rss - getattr(info, "shared", 0)) / GB
 
 
-def engine_processes() -> tuple[list[Leftover], float]:
-    """Marked server processes that are leftovers, and the memory (GB) of the marked ones that
-    legitimately run (this worker's running servers, concurrent trials' servers)."""
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def engine_processes() -> tuple[list[Leftover], float, int]:
+    """Marked server processes that are leftovers; the memory (GB) of the marked ones that
+    legitimately run (this worker's running servers, concurrent trials' servers); and how many
+    of those belong to other workers."""
     me, running = os.getpid(), running_groups()
     leftovers: list[Leftover] = []
-    running_gb = 0.0
+    running_gb, others = 0.0, 0
+    alive: dict[str, tuple[int | None, bool]] = {}  # per mark: one look at its owner per call
     for proc in psutil.process_iter():
         try:
             mark = proc.environ().get(SERVER_OWNER_ENV)
@@ -110,17 +122,19 @@ def engine_processes() -> tuple[list[Leftover], float]:
             pgid = os.getpgid(proc.pid)
         except (psutil.Error, OSError):
             continue
-        owner, alive = _owner_alive(mark)
-        if alive and (owner != me or pgid in running):
-            running_gb += _rss_gb(proc) or 0.0
+        owner, owner_runs = alive.setdefault(mark, owner_alive(mark))
+        if owner_runs and (owner != me or pgid in running):
+            running_gb += _private_gb(proc)
+            others += owner != me
             continue
         why = (
             "a server process of an earlier trial of this worker, alive after its stop"
-            if alive
-            else f"a server process of an earlier trial whose worker (pid {owner}) has exited"
+            if owner_runs
+            else f"a server process of an earlier trial whose worker ({'pid ' + str(owner) if owner else 'unknown'}) "
+            "has exited"
         )
-        leftovers.append(Leftover(proc.pid, _command(proc), _rss_gb(proc), why))
-    return leftovers, running_gb
+        leftovers.append(Leftover(proc.pid, _command(proc), _rss_gb(proc), why, ours=True))
+    return leftovers, running_gb, others
 
 
 def port_holders(host: str, port: int) -> list[Leftover]:
@@ -136,7 +150,7 @@ def port_holders(host: str, port: int) -> list[Leftover]:
         pids = set()
     holders = []
     for pid in sorted(pids, key=lambda p: -1 if p is None else p):
-        proc = psutil.Process(pid) if pid is not None and psutil.pid_exists(pid) else None
+        proc = _process(pid) if pid is not None else None
         cmd = _command(proc) if proc else "not visible to this user"
         holders.append(Leftover(pid, cmd, _rss_gb(proc) if proc else None, why))
     return holders or [Leftover(None, "not visible to this user", None, why)]
@@ -163,7 +177,7 @@ def gpu_reading(devices: Sequence[str]) -> tuple[dict[str, float], list[Leftover
             used[d] = float(pynvml.nvmlDeviceGetMemoryInfo(h).used) / GB
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
                 mem = getattr(p, "usedGpuMemory", None)
-                proc = psutil.Process(p.pid) if psutil.pid_exists(p.pid) else None
+                proc = _process(p.pid)  # (NVML gives host pids: in a container, not ours to name)
                 leftovers.append(
                     Leftover(
                         p.pid,
@@ -180,17 +194,16 @@ def gpu_reading(devices: Sequence[str]) -> tuple[dict[str, float], list[Leftover
 
 
 def machine_used_gb(running_gb: float) -> float:
-    """The machine's memory in use (total less available), less this process and the running
-    servers' memory: what an earlier trial could have left behind."""
+    """The machine's memory in use (total less available), less this process's own memory and
+    the running servers': what an earlier trial could have left behind."""
     vm = psutil.virtual_memory()
-    own = _rss_gb(psutil.Process()) or 0.0
-    return max(0.0, (vm.total - vm.available) / GB - own - running_gb)
+    return max(0.0, (vm.total - vm.available) / GB - _private_gb(psutil.Process()) - running_gb)
 
 
 def read(ports: Sequence[tuple[str, int]], devices: Sequence[str]) -> Reading:
     """One look: leftover engine processes, port holders, machine memory, the GPUs."""
-    leftovers, running_gb = engine_processes()
-    reading = Reading(leftovers=leftovers, cpu_used_gb=machine_used_gb(running_gb))
+    leftovers, running_gb, others = engine_processes()
+    reading = Reading(leftovers=leftovers, cpu_used_gb=machine_used_gb(running_gb), others_running=others)
     for host, port in ports:
         reading.leftovers.extend(port_holders(host, port))
     if devices:
@@ -208,13 +221,18 @@ def memory_margin_gb(spec: SlateSpec) -> float:
 
 
 def largest_processes(n: int = 3) -> list[Leftover]:
-    """The ``n`` largest processes by RSS other than this one and its children (the likely
-    holders of memory above the baseline)."""
+    """The ``n`` largest processes by RSS other than this one, its children and running servers
+    (the likely holders of memory above the baseline)."""
     mine = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
     sized = []
     for proc in psutil.process_iter():
         if proc.pid in mine:
             continue
+        try:
+            if SERVER_OWNER_ENV in proc.environ():  # a running server (a leftover is named already)
+                continue
+        except psutil.Error:
+            pass
         rss = _rss_gb(proc)
         if rss:
             sized.append((rss, proc))
@@ -243,8 +261,10 @@ def problems(reading: Reading, spec: SlateSpec, baseline: dict[str, float]) -> l
 
 
 def settle_baseline(reading: Reading, baseline: dict[str, float]) -> None:
-    """A clean reading lowers (or starts) the idle baseline."""
-    baseline["cpu"] = min(baseline.get("cpu", reading.cpu_used_gb), reading.cpu_used_gb)
+    """A clean reading lowers (or starts) the idle baseline: the machine's only while no other
+    trial's server runs (their clients and caches move it), each GPU's always (they are ours)."""
+    if not reading.others_running or "cpu" not in baseline:
+        baseline["cpu"] = min(baseline.get("cpu", reading.cpu_used_gb), reading.cpu_used_gb)
     for d, used in reading.gpu_used_gb.items():
         baseline[f"gpu:{d}"] = min(baseline.get(f"gpu:{d}", used), used)
 
@@ -285,12 +305,16 @@ def wait_for_clean_slate(
         waited = clock() - t0
         if waited >= slate.wait_s:
             extra = largest_processes() if any("memory in use" in d for d in dirty) else []
+            advice = (
+                "Stop what is left (a server of an earlier trial is safe to kill)"
+                if any(x.ours for x in reading.leftovers)
+                else "Stop what is left"
+            )
             raise DirtySlateError(
                 f"not a clean slate after {waited:.0f} s (platform.slate.wait_s={slate.wait_s:g}), so the trial "
                 "was not measured: "
                 + "; ".join(dirty + [x.describe() for x in extra])
-                + ". Stop what is left (a leftover of an earlier trial is safe to kill), or set "
-                "platform.slate.check=false to measure anyway"
+                + f". {advice}, or set platform.slate.check=false to measure anyway"
             )
         if not announced:
             say(f"waiting up to {slate.wait_s:g}s for a clean slate: {dirty[0]}")

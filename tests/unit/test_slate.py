@@ -74,6 +74,25 @@ def test_a_server_whose_worker_has_exited_is_a_leftover_with_its_children():
     assert proc.pid not in leftover_pids()
 
 
+def test_the_mark_survives_a_process_title(tmp_path):
+    """setproctitle (SGLang's processes, engine cores) writes the title over the environment
+    unless SPT_NOENV is set, which ServerProcess sets for every server: the mark stays readable."""
+    code = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore ' + 'x' * 200); time.sleep(60)"
+    port = free_port()
+    server = ServerProcess(
+        [sys.executable, "-c", code], dict(os.environ), tmp_path / "s.log", f"http://127.0.0.1:{port}/health"
+    )
+    server.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "VLLM::" not in " ".join(psutil.Process(server.pid).cmdline()):
+            time.sleep(0.05)
+        assert "VLLM::EngineCore" in " ".join(psutil.Process(server.pid).cmdline())
+        assert SERVER_OWNER_ENV in psutil.Process(server.pid).environ()
+    finally:
+        server.stop()
+
+
 def test_this_workers_running_servers_are_not_leftovers_and_its_stopped_ones_are(tmp_path):
     port = free_port()
     server = ServerProcess(
@@ -169,7 +188,17 @@ def test_a_leftover_that_stays_fails_the_check_after_the_bound_naming_it(compose
     msg = str(err.value)
     assert "not a clean slate after 5 s (platform.slate.wait_s=5)" in msg
     assert "pid 4242 (python -m vllm.entrypoints.openai.api_server, 1.50 GB): a server process" in msg
-    assert "platform.slate.check=false" in msg and machine.now == pytest.approx(5.0)
+    assert "Stop what is left, or set platform.slate.check=false" in msg  # not ours: no "safe to kill"
+    assert machine.now == pytest.approx(5.0)
+
+
+def test_the_baseline_is_not_lowered_while_another_trials_server_runs():
+    base: dict[str, float] = {}
+    slate_mod.settle_baseline(Reading([], 4.0), base)
+    slate_mod.settle_baseline(Reading([], 1.0, others_running=3), base)  # their memory is left out, roughly
+    assert base["cpu"] == 4.0
+    slate_mod.settle_baseline(Reading([], 3.0), base)
+    assert base["cpu"] == 3.0
 
 
 def test_memory_above_the_baseline_is_dirty_and_a_clean_reading_lowers_the_baseline(compose):
@@ -219,6 +248,7 @@ def test_a_server_left_running_on_the_next_trials_port_fails_that_trial_before_i
     assert result.error.startswith("DirtySlateError: not a clean slate after 2 s")
     assert f"pid {left.pid} (" in result.error and "fake_engine.py" in result.error
     assert f"holds port {port}" in result.error and "whose worker (pid" in result.error
+    assert "(a server of an earlier trial is safe to kill)" in result.error
     assert not result.servers and not result.points  # nothing started, nothing measured
     assert not list(tmp_path.glob("server*.log"))
     assert any("waiting up to 2s for a clean slate" in line for line in said)
