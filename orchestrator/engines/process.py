@@ -64,7 +64,7 @@ ORPHAN_GRACE_S = 2.0
 
 
 # Every server process we start, and every process it forks (the environment is inherited), carries
-# its owner in this variable: "<pid>:<start time>" of the process that started it. A later trial
+# its owner in this variable: "<pid>:<start stamp>" of the process that started it. A later trial
 # tells a leftover (owner gone, or owner here but the server not running) from a running server.
 SERVER_OWNER_ENV = "INFERENCE_LAB_SERVER_OWNER"
 

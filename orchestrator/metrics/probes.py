@@ -116,6 +116,13 @@ def visible_devices(gpu_ids: Sequence[int | str], env: Mapping[str, str] | None 
     return given or [str(g) for g in gpu_ids]
 
 
+def nvml_handle(nv: Any, device: str) -> Any:
+    """NVML's handle of one device as given: a ``GPU-``/``MIG-`` UUID or an index."""
+    if device.startswith(("GPU-", "MIG-")):
+        return nv.nvmlDeviceGetHandleByUUID(device)
+    return nv.nvmlDeviceGetHandleByIndex(int(device))
+
+
 class NvmlProbe:
     """The trial's GPUs through NVML: one ``gpu<k>`` source per device, in the order given."""
 
@@ -125,12 +132,7 @@ class NvmlProbe:
         self.nv = pynvml
         pynvml.nvmlInit()
         try:
-            self.handles = [
-                pynvml.nvmlDeviceGetHandleByUUID(d)
-                if d.startswith(("GPU-", "MIG-"))
-                else pynvml.nvmlDeviceGetHandleByIndex(int(d))
-                for d in devices
-            ]
+            self.handles = [nvml_handle(pynvml, d) for d in devices]
             self.uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self.handles]
         except Exception:
             pynvml.nvmlShutdown()

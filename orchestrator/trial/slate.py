@@ -32,7 +32,7 @@ from orchestrator.config.errors import TrialError
 from orchestrator.config.logs import Progress
 from orchestrator.config.schema import LaunchedEngineSpec, SlateSpec, TrialSpec
 from orchestrator.engines.process import SERVER_OWNER_ENV, owner_alive, port_is_free, running_groups
-from orchestrator.metrics.probes import visible_devices
+from orchestrator.metrics.probes import nvml_handle, visible_devices
 
 GB = 1e9
 POLL_S = 0.5
@@ -169,11 +169,7 @@ def gpu_reading(devices: Sequence[str]) -> tuple[dict[str, float], list[Leftover
     leftovers: list[Leftover] = []
     try:
         for d in devices:
-            h = (
-                pynvml.nvmlDeviceGetHandleByUUID(d)
-                if d.startswith(("GPU-", "MIG-"))
-                else pynvml.nvmlDeviceGetHandleByIndex(int(d))
-            )
+            h = nvml_handle(pynvml, d)
             used[d] = float(pynvml.nvmlDeviceGetMemoryInfo(h).used) / GB
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
                 mem = getattr(p, "usedGpuMemory", None)
