@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator.config.convert import config_to_dict
 from orchestrator.config.secrets import redact_override
+from orchestrator.scheduling.compose import SweepComposer
 from orchestrator.scheduling.jobs import prepare_jobs
 from orchestrator.scheduling.sweep import absolute_dir, run_sweep
 
@@ -42,23 +43,18 @@ def launch_multirun(
     hydra_context: Any, config: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> list[Any]:
     """Hydra launcher body: validate all jobs, run them as one sweep, return JobReturns."""
-    from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import JobReturn, JobStatus, configure_log
-    from omegaconf import open_dict
 
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = absolute_dir(str(config.hydra.sweep.dir))
     configs: list[tuple[list[str], Any]] = []
-    job_cfgs = []
+    job_cfgs = []  # Hydra's config of each job's config groups (shared by jobs that differ in values only)
+    composer = SweepComposer(hydra_context.config_loader, config)
     for i, overrides in enumerate(job_overrides):
-        idx = initial_job_idx + i
-        cfg = hydra_context.config_loader.load_sweep_config(config, list(overrides))
-        with open_dict(cfg):
-            cfg.hydra.job.id = f"job{idx}"
-            cfg.hydra.job.num = idx
-        HydraConfig.instance().set_config(cfg)
-        configs.append((list(overrides), config_to_dict(cfg)))
+        data, cfg = composer.compose(list(overrides), initial_job_idx + i)
+        configs.append((list(overrides), data))
         job_cfgs.append(cfg)
+    log.debug("composed %d jobs: %s", len(configs), composer.counts)
     jobs = prepare_jobs(configs, initial_job_idx)
     sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
     results = run_sweep(jobs, sweep_dir, sweep_dir.name, sweep_params, continuing=initial_job_idx > 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from orchestrator.config import ConfigError, SweepSettings, TrialSpec, to_specs, trial_hash
@@ -17,9 +18,16 @@ class TrialJob:
     spec: TrialSpec
     settings: SweepSettings
 
-    @property
+    @cached_property
     def trial_hash(self) -> str:
         return trial_hash(self.spec)
+
+    @cached_property
+    def server_key(self) -> str | None:
+        """``trial.server_key`` of its spec: trials with the same key can share one server start."""
+        from orchestrator.trial import server_key
+
+        return server_key(self.spec)
 
     @property
     def label(self) -> str:

@@ -15,7 +15,7 @@ from orchestrator.config.secrets import redact_override
 from orchestrator.feasibility import estimate_seconds
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.tracking import MlflowTracker
-from orchestrator.trial import plan_trial, server_key
+from orchestrator.trial import plan_trial
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[dict[str, Any]]:
     """One JSON line per trial: hash, overrides, ``feasible`` or ``skipped`` with the reason,
     GPUs, every server command (argv + env). Starts nothing, not even Ray: the cluster's GPUs
-    are ``cluster.num_gpus`` when set (0 on the CPU platform), else unknown."""
-    lines = []
+    are ``cluster.num_gpus`` when set (0 on the CPU platform), else unknown. Returns per trial
+    its hash, index, status, ``feasible``, GPUs and reason (the commands are only printed)."""
+    lines = []  # what the summary needs: a plan of 10,000 trials keeps no server commands
     for job in jobs:
         plan = plan_trial(job.spec, known_gpus(job))
         line = {
@@ -35,8 +36,8 @@ def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[d
             "status": "feasible" if plan["feasible"] else "skipped",
             **plan,
         }
-        lines.append(line)
         progress(json.dumps(line, sort_keys=True))
+        lines.append({k: line[k] for k in ("trial_hash", "index", "status", "feasible", "gpus", "reason")})
     progress(json.dumps({"plan": plan_summary(jobs, lines, _history(jobs))}, sort_keys=True))
     return lines
 
@@ -96,7 +97,7 @@ def _history(jobs: list[TrialJob]) -> dict[str, float]:
 
 
 def share_key(job: TrialJob) -> str | None:
-    return server_key(job.spec)
+    return job.server_key
 
 
 def known_gpus(job: TrialJob) -> int | None:
