@@ -46,6 +46,7 @@ class Script:
     served: tuple[str, ...] = ()  # names listed by GET /v1/models (none: 404, a gateway without it)
     tokenize_endpoint: bool = False  # POST /tokenize as vLLM's (needs a tokenizer)
     ignore_max_tokens: int = 0  # > 0: every stream has this many tokens, whatever was asked
+    burst: int = 1  # > 1: chunks go out this many at a time, in one write (a server that batches its output)
 
 
 def usage_of(prompt_tokens: int | None, completion: int) -> dict[str, int]:
@@ -158,6 +159,7 @@ class FakeOpenAIServer:
             start = max(arrival, time.perf_counter()) if self.script.slots else arrival
             due = start + self.script.ttft_s + self.script.ttft_per_in_flight_s * (t.in_flight - 1)
             sent = 0
+            pending: list[bytes] = []
             while sent < n:
                 # never early: uvloop's timers run on a loop time cached at the start of the
                 # iteration, so on a busy machine one sleep can end before its deadline
@@ -177,7 +179,10 @@ class FakeOpenAIServer:
                 now = time.perf_counter()  # when the chunk is handed to the socket: no client sees it earlier
                 chunks.append(now)
                 t.chunk_sent.append(now)
-                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                pending.append(f"data: {json.dumps(chunk)}\n\n".encode())
+                if len(pending) >= self.script.burst or sent >= n:
+                    await resp.write(b"".join(pending))
+                    pending.clear()
                 due += self.script.itl_s
             if self.script.closing == "separate":
                 empty = {"index": 0, "delta": {"content": ""}} if chat else {"index": 0, "text": ""}

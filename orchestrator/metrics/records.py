@@ -39,6 +39,7 @@ class RequestRecord:
     repeat: int = 0  # which repetition of the load point (workload.repeats)
     conversation_id: int | None = None  # multi-turn: request_id of the conversation's first turn
     turn: int = 0  # multi-turn: 0 for the first user turn, 1 for the next, ...
+    coalesced_chunks: int = 0  # token chunks read together with an earlier one (one instant for both)
 
     @property
     def ok(self) -> bool:
@@ -65,6 +66,7 @@ ARROW_SCHEMA = pa.schema(
         ("repeat", pa.int32()),
         ("conversation_id", pa.int64()),
         ("turn", pa.int32()),
+        ("coalesced_chunks", pa.int32()),
     ]
 )
 

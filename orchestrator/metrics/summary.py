@@ -117,6 +117,9 @@ def summarize_point(
     duration = max(end - start, 1e-9)
     out["duration_s"] = duration
     out["qps"] = len(ok) / duration
+    chunks = sum(len(r.chunk_times_s) for r in ok)
+    if chunks:  # token chunks read together with an earlier one: their gaps are not the server's
+        out["coalesced_chunk_share"] = sum(r.coalesced_chunks for r in ok) / chunks
     out_tokens = sum(output_tokens_of(r) for r in ok)
     in_tokens = sum(int(r.prompt_tokens or r.input_tokens_target) for r in ok)
     out["tokens_per_second"] = out_tokens / duration
@@ -175,6 +178,11 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
         reasons.append(f"event-loop lag p95 {metrics['loop_lag_ms_p95']:.1f} ms > {limits.max_loop_lag_ms_p95:g}")
     if metrics.get("client_cpu_util", 0.0) > limits.max_client_cpu_util:
         reasons.append(f"client CPU {metrics['client_cpu_util']:.2f} of a core > {limits.max_client_cpu_util:g}")
+    if metrics.get("coalesced_chunk_share", 0.0) > limits.max_coalesced_share:
+        reasons.append(
+            f"{metrics['coalesced_chunk_share']:.0%} of token chunks arrived in one read with an earlier one "
+            f"(> {limits.max_coalesced_share:g}): their gaps are read times, so ITL is not the server's"
+        )
     schedule, achieved = metrics.get("schedule_rate"), metrics.get("achieved_rate")
     if (
         not capped

@@ -108,6 +108,29 @@ def test_closing_chunk_counted_only_when_it_carries_a_token(factory, closing):
         assert all(0 <= c - s < 0.02 for s, c in zip(sent, r.chunk_times_s))  # each token at its own chunk
 
 
+def test_chunks_that_come_in_one_read_are_counted_and_invalidate_the_itl(factory):
+    """A server that writes its chunks two at a time: the second of each pair arrives in the
+    same read as the first, so the two share one instant; the records count it, and the point's
+    ITL is judged the client's reads."""
+    from orchestrator.config.schema import ValiditySpec
+    from orchestrator.metrics.summary import client_validity
+
+    with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.02, burst=2)) as srv:
+        records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
+    for r in records:
+        assert r.ok and r.chunk_tokens == [1] * 8
+        assert r.coalesced_chunks == 4  # chunks 2, 4, 6, 8
+        gaps = np.diff(r.chunk_times_s)
+        assert max(gaps[0::2]) < 0.005 < 0.015 < min(gaps[1::2])  # pairs share a read; pairs ~40 ms apart
+    metrics = summarize_point(records)
+    assert metrics["coalesced_chunk_share"] == 0.5
+    valid, reasons = client_validity(metrics, ValiditySpec())
+    assert not valid and "ITL is not the server's" in reasons[0]
+    with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.02)) as srv:  # one chunk a write: none coalesced
+        records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
+    assert summarize_point(records)["coalesced_chunk_share"] < ValiditySpec().max_coalesced_share
+
+
 def test_errors_become_records(factory):
     with FakeOpenAIServer(Script(fail_every=2)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=6, warmup_requests=0), factory, seed=0)

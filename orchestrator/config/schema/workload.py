@@ -194,6 +194,13 @@ class ValiditySpec(StrictModel):
     max_send_lag_ms_p95: PositiveFloat = 10.0
     max_loop_lag_ms_p95: PositiveFloat = 10.0
     max_client_cpu_util: PositiveFloat = 0.9
+    max_coalesced_share: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="share of token chunks read in one read with an earlier one (one instant for both) "
+        "above which ITL describes the client's reads, not the server",
+    )
     min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / scheduled rate")
 
 
