@@ -27,6 +27,7 @@ import aiohttp
 
 from orchestrator.metrics.records import STATUS_ERROR, RequestRecord
 
+_loads: Callable[[bytes], Any]
 try:  # ~4x faster per chunk than json (a dependency; json is the fallback)
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover
