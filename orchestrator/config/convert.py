@@ -158,7 +158,7 @@ def _share_sections(trial: TrialSpec, data: dict[str, Any]) -> TrialSpec:
         value = getattr(trial, name)
         if not isinstance(value, BaseModel):
             continue
-        key = (name, json.dumps(data.get(name), sort_keys=True, default=repr))
+        key = (name, json.dumps(data.get(name), default=repr))  # key order kept: classes are sent in it
         seen = _shared.setdefault(key, value)
         if seen is not value and seen == value:
             update[name] = seen

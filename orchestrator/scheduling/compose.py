@@ -37,8 +37,9 @@ STRUCTURAL, INTERPOLATED, PLAIN = 0, 1, 2
 ANY_KEY = "*"  # an interpolation whose inputs cannot be read from its text: every key may matter
 # Resolvers that read no config key (a date, an environment variable, the project's folder);
 # their arguments' own ${...} are read separately. Any other resolver may read any key.
-KEYLESS_RESOLVERS = {"now", "oc.env", "project_root", "oc.decode"}
+KEYLESS_RESOLVERS = {"now", "oc.env", "project_root"}  # not oc.decode: what it decodes may interpolate
 _INTERPOLATION = re.compile(r"\$\{\s*([^${}:,]*)(:?)")
+_INDEX = re.compile(r"\[(\w+)\]")
 
 
 def interpolation_inputs(text: str) -> set[str]:
@@ -56,7 +57,8 @@ def interpolation_inputs(text: str) -> set[str]:
         elif not name or name.startswith("."):
             keys.add(ANY_KEY)
         else:
-            keys.add(name.rstrip("."))
+            key = _INDEX.sub(r".\1", name).rstrip(".")  # a[0].b -> a.0.b, as overrides name it
+            keys.add(ANY_KEY if "[" in key or "]" in key else key)
     return keys
 
 
@@ -66,30 +68,38 @@ def related(a: str, b: str) -> bool:
 
 
 class _Base:
-    """One structural composition: Hydra's config, the keys its interpolations read."""
+    """One structural composition: Hydra's config, the keys its interpolations read, and where
+    its interpolations are."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
-        self.inputs = _inputs_of(cfg)
+        self.inputs, self.interpolated = _interpolations_of(cfg)
 
 
-def _inputs_of(cfg: Any) -> set[str]:
-    """Every key read by an interpolation of the config (not Hydra's own node)."""
+def _interpolations_of(cfg: Any) -> tuple[set[str], list[str]]:
+    """(every key read by an interpolation of the config, the dotted paths of the interpolated
+    nodes), Hydra's own node left out."""
     from omegaconf import DictConfig, ListConfig
 
     keys: set[str] = set()
-    stack = [cfg._get_node(k) for k in cfg if k != "hydra"]
+    paths: list[str] = []
+    stack = [(str(k), cfg._get_node(k)) for k in cfg if k != "hydra"]
     while stack:
-        node = stack.pop()
+        path, node = stack.pop()
         if node is None:
             continue
         if node._is_interpolation():
             keys |= interpolation_inputs(str(node._value()))
+            paths.append(path)
         elif isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
-            stack.extend(node._get_node(k) for k in node)
+            stack.extend((f"{path}.{k}", node._get_node(k)) for k in node)
         elif isinstance(node, ListConfig) and not node._is_none() and not node._is_missing():
-            stack.extend(node._get_node(i) for i in range(len(node)))
-    return keys
+            stack.extend((f"{path}.{i}", node._get_node(i)) for i in range(len(node)))
+    return keys, paths
+
+
+class _NeedsHydra(Exception):
+    """This job is one the plain path cannot vouch for: Hydra composes it (and raises its error)."""
 
 
 class SweepComposer:
@@ -114,33 +124,50 @@ class SweepComposer:
         the Hydra config it was made from, shared by the jobs of one structural set).
         ``index`` is the job's number (``hydra.job.num``), read only by a config that asks."""
         parsed = [self._parse(line) for line in overrides]
+        # What changes the composition itself, or a deletion whose check reads a value: Hydra.
+        if any(o.key_or_group.startswith("hydra.searchpath") or (o.is_delete() and o.value()) for o in parsed):
+            return self._by_hydra(list(overrides), index)
         base_key = tuple(o.input_line for o, k in zip(parsed, self._kinds(parsed, None)) if k == STRUCTURAL)
         base = self._base(base_key)
         inputs = set(base.inputs)
         for o in parsed:
             if "${" in (o.input_line or ""):
                 inputs |= interpolation_inputs(o.input_line)
-        if "hydra" in inputs:  # reads Hydra's per-job fields: Hydra composes every job
+        if "hydra" in inputs or any(self._into_interpolation(o, base) for o in parsed):
             return self._by_hydra(list(overrides), index)
         kinds = self._kinds(parsed, inputs)
         mid = [o for o, k in zip(parsed, kinds) if k == INTERPOLATED]
         plain = [o for o, k in zip(parsed, kinds) if k == PLAIN]
         mid_key = tuple(o.input_line for o in mid)
-        resolved = self._resolve(base, base_key, mid_key, mid)
-        shape = (base_key, mid_key, tuple((o.key_or_group, o.type, isinstance(o.value(), list)) for o in plain))
-        if shape not in self._shapes:
-            self._shapes[shape] = self._check_shape(base, mid, plain, resolved)
-        if not self._shapes[shape]:
+        try:
+            resolved = self._resolve(base, base_key, mid_key, mid)
+            shape = (base_key, mid_key, tuple((o.key_or_group, o.type, isinstance(o.value(), list)) for o in plain))
+            if shape not in self._shapes:
+                self._shapes[shape] = self._check_shape(base, mid, plain, resolved)
+            if not self._shapes[shape]:
+                raise _NeedsHydra
+            data = _with_values(resolved, plain)
+        except _NeedsHydra:
             return self._by_hydra(list(overrides), index)
         self.counts["plain"] += 1
-        return _with_values(resolved, plain), base.cfg
+        return data, base.cfg
+
+    @staticmethod
+    def _into_interpolation(o: Any, base: _Base) -> bool:
+        """The override reaches inside an interpolated node (its target changes in Hydra), or
+        adds or deletes one (Hydra's check reads the interpolation's value)."""
+        key = o.key_or_group
+        for path in base.interpolated:
+            if key.startswith(path + ".") or (key == path and (o.is_add() or o.is_delete())):
+                return True
+        return False
 
     # -- the three kinds ------------------------------------------------------------------
 
     def _parse(self, line: str) -> Any:
         o = self._parsed.get(line)
         if o is None:
-            o = self._parsed[line] = self.parser.parse_override(line)
+            o = self._parsed[line] = self.parser.parse_overrides([line])[0]  # Hydra's parse errors
         return o
 
     def _group(self, key: str) -> bool:
@@ -195,7 +222,11 @@ class SweepComposer:
         resolved = self._resolved.get(key)
         if resolved is None:
             self.counts["interpolated"] += 1
-            resolved = self._resolved[key] = _resolved_dict(_applied(base.cfg, mid))
+            try:  # without the job's plain values an interpolation may not resolve: Hydra's way then
+                resolved = _resolved_dict(_applied(base.cfg, mid))
+            except Exception as exc:
+                raise _NeedsHydra from exc
+            self._resolved[key] = resolved
         return resolved
 
     def _check_shape(self, base: _Base, mid: list[Any], plain: list[Any], resolved: dict[str, Any]) -> bool:
@@ -239,18 +270,38 @@ def _resolved_dict(cfg: Any) -> dict[str, Any]:
 
 
 def _with_values(resolved: dict[str, Any], plain: list[Any]) -> dict[str, Any]:
-    """``resolved`` with each override's value set, as ``OmegaConf.update`` sets it; nodes on
-    the way are copied, everything else is shared with ``resolved`` (never changed)."""
+    """``resolved`` with each override's value set, as ``OmegaConf.update`` sets it after the
+    checks of Hydra's ``_apply_overrides_to_config``; nodes on the way are copied, everything
+    else is shared with ``resolved`` (never changed). Whatever Hydra would check differently
+    (a missing key, a list index out of range, ``+`` on a value that is set) raises
+    :class:`_NeedsHydra`: Hydra composes that job and raises its own error."""
     out = dict(resolved)
     for o in plain:
+        add = o.is_add() or o.is_force_add()
         parts = o.key_or_group.split(".")
         node: Any = out
         for part in parts[:-1]:
-            index: Any = int(part) if isinstance(node, list) else part
+            index = _index(node, part, add)
             child = node[index] if (isinstance(node, list) or index in node) else None
+            if not add and not isinstance(child, (dict, list)):
+                raise _NeedsHydra  # Hydra makes a map here and then fails or not: let it say
             child = list(child) if isinstance(child, list) else dict(child) if isinstance(child, dict) else {}
             node[index] = child
             node = child
-        last: Any = int(parts[-1]) if isinstance(node, list) else parts[-1]
-        node[last] = copy.deepcopy(o.value())
+        last = _index(node, parts[-1], add)
+        value = o.value()
+        if isinstance(node, dict) and last not in node and not add:
+            raise _NeedsHydra  # "Could not override"
+        existing = node.get(last) if isinstance(node, dict) else node[last]
+        if o.is_add() and existing is not None and not isinstance(value, list):
+            raise _NeedsHydra  # "Could not append to config. An item is already at ..."
+        node[last] = copy.deepcopy(value)
     return out
+
+
+def _index(node: Any, part: str, add: bool) -> Any:
+    if isinstance(node, list):
+        if not part.isdigit() or int(part) >= len(node):
+            raise _NeedsHydra
+        return int(part)
+    return part

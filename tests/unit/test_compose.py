@@ -135,3 +135,67 @@ def test_a_dry_run_of_a_grid_prints_the_same_plan_as_hydra_composing_every_job(t
 
     ours, basic = lines(), lines("hydra/sweeper=basic")
     assert len(ours) == 9 and ours == basic
+
+
+# Found in review: each was a job the composer made differently from Hydra, or an error it
+# raised where Hydra did not (or the reverse). Each list of jobs goes through one composer.
+REVIEWED = [
+    # an interpolation with a list index reads a value the jobs set
+    [
+        ["+tag=${workload.load_points[0].concurrency}", "workload.load_points.0.concurrency=1"],
+        ["+tag=${workload.load_points[0].concurrency}", "workload.load_points.0.concurrency=7"],
+    ],
+    # the resolved base cannot resolve without the job's own value
+    [["~platform.dtype", "engine.dtype=float16"]],
+    # + and ~ on an interpolated node: Hydra's checks read the interpolation's value
+    [["+engine.dtype=x", "platform.dtype=null"]],
+    [["platform.dtype=bfloat16", "~engine.dtype=bfloat16"]],
+    # an error that depends on the value, not on the shape of the job
+    [
+        ["model.cache_dir=null", "+model.cache_dir=/x"],
+        ["model.cache_dir=/tmp", "+model.cache_dir=/x"],
+    ],
+    [
+        [
+            "workload.load_points=[{concurrency:1},{concurrency:2},{concurrency:3}]",
+            "workload.load_points.2.concurrency=5",
+        ],
+        ["workload.load_points=[{concurrency:1}]", "workload.load_points.2.concurrency=5"],
+    ],
+    # a key inside an interpolated container
+    [["+alias=${workload.slo}", "++alias.ttft_ms=5"], ["+alias=${workload.slo}", "++alias.ttft_ms=7"]],
+    # a parse error
+    [["seed=[1,"]],
+]
+
+
+def _outcome(fn, overrides):
+    try:
+        return fn(overrides)
+    except Exception as exc:  # compare the error as Hydra reports it
+        return (type(exc).__name__, str(exc))
+
+
+@pytest.mark.parametrize("jobs", REVIEWED, ids=[" | ".join(" ".join(j) for j in js) for js in REVIEWED])
+def test_reviewed_cases_match_hydra(hydra_pair, jobs):
+    composer, by_hydra = hydra_pair
+    for overrides in jobs:
+        assert _outcome(lambda o: composer.compose(o)[0], overrides) == _outcome(by_hydra, overrides)
+
+
+def test_oc_decode_may_read_keys(monkeypatch, hydra_pair):
+    composer, by_hydra = hydra_pair
+    monkeypatch.setenv("TEST_DECODED", "${seed}")
+    for seed in (0, 5):
+        job = ["+tag='${oc.decode:${oc.env:TEST_DECODED}}'", f"seed={seed}"]
+        assert composer.compose(job)[0] == by_hydra(job)
+        assert composer.compose(job)[0]["tag"] == seed
+
+
+def test_a_searchpath_per_job_is_composed_by_hydra(tmp_path, hydra_pair):
+    composer, by_hydra = hydra_pair
+    (tmp_path / "foo").mkdir()
+    (tmp_path / "foo" / "bar.yaml").write_text("a: 1\n")
+    job = [f"hydra.searchpath=[file://{tmp_path}]", "+foo=bar"]
+    assert composer.compose(job)[0] == by_hydra(job)
+    assert by_hydra(job)["foo"] == {"a": 1}
