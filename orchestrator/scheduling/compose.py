@@ -92,7 +92,7 @@ def _interpolations_of(cfg: Any) -> tuple[set[str], list[str]]:
             keys |= interpolation_inputs(str(node._value()))
             paths.append(path)
         elif isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
-            stack.extend((f"{path}.{k}", node._get_node(k)) for k in node)
+            stack.extend((f"{path}.{k!s}", node._get_node(k)) for k in node)
         elif isinstance(node, ListConfig) and not node._is_none() and not node._is_missing():
             stack.extend((f"{path}.{i}", node._get_node(i)) for i in range(len(node)))
     return keys, paths
