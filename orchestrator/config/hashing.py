@@ -22,6 +22,8 @@ _EXCLUDE: dict[str, Any] = {
         "engine_envs": True,
         "slate": True,
     },
+    # The limit of coalesced reads, added later, judges a point; it does not change the measurement.
+    "workload": {"validity": {"max_coalesced_share": True}},
 }
 
 
@@ -50,6 +52,10 @@ def canonical_json(spec: TrialSpec) -> str:
         data.pop("eval", None)
     for path in _UNSET_AS_BEFORE:
         _drop_unset(data, path)
+    # How many client processes read the streams is how we measure, not what: a trial keeps its
+    # identity whatever the client's size, written as 1 (every trial's value before ``auto``), so
+    # sweeps finished before keep their trials.
+    data["workload"]["client_processes"] = 1
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 

@@ -53,10 +53,16 @@ class ClientFleet:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.tx: list[Connection] = []
         self.rx: list[Connection] = []
+        self.endpoint, self.workload = endpoint, workload
+        self.grow(n)
+
+    def grow(self, n: int) -> None:
+        """Start processes until there are ``n`` (a later point may need more than the first)."""
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        first = len(self.procs)
         try:
-            for _ in range(n):
+            for _ in range(first, n):
                 down_r, down_w = os.pipe()
                 up_r, up_w = os.pipe()
                 argv = [sys.executable, "-m", "orchestrator.loadgen.fleet", str(down_r), str(up_w), str(os.getpid())]
@@ -66,9 +72,9 @@ class ClientFleet:
                 self.procs.append(proc)
                 self.tx.append(Connection(down_w, readable=False))
                 self.rx.append(Connection(up_r, writable=False))
-            for tx in self.tx:
-                tx.send((endpoint, workload))
-            for i in range(n):
+            for tx in self.tx[first:]:
+                tx.send((self.endpoint, self.workload))
+            for i in range(first, n):
                 self._expect(i, "hello", READY_TIMEOUT_S)
         except BaseException:
             self.close()
@@ -95,10 +101,11 @@ class ClientFleet:
         return tuple(msg)
 
     def run(
-        self, plan: PointPlan, started: Callable[[], None] | None = None
+        self, plan: PointPlan, started: Callable[[], None] | None = None, n: int | None = None
     ) -> tuple[list[RequestRecord], dict[str, float]]:
-        """Send ``plan`` split over the processes; returns merged records and the worst client stats."""
-        shares = plan.split(len(self.procs))
+        """Send ``plan`` split over ``n`` of the processes (default all); returns merged records
+        and the worst client stats (``client_cpu_s``: the processes' CPU seconds summed)."""
+        shares = plan.split(min(n or len(self.procs), len(self.procs)))
         for i, share in enumerate(shares):
             self.tx[i].send(("prepare", share))
         for i in range(len(shares)):
@@ -118,6 +125,7 @@ class ClientFleet:
             late += n_late
         merged = worst_client_stats(stats)
         merged["client_processes"] = float(len(shares))
+        merged["client_cpu_s"] = sum(st.get("client_cpu_s", 0.0) for st in stats)
         if late:
             log.warning(
                 "point %d: %d requests past the plan were not sent (duration-bounded closed loop)", plan.index, late

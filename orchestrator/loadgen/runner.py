@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
@@ -16,7 +17,15 @@ import numpy as np
 from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, prewarm, stream_request
 from orchestrator.loadgen.fleet import ClientFleet
-from orchestrator.loadgen.plan import FOREGROUND_PLAN, RequestPlanner, Seed, plan_point, repeat_seed, stream_rng
+from orchestrator.loadgen.plan import (
+    FOREGROUND_PLAN,
+    PointPlan,
+    RequestPlanner,
+    Seed,
+    plan_point,
+    repeat_seed,
+    stream_rng,
+)
 from orchestrator.loadgen.prompts import PromptFactory
 from orchestrator.loadgen.sender import (
     PointSender,
@@ -25,7 +34,10 @@ from orchestrator.loadgen.sender import (
     prewarm_count,
     worst_client_stats,
 )
+from orchestrator.loadgen.sizing import ClientGauge, ClientSizing, size_clients
 from orchestrator.metrics.records import RequestRecord
+
+log = logging.getLogger(__name__)
 
 
 async def _warmup(
@@ -55,6 +67,7 @@ def run_points(
     on_point_end: Callable[[int, LoadPointSpec, list[RequestRecord], dict[str, float]], Any] | None = None,
     first_index: int = 0,
     points: Iterable[LoadPointSpec] | None = None,
+    client_cores: int = 1,
 ) -> list[RequestRecord]:
     """Warm up, then run every load point in order; returns all records (``point`` = index).
 
@@ -68,11 +81,13 @@ def run_points(
 
     With ``workload.client_processes`` > 1 each point's plan is split over that many client
     processes (:mod:`orchestrator.loadgen.fleet`) that share one start instant; their
-    records merge into one list. ``on_point_end`` gets the point's records and the client's
-    own stats (CPU use, event-loop lag; the worst process's).
+    records merge into one list. With ``auto`` each point gets the processes its planned chunk
+    rate needs at the client's measured cost per chunk, up to ``client_cores``
+    (:mod:`orchestrator.loadgen.sizing`). ``on_point_end`` gets the point's records and the
+    client's own stats (CPU use, event-loop lag: the worst process's; processes and why).
     """
     planner = RequestPlanner(workload, factory)
-    fleet = ClientFleet(workload.client_processes, endpoint, workload) if workload.client_processes > 1 else None
+    clients = Clients(endpoint, workload, client_cores)
     schedule = iter(workload.load_points if points is None else points)
     send = schedule.send if isinstance(schedule, Generator) else None
     out: list[RequestRecord] = []
@@ -85,7 +100,7 @@ def run_points(
                 while point is not None:
                     started = functools.partial(on_point_start, i, point) if on_point_start else None
                     records, stats = _run_point(
-                        runner, session, fleet, endpoint, workload, planner, seed, point, i, started
+                        runner, session, clients, endpoint, workload, planner, seed, point, i, started
                     )
                     out.extend(records)
                     result = on_point_end(i, point, records, stats) if on_point_end else None
@@ -96,15 +111,53 @@ def run_points(
             finally:
                 runner.run(session.close())
     finally:
-        if fleet is not None:
-            fleet.close()
+        clients.close()
     return out
+
+
+class Clients:
+    """The client processes of a trial's run: none besides this one, a fixed fleet
+    (``client_processes: N``), or as many as each point needs (``auto``), started when first
+    needed and kept for the points after."""
+
+    def __init__(self, endpoint: Endpoint, workload: WorkloadSpec, cores: int) -> None:
+        self.endpoint, self.workload, self.cores = endpoint, workload, max(1, cores)
+        self.auto = workload.client_processes == "auto"
+        self.gauge = ClientGauge()
+        self.fleet: ClientFleet | None = None
+
+    def size(self, plan: PointPlan) -> tuple[int, ClientSizing | None]:
+        if not self.auto:
+            return int(self.workload.client_processes), None
+        sizing = size_clients(plan, self.cores, self.gauge.chunk_cost_s, self.gauge.stream_chunks_per_s)
+        return sizing.processes, sizing
+
+    def fleet_of(self, n: int) -> ClientFleet:
+        if self.fleet is None:
+            self.fleet = ClientFleet(n, self.endpoint, self.workload)
+        elif len(self.fleet.procs) < n:
+            self.fleet.grow(n)
+        return self.fleet
+
+    def learn(self, plan: PointPlan, records: list[RequestRecord], stats: dict[str, float]) -> None:
+        """The client's own cost per chunk (CPU seconds over token chunks read) into its stats,
+        and into what sizes the next points."""
+        chunks = sum(len(r.chunk_times_s) for r in records)
+        cpu = stats.get("client_cpu_s")
+        if cpu is not None and chunks:
+            stats["client_cpu_us_per_chunk"] = cpu / chunks * 1e6
+            streams = plan.concurrency if plan.offsets is None else None
+            self.gauge.learn(cpu, chunks, streams, stats.get("client_wall_s", 0.0))
+
+    def close(self) -> None:
+        if self.fleet is not None:
+            self.fleet.close()
 
 
 def _run_point(
     runner: asyncio.Runner,
     session: aiohttp.ClientSession,
-    fleet: ClientFleet | None,
+    clients: Clients,
     endpoint: Endpoint,
     workload: WorkloadSpec,
     planner: RequestPlanner,
@@ -121,8 +174,11 @@ def _run_point(
         run_seed = repeat_seed(seed, r)
         plan = plan_point(workload, point, i, planner, run_seed, r)  # before the clock
         first = started if r == 0 else None
-        if fleet is not None:
-            recs, st = fleet.run(plan, first)
+        n, sizing = clients.size(plan)
+        if sizing is not None:
+            log.info("point %d: %s", i, sizing.why())
+        if n > 1:
+            recs, st = clients.fleet_of(n).run(plan, first, n)
         else:
             fg_rng = stream_rng(run_seed, i, FOREGROUND_PLAN + 100)
             sender = PointSender(plan, endpoint, workload, session, make_more=_more(planner, fg_rng))
@@ -130,7 +186,10 @@ def _run_point(
             if first:
                 first()
             recs = runner.run(sender.run())
-            st = sender.client_stats
+            st = {**sender.client_stats, "client_processes": 1.0}
+        if sizing is not None:
+            st.update(sizing.metrics())
+        clients.learn(plan, recs, st)
         records += recs
         stats.append(st)
     return records, worst_client_stats(stats)

@@ -163,8 +163,11 @@ class PointSender:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
             watcher.cancel()
         wall = max(now() - wall0, 1e-9)
+        cpu = time.process_time() - cpu0
         self.client_stats = {
-            "client_cpu_util": (time.process_time() - cpu0) / wall,
+            "client_cpu_util": cpu / wall,
+            "client_cpu_s": cpu,
+            "client_wall_s": wall,
             **distribution("loop_lag_ms", lags),
         }
         if self.late:

@@ -38,10 +38,25 @@ def plan_trial(spec: TrialSpec, cluster_gpus: int | None = None) -> dict[str, An
     reason = assess(spec, cluster_gpus)
     plan: dict[str, Any] = {"feasible": reason is None, "reason": reason, **describe(spec)}
     plan["servers"] = [x.redacted() for x in planned_launches(spec)]
+    plan["client_processes"] = client_processes_plan(spec)
     missing_env = envs.missing(spec)
     if missing_env:
         plan["engine_environment"] = missing_env
     return plan
+
+
+def client_cores(spec: TrialSpec) -> int:
+    """The cores the trial's client processes may use: the CPUs the trial holds in Ray."""
+    return max(1, int(spec.platform.cpus_per_trial))
+
+
+def client_processes_plan(spec: TrialSpec) -> str:
+    """The client processes a plan shows: a number, or auto's rule and its ceiling."""
+    n = spec.workload.client_processes
+    if n != "auto":
+        return str(n)
+    cores = client_cores(spec)
+    return f"auto: per point, from its planned chunk rate x the client's CPU per chunk, at most {cores} (platform.cpus_per_trial)"
 
 
 def skipped_result(spec: TrialSpec, overrides: list[str], reason: str) -> TrialResult:

@@ -224,8 +224,17 @@ class PointMeasurer:
             metrics.update(verdict.metrics)
             reasons = verdict.reasons
             if verdict.client:
+                used, needed = metrics.get("client_processes", 1.0), metrics.get("client_processes_needed", 0.0)
+                advice = (
+                    f" (client_processes: auto wanted {needed:.0f} processes; the trial's CPUs allow {used:.0f}: "
+                    "raise platform.cpus_per_trial)"
+                    if needed > used
+                    else ""
+                )
                 self.progress(
-                    f"point {point.label} INVALID (the client was the bottleneck): " + "; ".join(verdict.client)
+                    f"point {point.label} INVALID (the client was the bottleneck): "
+                    + "; ".join(verdict.client)
+                    + advice
                 )
             if verdict.workload:
                 self.progress(
@@ -248,7 +257,8 @@ class PointMeasurer:
             f"{int(metrics.get('completed', 0))}/{len(records)} ok in {t1 - self._t0:.1f}s, "
             f"ttft p50 {metrics.get('ttft_ms_p50', float('nan')):.1f} ms, "
             f"itl p99 {metrics.get('itl_ms_p99', float('nan')):.1f} ms, "
-            f"{metrics.get('tokens_per_second', 0):.0f} tok/s"
+            f"{metrics.get('tokens_per_second', 0):.0f} tok/s, "
+            f"client processes {metrics.get('client_processes', 1.0):.0f}"
         )
         return result, crash
 

@@ -32,7 +32,7 @@ from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, s
 from orchestrator.metrics.telemetry import Timeline
 from orchestrator.models import resolve_model, resolve_tokenizer
 from orchestrator.trial.capacity import CapacityProbes, Schedule, unmeasured
-from orchestrator.trial.plan import check_feasible
+from orchestrator.trial.plan import check_feasible, client_cores
 from orchestrator.trial.points import PointMeasurer, trial_metrics
 from orchestrator.trial.profile import collect_traces
 from orchestrator.trial.servers import (
@@ -176,6 +176,7 @@ class TrialRun:
                 lambda i, p, recs, client: self._point_end(measurer, i, p, recs, client),
                 first_index=first,
                 points=self._schedule(workload.load_points, everything),
+                client_cores=client_cores(spec),
             )
         finally:
             measurer.monitor.stop()  # idempotent; a point that raised must not leave the sampler running

@@ -333,10 +333,11 @@ class WorkloadSpec(StrictModel):
         "token and the final usage gives the total",
     )
     request_timeout_s: PositiveFloat = 300.0
-    client_processes: PositiveInt = Field(
-        default=1,
-        description="client processes sharing each point's schedule and clock (scale-out when one "
-        "process cannot keep up); their records merge into one table",
+    client_processes: PositiveInt | Literal["auto"] = Field(
+        default="auto",
+        description="client processes sharing each point's schedule and clock; their records merge "
+        "into one table. auto: per point, from its planned chunk rate and the client's measured CPU "
+        "per chunk, up to the trial's CPUs (platform.cpus_per_trial)",
     )
     slo: SLOSpec = Field(default_factory=SLOSpec)
     validity: ValiditySpec = Field(default_factory=ValiditySpec)
