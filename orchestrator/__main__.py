@@ -8,6 +8,7 @@ from typing import Any
 import hydra
 
 from orchestrator.config.errors import OrchestratorError
+from orchestrator.config.logs import mark
 from orchestrator.config.resolvers import register
 
 register()
@@ -33,6 +34,7 @@ def flags_last(argv: list[str]) -> list[str]:
 
 
 def cli() -> None:
+    mark("imports done")
     sys.argv[1:] = flags_last(sys.argv[1:])
     try:
         main()

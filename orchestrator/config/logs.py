@@ -26,6 +26,17 @@ def print_progress(msg: str) -> None:
     print(msg, flush=True)
 
 
+def mark(label: str) -> None:
+    """With ``INFERENCE_LAB_TIMING=1``: ``[timing] <label> at <t>`` on stderr, ``t`` on the
+    machine's monotonic clock (shared by every process: driver, Ray workers, the benchmark that
+    started them). ``benchmarks/quick_start.py`` reads these to say where a start's seconds go."""
+    if os.environ.get("INFERENCE_LAB_TIMING"):
+        import sys
+        import time
+
+        print(f"[timing] {label} at {time.perf_counter():.3f}", file=sys.stderr, flush=True)
+
+
 # An exception line, possibly behind a log prefix like "(Worker pid=7) ERROR 11-22 09:23:13 [x.py:1] ".
 _EXC_LINE = re.compile(
     r"^(?:\(.*?\)\s+)?(?:[A-Z]+\s+[\d-]+\s+[\d:]+\s+\[[^\]]*\]\s+)?"

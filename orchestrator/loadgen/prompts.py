@@ -7,9 +7,46 @@ Only tokens that round-trip to themselves are drawn, so this converges in a step
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# tokenizer_config.json classes that are transformers' generic tokenizer over tokenizer.json:
+# AutoTokenizer instantiates exactly this class for them (transformers 5: both names are
+# TokenizersBackend).
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer ``AutoTokenizer.from_pretrained`` gives, without importing what it imports
+    to choose one (torch among them: ~4 of a trial's first 5 s here) when the folder names
+    transformers' generic tokenizer class and has no code of its own; else AutoTokenizer."""
+    folder = Path(name_or_path)
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    if name in GENERIC_TOKENIZERS and "auto_map" not in config and (folder / "tokenizer.json").is_file():
+        import transformers
+
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls.from_pretrained(name_or_path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+@functools.lru_cache(maxsize=8)
+def prompt_factory(tokenizer: str) -> PromptFactory:
+    """The :class:`PromptFactory` of a tokenizer folder or hub id, made once per process: a
+    worker prepared before its trial (``scheduling.ray_exec.prepare_workers``) has it ready, and
+    trials that run one after the other in a worker share it (it keeps no state between uses)."""
+    return PromptFactory(tokenizer)
 
 
 class PromptFactory:
@@ -17,9 +54,7 @@ class PromptFactory:
 
     def __init__(self, tokenizer: Any) -> None:
         if isinstance(tokenizer, str):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
         ids = []

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.logs import mark
 from orchestrator.config.schema import ClusterSpec
 from orchestrator.config.secrets import redact_mapping, redact_override
 from orchestrator.engines.process import interrupts_stop_servers
@@ -27,6 +28,7 @@ def _worker_start(workdirs: list[str]) -> tuple[list[int], str]:
     each trial folder notes first (the driver reads it if the attempt is lost)."""
     import ray
 
+    mark("trial task started in its worker")
     node = ray.get_runtime_context().get_node_id()
     for workdir in workdirs:
         note_attempt(workdir, node)
@@ -43,6 +45,37 @@ def _run_trial_task(spec_json: str, workdir: str, overrides: list[str]) -> dict[
         result = run_trial(TrialSpec.model_validate_json(spec_json), workdir, overrides, gpu_ids)
     result.hardware["ray_node_id"] = node  # where it ran
     return result.model_dump()
+
+
+def _prepare_worker(tokenizers: list[str]) -> None:
+    """Body of a worker's preparation task: the imports and prompt factories its trials need."""
+    from orchestrator.loadgen.prompts import prompt_factory
+    from orchestrator.trial import run_trial  # noqa: F401  (the trial's own imports)
+
+    for tokenizer in tokenizers:
+        try:
+            prompt_factory(tokenizer)
+        except Exception as exc:  # the trial loads it again and says what is wrong
+            log.debug("preparing %s: %s", tokenizer, exc)
+    mark("worker prepared")
+
+
+def prepare_workers(jobs: list[TrialJob]) -> list[Any]:
+    """Start preparing a worker for the sweep's trials (imports, the tokenizers of models that
+    are already on disk) while the driver still opens MLflow: a task that holds no CPU, run by
+    the job's first worker, which the first trial then finds ready (benchmarks/quick_start).
+    Returns its ObjectRef (nothing waits for it)."""
+    import ray
+
+    from orchestrator.models import resolve_model, resolve_tokenizer
+
+    tokenizers: list[str] = []
+    for job in jobs[:8]:
+        path = resolve_tokenizer(job.spec.model, resolve_model(job.spec.model, build=False))
+        if Path(path).is_dir() and path not in tokenizers:
+            tokenizers.append(path)
+    task: Any = ray.remote(num_cpus=0, max_retries=0)(_prepare_worker)
+    return [task.options(name="prepare-worker").remote(tokenizers)]
 
 
 ATTEMPTS_FILE = "attempts.jsonl"
@@ -186,6 +219,8 @@ def init_ray(cluster: ClusterSpec) -> RayContext:
     # Ray starts workers at nice 15 by default; the engine server inherits it and would lose
     # the CPU to anything else on the node. Only takes effect for a Ray started here.
     os.environ.setdefault("RAY_worker_niceness", "0")
+    if os.environ.get("INFERENCE_LAB_TIMING"):  # workers of a running cluster log their phases too
+        kwargs["runtime_env"] = {"env_vars": {"INFERENCE_LAB_TIMING": os.environ["INFERENCE_LAB_TIMING"]}}
     if cluster.address:
         ray.init(address=cluster.address, **kwargs)
     else:

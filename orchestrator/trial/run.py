@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.config.errors import ConfigError, InfeasibleConfigError, ServerCrashedError, TrialError
 from orchestrator.config.hashing import trial_hash
-from orchestrator.config.logs import Progress, print_progress
+from orchestrator.config.logs import Progress, mark, print_progress
 from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialSpec
 from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
 from orchestrator.engines import ServerLaunch, adapter_for
@@ -24,6 +24,7 @@ from orchestrator.evaluation import run_eval
 from orchestrator.feasibility import trial_decode_floor
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.loadgen.preflight import preflight
+from orchestrator.loadgen.prompts import prompt_factory
 from orchestrator.metrics import hardware
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.probes import start_telemetry
@@ -101,7 +102,9 @@ class TrialRun:
             self.held = held
             return
         model_path = self.model_path = resolve_model(spec.model)
-        factory = PromptFactory(resolve_tokenizer(spec.model, model_path))
+        mark("trial: model resolved")
+        factory = prompt_factory(resolve_tokenizer(spec.model, model_path))
+        mark("trial: tokenizer loaded")
         n = len(spec.workload.load_points)
         restart = isinstance(spec.engine, LaunchedEngineSpec) and spec.engine.restart_between_points
         if shared is not None:
@@ -162,7 +165,9 @@ class TrialRun:
             workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
         self.measuring = True
         if first == 0 and not self.points:
+            mark("trial: server up, pre-flight")
             self._preflight(group, factory, endpoint.api_key)
+            mark("trial: pre-flight done")
         everything = last == len(spec.workload.load_points)
         sampler = None
         try:

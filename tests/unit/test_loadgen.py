@@ -243,3 +243,21 @@ def test_rate_with_concurrency_cap_never_bursts(factory):
     sends = sorted(r.sent_s for r in records)
     assert min(b - a for a, b in zip(sends, sends[1:])) >= 1 / 40 - 0.003
     assert summarize_point(records)["send_lag_ms_max"] > 100  # the cap shows up as send lag
+
+
+def test_the_quick_tokenizer_is_the_one_autotokenizer_gives(tiny_model_dir, factory):
+    """load_tokenizer skips AutoTokenizer's imports for transformers' generic class: same class,
+    same encoding, same prompts."""
+    from transformers import AutoTokenizer
+
+    from orchestrator.loadgen.prompts import load_tokenizer
+
+    quick, auto = load_tokenizer(str(tiny_model_dir)), AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    assert type(quick) is type(auto)
+    other = PromptFactory(auto)
+    assert list(factory._ids) == list(other._ids)
+    for seed in range(5):
+        assert factory.prompt(100, np.random.default_rng(seed)) == other.prompt(100, np.random.default_rng(seed))
+        assert factory.ramp_prompt(64, np.random.default_rng(seed)) == other.ramp_prompt(
+            64, np.random.default_rng(seed)
+        )
