@@ -23,7 +23,8 @@ _EXCLUDE: dict[str, Any] = {
         "slate": True,
     },
     # The limit of coalesced reads, added later, judges a point; it does not change the measurement.
-    "workload": {"validity": {"max_coalesced_share": True}},
+    # The client's nodes, like its processes, are how we measure.
+    "workload": {"client_nodes": True, "validity": {"max_coalesced_share": True}},
 }
 
 

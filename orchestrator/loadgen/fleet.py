@@ -101,10 +101,15 @@ class ClientFleet:
         return tuple(msg)
 
     def run(
-        self, plan: PointPlan, started: Callable[[], None] | None = None, n: int | None = None
+        self,
+        plan: PointPlan,
+        started: Callable[[], None] | None = None,
+        n: int | None = None,
+        start: float | None = None,
     ) -> tuple[list[RequestRecord], dict[str, float]]:
-        """Send ``plan`` split over ``n`` of the processes (default all); returns merged records
-        and the worst client stats (``client_cpu_s``: the processes' CPU seconds summed)."""
+        """Send ``plan`` split over ``n`` of the processes (default all) from ``start`` (a
+        ``now()`` instant; default just after they are all ready); returns merged records and
+        the worst client stats (``client_cpu_s``: the processes' CPU seconds summed)."""
         shares = plan.split(min(n or len(self.procs), len(self.procs)))
         for i, share in enumerate(shares):
             self.tx[i].send(("prepare", share))
@@ -112,7 +117,7 @@ class ClientFleet:
             self._expect(i, "ready", READY_TIMEOUT_S)
         if started is not None:
             started()
-        start = now() + START_LEAD_S
+        start = max(start or 0.0, now() + START_LEAD_S)
         for i in range(len(shares)):
             self.tx[i].send(("go", start))
         records: list[RequestRecord] = []

@@ -34,6 +34,8 @@ from orchestrator.loadgen.sender import (
     prewarm_count,
     worst_client_stats,
 )
+from orchestrator.loadgen.shards import START_LEAD_S as SHARD_START_LEAD_S
+from orchestrator.loadgen.shards import RemoteShards
 from orchestrator.loadgen.sizing import ClientGauge, ClientSizing, size_clients
 from orchestrator.metrics.records import RequestRecord
 
@@ -125,6 +127,9 @@ class Clients:
         self.auto = workload.client_processes == "auto"
         self.gauge = ClientGauge()
         self.fleet: ClientFleet | None = None
+        self.remote: RemoteShards | None = None
+        if workload.client_nodes > 1:
+            self.remote = RemoteShards(workload.client_nodes - 1, endpoint, workload, self.cores)
 
     def size(self, plan: PointPlan) -> tuple[int, ClientSizing | None]:
         if not self.auto:
@@ -152,6 +157,8 @@ class Clients:
     def close(self) -> None:
         if self.fleet is not None:
             self.fleet.close()
+        if self.remote is not None:
+            self.remote.close()
 
 
 def _run_point(
@@ -174,6 +181,11 @@ def _run_point(
         run_seed = repeat_seed(seed, r)
         plan = plan_point(workload, point, i, planner, run_seed, r)  # before the clock
         first = started if r == 0 else None
+        if clients.remote is not None:
+            recs, st = _run_on_nodes(runner, session, clients, clients.remote, endpoint, workload, plan, first)
+            records += recs
+            stats.append(st)
+            continue
         n, sizing = clients.size(plan)
         if sizing is not None:
             log.info("point %d: %s", i, sizing.why())
@@ -193,6 +205,48 @@ def _run_point(
         records += recs
         stats.append(st)
     return records, worst_client_stats(stats)
+
+
+def _run_on_nodes(
+    runner: asyncio.Runner,
+    session: aiohttp.ClientSession,
+    clients: Clients,
+    remote: RemoteShards,
+    endpoint: Endpoint,
+    workload: WorkloadSpec,
+    plan: PointPlan,
+    started: Callable[[], None] | None,
+) -> tuple[list[RequestRecord], dict[str, float]]:
+    """One repeat of a point split over this node and the shards on other nodes, one start
+    instant on this node's clock; records merged on it (see :mod:`orchestrator.loadgen.shards`)."""
+    shares = plan.split(len(remote.shards) + 1)
+    local, others = shares[0], shares[1:]
+    remote.prepare(others)
+    n, sizing = clients.size(local)
+    if sizing is not None:
+        log.info("point %d, this node's share: %s", plan.index, sizing.why())
+    if n <= 1:
+        runner.run(prewarm(session, endpoint, prewarm_count(local)))
+    if started is not None:
+        started()
+    start = now() + SHARD_START_LEAD_S
+    calls = remote.start(start)
+    if n > 1:
+        recs, st = clients.fleet_of(n).run(local, None, n, start)
+    else:
+        sender = PointSender(local, endpoint, workload, session)
+        recs = runner.run(sender.run(start))
+        st = {**sender.client_stats, "client_processes": 1.0}
+    if sizing is not None:
+        st.update(sizing.metrics())
+    clients.learn(local, recs, st)
+    far, far_stats = remote.finish(calls)
+    merged = worst_client_stats([st, *far_stats])
+    merged.update(remote.clock_stats())
+    for key in ("client_cpu_s", "client_processes"):
+        merged[key] = st.get(key, 0.0) + sum(s.get(key, 1.0 if key == "client_processes" else 0.0) for s in far_stats)
+    records = sorted(recs + far, key=lambda x: x.intended_send_s)
+    return records, merged
 
 
 def _more(planner: RequestPlanner, rng: np.random.Generator) -> Callable[[], PlannedRequest]:

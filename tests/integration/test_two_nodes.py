@@ -99,3 +99,58 @@ def test_a_trial_on_a_dead_node_is_run_again_on_another(tmp_path):
         if proc is not None and proc.poll() is None:
             proc.kill()
         cluster.shutdown()
+
+
+def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir):
+    """workload.client_nodes=2 on a two-node Ray cluster (both on this machine): the point's
+    streams are dealt to this node and a shard on the other, which measures its clock's offset
+    (here ~0, both being this machine's clock) and starts on the same instant; the records merge
+    onto this node's clock and each matches the server's own truth."""
+    import numpy as np
+    import ray
+
+    from orchestrator.config.schema import WorkloadSpec
+    from orchestrator.loadgen import Endpoint, run_points
+    from orchestrator.loadgen.prompts import prompt_factory
+    from tests.fake_openai_server import IsolatedFakeServer, Script
+
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    try:
+        cluster.add_node(num_cpus=1, num_gpus=0)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, include_dashboard=False, logging_level="ERROR")
+        w = WorkloadSpec.model_validate(
+            {
+                "name": "nodes",
+                "client_nodes": 2,
+                "warmup_requests": 1,
+                "classes": {"a": {"input_tokens": 16, "output_tokens": 8}},
+                "load_points": [{"concurrency": 8}],
+                "num_requests": 32,
+            }
+        )
+        stats = {}
+        with IsolatedFakeServer(Script(ttft_s=0.02, itl_s=0.01)) as srv:
+            records = run_points(
+                Endpoint(srv.base_url, "m"),
+                w,
+                prompt_factory(str(tiny_model_dir)),
+                seed=0,
+                on_point_end=lambda i, p, recs, st: stats.setdefault(i, st) and None,
+            )
+            truth = srv.truth.by_request
+        assert len(records) == 32 and all(r.ok for r in records)
+        assert len({r.request_id for r in records}) == 32
+        st = stats[0]
+        assert st["client_nodes"] == 2.0 and st["client_processes"] == 2.0
+        assert st["client_clock_offset_ms_max"] < 5.0 and st["client_clock_uncertainty_ms_max"] < 50.0
+        # Every request, from either node, read each chunk after the server wrote it and soon after.
+        for r in records:
+            sent = truth[f"lab-{r.request_id}"]["chunks"]
+            delays = np.array(r.chunk_times_s) - np.array(sent)
+            assert delays.min() > -0.005 and delays.max() < 0.1
+        assert max(r.sent_s for r in records) - min(r.sent_s for r in records) < 5.0
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

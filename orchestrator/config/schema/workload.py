@@ -339,6 +339,11 @@ class WorkloadSpec(StrictModel):
         "into one table. auto: per point, from its planned chunk rate and the client's measured CPU "
         "per chunk, up to the trial's CPUs (platform.cpus_per_trial)",
     )
+    client_nodes: PositiveInt = Field(
+        default=1,
+        description="Ray nodes the client sends each point from (>1: shards on other nodes of the "
+        "cluster, one start instant, each node's clock offset measured and corrected)",
+    )
     slo: SLOSpec = Field(default_factory=SLOSpec)
     validity: ValiditySpec = Field(default_factory=ValiditySpec)
     fidelity: FidelitySpec = Field(default_factory=FidelitySpec)

@@ -1,0 +1,225 @@
+"""Client shards on other Ray nodes (``workload.client_nodes``): one point's schedule sent from
+several machines on one start instant, its records merged onto the trial's clock.
+
+When one node's cores cannot read the streams a point asks for, its plan is split by node
+(:meth:`PointPlan.split`): the trial's own node sends one share (in this process or its local
+client processes), and a :class:`ShardActor` on each other node sends one. Each machine has
+its own monotonic clock, so:
+
+1. a :class:`ClockActor` on the trial's node answers ``now()`` on the trial's clock;
+2. each shard measures its clock's offset to it by round trips (the sample with the shortest
+   round trip; offset = trial time - the round trip's midpoint, uncertainty = half of it);
+3. the trial picks the start instant on its own clock; each shard starts at that instant less
+   its offset, sends its share, and stamps every time on its own clock, as one client would
+   (latencies are per host: a request's TTFT is measured where it was sent);
+4. the trial moves each shard's records onto its clock (+ offset) and merges them.
+
+The offsets and their uncertainties are in the point's stats (``client_clock_offset_ms_max``,
+``client_clock_uncertainty_ms_max``) and the log. The servers must be reachable from the other
+nodes (an external server, or ``engine.host`` set to an address they can reach).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from orchestrator.config.errors import LoadError
+from orchestrator.config.schema import WorkloadSpec
+from orchestrator.loadgen.client import Endpoint, prewarm
+from orchestrator.loadgen.plan import PointPlan
+from orchestrator.metrics.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+OFFSET_PROBES = 15
+ACTOR_START_TIMEOUT_S = 120.0
+START_LEAD_S = 0.25  # between the trial's "go" and the start instant: time for the call to reach each node
+
+
+class ClockActor:
+    """Answers the time on its node's monotonic clock (placed on the trial's node)."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+
+def measure_offset(clock: Any, probes: int = OFFSET_PROBES) -> tuple[float, float]:
+    """(offset, uncertainty) in seconds of ``clock``'s node against this process's clock:
+    the other clock's time = this clock's time + offset, within +- uncertainty."""
+    import ray
+
+    best: tuple[float, float] | None = None
+    for _ in range(probes):
+        t0 = time.perf_counter()
+        remote = ray.get(clock.now.remote())
+        t1 = time.perf_counter()
+        sample = (remote - (t0 + t1) / 2, (t1 - t0) / 2)
+        if best is None or sample[1] < best[1]:
+            best = sample
+    assert best is not None
+    return best
+
+
+class ShardActor:
+    """One node's client: an HTTP session kept for the trial, a share of each point sent on the
+    trial's start instant (converted to this node's clock), records on this node's clock."""
+
+    def __init__(self, endpoint: Endpoint, workload: WorkloadSpec, clock: Any) -> None:
+        from orchestrator.loadgen.sender import loop_factory, open_session_async
+
+        self.endpoint, self.workload = endpoint, workload
+        self.runner = asyncio.Runner(loop_factory=loop_factory())
+        self.session = self.runner.run(open_session_async())
+        self.offset, self.uncertainty = measure_offset(clock)
+        self.plan: PointPlan | None = None
+
+    def where(self) -> dict[str, Any]:
+        import socket
+
+        import ray
+
+        return {
+            "node": ray.get_runtime_context().get_node_id(),
+            "host": socket.gethostname(),
+            "offset_s": self.offset,
+            "uncertainty_s": self.uncertainty,
+        }
+
+    def prepare(self, plan: PointPlan) -> None:
+        """Open the share's connections before the start instant."""
+        from orchestrator.loadgen.sender import prewarm_count
+
+        self.plan = plan
+        self.runner.run(prewarm(self.session, self.endpoint, prewarm_count(plan)))
+
+    def run(self, start_on_trial_clock: float) -> tuple[list[RequestRecord], dict[str, float]]:
+        from orchestrator.loadgen.sender import PointSender
+
+        assert self.plan is not None
+        sender = PointSender(self.plan, self.endpoint, self.workload, self.session)
+        records = self.runner.run(sender.run(start_on_trial_clock - self.offset))
+        self.plan = None
+        return records, sender.client_stats
+
+    def close(self) -> None:
+        self.runner.run(self.session.close())
+        self.runner.close()
+
+
+def reachable(endpoint: Endpoint, here_ip: str | None, there_ip: str | None) -> Endpoint:
+    """The endpoint as another node reaches it: a loopback address becomes this node's address
+    when the other node is another machine (the server must listen there: ``engine.host``)."""
+    url = urlsplit(endpoint.base_url)
+    if here_ip and there_ip and here_ip != there_ip and url.hostname in ("127.0.0.1", "localhost", "::1"):
+        netloc = f"{here_ip}:{url.port}" if url.port else here_ip
+        return replace(endpoint, base_url=urlunsplit(url._replace(netloc=netloc)))
+    return endpoint
+
+
+def on_trial_clock(records: list[RequestRecord], offset: float) -> list[RequestRecord]:
+    """Records stamped on a shard's clock, moved onto the trial's (``+ offset``)."""
+    for r in records:
+        r.intended_send_s += offset
+        r.sent_s += offset
+        r.chunk_times_s = [t + offset for t in r.chunk_times_s]
+        if r.done_s is not None:
+            r.done_s += offset
+    return records
+
+
+@dataclass
+class Shard:
+    actor: Any
+    node: str
+    offset: float
+    uncertainty: float
+
+
+class RemoteShards:
+    """The trial's client shards on ``n`` other nodes of its Ray cluster (started once per
+    trial, each holding ``cores`` CPUs there); :meth:`start` and :meth:`finish` bracket the
+    local share of each point."""
+
+    def __init__(self, n: int, endpoint: Endpoint, workload: WorkloadSpec, cores: int) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = ray.get_runtime_context().get_node_id()
+        others = [x["NodeID"] for x in ray.nodes() if x.get("Alive") and x["NodeID"] != here]
+        if len(others) < n:
+            raise LoadError(f"workload.client_nodes: {n + 1} nodes asked, the Ray cluster has {len(others) + 1} alive")
+        on_here = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+        clock_cls: Any = ray.remote(num_cpus=0)(ClockActor)  # Ray's actor handles are untyped here
+        self.clock: Any = clock_cls.options(scheduling_strategy=on_here).remote()
+        shard_cls: Any = ray.remote(ShardActor)
+        ips = {x["NodeID"]: x.get("NodeManagerAddress") for x in ray.nodes()}
+        actors: list[Any] = [
+            shard_cls.options(
+                num_cpus=cores, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+            ).remote(reachable(endpoint, ips.get(here), ips.get(node)), workload, self.clock)
+            for node in others[:n]
+        ]
+        self.shards: list[Shard] = []
+        try:
+            for actor in actors:
+                w = ray.get(actor.where.remote(), timeout=ACTOR_START_TIMEOUT_S)
+                self.shards.append(Shard(actor, w["node"], w["offset_s"], w["uncertainty_s"]))
+                log.info(
+                    "client shard on node %s (%s): clock offset %+.3f ms +- %.3f ms",
+                    w["node"][:12],
+                    w["host"],
+                    w["offset_s"] * 1e3,
+                    w["uncertainty_s"] * 1e3,
+                )
+        except BaseException as exc:
+            for actor in actors:
+                ray.kill(actor)
+            ray.kill(self.clock)
+            if isinstance(exc, ray.exceptions.GetTimeoutError):
+                raise LoadError(
+                    f"workload.client_nodes: a client shard did not start within {ACTOR_START_TIMEOUT_S:.0f} s "
+                    f"(does each node have {cores} free CPUs?)"
+                ) from None
+            raise
+
+    def prepare(self, shares: list[PointPlan]) -> None:
+        import ray
+
+        ray.get([s.actor.prepare.remote(share) for s, share in zip(self.shards, shares)])
+
+    def start(self, start: float) -> list[Any]:
+        """Send each shard its share's start instant (the trial's clock); returns the calls."""
+        return [s.actor.run.remote(start) for s in self.shards]
+
+    def finish(self, calls: list[Any]) -> tuple[list[RequestRecord], list[dict[str, float]]]:
+        import ray
+
+        records: list[RequestRecord] = []
+        stats = []
+        for shard, (recs, st) in zip(self.shards, ray.get(calls)):
+            records += on_trial_clock(recs, shard.offset)
+            stats.append(st)
+        return records, stats
+
+    def clock_stats(self) -> dict[str, float]:
+        return {
+            "client_nodes": float(len(self.shards) + 1),
+            "client_clock_offset_ms_max": max(abs(s.offset) for s in self.shards) * 1e3,
+            "client_clock_uncertainty_ms_max": max(s.uncertainty for s in self.shards) * 1e3,
+        }
+
+    def close(self) -> None:
+        import ray
+
+        for s in self.shards:
+            try:
+                ray.get(s.actor.close.remote(), timeout=10)
+            except Exception:  # a shard that cannot close its session is killed anyway
+                pass
+            ray.kill(s.actor)
+        ray.kill(self.clock)
