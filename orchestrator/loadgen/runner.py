@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, prewarm, stream_request
 from orchestrator.loadgen.fleet import ClientFleet
@@ -35,7 +36,7 @@ from orchestrator.loadgen.sender import (
     worst_client_stats,
 )
 from orchestrator.loadgen.shards import START_LEAD_S as SHARD_START_LEAD_S
-from orchestrator.loadgen.shards import RemoteShards
+from orchestrator.loadgen.shards import RemoteShards, other_nodes_reaching
 from orchestrator.loadgen.sizing import ClientGauge, ClientSizing, size_clients
 from orchestrator.metrics.records import RequestRecord
 
@@ -128,8 +129,31 @@ class Clients:
         self.gauge = ClientGauge()
         self.fleet: ClientFleet | None = None
         self.remote: RemoteShards | None = None
-        if workload.client_nodes > 1:
-            self.remote = RemoteShards(workload.client_nodes - 1, endpoint, workload, self.cores)
+        nodes = workload.client_nodes
+        if nodes != "auto" and nodes > 1:
+            self.remote = RemoteShards(nodes - 1, endpoint, workload, self.cores)
+        self.spread_checked = nodes != "auto"
+
+    def spread(self, plan: PointPlan) -> None:
+        """``client_nodes: auto``: the first point that needs more client processes than this
+        node's CPUs allow starts shards on as many other nodes as it needs (and the cluster has,
+        and can reach the server from); later points use them too."""
+        if self.spread_checked or not self.auto:
+            return
+        sizing = size_clients(plan, self.cores, self.gauge.chunk_cost_s, self.gauge.stream_chunks_per_s)
+        if sizing.needed <= self.cores:
+            return
+        self.spread_checked = True
+        others = other_nodes_reaching(self.endpoint)
+        wanted = -(-sizing.needed // self.cores) - 1
+        if others == 0:
+            log.info("point %d: %s; no other Ray node can take a shard", plan.index, sizing.why())
+            return
+        log.info("point %d: %s: shards on %d other node(s)", plan.index, sizing.why(), min(wanted, others))
+        try:
+            self.remote = RemoteShards(min(wanted, others), self.endpoint, self.workload, self.cores)
+        except LoadError as exc:  # auto: this node alone still measures (its validity check judges it)
+            log.warning("client_nodes: auto: no shards on other nodes: %s", exc)
 
     def size(self, plan: PointPlan) -> tuple[int, ClientSizing | None]:
         if not self.auto:
@@ -181,6 +205,7 @@ def _run_point(
         run_seed = repeat_seed(seed, r)
         plan = plan_point(workload, point, i, planner, run_seed, r)  # before the clock
         first = started if r == 0 else None
+        clients.spread(plan)
         if clients.remote is not None:
             recs, st = _run_on_nodes(runner, session, clients, clients.remote, endpoint, workload, plan, first)
             records += recs

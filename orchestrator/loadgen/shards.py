@@ -111,6 +111,23 @@ class ShardActor:
         self.runner.close()
 
 
+def other_nodes_reaching(endpoint: Endpoint) -> int:
+    """Alive Ray nodes besides this one that can reach ``endpoint`` (0 outside Ray): all of
+    them, unless the endpoint is on loopback and they are other machines."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return 0
+        here = ray.get_runtime_context().get_node_id()
+        nodes = [x for x in ray.nodes() if x.get("Alive")]
+    except Exception:  # no cluster to ask: this node only
+        return 0
+    ips = {x["NodeID"]: x.get("NodeManagerAddress") for x in nodes}
+    loopback = urlsplit(endpoint.base_url).hostname in ("127.0.0.1", "localhost", "::1")
+    return sum(1 for n, ip in ips.items() if n != here and (not loopback or ip == ips.get(here)))
+
+
 def reachable(endpoint: Endpoint, here_ip: str | None, there_ip: str | None) -> Endpoint:
     """The endpoint as another node reaches it: a loopback address becomes this node's address
     when the other node is another machine (the server must listen there: ``engine.host``)."""

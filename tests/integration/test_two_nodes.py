@@ -101,7 +101,12 @@ def test_a_trial_on_a_dead_node_is_run_again_on_another(tmp_path):
         cluster.shutdown()
 
 
-def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir):
+@pytest.mark.parametrize(
+    ("nodes", "streams", "cores"),
+    [(2, 8, 1), ("auto", 256, 1)],  # asked for; or auto: 256 streams need 2 client processes, 1 core here
+    ids=["client_nodes=2", "client_nodes=auto"],
+)
+def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir, nodes, streams, cores):
     """workload.client_nodes=2 on a two-node Ray cluster (both on this machine): the point's
     streams are dealt to this node and a shard on the other, which measures its clock's offset
     (here ~0, both being this machine's clock) and starts on the same instant; the records merge
@@ -123,11 +128,11 @@ def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir):
         w = WorkloadSpec.model_validate(
             {
                 "name": "nodes",
-                "client_nodes": 2,
+                "client_nodes": nodes,
                 "warmup_requests": 1,
                 "classes": {"a": {"input_tokens": 16, "output_tokens": 8}},
-                "load_points": [{"concurrency": 8}],
-                "num_requests": 32,
+                "load_points": [{"concurrency": streams}],
+                "num_requests": 4 * streams,
             }
         )
         stats = {}
@@ -138,10 +143,11 @@ def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir):
                 prompt_factory(str(tiny_model_dir)),
                 seed=0,
                 on_point_end=lambda i, p, recs, st: stats.setdefault(i, st) and None,
+                client_cores=cores,
             )
             truth = srv.truth.by_request
-        assert len(records) == 32 and all(r.ok for r in records)
-        assert len({r.request_id for r in records}) == 32
+        assert len(records) == 4 * streams and all(r.ok for r in records)
+        assert len({r.request_id for r in records}) == 4 * streams
         st = stats[0]
         assert st["client_nodes"] == 2.0 and st["client_processes"] == 2.0
         assert st["client_clock_offset_ms_max"] < 5.0 and st["client_clock_uncertainty_ms_max"] < 50.0
@@ -149,7 +155,7 @@ def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir):
         for r in records:
             sent = truth[f"lab-{r.request_id}"]["chunks"]
             delays = np.array(r.chunk_times_s) - np.array(sent)
-            assert delays.min() > -0.005 and delays.max() < 0.1
+            assert delays.min() > -0.005 and delays.max() < 0.5
         assert max(r.sent_s for r in records) - min(r.sent_s for r in records) < 5.0
     finally:
         ray.shutdown()

@@ -112,7 +112,8 @@ class TrialSpec(StrictModel):
     @model_validator(mode="after")
     def _clients_reach_the_server(self) -> TrialSpec:
         host = getattr(self.engine, "host", None)
-        if self.workload.client_nodes > 1 and host in ("127.0.0.1", "localhost", "::1"):
+        nodes = self.workload.client_nodes
+        if nodes != "auto" and nodes > 1 and host in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(
                 f"workload.client_nodes: {self.workload.client_nodes}: clients on other nodes cannot reach a server "
                 f"bound to {host}: set engine.host=0.0.0.0 (or an address the other nodes reach)"

@@ -339,10 +339,12 @@ class WorkloadSpec(StrictModel):
         "into one table. auto: per point, from its planned chunk rate and the client's measured CPU "
         "per chunk, up to the trial's CPUs (platform.cpus_per_trial)",
     )
-    client_nodes: PositiveInt = Field(
-        default=1,
+    client_nodes: PositiveInt | Literal["auto"] = Field(
+        default="auto",
         description="Ray nodes the client sends each point from (>1: shards on other nodes of the "
-        "cluster, one start instant, each node's clock offset measured and corrected)",
+        "cluster, one start instant, each node's clock offset measured and corrected). auto: more "
+        "than this node only when a point needs more client processes than its CPUs allow, other "
+        "nodes are alive and they reach the server",
     )
     slo: SLOSpec = Field(default_factory=SLOSpec)
     validity: ValiditySpec = Field(default_factory=ValiditySpec)
