@@ -41,7 +41,6 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 64
-PEER_VERSIONS = {"guidellm": "guidellm==0.8.*", "aiperf": "aiperf==0.13.*"}
 
 
 class TruthServer:
@@ -178,9 +177,82 @@ def run_vllm(url: str, tokenizer: str, n: int, tmp: Path, envs: Path) -> tuple[d
     }, cpu
 
 
+# Each peer in a virtualenv of its own; GuideLLM needs torch: the CPU build this project pins
+# (without the pin pip takes the CUDA one, 6 GB).
+PEER_INSTALLS = {
+    "guidellm": ["torch==2.13.0", "guidellm==0.8.*"],
+    "aiperf": ["aiperf==0.13.*"],
+}
+
+
+def peer_env(name: str, envs: Path) -> Path:
+    """The peer's virtualenv's bin folder, made and installed on first use."""
+    venv = envs / name
+    if not (venv / "bin" / name).exists():
+        print(f"installing {name} into {venv} (once)", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "pip"), "install", "--quiet", *PEER_INSTALLS[name]]
+        pip += ["--extra-index-url", "https://download.pytorch.org/whl/cpu"] if name == "guidellm" else []
+        subprocess.run(pip, check=True)
+    return venv / "bin"
+
+
+def run_guidellm(url: str, tokenizer: str, n: int, tmp: Path, envs: Path) -> tuple[dict[str, Any], TreeCPU]:
+    argv = [
+        str(peer_env("guidellm", envs) / "guidellm"),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={url},model=tiny,request_format=/v1/completions,stream=true,http2=false",
+        "--profile",
+        f"kind=concurrent,streams={n}",
+        "--constraint",
+        f"kind=max_requests,count={2 * n}",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={tokenizer}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={INPUT_TOKENS},output_tokens={OUTPUT_TOKENS}",
+        "--output",
+        f"kind=json,path={tmp}/benchmarks.json",
+        "--disable-console",
+    ]
+    cpu = run_tree(argv, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, cwd=tmp)
+    bench = json.loads((tmp / "benchmarks.json").read_text())["benchmarks"][0]
+    ok = bench["requests"]["successful"]
+    failed = len(bench["requests"].get("errored", [])) + len(bench["requests"].get("incomplete", []))
+    return {
+        "ttft_ms": [r["time_to_first_token_ms"] for r in ok],
+        # GuideLLM keeps one mean ITL per request, not each gap
+        "itl_ms": [r["inter_token_latency_ms"] for r in ok if r.get("inter_token_latency_ms") is not None],
+        "tokens": sum(r.get("output_tokens") or 0 for r in ok),
+        "errors": failed,
+    }, cpu
+
+
+def run_aiperf(url: str, tokenizer: str, n: int, tmp: Path, envs: Path) -> tuple[dict[str, Any], TreeCPU]:
+    argv = [str(peer_env("aiperf", envs) / "aiperf"), "profile", "--model", "tiny", "--url", url]
+    argv += ["--endpoint-type", "completions", "--streaming", "--tokenizer", tokenizer]
+    argv += ["--isl", str(INPUT_TOKENS), "--isl-stddev", "0", "--osl", str(OUTPUT_TOKENS), "--osl-stddev", "0"]
+    argv += ["--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--concurrency", str(n)]
+    argv += ["--request-count", str(2 * n), "--random-seed", "0", "--artifact-dir", str(tmp / "out")]
+    argv += ["--ui", "none", "--no-server-metrics", "--no-gpu-telemetry"]
+    # Not HF_HUB_OFFLINE: with it AIPerf 0.13 sends even a local tokenizer path to the hub's API.
+    cpu = run_tree(argv, env={"AIPERF_DATASET_MMAP_BASE_PATH": str(tmp)}, cwd=tmp)
+    rows = [json.loads(x) for x in (tmp / "out" / "profile_export.jsonl").read_text().splitlines() if x.strip()]
+    ok = [r for r in rows if not r.get("error")]
+    m = [r["metrics"] for r in ok]
+    return {
+        "ttft_ms": [x["time_to_first_token"]["value"] for x in m],
+        "itl_ms": [v for x in m for v in (x.get("inter_chunk_latency", {}).get("value") or [])],
+        "tokens": sum(x.get("output_sequence_length", {}).get("value") or 0 for x in m),
+        "errors": len(rows) - len(ok),
+    }, cpu
+
+
 CLIENTS: dict[str, Callable[[str, str, int, Path, Path], tuple[dict[str, Any], TreeCPU]]] = {
     "ours": run_ours,
     "vllm": run_vllm,
+    "guidellm": run_guidellm,
+    "aiperf": run_aiperf,
 }
 
 
