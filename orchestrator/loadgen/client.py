@@ -19,12 +19,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 import aiohttp
 
+from orchestrator.loadgen.wire import WireError, WireSession
 from orchestrator.metrics.records import STATUS_ERROR, RequestRecord
 
 _loads: Callable[[bytes], Any]
@@ -146,9 +149,34 @@ def trace_config() -> aiohttp.TraceConfig:
     return tc
 
 
+_WIRES: weakref.WeakKeyDictionary[aiohttp.ClientSession, WireSession] = weakref.WeakKeyDictionary()
+
+
+def wire_of(session: aiohttp.ClientSession) -> WireSession:
+    """The plain-HTTP connections that go with an aiohttp session (streams to http:// endpoints)."""
+    wire = _WIRES.get(session)
+    if wire is None:
+        wire = _WIRES[session] = WireSession()
+    return wire
+
+
+async def close_session(session: aiohttp.ClientSession) -> None:
+    wire = _WIRES.pop(session, None)
+    if wire is not None:
+        wire.close()
+    await session.close()
+
+
 async def prewarm(session: aiohttp.ClientSession, endpoint: Endpoint, connections: int) -> None:
     """Open ``connections`` keep-alive connections before a point, so connection set-up is not
     measured as TTFT. Any answer (even 404/401) leaves a pooled connection behind."""
+    url = urlsplit(endpoint.base_url)
+    if url.scheme == "http" and url.hostname:
+        try:
+            await wire_of(session).open(url.hostname, url.port or 80, connections)
+        except OSError:  # best effort, as below
+            pass
+        return
 
     async def one() -> None:
         try:
@@ -185,6 +213,18 @@ async def stream_request(
     body = json.dumps(PAYLOADS[api](endpoint, req, ignore_eos, usage_per_chunk)).encode()
     stream = _Stream(record, DELTAS[api], text_out)
     record.sent_s = now()  # refined by trace_config() once the body is on the wire
+    parts = urlsplit(url)
+    if parts.scheme == "http" and parts.hostname:
+        try:
+            await _stream_wire(wire_of(session), parts, endpoint, req, record, body, stream, timeout_s)
+        except asyncio.CancelledError:
+            record.status, record.error = STATUS_ERROR, "cancelled"
+            raise
+        except Exception as exc:  # any failure of one request is data about that request, never a crash
+            record.status, record.error = STATUS_ERROR, f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            record.done_s = now()
+        return record
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         headers = {**endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}
@@ -214,6 +254,86 @@ async def stream_request(
     finally:
         record.done_s = now()
     return record
+
+
+async def _stream_wire(
+    wire: WireSession,
+    url: SplitResult,
+    endpoint: Endpoint,
+    req: PlannedRequest,
+    record: RequestRecord,
+    body: bytes,
+    stream: _Stream,
+    timeout_s: float,
+) -> None:
+    """One streaming request over the client's own HTTP/1.1 (:mod:`orchestrator.loadgen.wire`):
+    the body's lines reach ``stream`` from the protocol's ``data_received``, one instant per read."""
+    host, port = url.hostname or "", url.port or 80
+    headers = {"Content-Type": "application/json", **endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}
+    target = url.path + (f"?{url.query}" if url.query else "")
+    head = (
+        f"POST {target} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Length: {len(body)}\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        + "\r\n"
+    ).encode("latin-1")
+    deadline = now() + timeout_s
+    rest = [b""]
+
+    def on_body(t: float, data: bytes) -> None:
+        lines = (rest[0] + data if rest[0] else data).split(b"\n")
+        rest[0] = lines.pop()  # an incomplete line waits for the rest of it
+        if lines:
+            stream.read(t, lines)
+
+    try:
+        await _send_and_read(wire, host, port, head + body, record, stream, on_body, rest, deadline)
+    except TimeoutError:
+        raise TimeoutError(f"no complete answer within workload.request_timeout_s ({timeout_s:g} s)") from None
+
+
+async def _send_and_read(
+    wire: WireSession,
+    host: str,
+    port: int,
+    request: bytes,
+    record: RequestRecord,
+    stream: _Stream,
+    on_body: Callable[[float, bytes], None],
+    rest: list[bytes],
+    deadline: float,
+) -> None:
+    for attempt in range(2):
+        conn, pooled = await wire.acquire(host, port)
+        reuse = False
+        try:
+            conn.send(request)
+            record.sent_s = now()  # the request is in the socket
+            try:
+                status, _ = await asyncio.wait_for(conn.head, max(deadline - now(), 0.001))
+            except WireError:
+                if pooled and conn.received == 0 and attempt == 0:
+                    continue  # the server closed the idle connection: once more on a new one
+                raise
+            record.http_status = status
+            if status != 200:
+                answer: list[bytes] = []
+
+                def keep(t: float, data: bytes, into: list[bytes] = answer) -> None:
+                    into.append(data)
+
+                conn.read_body(keep)
+                reuse = await asyncio.wait_for(conn.done, max(deadline - now(), 0.001))
+                text = b"".join(answer).decode(errors="replace")[:500]
+                record.status, record.error = STATUS_ERROR, f"HTTP {status}: {text}"
+                return
+            conn.read_body(on_body)
+            reuse = await asyncio.wait_for(conn.done, max(deadline - now(), 0.001))
+            if rest[0]:
+                stream.read(now(), [rest[0]])
+            stream.end()
+            return
+        finally:
+            wire.release(host, port, conn, reuse)
 
 
 class _Stream:

@@ -34,7 +34,7 @@ from typing import Any
 
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen.client import Endpoint, now, prewarm
+from orchestrator.loadgen.client import Endpoint, close_session, now, prewarm
 from orchestrator.loadgen.plan import PointPlan
 from orchestrator.loadgen.sender import PointSender, loop_factory, open_session_async, prewarm_count, worst_client_stats
 from orchestrator.metrics.records import RequestRecord
@@ -190,7 +190,7 @@ def _serve(rx: Connection, tx: Connection) -> None:
                 records = runner.run(sender.run(go[1]))
                 tx.send(("done", records, sender.client_stats, sender.late))
         finally:
-            runner.run(session.close())
+            runner.run(close_session(session))
 
 
 def main(argv: list[str]) -> None:

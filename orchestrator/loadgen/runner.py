@@ -16,7 +16,7 @@ import numpy as np
 
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
-from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, prewarm, stream_request
+from orchestrator.loadgen.client import Endpoint, PlannedRequest, close_session, now, prewarm, stream_request
 from orchestrator.loadgen.fleet import ClientFleet
 from orchestrator.loadgen.plan import (
     FOREGROUND_PLAN,
@@ -112,7 +112,7 @@ def run_points(
                     except StopIteration:
                         break
             finally:
-                runner.run(session.close())
+                runner.run(close_session(session))
     finally:
         clients.close()
     return out

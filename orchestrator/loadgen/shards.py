@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen.client import Endpoint, prewarm
+from orchestrator.loadgen.client import Endpoint, close_session, prewarm
 from orchestrator.loadgen.plan import PointPlan
 from orchestrator.metrics.records import RequestRecord
 
@@ -107,7 +107,7 @@ class ShardActor:
         return records, sender.client_stats
 
     def close(self) -> None:
-        self.runner.run(self.session.close())
+        self.runner.run(close_session(self.session))
         self.runner.close()
 
 
