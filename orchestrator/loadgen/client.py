@@ -4,9 +4,10 @@ Every content chunk's arrival instant is recorded with the number of output toke
 carries (from the server's continuous usage stats when present, so multi-token chunks
 count right). Errors become records with ``status="error"``, never exceptions.
 
-The body is read as it comes off the socket (``readany``: everything buffered since the last
-read), not line by line: one wake-up and one clock reading per read, however many events it
-holds. A read that holds several token chunks is a coalesced read: the chunks are stamped with
+The body is read as it comes off the socket, not line by line: one clock reading per read,
+however many events it holds. Plain-HTTP endpoints go through the client's own HTTP/1.1
+(:mod:`orchestrator.loadgen.wire`), which hands each read to the stream's reader where the socket
+delivers it; HTTPS ones through aiohttp (``readany``: everything buffered since the last read). A read that holds several token chunks is a coalesced read: the chunks are stamped with
 the same instant (the first ones arrived earlier, unseen), so their gaps say nothing about the
 server; each record counts them (``coalesced_chunks``) and a point where too many chunks came so
 says its ITL is the client's (``validity.max_coalesced_share``). Kernel receive timestamps
