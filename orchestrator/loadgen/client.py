@@ -272,10 +272,10 @@ async def _stream_wire(
     host, port = url.hostname or "", url.port or 80
     headers = {"Content-Type": "application/json", **endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}
     target = url.path + (f"?{url.query}" if url.query else "")
+    name = f"[{host}]" if ":" in host else host  # never the URL's user:password
     head = (
-        f"POST {target} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Length: {len(body)}\r\n"
-        + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        + "\r\n"
+        f"POST {target} HTTP/1.1\r\nHost: {name}{f':{url.port}' if url.port else ''}\r\n"
+        f"Content-Length: {len(body)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     ).encode("latin-1")
     deadline = now() + timeout_s
     rest = [b""]
@@ -287,7 +287,8 @@ async def _stream_wire(
             stream.read(t, lines)
 
     try:
-        await _send_and_read(wire, host, port, head + body, record, stream, on_body, rest, deadline)
+        async with asyncio.timeout(timeout_s):  # the connection's set-up too
+            await _send_and_read(wire, host, port, head + body, record, stream, on_body, rest, deadline)
     except TimeoutError:
         raise TimeoutError(f"no complete answer within workload.request_timeout_s ({timeout_s:g} s)") from None
 
@@ -312,8 +313,8 @@ async def _send_and_read(
             try:
                 status, _ = await asyncio.wait_for(conn.head, max(deadline - now(), 0.001))
             except WireError:
-                if pooled and conn.received == 0 and attempt == 0:
-                    continue  # the server closed the idle connection: once more on a new one
+                if pooled and attempt == 0 and conn.lost_on_arrival():
+                    continue  # the server had closed the idle connection: once more on a new one
                 raise
             record.http_status = status
             if status != 200:

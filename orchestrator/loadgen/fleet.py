@@ -54,6 +54,8 @@ class ClientFleet:
         self.tx: list[Connection] = []
         self.rx: list[Connection] = []
         self.endpoint, self.workload = endpoint, workload
+        self._plan: PointPlan
+        self._shares: list[PointPlan] = []
         self.grow(n)
 
     def grow(self, n: int) -> None:
@@ -105,19 +107,27 @@ class ClientFleet:
         plan: PointPlan,
         started: Callable[[], None] | None = None,
         n: int | None = None,
-        start: float | None = None,
     ) -> tuple[list[RequestRecord], dict[str, float]]:
-        """Send ``plan`` split over ``n`` of the processes (default all) from ``start`` (a
-        ``now()`` instant; default just after they are all ready); returns merged records and
-        the worst client stats (``client_cpu_s``: the processes' CPU seconds summed)."""
-        shares = plan.split(min(n or len(self.procs), len(self.procs)))
-        for i, share in enumerate(shares):
-            self.tx[i].send(("prepare", share))
-        for i in range(len(shares)):
-            self._expect(i, "ready", READY_TIMEOUT_S)
+        """Send ``plan`` split over ``n`` of the processes (default all), just after they are all
+        ready; returns merged records and the worst client stats (``client_cpu_s``: the
+        processes' CPU seconds summed)."""
+        self.prepare(plan, n)
         if started is not None:
             started()
-        start = max(start or 0.0, now() + START_LEAD_S)
+        return self.go(now() + START_LEAD_S)
+
+    def prepare(self, plan: PointPlan, n: int | None = None) -> None:
+        """Hand out the shares of ``plan`` and wait until every process has warmed up."""
+        self._plan = plan
+        self._shares = plan.split(min(n or len(self.procs), len(self.procs)))
+        for i, share in enumerate(self._shares):
+            self.tx[i].send(("prepare", share))
+        for i in range(len(self._shares)):
+            self._expect(i, "ready", READY_TIMEOUT_S)
+
+    def go(self, start: float) -> tuple[list[RequestRecord], dict[str, float]]:
+        """Start the prepared shares at ``start`` (a ``now()`` instant) and wait for them."""
+        shares = self._shares
         for i in range(len(shares)):
             self.tx[i].send(("go", start))
         records: list[RequestRecord] = []
@@ -133,7 +143,9 @@ class ClientFleet:
         merged["client_cpu_s"] = sum(st.get("client_cpu_s", 0.0) for st in stats)
         if late:
             log.warning(
-                "point %d: %d requests past the plan were not sent (duration-bounded closed loop)", plan.index, late
+                "point %d: %d requests past the plan were not sent (duration-bounded closed loop)",
+                self._plan.index,
+                late,
             )
         return sorted(records, key=lambda r: r.intended_send_s), merged
 

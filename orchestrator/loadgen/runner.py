@@ -179,10 +179,12 @@ class Clients:
             self.gauge.learn(cpu, chunks, streams, stats.get("client_wall_s", 0.0))
 
     def close(self) -> None:
-        if self.fleet is not None:
-            self.fleet.close()
-        if self.remote is not None:
-            self.remote.close()
+        try:
+            if self.fleet is not None:
+                self.fleet.close()
+        finally:
+            if self.remote is not None:
+                self.remote.close()
 
 
 def _run_point(
@@ -250,14 +252,17 @@ def _run_on_nodes(
     n, sizing = clients.size(local)
     if sizing is not None:
         log.info("point %d, this node's share: %s", plan.index, sizing.why())
-    if n <= 1:
+    fleet = clients.fleet_of(n) if n > 1 else None
+    if fleet is not None:
+        fleet.prepare(local, n)  # ready before the start instant is chosen
+    else:
         runner.run(prewarm(session, endpoint, prewarm_count(local)))
     if started is not None:
         started()
     start = now() + SHARD_START_LEAD_S
     calls = remote.start(start)
-    if n > 1:
-        recs, st = clients.fleet_of(n).run(local, None, n, start)
+    if fleet is not None:
+        recs, st = fleet.go(start)
     else:
         sender = PointSender(local, endpoint, workload, session)
         recs = runner.run(sender.run(start))

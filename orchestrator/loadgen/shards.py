@@ -90,20 +90,24 @@ class ShardActor:
             "uncertainty_s": self.uncertainty,
         }
 
-    def prepare(self, plan: PointPlan) -> None:
-        """Open the share's connections before the start instant."""
+    def prepare(self, plan: PointPlan, clock: Any) -> tuple[float, float]:
+        """Open the share's connections before the start instant, and measure the clock's
+        offset again (clocks of separate machines drift apart): returns it."""
         from orchestrator.loadgen.sender import prewarm_count
 
         self.plan = plan
         self.runner.run(prewarm(self.session, self.endpoint, prewarm_count(plan)))
+        self.offset, self.uncertainty = measure_offset(clock)
+        return self.offset, self.uncertainty
 
     def run(self, start_on_trial_clock: float) -> tuple[list[RequestRecord], dict[str, float]]:
         from orchestrator.loadgen.sender import PointSender
 
-        assert self.plan is not None
-        sender = PointSender(self.plan, self.endpoint, self.workload, self.session)
+        plan, self.plan = self.plan, None  # never sent twice, whatever happens
+        if plan is None:
+            raise LoadError("client shard: run without a prepared share")
+        sender = PointSender(plan, self.endpoint, self.workload, self.session)
         records = self.runner.run(sender.run(start_on_trial_clock - self.offset))
-        self.plan = None
         return records, sender.client_stats
 
     def close(self) -> None:
@@ -182,6 +186,7 @@ class RemoteShards:
             for node in others[:n]
         ]
         self.shards: list[Shard] = []
+        self.active: list[Shard] = []
         try:
             for actor in actors:
                 w = ray.get(actor.where.remote(), timeout=ACTOR_START_TIMEOUT_S)
@@ -202,41 +207,53 @@ class RemoteShards:
                     f"workload.client_nodes: a client shard did not start within {ACTOR_START_TIMEOUT_S:.0f} s "
                     f"(does each node have {cores} free CPUs?)"
                 ) from None
+            if isinstance(exc, Exception):  # the actor died starting (a missing package there, ...)
+                raise LoadError(f"workload.client_nodes: a client shard could not start: {exc}") from exc
             raise
 
     def prepare(self, shares: list[PointPlan]) -> None:
+        """Hand the first ``len(shares)`` shards their shares (a point with fewer streams than
+        nodes leaves the others idle); each measures its clock's offset again."""
         import ray
 
-        ray.get([s.actor.prepare.remote(share) for s, share in zip(self.shards, shares)])
+        self.active = self.shards[: len(shares)]
+        measured = ray.get([s.actor.prepare.remote(share, self.clock) for s, share in zip(self.active, shares)])
+        for shard, (offset, uncertainty) in zip(self.active, measured):
+            shard.offset, shard.uncertainty = offset, uncertainty
 
     def start(self, start: float) -> list[Any]:
-        """Send each shard its share's start instant (the trial's clock); returns the calls."""
-        return [s.actor.run.remote(start) for s in self.shards]
+        """Send each prepared shard its start instant (the trial's clock); returns the calls."""
+        return [s.actor.run.remote(start) for s in self.active]
 
     def finish(self, calls: list[Any]) -> tuple[list[RequestRecord], list[dict[str, float]]]:
         import ray
 
         records: list[RequestRecord] = []
         stats = []
-        for shard, (recs, st) in zip(self.shards, ray.get(calls)):
+        for shard, (recs, st) in zip(self.active, ray.get(calls)):
             records += on_trial_clock(recs, shard.offset)
             stats.append(st)
         return records, stats
 
     def clock_stats(self) -> dict[str, float]:
+        used = self.active or self.shards
         return {
-            "client_nodes": float(len(self.shards) + 1),
-            "client_clock_offset_ms_max": max(abs(s.offset) for s in self.shards) * 1e3,
-            "client_clock_uncertainty_ms_max": max(s.uncertainty for s in self.shards) * 1e3,
+            "client_nodes": float(len(self.active) + 1),
+            "client_clock_offset_ms_max": max(abs(s.offset) for s in used) * 1e3,
+            "client_clock_uncertainty_ms_max": max(s.uncertainty for s in used) * 1e3,
         }
 
     def close(self) -> None:
+        """Kill the shards (their connections close with them), at once: a shard in the middle
+        of a point (an interrupted trial) stops sending now."""
         import ray
 
         for s in self.shards:
             try:
-                ray.get(s.actor.close.remote(), timeout=10)
-            except Exception:  # a shard that cannot close its session is killed anyway
-                pass
-            ray.kill(s.actor)
-        ray.kill(self.clock)
+                ray.kill(s.actor)
+            except Exception as exc:  # already gone
+                log.debug("client shard: %s", exc)
+        try:
+            ray.kill(self.clock)
+        except Exception as exc:
+            log.debug("clock actor: %s", exc)

@@ -23,6 +23,13 @@ from typing import Any
 now = time.perf_counter  # the client's clock (loadgen.client.now)
 
 MAX_HEADER_BYTES = 65536
+# A pooled connection idle longer than this is not reused: servers close idle keep-alive
+# connections (uvicorn after 5 s), and a POST on one they are closing may be lost or, worse,
+# reach them and be sent again.
+IDLE_REUSE_S = 4.0
+# A request is sent again on a new connection only when its pooled connection was lost this soon
+# after the send with nothing answered: the server had closed it before the request arrived.
+RETRY_WITHIN_S = 0.05
 
 
 class WireError(Exception):
@@ -37,6 +44,8 @@ class _Conn(asyncio.Protocol):
         self.loop = loop
         self.transport: Any = None  # asyncio's or uvloop's (not an asyncio.Transport subclass)
         self.lost = False
+        self.lost_at: float | None = None
+        self.idle_since = self.sent_at = now()
         self._reset()
 
     def _reset(self) -> None:
@@ -59,15 +68,18 @@ class _Conn(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
+        self.lost, self.lost_at = True, now()
         if self.state == "close" and exc is None:  # a body that ends with the connection
             self.state = "end"
             self._finish(False)
             return
-        error = WireError(f"connection lost{f': {exc}' if exc else ''} ({self.received} bytes of the answer)")
+        self._fail(WireError(f"connection lost{f': {exc}' if exc else ''} ({self.received} bytes of the answer)"))
+
+    def _fail(self, exc: BaseException) -> None:
         for fut in (self.head, self.done):
             if not fut.done():
-                fut.set_exception(error)
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: nobody may be waiting (an unused or abandoned connection)
 
     def data_received(self, data: bytes) -> None:
         t = now()
@@ -75,19 +87,16 @@ class _Conn(asyncio.Protocol):
         buf = self.buf + data if self.buf else data
         body: list[bytes] = []
         try:
-            buf = self._parse(buf, body)
-        except WireError as exc:
-            for fut in (self.head, self.done):
-                if not fut.done():
-                    fut.set_exception(exc)
+            self.buf = self._parse(buf, body)
+            if body:
+                if self.on_body is not None:
+                    self.on_body(t, b"".join(body))
+                else:
+                    self.pending.append((t, b"".join(body)))
+        except Exception as exc:  # a bad answer, or a stream its reader cannot read: this request fails so
+            self._fail(exc)
             self.abort()
             return
-        self.buf = buf
-        if body:
-            if self.on_body is not None:
-                self.on_body(t, b"".join(body))
-            else:
-                self.pending.append((t, b"".join(body)))
         if self.state == "end":
             self._finish(self.keep_alive)
 
@@ -151,16 +160,26 @@ class _Conn(asyncio.Protocol):
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
             raise WireError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-        status = int(parts[1])
+        try:
+            status = int(parts[1])
+        except ValueError:
+            raise WireError(f"bad status line {lines[0][:80]!r}") from None
+        if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+            return
         headers: dict[str, str] = {}
         for line in lines[1:]:
             key, _, value = line.partition(":")
             headers[key.strip().lower()] = value.strip()
         self.keep_alive = headers.get("connection", "").lower() != "close" and parts[0] != "HTTP/1.0"
-        if "chunked" in headers.get("transfer-encoding", "").lower():
+        if status in (204, 304):
+            self.state = "end"
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
             self.state = "size"
         elif "content-length" in headers:
-            self.remaining = int(headers["content-length"])
+            try:
+                self.remaining = int(headers["content-length"])
+            except ValueError:
+                raise WireError(f"bad Content-Length {headers['content-length'][:40]!r}") from None
             self.state = "length" if self.remaining else "end"
         else:
             self.state, self.keep_alive = "close", False
@@ -183,7 +202,13 @@ class _Conn(asyncio.Protocol):
     def send(self, data: bytes) -> None:
         assert self.transport is not None
         self._reset()
+        self.sent_at = now()
         self.transport.write(data)
+
+    def lost_on_arrival(self) -> bool:
+        """Lost just after a request was sent on it, nothing answered: closed by the server
+        before the request arrived (safe to send it again on a new connection)."""
+        return self.received == 0 and self.lost_at is not None and self.lost_at - self.sent_at < RETRY_WITHIN_S
 
     def abort(self) -> None:
         self.lost = True
@@ -209,13 +234,16 @@ class WireSession:
         idle = self._idle.get((host, port), [])
         while idle:
             conn = idle.pop()
-            if not conn.lost and conn.transport is not None and not conn.transport.is_closing():
+            fresh = now() - conn.idle_since < IDLE_REUSE_S
+            if fresh and not conn.lost and conn.transport is not None and not conn.transport.is_closing():
                 return conn, True
+            conn.abort()
             self._all.discard(conn)
         return await self._new(host, port), False
 
     def release(self, host: str, port: int, conn: _Conn, reuse: bool) -> None:
         if reuse and not conn.lost:
+            conn.idle_since = now()
             self._idle.setdefault((host, port), []).append(conn)
         else:
             conn.abort()
@@ -224,7 +252,8 @@ class WireSession:
     async def open(self, host: str, port: int, n: int) -> None:
         """Have at least ``n`` idle connections to (host, port) (connection set-up is not TTFT)."""
         idle = self._idle.setdefault((host, port), [])
-        idle[:] = [c for c in idle if not c.lost]
+        idle[:] = [c for c in idle if not c.lost and now() - c.idle_since < IDLE_REUSE_S]
+        self._all = {c for c in self._all if not c.lost}
         missing = n - len(idle)
         if missing > 0:
             conns = await asyncio.gather(*(self._new(host, port) for _ in range(missing)), return_exceptions=True)

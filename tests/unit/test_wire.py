@@ -147,3 +147,53 @@ def test_a_stream_cut_short_is_an_error_not_a_hang():
     rec = asyncio.run(main())
     assert rec.status == "error" and "connection lost" in (rec.error or "")
     assert rec.chunk_tokens == [1, 1]  # what arrived is kept
+
+
+def test_what_the_review_found(caplog):
+    """A bad event fails its request with the reader's own error (not a lost connection, no
+    loop-level traceback); an interim 100 answer is skipped; the Host header has no credentials;
+    no future is left with an exception nobody retrieved."""
+    import gc
+    import logging
+
+    async def main():
+        bad = OK_HEAD + chunked(b"data: [1]\n\n", [])
+        cont = b"HTTP/1.1 100 Continue\r\n\r\n" + OK_HEAD + chunked(sse("a"), [])
+        server, port, seen = await serve([bad, cont])
+        async with server:
+            session = await open_session_async()
+            try:
+                await wire_of(session).open("127.0.0.1", port, 3)  # two of them never used
+                req = PlannedRequest(1, "a", "hello", 1, 3)
+                endpoint = Endpoint(f"http://user:secret@127.0.0.1:{port}", "m")
+                first = await stream_request(session, endpoint, req, RequestRecord(1, 0, "a", 0.0, 0.0, 1, 3))
+                second = await one(port, session, 2)
+            finally:
+                await close_session(session)
+            await asyncio.sleep(0.05)
+        return first, second, seen
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        first, second, seen = asyncio.run(main())
+        gc.collect()
+    assert first.status == "error" and first.error.startswith("ValueError: unexpected SSE payload"), first.error
+    assert second.ok and second.http_status == 200, second.error
+    assert b"Host: 127.0.0.1:" in seen[0] and b"secret" not in seen[0]
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage() or "Fatal error" in r.getMessage()]
+
+
+def test_the_request_timeout_covers_the_connection():
+    async def main():
+        req = PlannedRequest(1, "a", "hello", 1, 3)
+        rec = RequestRecord(1, 0, "a", 0.0, 0.0, 1, 3)
+        session = await open_session_async()
+        try:
+            # an address that drops packets (or is unreachable here): never a hang past the timeout
+            return await asyncio.wait_for(
+                stream_request(session, Endpoint("http://10.255.255.1:81", "m"), req, rec, timeout_s=0.5), 5
+            )
+        finally:
+            await close_session(session)
+
+    rec = asyncio.run(main())
+    assert rec.status == "error" and rec.done_s - rec.sent_s < 2
