@@ -215,38 +215,11 @@ async def stream_request(
     stream = _Stream(record, DELTAS[api], text_out)
     record.sent_s = now()  # refined by trace_config() once the body is on the wire
     parts = urlsplit(url)
-    if parts.scheme == "http" and parts.hostname:
-        try:
-            await _stream_wire(wire_of(session), parts, endpoint, req, record, body, stream, timeout_s)
-        except asyncio.CancelledError:
-            record.status, record.error = STATUS_ERROR, "cancelled"
-            raise
-        except Exception as exc:  # any failure of one request is data about that request, never a crash
-            record.status, record.error = STATUS_ERROR, f"{type(exc).__name__}: {exc}"[:500]
-        finally:
-            record.done_s = now()
-        return record
     try:
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        headers = {**endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}
-        async with session.post(
-            url, data=body, headers=headers, timeout=timeout, trace_request_ctx={"record": record}
-        ) as resp:
-            record.http_status = resp.status
-            if resp.status != 200:
-                answer = (await resp.text())[:500]
-                record.status, record.error = STATUS_ERROR, f"HTTP {resp.status}: {answer}"
-                return record
-            content, rest = resp.content, b""
-            while data := await content.readany():  # read to the end: the connection goes back to the pool
-                t = now()
-                lines = (rest + data if rest else data).split(b"\n")
-                rest = lines.pop()  # an incomplete line waits for the rest of it
-                if lines:
-                    stream.read(t, lines)
-            if rest:
-                stream.read(now(), [rest])
-            stream.end()
+        if parts.scheme == "http" and parts.hostname:
+            await _stream_wire(wire_of(session), parts, endpoint, req, record, body, stream, timeout_s)
+        else:
+            await _stream_aiohttp(session, url, endpoint, req, record, body, stream, timeout_s)
     except asyncio.CancelledError:
         record.status, record.error = STATUS_ERROR, "cancelled"
         raise
@@ -255,6 +228,33 @@ async def stream_request(
     finally:
         record.done_s = now()
     return record
+
+
+async def _stream_aiohttp(
+    session: aiohttp.ClientSession,
+    url: str,
+    endpoint: Endpoint,
+    req: PlannedRequest,
+    record: RequestRecord,
+    body: bytes,
+    stream: _Stream,
+    timeout_s: float,
+) -> None:
+    """One streaming request through aiohttp (HTTPS endpoints): each ``readany`` (everything
+    buffered since the last read) reaches ``stream`` with one instant."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    headers = {**endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}
+    async with session.post(
+        url, data=body, headers=headers, timeout=timeout, trace_request_ctx={"record": record}
+    ) as resp:
+        record.http_status = resp.status
+        if resp.status != 200:
+            answer = (await resp.text())[:500]
+            record.status, record.error = STATUS_ERROR, f"HTTP {resp.status}: {answer}"
+            return
+        while data := await resp.content.readany():  # read to the end: the connection goes back to the pool
+            stream.feed(now(), data)
+        stream.end()
 
 
 async def _stream_wire(
@@ -278,17 +278,9 @@ async def _stream_wire(
         f"Content-Length: {len(body)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     ).encode("latin-1")
     deadline = now() + timeout_s
-    rest = [b""]
-
-    def on_body(t: float, data: bytes) -> None:
-        lines = (rest[0] + data if rest[0] else data).split(b"\n")
-        rest[0] = lines.pop()  # an incomplete line waits for the rest of it
-        if lines:
-            stream.read(t, lines)
-
     try:
         async with asyncio.timeout(timeout_s):  # the connection's set-up too
-            await _send_and_read(wire, host, port, head + body, record, stream, on_body, rest, deadline)
+            await _send_and_read(wire, host, port, head + body, record, stream, deadline)
     except TimeoutError:
         raise TimeoutError(f"no complete answer within workload.request_timeout_s ({timeout_s:g} s)") from None
 
@@ -300,8 +292,6 @@ async def _send_and_read(
     request: bytes,
     record: RequestRecord,
     stream: _Stream,
-    on_body: Callable[[float, bytes], None],
-    rest: list[bytes],
     deadline: float,
 ) -> None:
     for attempt in range(2):
@@ -328,10 +318,8 @@ async def _send_and_read(
                 text = b"".join(answer).decode(errors="replace")[:500]
                 record.status, record.error = STATUS_ERROR, f"HTTP {status}: {text}"
                 return
-            conn.read_body(on_body)
+            conn.read_body(stream.feed)
             reuse = await asyncio.wait_for(conn.done, max(deadline - now(), 0.001))
-            if rest[0]:
-                stream.read(now(), [rest[0]])
             stream.end()
             return
         finally:
@@ -342,7 +330,7 @@ class _Stream:
     """One response's server-sent events, read into its record: a token count and an arrival
     time per chunk that carried tokens, the usage the server reported, errors."""
 
-    __slots__ = ("closing_s", "completion_tokens", "delta_of", "record", "saw_done", "text_out")
+    __slots__ = ("closing_s", "completion_tokens", "delta_of", "record", "rest", "saw_done", "text_out")
 
     def __init__(
         self, record: RequestRecord, delta_of: Callable[[dict[str, Any]], str | None], text_out: list[str] | None
@@ -351,6 +339,14 @@ class _Stream:
         self.completion_tokens = 0
         self.saw_done = False
         self.closing_s: float | None = None  # time of a skipped empty closing chunk (see below)
+        self.rest = b""  # an incomplete line, waiting for the rest of it
+
+    def feed(self, t: float, data: bytes) -> None:
+        """The bytes of one read of the body, at ``t``: its complete lines are read."""
+        lines = (self.rest + data if self.rest else data).split(b"\n")
+        self.rest = lines.pop()
+        if lines:
+            self.read(t, lines)
 
     def read(self, t: float, lines: list[bytes]) -> None:
         """The complete lines of one read at ``t``; token chunks beyond the first of a read are
@@ -412,6 +408,9 @@ class _Stream:
 
     def end(self) -> None:
         """The stream is over: was it complete, and did the closing chunk carry a token?"""
+        if self.rest:  # a last line without its newline
+            self.read(now(), [self.rest])
+            self.rest = b""
         record = self.record
         if not self.saw_done and record.status != STATUS_ERROR:
             record.status, record.error = STATUS_ERROR, "stream ended without [DONE]"

@@ -123,13 +123,13 @@ class _Conn(asyncio.Protocol):
                     raise WireError(f"bad chunk size {buf[:end][:40]!r}") from None
                 buf = buf[end + 2 :]
                 self.remaining, self.state = size, ("data" if size else "trailer")
-            elif state == "data":
+            elif state in ("data", "length"):  # a chunk's payload, or a body of known length
                 take = buf[: self.remaining]
                 body.append(take)
                 self.remaining -= len(take)
                 buf = buf[len(take) :]
                 if not self.remaining:
-                    self.state = "crlf"
+                    self.state = "crlf" if state == "data" else "end"
             elif state == "crlf":
                 if len(buf) < 2:
                     return buf
@@ -140,13 +140,6 @@ class _Conn(asyncio.Protocol):
                     return buf
                 buf, line = buf[end + 2 :], buf[:end]
                 if not line:
-                    self.state = "end"
-            elif state == "length":
-                take = buf[: self.remaining]
-                body.append(take)
-                self.remaining -= len(take)
-                buf = buf[len(take) :]
-                if not self.remaining:
                     self.state = "end"
             elif state == "close":
                 body.append(buf)

@@ -197,3 +197,36 @@ def test_the_request_timeout_covers_the_connection():
 
     rec = asyncio.run(main())
     assert rec.status == "error" and rec.done_s - rec.sent_s < 2
+
+
+def test_the_aiohttp_path_reads_what_the_wire_reads():
+    """HTTPS endpoints go through aiohttp (_stream_aiohttp): the same answer reads the same."""
+    from orchestrator.loadgen.client import API_PATHS, DELTAS, _Stream, _stream_aiohttp
+
+    async def main():
+        answer = OK_HEAD + chunked(sse("a", "b", "c"), [5, 40, 1])
+        server, port, _ = await serve([answer, answer], pieces=7, gap_s=0.001)
+        async with server:
+            session = await open_session_async()
+            try:
+                by_wire = await one(port, session, 1)
+                rec = RequestRecord(2, 0, "a", 0.0, 0.0, 1, 3)
+                endpoint = Endpoint(f"http://127.0.0.1:{port}", "m")
+                url = endpoint.base_url + API_PATHS["completions"]
+                await _stream_aiohttp(
+                    session,
+                    url,
+                    endpoint,
+                    PlannedRequest(2, "a", "hello", 1, 3),
+                    rec,
+                    b"{}",
+                    _Stream(rec, DELTAS["completions"], None),
+                    5,
+                )
+            finally:
+                await close_session(session)
+        return by_wire, rec
+
+    by_wire, by_aiohttp = asyncio.run(main())
+    assert by_wire.ok and by_aiohttp.status == by_wire.status and by_aiohttp.http_status == 200
+    assert by_aiohttp.chunk_tokens == by_wire.chunk_tokens == [1, 1, 1]
