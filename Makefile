@@ -94,8 +94,21 @@ install-gpu:
 	$(PY) -m pip install --quiet -e ".[gpu,eval]"
 	$(MAKE) engines-gpu
 
+# Disk each environment takes at its peak (installed, plus pip's unpacked wheels in TMPDIR),
+# measured 2026-11: vllm-gpu 9.2 GB installed, sglang-gpu 11 GB. A full disk is said before pip
+# starts, with what to do, not as pip's OSError halfway through (a CI run ended that way).
+ENGINE_GB_vllm-gpu   := 13
+ENGINE_GB_sglang-gpu := 15
+
 $(ENGINES)/%/.installed: engines/%.txt engines/%.lock
 	rm -rf $(ENGINES)/$*
+	@need=$(ENGINE_GB_$*); mkdir -p $(ENGINES); \
+	  free=$$(df -Pk $(ENGINES) | awk 'NR==2 {print int($$4/1048576)}'); \
+	  tmpfree=$$(df -Pk $${TMPDIR:-/tmp} | awk 'NR==2 {print int($$4/1048576)}'); \
+	  if [ "$$free" -lt "$$need" ] || [ "$$tmpfree" -lt 4 ]; then \
+	    echo "error: $(ENGINES)/$* needs about $$need GB free on the disk of $(ENGINES) ($$free GB free) and 4 GB in $${TMPDIR:-/tmp} ($$tmpfree GB free)." >&2; \
+	    echo "  Free some disk (another clone's .engines holds about 20 GB: du -sh */.engines), or set ENGINES=<a folder on a larger disk>." >&2; \
+	    exit 1; fi
 	$(PYTHON) -m venv $(ENGINES)/$*
 	$(ENGINES)/$*/bin/python -m pip install --quiet --upgrade pip
 	$(ENGINES)/$*/bin/python -m pip install --quiet -r engines/$*.txt -c engines/$*.lock
