@@ -45,8 +45,16 @@ def main() -> None:
     ap.add_argument("--start-delay", type=float, default=0.0)
     ap.add_argument("--engine-dies-after", type=float, default=None)
     ap.add_argument("--quietly", action="store_true")
+    ap.add_argument("--shm", action="store_true", help="create a shared-memory segment, as vLLM's executor does")
     a = ap.parse_args()
     print("fake engine starting", flush=True)
+    if a.shm:  # registered with Python's resource tracker, which unlinks it unless KILLed too
+        from multiprocessing import shared_memory
+
+        segment = shared_memory.SharedMemory(create=True, size=4 << 20)
+        assert segment.buf is not None
+        segment.buf[: 1 << 20] = b"x" * (1 << 20)
+        print(f"shm {segment.name}", flush=True)
     if a.exit_at_start:
         print("ValueError: No common block size for 8", flush=True)
         sys.exit(3)

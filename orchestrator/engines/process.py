@@ -27,6 +27,7 @@ import psutil
 
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
 from orchestrator.config.logs import cause_line, explain
+from orchestrator.engines import shm
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +169,14 @@ class ServerProcess:
         self.fatal_log_markers = tuple(fatal_log_markers)
         self._log_scanned = 0  # bytes of the log already searched for fatal markers
         self._healthy_at = 0  # log size when the server became healthy: later errors are the run's
+        self._shm: shm.ShmMark | None = None  # /dev/shm when it started (see stop)
 
     # -- start / health -------------------------------------------------------------
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")
+        self._shm = started = shm.mark()
         try:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -190,7 +193,14 @@ class ServerProcess:
         _RUNNING.add(self.proc.pid)
         try:
             self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.engines.watchdog", str(os.getpid()), str(self.proc.pid)],
+                [
+                    sys.executable,
+                    "-m",
+                    "orchestrator.engines.watchdog",
+                    str(os.getpid()),
+                    str(self.proc.pid),
+                    repr(started.since),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -311,7 +321,8 @@ class ServerProcess:
     def stop(self) -> None:
         """TERM the process group, wait up to the grace period, then KILL it. Once the group's
         leader has exited, what is left of the group (its orchestrator gone) gets only
-        ``ORPHAN_GRACE_S``. Idempotent."""
+        ``ORPHAN_GRACE_S``. Then the shared-memory segments it left (:mod:`.shm`) are removed.
+        Idempotent."""
         proc = self.proc
         if proc is not None:
             pgid = proc.pid  # start_new_session: the pid is the group id
@@ -329,6 +340,11 @@ class ServerProcess:
                 except subprocess.TimeoutExpired:
                     log.error("%s (pid %d) did not exit after KILL", self.name, proc.pid)
             _RUNNING.discard(pgid)
+            if self._shm is not None and not group_alive(pgid):
+                removed = shm.remove_left(self._shm)  # a KILLed group's resource tracker died with it
+                if removed:
+                    log.warning("%s: removed %s", self.name, shm.describe(removed))
+                self._shm = None
         self._watchdog = None  # the detached watcher exits by itself once the group is gone
 
     def __enter__(self) -> ServerProcess:

@@ -1,9 +1,10 @@
-"""Watchdog: ``python -m orchestrator.engines.watchdog OWNER_PID SERVER_PGID``.
+"""Watchdog: ``python -m orchestrator.engines.watchdog OWNER_PID SERVER_PGID [STARTED_AT]``.
 
 Runs detached next to an engine server. If the owner process (the one that started the
 server) disappears without stopping it, the watchdog TERMs and then KILLs the server's
-process group, so no engine is left holding cores or GPUs. It exits by itself once the
-group is gone.
+process group, so no engine is left holding cores or GPUs, and removes the shared-memory
+segments the group left (:mod:`orchestrator.engines.shm`). It exits by itself once the group
+is gone.
 
 It double-forks at start: a supervisor such as a Ray worker kills its *direct* children
 when it dies (and so would kill a plain child watchdog along with the server's leader,
@@ -20,6 +21,7 @@ import time
 
 import psutil
 
+from orchestrator.engines import shm
 from orchestrator.engines.process import group_alive, wait_group
 
 
@@ -69,7 +71,9 @@ def kill_group(pgid: int, grace_s: float) -> None:
         pass
 
 
-def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> int:
+def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0, since: float | None = None) -> int:
+    """``since``: when the server started (wall clock); the segments created after it are its."""
+    at_start = shm.ShmMark(frozenset(), since) if since is not None else shm.mark()
     try:
         owner_created: float | None = started_at(psutil.Process(owner))
     except psutil.Error:
@@ -77,6 +81,11 @@ def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> 
     while group_alive(pgid):
         if not owner_alive(owner, owner_created):
             kill_group(pgid, grace_s)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and group_alive(pgid):
+                time.sleep(0.1)
+            if not group_alive(pgid):
+                shm.remove_left(at_start)  # its owner, which would have, is gone
             return 0
         time.sleep(poll_s)
     return 0
@@ -84,12 +93,13 @@ def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> 
 
 def main(argv: list[str]) -> int:
     owner, pgid = int(argv[1]), int(argv[2])
+    since = float(argv[3]) if len(argv) > 3 else None
     if os.fork() > 0:  # detach: the first child exits, the grandchild watches
         os._exit(0)
     os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the owner's business
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    return watch(owner, pgid)
+    return watch(owner, pgid, since=since)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
+from orchestrator.engines import shm
 from orchestrator.engines.process import ServerProcess, free_port, group_alive, interrupts_stop_servers, port_is_free
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fake_engine.py")
@@ -130,11 +131,11 @@ def test_argv_must_be_a_list(tmp_path):
         ServerProcess("python -m x", {}, tmp_path / "l", "http://x")
 
 
-def _owner_with_server(tmp_path, port):
+def _owner_with_server(tmp_path, port, flags=("--spawn-child",)):
     owner_code = textwrap.dedent(f"""
         import os, sys, time
         from orchestrator.engines.process import ServerProcess
-        s = ServerProcess([sys.executable, {FAKE!r}, "{port}", "--spawn-child"], dict(os.environ),
+        s = ServerProcess([sys.executable, {FAKE!r}, "{port}", *{list(flags)!r}], dict(os.environ),
                           __import__("pathlib").Path({str(tmp_path / "o.log")!r}), "http://127.0.0.1:{port}/health")
         s.start(); s.wait_healthy(20)
         print(s.pid, flush=True)
@@ -265,3 +266,68 @@ def test_a_failing_health_check_alone_is_a_death_too(tmp_path):
         time.sleep(1.5)
         with pytest.raises(ServerCrashedError, match=r"its health check answers HTTP 503"):
             s.check_alive()
+
+
+def _segment_named_in(log_path, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log_path.read_text().splitlines() if log_path.exists() else []:
+            if line.startswith("shm "):
+                return line.split()[1]
+        time.sleep(0.1)
+    raise AssertionError(f"no 'shm' line in {log_path}")
+
+
+def _orphan_segment():
+    """A segment nobody maps and no resource tracker will unlink: a leftover from before."""
+    from multiprocessing import resource_tracker, shared_memory
+
+    seg = shared_memory.SharedMemory(create=True, size=4096)
+    resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
+    seg.close()
+    return seg
+
+
+@pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm")
+def test_the_segments_a_killed_server_left_in_dev_shm_are_removed(tmp_path, caplog):
+    """A server that ignores TERM is KILLed with its process group, Python's resource tracker
+    included, so its shared-memory segment stays (as vLLM's MessageQueue buffers did, 28 of them
+    here). stop() removes it; an orphan from before the start and a segment a live process maps
+    stay."""
+    from multiprocessing import shared_memory
+
+    older = _orphan_segment()
+    live = None
+    try:
+        s = server(tmp_path, "--ignore-term", "--shm", grace=1.0)
+        with caplog.at_level("WARNING"), s:
+            s.wait_healthy(20)
+            left = _segment_named_in(s.log_path)
+            live = shared_memory.SharedMemory(create=True, size=4096)  # this process maps it
+            time.sleep(shm.MIN_AGE_S)
+        assert not (shm.SHM_DIR / left).exists()
+        assert f"removed 1 shared-memory segment(s) left in /dev/shm ({left};" in caplog.text
+        assert (shm.SHM_DIR / older.name).exists() and (shm.SHM_DIR / live.name).exists()
+    finally:
+        older.unlink()
+        if live is not None:
+            live.close()
+            live.unlink()
+
+
+@pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm")
+def test_the_watchdog_removes_what_the_group_it_killed_left(tmp_path):
+    port = free_port()
+    owner = _owner_with_server(tmp_path, port, flags=("--ignore-term", "--shm"))
+    try:
+        pgid = int(owner.stdout.readline())
+        left = _segment_named_in(tmp_path / "o.log")
+        owner.send_signal(signal.SIGKILL)
+        assert _wait_group_gone(pgid, timeout=30), "watchdog did not stop the orphaned server group"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (shm.SHM_DIR / left).exists():
+            time.sleep(0.2)
+        assert not (shm.SHM_DIR / left).exists()
+    finally:
+        owner.kill()
+        owner.wait(10)
