@@ -12,6 +12,10 @@ becomes the bottleneck (the point is then flagged invalid). ``workload.client_pr
 4. records (request ids are unique across shares) and client stats come back and merge
    into one table, as if one client had sent them.
 
+A duration-bounded closed loop may outrun its plan: a process then asks the driver, which
+holds the request planner (the tokenizer, the datasets, one sequence of request ids), for
+more over its pipe, before its share runs out (:class:`PipeRefill`).
+
 The processes are started once per trial and reused for every point. They ignore Ctrl-C
 (the driver stops them), die with their parent (``PR_SET_PDEATHSIG``), and exit when their
 pipe closes.
@@ -20,6 +24,7 @@ pipe closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import os
@@ -27,19 +32,23 @@ import signal
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable
-from multiprocessing.connection import Connection
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen.client import Endpoint, close_session, now, prewarm
+from orchestrator.loadgen.client import Endpoint, PlannedRequest, close_session, now, prewarm
 from orchestrator.loadgen.plan import PointPlan
 from orchestrator.loadgen.sender import PointSender, loop_factory, open_session_async, prewarm_count, worst_client_stats
 from orchestrator.metrics.records import RequestRecord
 
 log = logging.getLogger(__name__)
+
+MakeMore = Callable[[int], list[PlannedRequest]]
+# Client stats that add up over processes (the others: the worst process's value).
+SUMMED_STATS = ("client_cpu_s", "client_streams_ended_early")
 
 # Between "all ready" and the shared start instant: time for the "go" message to reach every process.
 START_LEAD_S = 0.05
@@ -87,19 +96,26 @@ class ClientFleet:
         waited = 0.0
         while not self.rx[i].poll(1.0):
             waited += 1.0
-            code = self.procs[i].poll()
-            if code is not None:
-                raise LoadError(f"client process {i} (pid {self.procs[i].pid}) exited with code {code}")
+            self._check_alive(i)
             if timeout_s is not None and waited >= timeout_s:
                 raise LoadError(f"client process {i} sent no '{kind}' within {timeout_s:.0f} s")
+        msg = self._recv(i)
+        if msg[0] != kind:
+            raise LoadError(f"client process {i} sent '{msg[0]}', expected '{kind}'")
+        return msg
+
+    def _check_alive(self, i: int) -> None:
+        code = self.procs[i].poll()
+        if code is not None:
+            raise LoadError(f"client process {i} (pid {self.procs[i].pid}) exited with code {code}")
+
+    def _recv(self, i: int) -> tuple[Any, ...]:
         try:
             msg = self.rx[i].recv()
         except EOFError:
             raise LoadError(f"client process {i} closed its pipe (exit code {self.procs[i].wait(5)})") from None
         if msg[0] == "error":
             raise LoadError(f"client process {i} failed:\n{msg[1]}")
-        if msg[0] != kind:
-            raise LoadError(f"client process {i} sent '{msg[0]}', expected '{kind}'")
         return tuple(msg)
 
     def run(
@@ -107,14 +123,16 @@ class ClientFleet:
         plan: PointPlan,
         started: Callable[[], None] | None = None,
         n: int | None = None,
+        make: MakeMore | None = None,
     ) -> tuple[list[RequestRecord], dict[str, float]]:
         """Send ``plan`` split over ``n`` of the processes (default all), just after they are all
         ready; returns merged records and the worst client stats (``client_cpu_s``: the
-        processes' CPU seconds summed)."""
+        processes' CPU seconds summed). ``make(k)``: k more requests for a process whose
+        share of a duration-bounded closed loop runs out."""
         self.prepare(plan, n)
         if started is not None:
             started()
-        return self.go(now() + START_LEAD_S)
+        return self.go(now() + START_LEAD_S, make)
 
     def prepare(self, plan: PointPlan, n: int | None = None) -> None:
         """Hand out the shares of ``plan`` and wait until every process has warmed up."""
@@ -125,28 +143,39 @@ class ClientFleet:
         for i in range(len(self._shares)):
             self._expect(i, "ready", READY_TIMEOUT_S)
 
-    def go(self, start: float) -> tuple[list[RequestRecord], dict[str, float]]:
-        """Start the prepared shares at ``start`` (a ``now()`` instant) and wait for them."""
+    def go(self, start: float, make: MakeMore | None = None) -> tuple[list[RequestRecord], dict[str, float]]:
+        """Start the prepared shares at ``start`` (a ``now()`` instant) and wait for them,
+        answering their requests for more with ``make`` (none: an empty answer)."""
         shares = self._shares
         for i in range(len(shares)):
             self.tx[i].send(("go", start))
+        done: dict[int, tuple[Any, ...]] = {}
+        waiting = {self.rx[i]: i for i in range(len(shares))}
+        while waiting:
+            ready = wait(list(waiting), timeout=1.0)
+            if not ready:
+                for i in waiting.values():
+                    self._check_alive(i)
+            for conn in ready:
+                i = waiting[conn]  # type: ignore[index]  # wait() returns the objects it was given
+                msg = self._recv(i)
+                if msg[0] == "more":
+                    self.tx[i].send(("more", make(msg[1]) if make is not None else []))
+                elif msg[0] == "done":
+                    done[i] = msg
+                    del waiting[conn]  # type: ignore[arg-type]
+                else:
+                    raise LoadError(f"client process {i} sent '{msg[0]}' during a point")
         records: list[RequestRecord] = []
         stats: list[dict[str, float]] = []
-        late = 0
         for i in range(len(shares)):
-            _, recs, st, n_late = self._expect(i, "done", None)
+            _, recs, st = done[i]
             records += recs
             stats.append(st)
-            late += n_late
         merged = worst_client_stats(stats)
         merged["client_processes"] = float(len(shares))
-        merged["client_cpu_s"] = sum(st.get("client_cpu_s", 0.0) for st in stats)
-        if late:
-            log.warning(
-                "point %d: %d requests past the plan were not sent (duration-bounded closed loop)",
-                self._plan.index,
-                late,
-            )
+        for key in SUMMED_STATS:
+            merged[key] = sum(st.get(key, 0.0) for st in stats)
         return sorted(records, key=lambda r: r.intended_send_s), merged
 
     def close(self) -> None:
@@ -168,6 +197,41 @@ class ClientFleet:
 
 
 # ----------------------------------------------------------------------------- client process
+
+
+class PipeRefill:
+    """A client process's refill: asks the driver for ``n`` more requests over its pipe and
+    waits for the answer on its event loop (the pipe is read only while a point runs)."""
+
+    def __init__(self, rx: Connection, tx: Connection) -> None:
+        self.rx, self.tx = rx, tx
+        self._answer: asyncio.Future[list[PlannedRequest]] | None = None
+
+    @contextlib.contextmanager
+    def listening(self, loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+        fd = self.rx.fileno()
+        loop.add_reader(fd, self._readable)  # makes the pipe non-blocking (uvloop)
+        try:
+            yield
+        finally:
+            loop.remove_reader(fd)
+            os.set_blocking(fd, True)  # the next point's messages are read blocking
+
+    def _readable(self) -> None:
+        # a message can span several reads: read it whole (the driver writes it in one go)
+        os.set_blocking(self.rx.fileno(), True)
+        try:
+            msg = self.rx.recv()
+        finally:
+            os.set_blocking(self.rx.fileno(), False)
+        if msg[0] != "more" or self._answer is None or self._answer.done():
+            raise LoadError(f"client process: unexpected '{msg[0]}' from the driver during a point")
+        self._answer.set_result(msg[1])
+
+    async def more(self, n: int) -> list[PlannedRequest]:
+        self._answer = asyncio.get_running_loop().create_future()
+        self.tx.send(("more", n))
+        return await self._answer
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -193,14 +257,17 @@ def _serve(rx: Connection, tx: Connection) -> None:
                 if msg[0] == "stop":
                     return
                 plan: PointPlan = msg[1]
-                sender = PointSender(plan, endpoint, workload, session)
+                refill = PipeRefill(rx, tx)
+                # asked for a stream's worth of requests while that many are left: a round trip early
+                sender = PointSender(plan, endpoint, workload, session, refill.more, prefetch=plan.concurrency or 0)
                 runner.run(prewarm(session, endpoint, prewarm_count(plan)))
                 tx.send(("ready",))
                 go = rx.recv()
                 if go[0] != "go":
                     return
-                records = runner.run(sender.run(go[1]))
-                tx.send(("done", records, sender.client_stats, sender.late))
+                with refill.listening(runner.get_loop()):
+                    records = runner.run(sender.run(go[1]))
+                tx.send(("done", records, sender.client_stats))
         finally:
             runner.run(close_session(session))
 

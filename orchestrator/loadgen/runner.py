@@ -6,8 +6,10 @@ Points are fed forward: a generator of points is sent each point's result."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
@@ -17,7 +19,7 @@ import numpy as np
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, PlannedRequest, close_session, now, prewarm, stream_request
-from orchestrator.loadgen.fleet import ClientFleet
+from orchestrator.loadgen.fleet import SUMMED_STATS, ClientFleet, MakeMore
 from orchestrator.loadgen.plan import (
     FOREGROUND_PLAN,
     PointPlan,
@@ -30,6 +32,7 @@ from orchestrator.loadgen.plan import (
 from orchestrator.loadgen.prompts import PromptFactory
 from orchestrator.loadgen.sender import (
     PointSender,
+    Refill,
     loop_factory,
     open_session_async,
     prewarm_count,
@@ -207,9 +210,11 @@ def _run_point(
         run_seed = repeat_seed(seed, r)
         plan = plan_point(workload, point, i, planner, run_seed, r)  # before the clock
         first = started if r == 0 else None
+        # requests past the plan (a duration-bounded closed loop), made here for every process
+        make = _maker(planner, stream_rng(run_seed, i, FOREGROUND_PLAN + 100))
         clients.spread(plan)
         if clients.remote is not None:
-            recs, st = _run_on_nodes(runner, session, clients, clients.remote, endpoint, workload, plan, first)
+            recs, st = _run_on_nodes(runner, session, clients, clients.remote, endpoint, workload, plan, first, make)
             records += recs
             stats.append(st)
             continue
@@ -217,10 +222,9 @@ def _run_point(
         if sizing is not None:
             log.info("point %d: %s", i, sizing.why())
         if n > 1:
-            recs, st = clients.fleet_of(n).run(plan, first, n)
+            recs, st = clients.fleet_of(n).run(plan, first, n, make)
         else:
-            fg_rng = stream_rng(run_seed, i, FOREGROUND_PLAN + 100)
-            sender = PointSender(plan, endpoint, workload, session, make_more=_more(planner, fg_rng))
+            sender = PointSender(plan, endpoint, workload, session, refill=_refill(make))
             runner.run(prewarm(session, endpoint, prewarm_count(plan)))
             if first:
                 first()
@@ -243,6 +247,7 @@ def _run_on_nodes(
     workload: WorkloadSpec,
     plan: PointPlan,
     started: Callable[[], None] | None,
+    make: MakeMore,
 ) -> tuple[list[RequestRecord], dict[str, float]]:
     """One repeat of a point split over this node and the shards on other nodes, one start
     instant on this node's clock; records merged on it (see :mod:`orchestrator.loadgen.shards`)."""
@@ -259,26 +264,41 @@ def _run_on_nodes(
         runner.run(prewarm(session, endpoint, prewarm_count(local)))
     if started is not None:
         started()
-    start = now() + SHARD_START_LEAD_S
-    calls = remote.start(start)
-    if fleet is not None:
-        recs, st = fleet.go(start)
-    else:
-        sender = PointSender(local, endpoint, workload, session)
-        recs = runner.run(sender.run(start))
-        st = {**sender.client_stats, "client_processes": 1.0}
-    if sizing is not None:
-        st.update(sizing.metrics())
-    clients.learn(local, recs, st)
-    far, far_stats = remote.finish(calls)
+    lock = threading.Lock()  # the shards' pool is topped up from a thread, with the same planner
+
+    def make_locked(n: int) -> list[PlannedRequest]:
+        with lock:
+            return make(n)
+
+    far_streams = sum(share.concurrency or 0 for share in others)
+    with remote.topper(make_locked, far_streams) if plan.extendable else contextlib.nullcontext():
+        start = now() + SHARD_START_LEAD_S
+        calls = remote.start(start)
+        if fleet is not None:
+            recs, st = fleet.go(start, make_locked)
+        else:
+            sender = PointSender(local, endpoint, workload, session, refill=_refill(make_locked))
+            recs = runner.run(sender.run(start))
+            st = {**sender.client_stats, "client_processes": 1.0}
+        if sizing is not None:
+            st.update(sizing.metrics())
+        clients.learn(local, recs, st)
+        far, far_stats = remote.finish(calls)
     merged = worst_client_stats([st, *far_stats])
     merged.update(remote.clock_stats())
-    for key in ("client_cpu_s", "client_processes"):
+    for key in ("client_processes", *SUMMED_STATS):
         merged[key] = st.get(key, 0.0) + sum(s.get(key, 1.0 if key == "client_processes" else 0.0) for s in far_stats)
     records = sorted(recs + far, key=lambda x: x.intended_send_s)
     return records, merged
 
 
-def _more(planner: RequestPlanner, rng: np.random.Generator) -> Callable[[], PlannedRequest]:
-    """Makes one more foreground request when a duration-bounded closed loop outruns its plan."""
-    return lambda: planner.foreground_batch(1, rng)[0]
+def _maker(planner: RequestPlanner, rng: np.random.Generator) -> MakeMore:
+    """Makes ``n`` more foreground requests when a duration-bounded closed loop outruns its plan."""
+    return lambda n: planner.foreground_batch(n, rng)
+
+
+def _refill(make: MakeMore) -> Refill:
+    async def refill(n: int) -> list[PlannedRequest]:
+        return make(n)
+
+    return refill

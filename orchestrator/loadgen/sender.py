@@ -3,7 +3,10 @@ open loop, background classes) on one event loop and records every request; the 
 session and event loop are made here too, for the runner and for client processes alike.
 
 Only a closed-loop point bounded by duration (count unknown in advance) may run out of planned
-requests; further ones are then made on the fly and counted in ``PointSender.late``.
+requests; further ones are then asked of ``refill`` (whoever holds the request planner: this
+process, or the driver of a client process over its pipe) and counted in ``PointSender.late``.
+A stream that still gets none ends before the duration and is counted in ``ended_early``: the
+point then held fewer streams than asked, and is judged invalid.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -34,11 +38,16 @@ def worst_client_stats(stats: list[dict[str, float]]) -> dict[str, float]:
     return {k: max(s[k] for s in stats if k in s) for k in keys}
 
 
+Refill = Callable[[int], Awaitable[list[PlannedRequest]]]
+
+
 class PointSender:
     """Sends one :class:`PointPlan` (or a share of one) and records what happened.
 
-    ``make_more`` makes further requests when a duration-bounded closed loop outruns its plan
-    (counted in ``late``); without it (a client process has no tokenizer) the stream stops.
+    ``refill(n)`` gives up to ``n`` further requests when a duration-bounded closed loop outruns
+    its plan (counted in ``late``); it is asked for ``prefetch`` of them once only ``prefetch``
+    are left (a refill over a pipe takes a round trip), else for one when none is left. A
+    stream that gets none ends early (``ended_early``).
     """
 
     def __init__(
@@ -47,23 +56,53 @@ class PointSender:
         endpoint: Endpoint,
         workload: WorkloadSpec,
         session: aiohttp.ClientSession,
-        make_more: Callable[[], PlannedRequest] | None = None,
+        refill: Refill | None = None,
+        prefetch: int = 0,
     ) -> None:
         self.plan, self.endpoint, self.workload, self.session = plan, endpoint, workload, session
-        self.make_more = make_more
+        self.refill, self.prefetch = refill, prefetch
         self.records: list[RequestRecord] = []
         self.late = 0
+        self.ended_early = 0
         self.client_stats: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._foreground_done = asyncio.Event()
+        self._queue: deque[PlannedRequest] = deque(plan.foreground)
+        self._planned_left = len(plan.foreground)
+        self._filling: asyncio.Task[None] | None = None
+        self._dry = refill is None  # the refill gave nothing: no use asking again
 
-    def _next_foreground(self, source: Iterator[PlannedRequest]) -> PlannedRequest | None:
-        req = next(source, None)
-        if req is None and self.plan.extendable:
-            self.late += 1  # duration-bounded closed loop outran its plan
-            if self.make_more is not None:
-                req = self.make_more()
-        return req
+    async def _fill(self, n: int) -> None:
+        assert self.refill is not None
+        try:
+            batch = await self.refill(n)
+        except Exception as exc:  # the stream ends early and the point says so
+            log.warning("point %d: could not get more requests: %s", self.plan.index, exc)
+            batch = []
+        self._queue.extend(batch)
+        self._dry = self._dry or not batch
+        self._filling = None
+
+    def _start_fill(self, n: int) -> asyncio.Task[None]:
+        if self._filling is None:
+            self._filling = asyncio.ensure_future(self._fill(n))
+        return self._filling
+
+    async def _next_foreground(self) -> PlannedRequest | None:
+        """The next request of a closed loop's streams, or None: the stream ends."""
+        if self.plan.extendable and not self._dry and self.prefetch and len(self._queue) <= self.prefetch:
+            self._start_fill(self.prefetch)
+        while not self._queue:
+            if not self.plan.extendable:
+                return None  # a point of N requests: they are all sent
+            if self._dry:
+                self.ended_early += 1
+                return None
+            await asyncio.shield(self._start_fill(max(1, self.prefetch)))  # several streams may wait on it
+        self._planned_left -= 1
+        if self._planned_left < 0:
+            self.late += 1  # past the plan
+        return self._queue.popleft()
 
     def _record(
         self, req: PlannedRequest, intended: float, conversation: int | None = None, turn: int = 0
@@ -156,6 +195,8 @@ class PointSender:
                 await self._closed_loop(deadline)
             else:
                 await self._open_loop(start, plan.offsets)
+            if self._filling is not None:  # a refill asked near the end: its answer is this point's
+                await self._filling
         finally:
             self._foreground_done.set()
             await asyncio.gather(*background, return_exceptions=True)
@@ -168,19 +209,24 @@ class PointSender:
             "client_cpu_util": cpu / wall,
             "client_cpu_s": cpu,
             "client_wall_s": wall,
+            "client_streams_ended_early": float(self.ended_early),
             **distribution("loop_lag_ms", lags),
         }
         if self.late:
-            what = "made during the point" if self.make_more else "not sent (no tokenizer in a client process)"
-            log.warning("point %d: plan exhausted, %d requests %s", plan.index, self.late, what)
+            log.info("point %d: %d requests past the plan were made during the point", plan.index, self.late)
+        if self.ended_early:
+            log.warning(
+                "point %d: %d of %s streams ran out of requests before the point's duration",
+                plan.index,
+                self.ended_early,
+                plan.concurrency,
+            )
         return sorted(self.records, key=lambda r: r.intended_send_s)
 
     async def _closed_loop(self, deadline: float | None) -> None:
-        source = iter(self.plan.foreground)
-
         async def worker() -> None:
             while deadline is None or now() < deadline:
-                req = self._next_foreground(source)
+                req = await self._next_foreground()
                 if req is None:
                     return
                 await self._send(req, now())

@@ -14,6 +14,10 @@ its own monotonic clock, so:
    (latencies are per host: a request's TTFT is measured where it was sent);
 4. the trial moves each shard's records onto its clock (+ offset) and merges them.
 
+A duration-bounded closed loop may outrun its plan: the trial keeps a :class:`RequestPool`
+actor on its node topped up with requests from its one planner (:class:`PoolTopper`, a thread
+while the point runs), and each shard takes from it before its share runs out.
+
 The offsets and their uncertainties are in the point's stats (``client_clock_offset_ms_max``,
 ``client_clock_uncertainty_ms_max``) and the log. The servers must be reachable from the other
 nodes (an external server, or ``engine.host`` set to an address they can reach).
@@ -22,23 +26,99 @@ nodes (an external server, or ``engine.host`` set to an address they can reach).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen.client import Endpoint, close_session, prewarm
+from orchestrator.loadgen.client import Endpoint, PlannedRequest, close_session, prewarm
 from orchestrator.loadgen.plan import PointPlan
 from orchestrator.metrics.records import RequestRecord
 
 log = logging.getLogger(__name__)
 
 OFFSET_PROBES = 15
+POOL_TICK_S = 0.05  # how often the trial tops up the shards' request pool
+POOL_WAIT_S = 2.0  # how long a shard waits on an empty pool before its stream ends
 ACTOR_START_TIMEOUT_S = 120.0
 START_LEAD_S = 0.25  # between the trial's "go" and the start instant: time for the call to reach each node
+
+
+class RequestPool:
+    """Requests past the plan for the shards of a duration-bounded closed loop (an async actor
+    on the trial's node, filled by the trial's :class:`PoolTopper`)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[PlannedRequest] = deque()
+        self.taken = 0
+        self.filled = asyncio.Event()
+
+    def reset(self) -> None:
+        self.queue.clear()
+        self.taken = 0
+
+    def put(self, batch: list[PlannedRequest]) -> None:
+        self.queue.extend(batch)
+        self.filled.set()
+
+    def level(self) -> tuple[int, int]:
+        """(requests in the pool, requests taken since the point's reset)."""
+        return len(self.queue), self.taken
+
+    async def take(self, n: int) -> list[PlannedRequest]:
+        """Up to ``n`` requests; waits up to ``POOL_WAIT_S`` for a top-up when empty."""
+        if not self.queue:
+            self.filled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.filled.wait(), POOL_WAIT_S)
+        out = [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
+        self.taken += len(out)
+        return out
+
+
+class PoolTopper:
+    """Keeps ``pool`` above what the shards took over the last two ticks plus ``streams``,
+    with requests from ``make`` (the trial's planner), while a point runs (a thread)."""
+
+    def __init__(self, pool: Any, make: Callable[[int], list[PlannedRequest]], streams: int) -> None:
+        self.pool, self.make, self.streams = pool, make, streams
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shard-pool", daemon=True)
+        self.error: Exception | None = None
+
+    def __enter__(self) -> PoolTopper:
+        import ray
+
+        ray.get(self.pool.reset.remote())
+        ray.get(self.pool.put.remote(self.make(2 * self.streams)))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        import ray
+
+        taken_before = 0
+        try:
+            while not self._stop.wait(POOL_TICK_S):
+                level, taken = ray.get(self.pool.level.remote())
+                want = self.streams + 2 * (taken - taken_before)
+                taken_before = taken
+                if level < want:
+                    ray.get(self.pool.put.remote(self.make(want - level)))
+        except Exception as exc:  # the shards' streams then end early, and the point says so
+            self.error = exc
+            log.warning("client shards: topping up their requests failed: %s", exc)
 
 
 class ClockActor:
@@ -77,6 +157,7 @@ class ShardActor:
         self.session = self.runner.run(open_session_async())
         self.offset, self.uncertainty = measure_offset(clock)
         self.plan: PointPlan | None = None
+        self.pool: Any = None
 
     def where(self) -> dict[str, Any]:
         import socket
@@ -90,12 +171,13 @@ class ShardActor:
             "uncertainty_s": self.uncertainty,
         }
 
-    def prepare(self, plan: PointPlan, clock: Any) -> tuple[float, float]:
+    def prepare(self, plan: PointPlan, clock: Any, pool: Any = None) -> tuple[float, float]:
         """Open the share's connections before the start instant, and measure the clock's
-        offset again (clocks of separate machines drift apart): returns it."""
+        offset again (clocks of separate machines drift apart): returns it. ``pool``: where
+        requests past the plan come from."""
         from orchestrator.loadgen.sender import prewarm_count
 
-        self.plan = plan
+        self.plan, self.pool = plan, pool
         self.runner.run(prewarm(self.session, self.endpoint, prewarm_count(plan)))
         self.offset, self.uncertainty = measure_offset(clock)
         return self.offset, self.uncertainty
@@ -106,7 +188,20 @@ class ShardActor:
         plan, self.plan = self.plan, None  # never sent twice, whatever happens
         if plan is None:
             raise LoadError("client shard: run without a prepared share")
-        sender = PointSender(plan, self.endpoint, self.workload, self.session)
+        pool = self.pool
+
+        async def refill(n: int) -> list[PlannedRequest]:
+            batch: list[PlannedRequest] = await pool.take.remote(n)
+            return batch
+
+        sender = PointSender(
+            plan,
+            self.endpoint,
+            self.workload,
+            self.session,
+            refill if pool is not None else None,
+            prefetch=plan.concurrency or 0,
+        )
         records = self.runner.run(sender.run(start_on_trial_clock - self.offset))
         return records, sender.client_stats
 
@@ -177,6 +272,8 @@ class RemoteShards:
         on_here = NodeAffinitySchedulingStrategy(node_id=here, soft=False)
         clock_cls: Any = ray.remote(num_cpus=0)(ClockActor)  # Ray's actor handles are untyped here
         self.clock: Any = clock_cls.options(scheduling_strategy=on_here).remote()
+        pool_cls: Any = ray.remote(num_cpus=0)(RequestPool)
+        self.pool: Any = pool_cls.options(scheduling_strategy=on_here).remote()
         shard_cls: Any = ray.remote(ShardActor)
         ips = {x["NodeID"]: x.get("NodeManagerAddress") for x in ray.nodes()}
         actors: list[Any] = [
@@ -199,9 +296,8 @@ class RemoteShards:
                     w["uncertainty_s"] * 1e3,
                 )
         except BaseException as exc:
-            for actor in actors:
+            for actor in [*actors, self.clock, self.pool]:
                 ray.kill(actor)
-            ray.kill(self.clock)
             if isinstance(exc, ray.exceptions.GetTimeoutError):
                 raise LoadError(
                     f"workload.client_nodes: a client shard did not start within {ACTOR_START_TIMEOUT_S:.0f} s "
@@ -217,9 +313,16 @@ class RemoteShards:
         import ray
 
         self.active = self.shards[: len(shares)]
-        measured = ray.get([s.actor.prepare.remote(share, self.clock) for s, share in zip(self.active, shares)])
+        measured = ray.get(
+            [s.actor.prepare.remote(share, self.clock, self.pool) for s, share in zip(self.active, shares)]
+        )
         for shard, (offset, uncertainty) in zip(self.active, measured):
             shard.offset, shard.uncertainty = offset, uncertainty
+
+    def topper(self, make: Callable[[int], list[PlannedRequest]], streams: int) -> PoolTopper:
+        """Around a duration-bounded closed loop: the shards' pool of requests past the plan,
+        filled before the start and topped up while the point runs."""
+        return PoolTopper(self.pool, make, streams)
 
     def start(self, start: float) -> list[Any]:
         """Send each prepared shard its start instant (the trial's clock); returns the calls."""
@@ -253,7 +356,8 @@ class RemoteShards:
                 ray.kill(s.actor)
             except Exception as exc:  # already gone
                 log.debug("client shard: %s", exc)
-        try:
-            ray.kill(self.clock)
-        except Exception as exc:
-            log.debug("clock actor: %s", exc)
+        for helper in (self.clock, self.pool):
+            try:
+                ray.kill(helper)
+            except Exception as exc:
+                log.debug("clock or pool actor: %s", exc)

@@ -183,6 +183,11 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
             f"{metrics['coalesced_chunk_share']:.0%} of token chunks arrived in one read with an earlier one "
             f"(> {limits.max_coalesced_share:g}): their gaps are read times, so ITL is not the server's"
         )
+    if metrics.get("client_streams_ended_early", 0.0) > 0:
+        reasons.append(
+            f"{metrics['client_streams_ended_early']:.0f} stream(s) ran out of planned requests before the point's "
+            "duration: it held fewer streams than asked"
+        )
     schedule, achieved = metrics.get("schedule_rate"), metrics.get("achieved_rate")
     if (
         not capped

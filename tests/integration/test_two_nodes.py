@@ -162,3 +162,51 @@ def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir, nodes, stre
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_shards_of_a_closed_loop_that_outruns_its_plan_get_more_requests(tiny_model_dir):
+    """A duration-bounded closed loop on two nodes whose plan (32 requests a stream) runs out
+    in a fraction of the duration: the shard on the other node takes further requests from the
+    trial's pool, made by the trial's one planner; no stream ends early, ids stay unique."""
+    import ray
+
+    from orchestrator.config.schema import WorkloadSpec
+    from orchestrator.loadgen import Endpoint, run_points
+    from orchestrator.loadgen.prompts import prompt_factory
+    from tests.fake_openai_server import IsolatedFakeServer, Script
+
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    try:
+        cluster.add_node(num_cpus=1, num_gpus=0)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, include_dashboard=False, logging_level="ERROR")
+        w = WorkloadSpec.model_validate(
+            {
+                "name": "nodes",
+                "client_nodes": 2,
+                "warmup_requests": 0,
+                "classes": {"a": {"input_tokens": 8, "output_tokens": 1}},
+                "load_points": [{"concurrency": 4, "duration_s": 2.0}],
+            }
+        )
+        stats = {}
+        with IsolatedFakeServer(Script(ttft_s=0.001, itl_s=0.0)) as srv:
+            records = run_points(
+                Endpoint(srv.base_url, "m"),
+                w,
+                prompt_factory(str(tiny_model_dir)),
+                seed=0,
+                on_point_end=lambda i, p, recs, st: stats.update(st),
+                client_cores=1,
+            )
+        planned = 32 * 4
+        assert len(records) > 2 * planned, f"{len(records)} requests in 2 s: the plan did not run out"
+        assert all(r.ok for r in records)
+        assert len({r.request_id for r in records}) == len(records)
+        assert stats["client_nodes"] == 2 and stats["client_streams_ended_early"] == 0
+        span = max(r.intended_send_s for r in records) - min(r.intended_send_s for r in records)
+        assert span > 1.7, f"the last request was sent {span:.2f} s in: streams stopped early"
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

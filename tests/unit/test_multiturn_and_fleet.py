@@ -152,3 +152,64 @@ def test_fleet_reports_unreachable_server_as_errors(factory):
     )
     records = run_points(Endpoint("http://127.0.0.1:9", "m"), w, factory, seed=0)
     assert len(records) == 4 and all(r.status == "error" for r in records)
+
+
+def _outrunning_workload(**kw):
+    """A closed loop bounded by duration that outruns its plan: 2 streams plan 64 requests,
+    and a request to the fake server takes a few ms, so 1.5 s needs hundreds."""
+    base = {
+        "name": "long",
+        "warmup_requests": 0,
+        "classes": {"a": {"input_tokens": 8, "output_tokens": 1}},
+        "load_points": [{"concurrency": 2, "duration_s": 1.5}],
+    }
+    base.update(kw)
+    return WorkloadSpec.model_validate(base)
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["in-process", "two-processes"])
+def test_a_closed_loop_that_outruns_its_plan_gets_more_requests(factory, processes):
+    """Requests past the plan come from the one planner (the driver's, over each process's pipe):
+    no stream ends before the duration, request ids stay unique, the point is valid."""
+    w = _outrunning_workload(client_processes=processes)
+    stats = {}
+    with IsolatedFakeServer(Script(ttft_s=0.001, itl_s=0.0)) as srv:
+        records = run_points(
+            Endpoint(srv.base_url, "m"), w, factory, seed=0, on_point_end=lambda i, p, recs, st: stats.update(st)
+        )
+    planned = 32 * 2
+    assert len(records) > 2 * planned, f"{len(records)} requests in 1.5 s: the plan did not run out"
+    assert all(r.ok for r in records)
+    assert len({r.request_id for r in records}) == len(records)
+    assert stats["client_streams_ended_early"] == 0
+    assert stats["client_processes"] == processes
+    last = max(r.intended_send_s for r in records) - min(r.intended_send_s for r in records)
+    assert last > 1.3, f"the last request was sent {last:.2f} s in: streams stopped early"
+
+
+def test_streams_that_run_out_of_requests_make_the_point_invalid(factory, monkeypatch):
+    """Without a refill (it failed) the streams end early; the point says so and is invalid."""
+    from orchestrator.loadgen import runner
+    from orchestrator.metrics.summary import client_validity
+
+    def broken(make):
+        async def refill(n):
+            raise OSError("pipe closed")
+
+        return refill
+
+    monkeypatch.setattr(runner, "_refill", broken)
+    stats = {}
+    with IsolatedFakeServer(Script(ttft_s=0.001, itl_s=0.0)) as srv:
+        records = run_points(
+            Endpoint(srv.base_url, "m"),
+            _outrunning_workload(),
+            factory,
+            seed=0,
+            on_point_end=lambda i, p, recs, st: stats.update(st),
+        )
+    assert len(records) == 64  # the plan, then nothing
+    assert stats["client_streams_ended_early"] == 2
+    valid, reasons = client_validity(stats, _outrunning_workload().validity)
+    assert not valid
+    assert "2 stream(s) ran out of planned requests before the point's duration" in reasons[0]
