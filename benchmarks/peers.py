@@ -25,13 +25,11 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,42 +37,19 @@ from typing import Any
 import numpy as np
 import psutil
 
+from tests.fake_openai_server import FakeServerProcess
+
 ROOT = Path(__file__).resolve().parents[1]
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 64
 ROUNDS = 4  # requests per stream (--rounds)
 
 
-class TruthServer:
-    def __init__(self, ttft: float, itl: float) -> None:
-        if shutil.which("node") is None:
-            raise SystemExit("benchmarks/peers needs node (the truth server is a Node process)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            ["node", str(ROOT / "benchmarks" / "truth_server.js"), "--port", str(self.port), "--ttft", str(ttft)]
-            + ["--itl", str(itl)],
-            stdout=subprocess.DEVNULL,
-        )
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise SystemExit("the truth server did not start")
-
-    def reset(self) -> None:
-        urllib.request.urlopen(urllib.request.Request(self.url + "/truth/reset", method="POST"), timeout=10)
-
-    def truth(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/truth", timeout=60) as r:
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+def truth_server(ttft: float, itl: float) -> FakeServerProcess:
+    """The Node truth server on a free port (FakeServerProcess's interface: reset, truth_json)."""
+    if shutil.which("node") is None:
+        raise SystemExit("benchmarks/peers needs node (the truth server is a Node process)")
+    script = str(ROOT / "benchmarks" / "truth_server.js")
+    return FakeServerProcess("--ttft", str(ttft), "--itl", str(itl), command=("node", script))
 
 
 class TreeCPU:
@@ -275,13 +250,13 @@ def true_latencies(truth: dict[str, Any]) -> tuple[list[float], list[float], flo
     return ttft, itl, min(starts), max(ends)
 
 
-def measure(name: str, server: TruthServer, tokenizer: str, n: int, envs: Path) -> dict[str, Any]:
+def measure(name: str, server: FakeServerProcess, tokenizer: str, n: int, envs: Path) -> dict[str, Any]:
     server.reset()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         got, cpu = CLIENTS[name](server.url, tokenizer, n, Path(tmp), envs)
         wall = time.perf_counter() - t0
-    true_ttft, true_itl, start, end = true_latencies(server.truth())
+    true_ttft, true_itl, start, end = true_latencies(server.truth_json())
     tokens = got["tokens"] or ROUNDS * n * OUTPUT_TOKENS
     return {
         "client": name,
@@ -318,7 +293,7 @@ def main() -> None:
     unknown = [c for c in a.clients if c not in CLIENTS]
     if unknown:
         raise SystemExit(f"unknown client(s) {unknown}; known: {', '.join(CLIENTS)}")
-    server = TruthServer(a.ttft, a.itl)
+    server = truth_server(a.ttft, a.itl)
     rows = []
     try:
         for n in a.streams:

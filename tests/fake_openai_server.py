@@ -17,6 +17,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -283,9 +284,11 @@ class FakeOpenAIServer:
 
 class FakeServerProcess:
     """The fake server in its own process (no GIL shared with the client being measured), started
-    with ``args`` (``--ttft 0.02 --slots 8 ...``); ``url`` is its base URL. Benchmarks use it."""
+    with ``args`` (``--ttft 0.02 --slots 8 ...``); ``url`` is its base URL. Benchmarks use it.
+    ``command``: another server with the same interface (``--port N``, ``/health``, ``/truth``),
+    e.g. ``benchmarks/truth_server.js`` under node."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, command: Sequence[str] = ()) -> None:
         import socket
         import subprocess
         import sys
@@ -296,7 +299,7 @@ class FakeServerProcess:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fake_openai_server", "--port", str(self.port), *args],
+            [*(command or (sys.executable, "-m", "tests.fake_openai_server")), "--port", str(self.port), *args],
             cwd=Path(__file__).resolve().parents[1],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
