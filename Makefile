@@ -102,7 +102,7 @@ ENGINE_GB_sglang-gpu := 15
 
 $(ENGINES)/%/.installed: engines/%.txt engines/%.lock
 	rm -rf $(ENGINES)/$*
-	@need=$(ENGINE_GB_$*); mkdir -p $(ENGINES); \
+	@need=$(or $(ENGINE_GB_$*),15); mkdir -p $(ENGINES); \
 	  free=$$(df -Pk $(ENGINES) | awk 'NR==2 {print int($$4/1048576)}'); \
 	  tmpfree=$$(df -Pk $${TMPDIR:-/tmp} | awk 'NR==2 {print int($$4/1048576)}'); \
 	  if [ "$$free" -lt "$$need" ] || [ "$$tmpfree" -lt 4 ]; then \

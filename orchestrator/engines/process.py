@@ -169,14 +169,12 @@ class ServerProcess:
         self.fatal_log_markers = tuple(fatal_log_markers)
         self._log_scanned = 0  # bytes of the log already searched for fatal markers
         self._healthy_at = 0  # log size when the server became healthy: later errors are the run's
-        self._shm: shm.ShmMark | None = None  # /dev/shm when it started (see stop)
 
     # -- start / health -------------------------------------------------------------
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")
-        self._shm = started = shm.mark()
         try:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -199,7 +197,6 @@ class ServerProcess:
                     "orchestrator.engines.watchdog",
                     str(os.getpid()),
                     str(self.proc.pid),
-                    repr(started.since),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -326,11 +323,14 @@ class ServerProcess:
         proc = self.proc
         if proc is not None:
             pgid = proc.pid  # start_new_session: the pid is the group id
+            segments: set[str] = set()  # the shared memory its processes hold (see engines/shm.py)
             if proc.poll() is None or group_alive(pgid):
+                segments = shm.held_by_group(pgid)
                 _signal_group(pgid, signal.SIGTERM)
                 wait_group(pgid, lambda: proc.poll() is not None, self.stop_grace_s)
                 if proc.poll() is None or group_alive(pgid):
                     log.warning("%s did not stop after TERM; sending KILL", self.name)
+                    segments |= shm.held_by_group(pgid)
                     _signal_group(pgid, signal.SIGKILL)
                     deadline = time.monotonic() + 5
                     while time.monotonic() < deadline and group_alive(pgid):
@@ -340,11 +340,10 @@ class ServerProcess:
                 except subprocess.TimeoutExpired:
                     log.error("%s (pid %d) did not exit after KILL", self.name, proc.pid)
             _RUNNING.discard(pgid)
-            if self._shm is not None and not group_alive(pgid):
-                removed = shm.remove_left(self._shm)  # a KILLed group's resource tracker died with it
+            if segments and not group_alive(pgid):
+                removed = shm.remove_unused(segments)  # a KILLed group's resource tracker died with it
                 if removed:
                     log.warning("%s: removed %s", self.name, shm.describe(removed))
-                self._shm = None
         self._watchdog = None  # the detached watcher exits by itself once the group is gone
 
     def __enter__(self) -> ServerProcess:

@@ -1,4 +1,4 @@
-"""Watchdog: ``python -m orchestrator.engines.watchdog OWNER_PID SERVER_PGID [STARTED_AT]``.
+"""Watchdog: ``python -m orchestrator.engines.watchdog OWNER_PID SERVER_PGID``.
 
 Runs detached next to an engine server. If the owner process (the one that started the
 server) disappears without stopping it, the watchdog TERMs and then KILLs the server's
@@ -71,21 +71,20 @@ def kill_group(pgid: int, grace_s: float) -> None:
         pass
 
 
-def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0, since: float | None = None) -> int:
-    """``since``: when the server started (wall clock); the segments created after it are its."""
-    at_start = shm.ShmMark(frozenset(), since) if since is not None else shm.mark()
+def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> int:
     try:
         owner_created: float | None = started_at(psutil.Process(owner))
     except psutil.Error:
         owner_created = None
     while group_alive(pgid):
         if not owner_alive(owner, owner_created):
+            segments = shm.held_by_group(pgid)
             kill_group(pgid, grace_s)
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and group_alive(pgid):
                 time.sleep(0.1)
             if not group_alive(pgid):
-                shm.remove_left(at_start)  # its owner, which would have, is gone
+                shm.remove_unused(segments)  # its owner, which would have, is gone
             return 0
         time.sleep(poll_s)
     return 0
@@ -93,13 +92,12 @@ def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0, sin
 
 def main(argv: list[str]) -> int:
     owner, pgid = int(argv[1]), int(argv[2])
-    since = float(argv[3]) if len(argv) > 3 else None
     if os.fork() > 0:  # detach: the first child exits, the grandchild watches
         os._exit(0)
     os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the owner's business
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    return watch(owner, pgid, since=since)
+    return watch(owner, pgid)
 
 
 if __name__ == "__main__":

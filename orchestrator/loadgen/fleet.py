@@ -32,7 +32,7 @@ import signal
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 MakeMore = Callable[[int], list[PlannedRequest]]
 # Client stats that add up over processes (the others: the worst process's value).
-SUMMED_STATS = ("client_cpu_s", "client_streams_ended_early")
+SUMMED_STATS = ("client_cpu_s", "client_streams_ended_early", "client_requests_past_plan")
 
 # Between "all ready" and the shared start instant: time for the "go" message to reach every process.
 START_LEAD_S = 0.05
@@ -103,6 +103,18 @@ class ClientFleet:
         if msg[0] != kind:
             raise LoadError(f"client process {i} sent '{msg[0]}', expected '{kind}'")
         return msg
+
+    def _answer_more(self, i: int, n: int, make: MakeMore | None) -> None:
+        """Process ``i`` asks for ``n`` requests past the plan: made here, by the one planner.
+        Nothing (no planner, or it failed) ends its streams early, and the point says so."""
+        batch: list[PlannedRequest] = []
+        if make is not None:
+            try:
+                batch = make(n)
+            except Exception as exc:
+                log.warning("point %d: could not make more requests: %s", self._plan.index, exc)
+        with contextlib.suppress(OSError):  # a process that died is seen by its pipe's end
+            self.tx[i].send(("more", batch))
 
     def _check_alive(self, i: int) -> None:
         code = self.procs[i].poll()
@@ -160,7 +172,7 @@ class ClientFleet:
                 i = waiting[conn]  # type: ignore[index]  # wait() returns the objects it was given
                 msg = self._recv(i)
                 if msg[0] == "more":
-                    self.tx[i].send(("more", make(msg[1]) if make is not None else []))
+                    self._answer_more(i, msg[1], make)
                 elif msg[0] == "done":
                     done[i] = msg
                     del waiting[conn]  # type: ignore[arg-type]
@@ -201,18 +213,34 @@ class ClientFleet:
 
 class PipeRefill:
     """A client process's refill: asks the driver for ``n`` more requests over its pipe and
-    waits for the answer on its event loop (the pipe is read only while a point runs)."""
+    waits for the answer on its event loop (the pipe is read only while a point runs). Anything
+    else from the driver meanwhile (its "stop", its end) aborts the point: the driver is gone or
+    stopping, so nothing more is sent."""
 
     def __init__(self, rx: Connection, tx: Connection) -> None:
         self.rx, self.tx = rx, tx
         self._answer: asyncio.Future[list[PlannedRequest]] | None = None
+        self._point: asyncio.Future[list[RequestRecord]] | None = None
+        self.aborted = False
 
-    @contextlib.contextmanager
-    def listening(self, loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    def run(
+        self, runner: asyncio.Runner, point: Coroutine[Any, Any, list[RequestRecord]]
+    ) -> list[RequestRecord] | None:
+        """Run the point while listening; None if the driver aborted it."""
+        loop = runner.get_loop()
         fd = self.rx.fileno()
+
+        async def main() -> list[RequestRecord]:
+            self._point = asyncio.ensure_future(point)
+            return await self._point
+
         loop.add_reader(fd, self._readable)  # makes the pipe non-blocking (uvloop)
         try:
-            yield
+            return runner.run(main())
+        except asyncio.CancelledError:
+            if self.aborted:
+                return None
+            raise
         finally:
             loop.remove_reader(fd)
             os.set_blocking(fd, True)  # the next point's messages are read blocking
@@ -221,12 +249,18 @@ class PipeRefill:
         # a message can span several reads: read it whole (the driver writes it in one go)
         os.set_blocking(self.rx.fileno(), True)
         try:
-            msg = self.rx.recv()
+            msg: tuple[Any, ...] = self.rx.recv()
+        except (EOFError, OSError):
+            msg = ("end",)
         finally:
             os.set_blocking(self.rx.fileno(), False)
-        if msg[0] != "more" or self._answer is None or self._answer.done():
-            raise LoadError(f"client process: unexpected '{msg[0]}' from the driver during a point")
-        self._answer.set_result(msg[1])
+        if msg[0] == "more" and self._answer is not None and not self._answer.done():
+            self._answer.set_result(msg[1])
+            return
+        self.aborted = True
+        asyncio.get_running_loop().remove_reader(self.rx.fileno())
+        if self._point is not None:
+            self._point.cancel()
 
     async def more(self, n: int) -> list[PlannedRequest]:
         self._answer = asyncio.get_running_loop().create_future()
@@ -258,15 +292,18 @@ def _serve(rx: Connection, tx: Connection) -> None:
                     return
                 plan: PointPlan = msg[1]
                 refill = PipeRefill(rx, tx)
-                # asked for a stream's worth of requests while that many are left: a round trip early
-                sender = PointSender(plan, endpoint, workload, session, refill.more, prefetch=plan.concurrency or 0)
+                # asked for two streams' worth of requests while that many are left: a round trip early
+                sender = PointSender(
+                    plan, endpoint, workload, session, refill.more, prefetch=2 * (plan.concurrency or 0)
+                )
                 runner.run(prewarm(session, endpoint, prewarm_count(plan)))
                 tx.send(("ready",))
                 go = rx.recv()
                 if go[0] != "go":
                     return
-                with refill.listening(runner.get_loop()):
-                    records = runner.run(sender.run(go[1]))
+                records = refill.run(runner, sender.run(go[1]))
+                if records is None:
+                    return  # the driver stopped the point
                 tx.send(("done", records, sender.client_stats))
         finally:
             runner.run(close_session(session))

@@ -262,8 +262,6 @@ def _run_on_nodes(
         fleet.prepare(local, n)  # ready before the start instant is chosen
     else:
         runner.run(prewarm(session, endpoint, prewarm_count(local)))
-    if started is not None:
-        started()
     lock = threading.Lock()  # the shards' pool is topped up from a thread, with the same planner
 
     def make_locked(n: int) -> list[PlannedRequest]:
@@ -271,15 +269,21 @@ def _run_on_nodes(
             return make(n)
 
     far_streams = sum(share.concurrency or 0 for share in others)
-    with remote.topper(make_locked, far_streams) if plan.extendable else contextlib.nullcontext():
+    topper = remote.topper(make_locked, far_streams).fill() if plan.extendable else None
+    if started is not None:
+        started()
+    with topper or contextlib.nullcontext():
         start = now() + SHARD_START_LEAD_S
         calls = remote.start(start)
         if fleet is not None:
             recs, st = fleet.go(start, make_locked)
         else:
-            sender = PointSender(local, endpoint, workload, session, refill=_refill(make_locked))
+            sender = PointSender(local, endpoint, workload, session, refill=_refill(make, lock))
             recs = runner.run(sender.run(start))
             st = {**sender.client_stats, "client_processes": 1.0}
+            if topper is not None:  # the topper thread's CPU is not this client's
+                st["client_cpu_s"] = max(0.0, st["client_cpu_s"] - topper.cpu_between(start, now()))
+                st["client_cpu_util"] = st["client_cpu_s"] / st["client_wall_s"]
         if sizing is not None:
             st.update(sizing.metrics())
         clients.learn(local, recs, st)
@@ -297,8 +301,18 @@ def _maker(planner: RequestPlanner, rng: np.random.Generator) -> MakeMore:
     return lambda n: planner.foreground_batch(n, rng)
 
 
-def _refill(make: MakeMore) -> Refill:
+def _refill(make: MakeMore, lock: threading.Lock | None = None) -> Refill:
+    """``make`` on this event loop; with ``lock`` (shared with the shards' topper thread) the
+    loop waits for it without blocking its other streams."""
+
     async def refill(n: int) -> list[PlannedRequest]:
-        return make(n)
+        if lock is None:
+            return make(n)
+        while not lock.acquire(blocking=False):
+            await asyncio.sleep(0.001)
+        try:
+            return make(n)
+        finally:
+            lock.release()
 
     return refill

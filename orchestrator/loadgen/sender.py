@@ -46,8 +46,8 @@ class PointSender:
 
     ``refill(n)`` gives up to ``n`` further requests when a duration-bounded closed loop outruns
     its plan (counted in ``late``); it is asked for ``prefetch`` of them once only ``prefetch``
-    are left (a refill over a pipe takes a round trip), else for one when none is left. A
-    stream that gets none ends early (``ended_early``).
+    are left (a refill over a pipe takes a round trip), else for one when none is left. Time
+    streams wait for it is ``waited_s``; a stream that gets none ends early (``ended_early``).
     """
 
     def __init__(
@@ -64,6 +64,7 @@ class PointSender:
         self.records: list[RequestRecord] = []
         self.late = 0
         self.ended_early = 0
+        self.waited_s = 0.0
         self.client_stats: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._foreground_done = asyncio.Event()
@@ -88,17 +89,24 @@ class PointSender:
             self._filling = asyncio.ensure_future(self._fill(n))
         return self._filling
 
-    async def _next_foreground(self) -> PlannedRequest | None:
-        """The next request of a closed loop's streams, or None: the stream ends."""
+    async def _next_foreground(self, deadline: float | None) -> PlannedRequest | None:
+        """The next request of a closed loop's streams, or None: the stream ends. Time a stream
+        waits for a refill is time it holds no request (``waited_s``)."""
         if self.plan.extendable and not self._dry and self.prefetch and len(self._queue) <= self.prefetch:
             self._start_fill(self.prefetch)
         while not self._queue:
             if not self.plan.extendable:
                 return None  # a point of N requests: they are all sent
+            if deadline is not None and now() >= deadline:
+                return None  # the point is over (after waiting for a refill): not early
             if self._dry:
                 self.ended_early += 1
                 return None
+            t = now()
             await asyncio.shield(self._start_fill(max(1, self.prefetch)))  # several streams may wait on it
+            self.waited_s += now() - t
+        if deadline is not None and now() >= deadline:
+            return None
         self._planned_left -= 1
         if self._planned_left < 0:
             self.late += 1  # past the plan
@@ -210,6 +218,9 @@ class PointSender:
             "client_cpu_s": cpu,
             "client_wall_s": wall,
             "client_streams_ended_early": float(self.ended_early),
+            "client_requests_past_plan": float(self.late),
+            # stream-seconds spent waiting for requests past the plan, over the streams' time
+            "client_stream_wait_share": self.waited_s / (plan.concurrency or 1) / wall,
             **distribution("loop_lag_ms", lags),
         }
         if self.late:
@@ -226,7 +237,7 @@ class PointSender:
     async def _closed_loop(self, deadline: float | None) -> None:
         async def worker() -> None:
             while deadline is None or now() < deadline:
-                req = await self._next_foreground()
+                req = await self._next_foreground(deadline)
                 if req is None:
                     return
                 await self._send(req, now())

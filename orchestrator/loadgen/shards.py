@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 OFFSET_PROBES = 15
 POOL_TICK_S = 0.05  # how often the trial tops up the shards' request pool
 POOL_WAIT_S = 2.0  # how long a shard waits on an empty pool before its stream ends
+POOL_CALL_TIMEOUT_S = 10.0
 ACTOR_START_TIMEOUT_S = 120.0
 START_LEAD_S = 0.25  # between the trial's "go" and the start instant: time for the call to reach each node
 
@@ -84,41 +85,55 @@ class RequestPool:
 
 
 class PoolTopper:
-    """Keeps ``pool`` above what the shards took over the last two ticks plus ``streams``,
-    with requests from ``make`` (the trial's planner), while a point runs (a thread)."""
+    """Keeps ``pool`` above twice the shards' streams plus twice what they took in the last
+    tick, with requests from ``make`` (the trial's planner), while a point runs (a thread of
+    the trial's process: its CPU, ``cpu_s``, is not the local client's)."""
 
     def __init__(self, pool: Any, make: Callable[[int], list[PlannedRequest]], streams: int) -> None:
         self.pool, self.make, self.streams = pool, make, streams
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shard-pool", daemon=True)
-        self.error: Exception | None = None
+        self._cpu: list[tuple[float, float]] = [(time.perf_counter(), 0.0)]  # (instant, thread CPU s so far)
 
-    def __enter__(self) -> PoolTopper:
+    def fill(self) -> PoolTopper:
+        """Empty the pool of an earlier point and fill it: before the point's clock starts."""
         import ray
 
-        ray.get(self.pool.reset.remote())
-        ray.get(self.pool.put.remote(self.make(2 * self.streams)))
+        ray.get(self.pool.reset.remote(), timeout=POOL_CALL_TIMEOUT_S)
+        ray.get(self.pool.put.remote(self.make(2 * self.streams)), timeout=POOL_CALL_TIMEOUT_S)
+        return self
+
+    def __enter__(self) -> PoolTopper:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join()  # its calls time out: the next point's planning must not race it
 
     def _run(self) -> None:
         import ray
 
+        cpu0 = time.thread_time()
         taken_before = 0
         try:
             while not self._stop.wait(POOL_TICK_S):
-                level, taken = ray.get(self.pool.level.remote())
-                want = self.streams + 2 * (taken - taken_before)
+                level, taken = ray.get(self.pool.level.remote(), timeout=POOL_CALL_TIMEOUT_S)
+                want = 2 * self.streams + 2 * (taken - taken_before)
                 taken_before = taken
-                if level < want:
-                    ray.get(self.pool.put.remote(self.make(want - level)))
-        except Exception as exc:  # the shards' streams then end early, and the point says so
-            self.error = exc
+                if level < want and not self._stop.is_set():
+                    ray.get(self.pool.put.remote(self.make(want - level)), timeout=POOL_CALL_TIMEOUT_S)
+                self._cpu.append((time.perf_counter(), time.thread_time() - cpu0))
+        except Exception as exc:  # the shards' streams then wait or end early, and the point says so
             log.warning("client shards: topping up their requests failed: %s", exc)
+
+    def cpu_between(self, t0: float, t1: float) -> float:
+        """The thread's CPU seconds between two instants (``now()``), to a tick."""
+
+        def at(t: float) -> float:
+            return max((cpu for when, cpu in list(self._cpu) if when <= t), default=0.0)
+
+        return at(t1) - at(t0)
 
 
 class ClockActor:
@@ -200,7 +215,7 @@ class ShardActor:
             self.workload,
             self.session,
             refill if pool is not None else None,
-            prefetch=plan.concurrency or 0,
+            prefetch=2 * (plan.concurrency or 0),
         )
         records = self.runner.run(sender.run(start_on_trial_clock - self.offset))
         return records, sender.client_stats

@@ -188,6 +188,11 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
             f"{metrics['client_streams_ended_early']:.0f} stream(s) ran out of planned requests before the point's "
             "duration: it held fewer streams than asked"
         )
+    if metrics.get("client_stream_wait_share", 0.0) > limits.max_stream_wait_share:
+        reasons.append(
+            f"streams spent {metrics['client_stream_wait_share']:.1%} of their time waiting for requests past the "
+            f"plan (> {limits.max_stream_wait_share:g}): it held fewer streams than asked"
+        )
     schedule, achieved = metrics.get("schedule_rate"), metrics.get("achieved_rate")
     if (
         not capped

@@ -202,6 +202,13 @@ class ValiditySpec(StrictModel):
         "above which ITL describes the client's reads, not the server",
     )
     min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / scheduled rate")
+    max_stream_wait_share: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="share of a closed loop's stream time spent waiting for requests past the plan "
+        "(no request in flight) above which the point held fewer streams than asked",
+    )
 
 
 class FidelitySpec(StrictModel):
