@@ -224,7 +224,7 @@ def _run_point(
         if n > 1:
             recs, st = clients.fleet_of(n).run(plan, first, n, make)
         else:
-            sender = PointSender(plan, endpoint, workload, session, refill=_refill(make))
+            sender = PointSender(plan, endpoint, workload, session, _refill(make), prefetch=2 * (plan.concurrency or 0))
             runner.run(prewarm(session, endpoint, prewarm_count(plan)))
             if first:
                 first()
@@ -262,23 +262,19 @@ def _run_on_nodes(
         fleet.prepare(local, n)  # ready before the start instant is chosen
     else:
         runner.run(prewarm(session, endpoint, prewarm_count(local)))
-    lock = threading.Lock()  # the shards' pool is topped up from a thread, with the same planner
-
-    def make_locked(n: int) -> list[PlannedRequest]:
-        with lock:
-            return make(n)
-
     far_streams = sum(share.concurrency or 0 for share in others)
-    topper = remote.topper(make_locked, far_streams).fill() if plan.extendable else None
+    topper = remote.topper(make, far_streams).fill() if plan.extendable else None
     if started is not None:
         started()
     with topper or contextlib.nullcontext():
         start = now() + SHARD_START_LEAD_S
         calls = remote.start(start)
         if fleet is not None:
-            recs, st = fleet.go(start, make_locked)
+            recs, st = fleet.go(start, make)
         else:
-            sender = PointSender(local, endpoint, workload, session, refill=_refill(make, lock))
+            sender = PointSender(
+                local, endpoint, workload, session, _refill(make), prefetch=2 * (local.concurrency or 0)
+            )
             recs = runner.run(sender.run(start))
             st = {**sender.client_stats, "client_processes": 1.0}
             if topper is not None:  # the topper thread's CPU is not this client's
@@ -297,22 +293,22 @@ def _run_on_nodes(
 
 
 def _maker(planner: RequestPlanner, rng: np.random.Generator) -> MakeMore:
-    """Makes ``n`` more foreground requests when a duration-bounded closed loop outruns its plan."""
-    return lambda n: planner.foreground_batch(n, rng)
+    """Makes ``n`` more foreground requests when a duration-bounded closed loop outruns its plan;
+    safe from several threads (the event loop's refill, the shards' topper)."""
+    lock = threading.Lock()
+
+    def make(n: int) -> list[PlannedRequest]:
+        with lock:
+            return planner.foreground_batch(n, rng)
+
+    return make
 
 
-def _refill(make: MakeMore, lock: threading.Lock | None = None) -> Refill:
-    """``make`` on this event loop; with ``lock`` (shared with the shards' topper thread) the
-    loop waits for it without blocking its other streams."""
+def _refill(make: MakeMore) -> Refill:
+    """``make`` in a worker thread: a prompt of 2,000 tokens takes ~3 ms to draw, which on the
+    event loop would stall every stream (asked ahead of need: see ``PointSender.prefetch``)."""
 
     async def refill(n: int) -> list[PlannedRequest]:
-        if lock is None:
-            return make(n)
-        while not lock.acquire(blocking=False):
-            await asyncio.sleep(0.001)
-        try:
-            return make(n)
-        finally:
-            lock.release()
+        return await asyncio.to_thread(make, n)
 
     return refill

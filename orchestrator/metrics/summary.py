@@ -191,7 +191,8 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
     if metrics.get("client_stream_wait_share", 0.0) > limits.max_stream_wait_share:
         reasons.append(
             f"streams spent {metrics['client_stream_wait_share']:.1%} of their time waiting for requests past the "
-            f"plan (> {limits.max_stream_wait_share:g}): it held fewer streams than asked"
+            f"plan (> {limits.max_stream_wait_share:g}): it held fewer streams than asked; drawing prompts "
+            "during the point did not keep up, so bound the point by num_requests (all drawn before its clock)"
         )
     schedule, achieved = metrics.get("schedule_rate"), metrics.get("achieved_rate")
     if (
