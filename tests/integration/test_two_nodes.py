@@ -3,16 +3,35 @@ and a second raylet), driven by `python -m orchestrator ... cluster.address=...`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+@contextlib.contextmanager
+def _two_nodes_connected() -> Iterator[None]:
+    """A two-node Ray cluster on this machine (1 CPU each), this process connected to it."""
+    import ray
+
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    try:
+        cluster.add_node(num_cpus=1, num_gpus=0)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, include_dashboard=False, logging_level="ERROR")
+        yield
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 def test_sweep_runs_on_both_nodes(tmp_path):
@@ -113,19 +132,13 @@ def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir, nodes, stre
     (here ~0, both being this machine's clock) and starts on the same instant; the records merge
     onto this node's clock and each matches the server's own truth."""
     import numpy as np
-    import ray
 
     from orchestrator.config.schema import WorkloadSpec
     from orchestrator.loadgen import Endpoint, run_points
     from orchestrator.loadgen.prompts import prompt_factory
     from tests.fake_openai_server import IsolatedFakeServer, Script
 
-    cluster_utils = pytest.importorskip("ray.cluster_utils")
-    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    try:
-        cluster.add_node(num_cpus=1, num_gpus=0)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, include_dashboard=False, logging_level="ERROR")
+    with _two_nodes_connected():
         w = WorkloadSpec.model_validate(
             {
                 "name": "nodes",
@@ -159,28 +172,19 @@ def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir, nodes, stre
             delays = np.array(r.chunk_times_s) - np.array(sent)
             assert delays.min() > -0.005 and delays.max() < 0.5
         assert max(r.sent_s for r in records) - min(r.sent_s for r in records) < 5.0
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def test_shards_of_a_closed_loop_that_outruns_its_plan_get_more_requests(tiny_model_dir):
     """A duration-bounded closed loop on two nodes whose plan (32 requests a stream) runs out
     in a fraction of the duration: the shard on the other node takes further requests from the
     trial's pool, made by the trial's one planner; no stream ends early, ids stay unique."""
-    import ray
 
     from orchestrator.config.schema import WorkloadSpec
     from orchestrator.loadgen import Endpoint, run_points
     from orchestrator.loadgen.prompts import prompt_factory
     from tests.fake_openai_server import IsolatedFakeServer, Script
 
-    cluster_utils = pytest.importorskip("ray.cluster_utils")
-    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    try:
-        cluster.add_node(num_cpus=1, num_gpus=0)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, include_dashboard=False, logging_level="ERROR")
+    with _two_nodes_connected():
         w = WorkloadSpec.model_validate(
             {
                 "name": "nodes",
@@ -208,6 +212,3 @@ def test_shards_of_a_closed_loop_that_outruns_its_plan_get_more_requests(tiny_mo
         assert stats["client_nodes"] == 2 and stats["client_streams_ended_early"] == 0
         span = max(r.intended_send_s for r in records) - min(r.intended_send_s for r in records)
         assert span > 2.0, f"the last request was sent {span:.2f} s in: streams stopped early"
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
