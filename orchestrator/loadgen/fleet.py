@@ -41,14 +41,12 @@ from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, PlannedRequest, close_session, now, prewarm
 from orchestrator.loadgen.plan import PointPlan
-from orchestrator.loadgen.sender import PointSender, loop_factory, open_session_async, prewarm_count, worst_client_stats
+from orchestrator.loadgen.sender import PointSender, loop_factory, merge_shares, open_session_async, prewarm_count
 from orchestrator.metrics.records import RequestRecord
 
 log = logging.getLogger(__name__)
 
 MakeMore = Callable[[int], list[PlannedRequest]]
-# Client stats that add up over processes (the others: the worst process's value).
-SUMMED_STATS = ("client_cpu_s", "client_streams_ended_early", "client_requests_past_plan")
 
 # Between "all ready" and the shared start instant: time for the "go" message to reach every process.
 START_LEAD_S = 0.05
@@ -184,11 +182,7 @@ class ClientFleet:
             _, recs, st = done[i]
             records += recs
             stats.append(st)
-        merged = worst_client_stats(stats)
-        merged["client_processes"] = float(len(shares))
-        for key in SUMMED_STATS:
-            merged[key] = sum(st.get(key, 0.0) for st in stats)
-        return sorted(records, key=lambda r: r.intended_send_s), merged
+        return sorted(records, key=lambda r: r.intended_send_s), merge_shares(stats)
 
     def close(self) -> None:
         for tx in self.tx:

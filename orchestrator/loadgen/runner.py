@@ -19,7 +19,7 @@ import numpy as np
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, PlannedRequest, close_session, now, prewarm, stream_request
-from orchestrator.loadgen.fleet import SUMMED_STATS, ClientFleet, MakeMore
+from orchestrator.loadgen.fleet import ClientFleet, MakeMore
 from orchestrator.loadgen.plan import (
     FOREGROUND_PLAN,
     PointPlan,
@@ -34,6 +34,7 @@ from orchestrator.loadgen.sender import (
     PointSender,
     Refill,
     loop_factory,
+    merge_shares,
     open_session_async,
     prewarm_count,
     worst_client_stats,
@@ -284,10 +285,8 @@ def _run_on_nodes(
             st.update(sizing.metrics())
         clients.learn(local, recs, st)
         far, far_stats = remote.finish(calls)
-    merged = worst_client_stats([st, *far_stats])
+    merged = merge_shares([st, *far_stats])
     merged.update(remote.clock_stats())
-    for key in ("client_processes", *SUMMED_STATS):
-        merged[key] = st.get(key, 0.0) + sum(s.get(key, 1.0 if key == "client_processes" else 0.0) for s in far_stats)
     records = sorted(recs + far, key=lambda x: x.intended_send_s)
     return records, merged
 

@@ -38,6 +38,21 @@ def worst_client_stats(stats: list[dict[str, float]]) -> dict[str, float]:
     return {k: max(s[k] for s in stats if k in s) for k in keys}
 
 
+# Client stats that add up over the shares of one point (the others: the worst share's value).
+SUMMED_STATS = ("client_cpu_s", "client_streams_ended_early", "client_requests_past_plan")
+
+
+def merge_shares(stats: list[dict[str, float]]) -> dict[str, float]:
+    """The client's stats over the shares of one point sent at once (client processes, nodes):
+    the worst value of each, the sums of ``SUMMED_STATS``, and the processes that sent them (a
+    share that does not say is one)."""
+    merged = worst_client_stats(stats)
+    for key in SUMMED_STATS:
+        merged[key] = sum(s.get(key, 0.0) for s in stats)
+    merged["client_processes"] = sum(s.get("client_processes", 1.0) for s in stats)
+    return merged
+
+
 Refill = Callable[[int], Awaitable[list[PlannedRequest]]]
 
 
