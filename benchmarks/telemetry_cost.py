@@ -50,7 +50,7 @@ def measure(pids: list[int], interval_s: float, seconds: float) -> dict[str, flo
         "rows": len(timeline.rows),
         "cpu_ms_per_sample": cpu * 1e3 / max(sampler.samples, 1),
         "core_share_pct": cpu / wall * 100,
-        "wall_ms_per_sample": sampler.cost_s * 1e3 / max(sampler.samples, 1),
+        "sampler_cpu_ms_per_sample": sampler.cost_s * 1e3 / max(sampler.samples, 1),
     }
 
 
@@ -150,12 +150,12 @@ def main() -> None:
     print(
         f"telemetry sampler over a tree of {a.children + 1} processes, {a.seconds:g} s per interval, {os.cpu_count()} cores"
     )
-    print("| interval | samples | rows | CPU per sample | share of one core | wall per sample |")
+    print("| interval | samples | rows | CPU per sample | share of one core | sampler thread CPU per sample |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['interval_s']:g} s | {r['samples']:.0f} | {r['rows']:.0f} | {r['cpu_ms_per_sample']:.2f} ms "
-            f"| {r['core_share_pct']:.2f}% | {r['wall_ms_per_sample']:.2f} ms |"
+            f"| {r['core_share_pct']:.2f}% | {r['sampler_cpu_ms_per_sample']:.2f} ms |"
         )
 
 

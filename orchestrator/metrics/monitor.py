@@ -138,18 +138,23 @@ class ResourceMonitor:
                     self.timeline.add(telemetry.now(), "engine", seen)
 
     def _loop(self, stop: threading.Event) -> None:
-        kinds = [self.sample_memory] + ([self.sample_gauges] if self.metrics_url and self.gauges else [])
+        # What a sample costs: reading /proc, our CPU (its wall time under a busy GIL is not a
+        # cost); a scrape, its wall time (the server's API process answering it).
+        kinds = [(self.sample_memory, time.thread_time)]
+        if self.metrics_url and self.gauges:
+            kinds.append((self.sample_gauges, time.monotonic))
         due = [0.0] * len(kinds)
         while not stop.is_set():
-            for i, kind in enumerate(kinds):
+            for i, (kind, cost_clock) in enumerate(kinds):
                 t0 = time.monotonic()
                 if t0 < due[i]:
                     continue
+                c0 = cost_clock()
                 try:
                     kind()
                 except Exception as exc:  # a sampling hiccup must not kill the measurement
                     log.debug("monitor sample failed: %s", exc)
-                cost = time.monotonic() - t0
+                cost = cost_clock() - c0
                 due[i] = t0 + max(self.interval_s, cost / self.budget)
             stop.wait(max(0.0, min(due) - time.monotonic()))
 

@@ -3,8 +3,8 @@ sampler that runs them beside a trial: :func:`start_telemetry`. What each record
 in :mod:`orchestrator.metrics.telemetry` and docs/observability.md.
 
 :class:`TelemetrySampler` runs the probes in a daemon thread every ``interval_s`` and within a
-CPU budget (a sample that took ``w`` seconds waits at least ``w / budget``); a failing probe is
-dropped, never fatal.
+CPU budget (a sample that used ``c`` CPU seconds waits at least ``c / budget``); a failing probe
+is dropped, never fatal.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ class ProcessProbe:
         self._cpu: dict[int, float] = {}  # pid -> its CPU seconds at the previous sample
         self._machine: tuple[float, float] | None = None  # (t, busy CPU seconds of the machine)
         self._t: float | None = None
+        self._cpu_total = 0.0  # the trees' CPU seconds since the first sample (processes gone included)
 
     def sample(self, t: float, timeline: Timeline) -> None:
         cpu: dict[int, float] = {}
@@ -51,13 +53,15 @@ class ProcessProbe:
         values: dict[str, float] = {"rss_gb": rss / 1e9}
         if self._t is not None and t > self._t:
             # A process new since the last sample counts from 0; one gone since counts no more.
-            used = sum(c - self._cpu.get(pid, 0.0) for pid, c in cpu.items())
-            values["cpu_cores"] = max(used, 0.0) / (t - self._t)
+            used = max(sum(c - self._cpu.get(pid, 0.0) for pid, c in cpu.items()), 0.0)
+            values["cpu_cores"] = used / (t - self._t)
+            self._cpu_total += used
+        values["cpu_s"] = self._cpu_total
         timeline.add(t, "servers", values)
         self._cpu, self._t = cpu, t
         times = psutil.cpu_times()
         busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
-        machine = {"mem_used_gb": psutil.virtual_memory().used / 1e9}
+        machine = {"mem_used_gb": psutil.virtual_memory().used / 1e9, "cpu_s": busy}
         if self._machine is not None and t > self._machine[0]:
             machine["cpu_cores"] = max(busy - self._machine[1], 0.0) / (t - self._machine[0])
         timeline.add(t, "machine", machine)
@@ -204,32 +208,42 @@ def open_probes(pids: Sequence[int], gpu_devices: Sequence[str]) -> tuple[list[A
 
 class TelemetrySampler:
     """Samples every probe into ``timeline`` in a daemon thread, every ``interval_s`` and within
-    ``budget`` of wall time; a failing probe is logged and dropped, never fatal."""
+    ``budget`` of CPU time; a failing probe is logged and dropped, never fatal.
+
+    The budget counts the CPU the samples use (``time.thread_time``), not their wall time: in a
+    trial's process whose event loop holds the GIL, a sample of a few milliseconds of CPU can
+    take half a second of wall time, and a wall-time budget then stretched the interval past a
+    whole load point (no sample inside it, no server CPU measured). :meth:`sample` may also be
+    called from another thread (a point's start and end), so a window always has its ends."""
 
     def __init__(self, probes: list[Any], timeline: Timeline, interval_s: float = 1.0, budget: float = 0.01) -> None:
         self.probes, self.timeline = probes, timeline
         self.interval_s, self.budget = interval_s, budget
-        self.cost_s = 0.0  # the sampler's own time, for the observer-effect benchmark
+        self.cost_s = 0.0  # the samples' own CPU time, for the observer-effect benchmark
         self.samples = 0
+        self._lock = threading.Lock()  # one sample at a time: the probes keep the previous sample
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def sample(self) -> None:
-        t0 = now()
-        for probe in list(self.probes):
-            try:
-                probe.sample(t0, self.timeline)
-            except Exception as exc:
-                log.warning("telemetry: %s dropped after an error: %s", type(probe).__name__, exc)
-                self.probes.remove(probe)
-        self.samples += 1
-        self.cost_s += now() - t0
+    def sample(self) -> float:
+        """One sample of every probe, stamped with the instant it starts; returns the stamp."""
+        with self._lock:
+            t0, cpu0 = now(), time.thread_time()
+            for probe in list(self.probes):
+                try:
+                    probe.sample(t0, self.timeline)
+                except Exception as exc:
+                    log.warning("telemetry: %s dropped after an error: %s", type(probe).__name__, exc)
+                    self.probes.remove(probe)
+            self.samples += 1
+            self.cost_s += time.thread_time() - cpu0
+            return t0
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            t0 = now()
+            t0, cpu0 = now(), time.thread_time()
             self.sample()
-            wait = max(self.interval_s, (now() - t0) / self.budget) - (now() - t0)
+            wait = max(self.interval_s, (time.thread_time() - cpu0) / self.budget) - (now() - t0)
             self._stop.wait(max(wait, 0.0))
 
     def start(self) -> None:

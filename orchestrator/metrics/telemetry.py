@@ -5,8 +5,9 @@ clock of the client's records (``time.perf_counter``, CLOCK_MONOTONIC on Linux, 
 every process of the machine):
 
 * ``servers``: CPU cores busy by the servers' process trees (CPU seconds over wall seconds
-  between two samples) and their RSS;
-* ``machine``: the machine's CPU cores busy and memory used;
+  between two samples), the same CPU seconds summed since the first sample (``cpu_s``, from
+  which a window's mean is taken) and their RSS;
+* ``machine``: the machine's CPU cores busy (and its busy CPU seconds, ``cpu_s``) and memory used;
 * ``gpu<k>``: the trial's GPUs through NVML (nvidia-ml-py), the fields of ``nvidia-smi dmon -s
   pucm``: power (W), the energy counter (J, Volta and later), SM and memory utilisation (%),
   memory used, SM and memory clocks, temperature and the throttle reasons bitmask;
@@ -116,6 +117,16 @@ def _interp(ts: Sequence[float], vs: Sequence[float], t: float) -> float:
     return vs[i - 1] + (vs[i] - vs[i - 1]) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
 
 
+def mean_rate(rows: Iterable[Row], source: str, counter: str, t0: float, t1: float) -> float | None:
+    """A cumulative counter's mean rate over [t0, t1] (e.g. CPU seconds per second: cores busy),
+    interpolated between its samples; None unless samples span the window (the counter is
+    not extrapolated)."""
+    ts, vs = series(rows, source, counter)
+    if not ts or ts[0] > t0 or ts[-1] < t1 or t1 <= t0:
+        return None
+    return max(_interp(ts, vs, t1) - _interp(ts, vs, t0), 0.0) / (t1 - t0)
+
+
 def integrate(ts: Sequence[float], vs: Sequence[float], t0: float, t1: float) -> float:
     """The integral of a sampled signal over [t0, t1] (trapezoids; held flat beyond the samples)."""
     if not ts or t1 <= t0:
@@ -144,21 +155,26 @@ def energy_in_window(
 
 
 def window_metrics(rows: Sequence[Row], t0: float, t1: float) -> dict[str, float]:
-    """A load point's telemetry over its window [t0, t1]: the servers' CPU cores (mean, max) and
-    RSS (max), the machine's CPU, every GPU's power, utilisation, clocks and temperature (mean
+    """A load point's telemetry over its window [t0, t1]: the servers' CPU cores (the mean from
+    the cumulative ``cpu_s`` over the window, the max of the rates sampled inside it) and RSS (max), the machine's CPU, every GPU's power, utilisation, clocks and temperature (mean
     over the GPUs and samples; power summed over GPUs), and energy (J) where it was measured."""
     inside = [r for r in rows if t0 <= r[0] <= t1]
     out: dict[str, float] = {}
 
-    def stat(source: str, name: str, key: str, how: Callable[[list[float]], float]) -> None:
-        vals = [v for _, s, n, v in inside if s == source and n == name]
+    def stat(source: str, name: str, key: str, how: Callable[[list[float]], float], after_t0: bool = False) -> None:
+        # a rate stamped t covers the interval before t: the one stamped t0 is not the window's
+        vals = [v for t, s, n, v in inside if s == source and n == name and (t > t0 or not after_t0)]
         if vals:
             out[key] = how(vals)
 
-    stat("servers", "cpu_cores", "telemetry_server_cpu_cores_mean", _mean)
-    stat("servers", "cpu_cores", "telemetry_server_cpu_cores_max", max)
+    for source, key in (("servers", "server"), ("machine", "machine")):
+        mean = mean_rate(rows, source, "cpu_s", t0, t1)
+        if mean is not None:
+            out[f"telemetry_{key}_cpu_cores_mean"] = mean
+        else:  # a timeline without the cumulative counter: the mean of the samples
+            stat(source, "cpu_cores", f"telemetry_{key}_cpu_cores_mean", _mean, after_t0=True)
+    stat("servers", "cpu_cores", "telemetry_server_cpu_cores_max", max, after_t0=True)
     stat("servers", "rss_gb", "telemetry_server_rss_gb_max", max)
-    stat("machine", "cpu_cores", "telemetry_machine_cpu_cores_mean", _mean)
     stat("machine", "mem_used_gb", "telemetry_machine_mem_used_gb_max", max)
     gpus = sorted({s for _, s, _, _ in rows if s.startswith("gpu")})
     if gpus:

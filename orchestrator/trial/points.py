@@ -5,6 +5,7 @@ from that (:func:`point_metrics`, pure), the verdict on them (:func:`judge_point
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.config.errors import ServerCrashedError
@@ -169,6 +170,9 @@ class PointMeasurer:
         self.launch = group.metrics_launch()
         self._before: prometheus.Sample = {}
         self._t0 = 0.0
+        # stamps a point's start and end; with telemetry on, the sampler's sample() (a sample of
+        # every probe at both ends of the window, whatever its interval)
+        self.clock: Callable[[], float] = telemetry.now
 
     def _scrape(self) -> prometheus.Sample:
         if not self.engine_metrics or self.launch is None:
@@ -198,14 +202,14 @@ class PointMeasurer:
         self._before = self._scrape()
         self.monitor.reset()
         self.monitor.start()
-        self._t0 = telemetry.now()
+        self._t0 = self.clock()
         self.window = self._profile_window(index, point)
 
     def finish(
         self, index: int, point: LoadPointSpec, records: list[RequestRecord], client: dict[str, float]
     ) -> tuple[PointResult, ServerCrashedError | None]:
         """The point's result, and the servers' failure when they were not serving."""
-        t1 = telemetry.now()
+        t1 = self.clock()
         profiled = self.window.finish() if self.window is not None else {}
         self.window = None
         raw = RawPoint(records, client, self.monitor.stop(), self._before, self._scrape())

@@ -172,6 +172,8 @@ class TrialRun:
         sampler = None
         try:
             sampler, self.telemetry_notes = start_telemetry(spec.platform, group.pids(), self.gpu_ids, self.timeline)
+            if sampler is not None:
+                measurer.clock = sampler.sample
             run_points(
                 endpoint,
                 workload,

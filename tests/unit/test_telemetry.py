@@ -274,3 +274,62 @@ def test_the_timeline_figure_of_a_trial(tmp_path):
     path = timeline_figure(result, tmp_path)
     assert path is not None and path.name == "timeline.png" and path.stat().st_size > 20_000
     assert timeline_figure(result.model_copy(update={"points": []}), tmp_path) is None
+
+
+def test_a_windows_cpu_mean_comes_from_the_cumulative_counter():
+    # 1 core busy for 0..4 s, 3 cores for 4..10 s; samples only at 0, 4, 10: none inside [5, 8]
+    rows = [
+        (0.0, "servers", "cpu_s", 0.0),
+        (4.0, "servers", "cpu_s", 4.0),
+        (4.0, "servers", "cpu_cores", 1.0),
+        (10.0, "servers", "cpu_s", 22.0),
+        (10.0, "servers", "cpu_cores", 3.0),
+    ]
+    assert window_metrics(rows, 5.0, 8.0)["telemetry_server_cpu_cores_mean"] == pytest.approx(3.0)
+    assert window_metrics(rows, 2.0, 6.0)["telemetry_server_cpu_cores_mean"] == pytest.approx(2.0)
+    # the rate stamped at the window's start covers the time before it: not the window's max
+    assert window_metrics(rows, 4.0, 10.0)["telemetry_server_cpu_cores_max"] == 3.0
+    # a counter that does not span the window is not extrapolated: the rates sampled inside it are used
+    assert window_metrics(rows[:3], 2.0, 6.0)["telemetry_server_cpu_cores_mean"] == 1.0
+    assert "telemetry_server_cpu_cores_mean" not in window_metrics(rows[:3], 5.0, 6.0)
+
+
+def test_a_window_stamped_by_the_sampler_has_its_cpu_whatever_the_interval():
+    """A point's start and end are samples (PointMeasurer.clock is the sampler's sample), so a
+    point shorter than the interval still has its servers' CPU."""
+    tl = Timeline()
+    sampler = TelemetrySampler([ProcessProbe([os.getpid()])], tl, interval_s=60.0)
+    sampler.start()
+    t0 = sampler.sample()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # busy: about one core
+        pass
+    t1 = sampler.sample()
+    sampler.stop()
+    m = window_metrics(tl.rows, t0, t1)
+    assert 0.3 < m["telemetry_server_cpu_cores_mean"] <= (os.cpu_count() or 1) + 0.1
+    assert 0.3 < m["telemetry_machine_cpu_cores_mean"] <= (os.cpu_count() or 1) + 0.1
+
+
+class _SlowProbe:
+    """A probe that waits (wall time, no CPU): a GIL held by the trial's event loop looks like this."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def sample(self, t, timeline):
+        self.calls += 1
+        time.sleep(0.05)
+
+    def close(self):
+        pass
+
+
+def test_the_samplers_budget_counts_its_cpu_not_its_waits():
+    probe = _SlowProbe()
+    sampler = TelemetrySampler([probe], Timeline(), interval_s=0.02, budget=0.01)
+    sampler.start()
+    time.sleep(0.5)
+    sampler.stop()
+    # a wall-time budget would wait 0.05 / 0.01 = 5 s after the first sample
+    assert probe.calls >= 4 and sampler.cost_s < 0.05

@@ -49,8 +49,10 @@ class PlatformSpec(StrictModel):
         gt=0.0,
         le=1.0,
         description=(
-            "share of wall time each kind of sample (memory, engine gauges) may take: a sample that "
-            "took w seconds waits max(monitor_interval_s, w / monitor_budget) before the next"
+            "share of wall time each kind of sample (memory, engine gauges, telemetry) may cost: a "
+            "sample that cost c seconds waits max(its interval, c / monitor_budget) before the next; "
+            "the cost of a gauge scrape is its wall time (the server answers it), that of a local "
+            "sample (memory, telemetry) the CPU time it used"
         ),
     )
     telemetry: bool = Field(
