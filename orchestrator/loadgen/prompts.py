@@ -18,19 +18,97 @@ import numpy as np
 # AutoTokenizer instantiates exactly this class for them (transformers 5: both names are
 # TokenizersBackend).
 GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+# transformers' named special tokens (SPECIAL_TOKENS_ATTRIBUTES) and its lists of extra ones
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+EXTRA_SPECIAL_KEYS = ("additional_special_tokens", "extra_special_tokens")
+# tokenizer_config.json keys that change nothing of encode(add_special_tokens=False) and decode:
+# a folder with any other key (a cleanup of decoded text, a prefix space, code of its own) is
+# loaded by transformers, whose rules for them we do not copy.
+NEUTRAL_KEYS = frozenset(
+    {
+        "backend",
+        "tokenizer_class",
+        *SPECIAL_TOKEN_KEYS,
+        *EXTRA_SPECIAL_KEYS,
+        "added_tokens_decoder",
+        "model_max_length",
+        "model_input_names",
+        "padding_side",
+        "truncation_side",
+        "chat_template",
+        "add_bos_token",  # special tokens added by encode(add_special_tokens=True) only
+        "add_eos_token",
+        "clean_up_tokenization_spaces",  # neutral when false (checked below)
+    }
+)
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    content = value.get("content") if isinstance(value, dict) else None
+    return content if isinstance(content, str) else None
+
+
+class RustTokenizer:
+    """A tokenizer.json through the ``tokenizers`` library alone, with the few members the
+    prompt factory uses, answering as transformers 5's generic ``TokenizersBackend`` does for
+    the same folder (tests/unit/test_loadgen.py checks it): 10 ms to load instead of ~0.75 s of
+    transformers' imports on a trial's way to its first request, and encode/decode without
+    transformers' per-call overhead (docs/scaling.md: the cost of a prompt)."""
+
+    def __init__(self, path: Path, config: dict[str, Any], special_map: dict[str, Any]) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+        for key, token in (config.get("added_tokens_decoder") or {}).items():
+            if self._tok.id_to_token(int(key)) != _token_text(token):  # transformers would add it
+                raise ValueError(f"added token {key} of tokenizer_config.json is not in {path.name}")
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=False)
+        self._len = self._tok.get_vocab_size(with_added_tokens=True)
+        given = {**special_map, **config}  # the config's entries win
+        values = [given.get(k) for k in SPECIAL_TOKEN_KEYS]
+        values += [v for k in EXTRA_SPECIAL_KEYS for v in given.get(k) or []]
+        ids = [self._tok.token_to_id(t) for t in dict.fromkeys(map(_token_text, values)) if t is not None]
+        self.all_special_ids = [i for i in ids if i is not None]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Any) -> str:
+        return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def load_tokenizer(name_or_path: str) -> Any:
-    """The tokenizer ``AutoTokenizer.from_pretrained`` gives, without importing what it imports
-    to choose one (torch among them: ~4 of a trial's first 5 s here) when the folder names
-    transformers' generic tokenizer class and has no code of its own; else AutoTokenizer."""
+    """The folder's tokenizer as the load generator needs it. Where transformers would load it
+    as its generic class (``TokenizersBackend`` over tokenizer.json, no code of its own):
+    :class:`RustTokenizer` when nothing in the config changes encode or decode (10 ms instead
+    of transformers' imports, ~0.75 s here), else that class directly (AutoTokenizer's own
+    imports pull in torch). Anything else (a hub id, a class of its own): ``AutoTokenizer``."""
     folder = Path(name_or_path)
-    try:
-        config = json.loads((folder / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
-    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    config = _json_object(folder / "tokenizer_config.json")
+    name = config.get("tokenizer_class")
     if name in GENERIC_TOKENIZERS and "auto_map" not in config and (folder / "tokenizer.json").is_file():
+        neutral = not (set(config) - NEUTRAL_KEYS or config.get("clean_up_tokenization_spaces"))
+        if neutral and not (folder / "added_tokens.json").exists():
+            try:
+                return RustTokenizer(
+                    folder / "tokenizer.json", config, _json_object(folder / "special_tokens_map.json")
+                )
+            except ValueError:
+                pass
         import transformers
 
         cls = getattr(transformers, name, None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -245,15 +247,28 @@ def test_rate_with_concurrency_cap_never_bursts(factory):
     assert summarize_point(records)["send_lag_ms_max"] > 100  # the cap shows up as send lag
 
 
-def test_the_quick_tokenizer_is_the_one_autotokenizer_gives(tiny_model_dir, factory):
-    """load_tokenizer skips AutoTokenizer's imports for transformers' generic class: same class,
-    same encoding, same prompts."""
+def test_the_quick_tokenizer_answers_as_autotokenizer(tiny_model_dir, factory):
+    """load_tokenizer reads tokenizer.json with the tokenizers library alone (no transformers
+    import) where transformers would load its generic class: same ids, same text, same special
+    ids and sizes, same prompts."""
     from transformers import AutoTokenizer
 
-    from orchestrator.loadgen.prompts import load_tokenizer
+    from orchestrator.loadgen.prompts import RustTokenizer, load_tokenizer
 
     quick, auto = load_tokenizer(str(tiny_model_dir)), AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    assert type(quick) is type(auto)
+    assert isinstance(quick, RustTokenizer)
+    assert (len(quick), quick.vocab_size, sorted(quick.all_special_ids)) == (
+        len(auto),
+        auto.vocab_size,
+        sorted(auto.all_special_ids),
+    )
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        ids = rng.integers(0, len(auto), int(rng.integers(1, 40))).tolist()
+        text = auto.decode(ids)
+        assert quick.decode(ids) == text
+        assert quick.encode(text, add_special_tokens=False) == auto.encode(text, add_special_tokens=False)
+        assert quick.encode(text) == auto.encode(text)
     other = PromptFactory(auto)
     assert list(factory._ids) == list(other._ids)
     for seed in range(5):
@@ -261,3 +276,26 @@ def test_the_quick_tokenizer_is_the_one_autotokenizer_gives(tiny_model_dir, fact
         assert factory.ramp_prompt(64, np.random.default_rng(seed)) == other.ramp_prompt(
             64, np.random.default_rng(seed)
         )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"clean_up_tokenization_spaces": True},  # transformers would clean the decoded text
+        {"add_prefix_space": True},  # a key whose effect we do not copy
+        {"added_tokens_decoder": {"999": {"content": "<extra>", "special": True}}},  # not in tokenizer.json
+    ],
+)
+def test_a_tokenizer_config_we_do_not_copy_goes_to_transformers(tiny_model_dir, tmp_path, change):
+    import shutil
+
+    from orchestrator.loadgen.prompts import RustTokenizer, load_tokenizer
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, folder / name)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, **change}))
+    loaded = load_tokenizer(str(folder))
+    assert not isinstance(loaded, RustTokenizer) and type(loaded).__name__ == "TokenizersBackend"
