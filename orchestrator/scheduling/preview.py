@@ -15,7 +15,6 @@ from orchestrator.config.secrets import redact_override
 from orchestrator.feasibility import estimate_seconds
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.tracking import MlflowTracker
-from orchestrator.trial import plan_trial
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +24,8 @@ def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[d
     GPUs, every server command (argv + env). Starts nothing, not even Ray: the cluster's GPUs
     are ``cluster.num_gpus`` when set (0 on the CPU platform), else unknown. Returns per trial
     its hash, index, status, ``feasible``, GPUs and reason (the commands are only printed)."""
+    from orchestrator.trial import plan_trial  # the trial's stack: imported by dry runs, not by every driver
+
     lines = []  # what the summary needs: a plan of 10,000 trials keeps no server commands
     for job in jobs:
         plan = plan_trial(job.spec, known_gpus(job))

@@ -11,6 +11,7 @@ import os
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,6 @@ from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.preview import dry_run, share_key
 from orchestrator.scheduling.ray_exec import cluster_gpus, init_ray, prepare_workers, run_jobs
 from orchestrator.tracking import MlflowTracker, result_id
-from orchestrator.trial import skipped_result
 
 log = logging.getLogger(__name__)
 
@@ -83,42 +83,61 @@ def run_sweep(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     experiment = settings.tracking.experiment_name or jobs[0].spec.experiment
     mark("jobs validated")
-    # MLflow's import and store (~2 s here) open while Ray starts or connects (~4 s cold, ~0.6 s
+    # MLflow's import and store (~2 s here) open while Ray starts or connects (~4 s cold, ~0.05 s
     # to a running cluster): the first request goes out that much sooner (benchmarks/quick_start).
-    with ThreadPoolExecutor(1, thread_name_prefix="mlflow-open") as pool:
-        opening = pool.submit(_open_tracker, settings.tracking.uri, experiment, settings.tracking.enabled, progress)
-        ray_ctx = init_ray(settings.cluster)
-        mark("Ray ready")
-        try:
-            prepare_workers(jobs)  # a worker gets ready for the first trial meanwhile
-        except Exception as exc:  # best effort: the trial prepares itself
-            log.debug("could not prepare a worker: %s", exc)
-        try:
-            tracker = opening.result()
-        except BaseException:
-            ray_ctx.shutdown()
-            raise
-    mark("MLflow store open")
-    try:
-        done = _already_finished(jobs, tracker, settings.resume, progress)
-        if len(done) == len(jobs):
-            progress(
-                f"sweep '{experiment}': all {len(jobs)} trial(s) already FINISHED; nothing to run "
-                "(resume=false runs them again)"
-            )
-            ray_ctx.shutdown()
-            return []
-        commit = git_commit()
+    # Ray is imported first: two imports in two threads share one GIL and both take twice as
+    # long, and the sooner the driver connects, the sooner Ray starts the job's first worker.
+    import ray  # noqa: F401
+
+    # One thread does MLflow's work in order: open the store, then (once it is known that the
+    # sweep runs) make the sweep's parent run; the trials do not wait for the parent run.
+    mlflow = ThreadPoolExecutor(1, thread_name_prefix="mlflow")
+    opening = mlflow.submit(_open_tracker, settings.tracking.uri, experiment, settings.tracking.enabled, progress)
+    commit = git_commit()
+
+    def sweep_run() -> MlflowTracker | None:  # in the MLflow thread, after the store opened
+        mark("MLflow store open")
         tracker = _start_sweep_run(
-            tracker, jobs, sweep_dir, sweep_name, sweep_params or {}, continuing, commit, progress
+            opening.result(), jobs, sweep_dir, sweep_name, sweep_params or {}, continuing, commit, progress
         )
+        mark("sweep run logged")
+        return tracker
+
+    # nothing to ask MLflow before the trials start: the parent run is made as soon as it opens
+    starting = None if settings.resume else mlflow.submit(sweep_run)
+    try:
+        ray_ctx = init_ray(settings.cluster)
+    except BaseException:
+        mlflow.shutdown(wait=False)
+        raise
+    mark("Ray ready")
+    try:
+        done: dict[str, str] = {}
+        if starting is None:  # resume: MLflow answers first, which trials are FINISHED already
+            try:  # a worker gets ready for the first trial meanwhile
+                prepare_workers(jobs)
+            except Exception as exc:  # best effort: the trial prepares itself
+                log.debug("could not prepare a worker: %s", exc)
+            done = _already_finished(jobs, opening.result(), settings.resume, progress)
+            if len(done) == len(jobs):
+                progress(
+                    f"sweep '{experiment}': all {len(jobs)} trial(s) already FINISHED; nothing to run "
+                    "(resume=false runs them again)"
+                )
+                ray_ctx.shutdown()
+                return []
+            starting = mlflow.submit(sweep_run)
+        # Without resume the first trial is submitted at once, to the worker Ray starts as the
+        # driver connects: a preparation task would take that one and make Ray start a second,
+        # both on the cores MLflow is opening on (benchmarks/quick_start).
+        record = _Recorder(sweep_dir, starting.result, commit, len(jobs) - len(done), progress)
         progress(f"sweep '{experiment}': {len(jobs)} trial(s); results in {sweep_dir}")
-        record = _Recorder(sweep_dir, tracker, commit, len(jobs) - len(done), progress)
     except BaseException:
         ray_ctx.shutdown()
         raise
+    finally:
+        mlflow.shutdown(wait=False)  # its thread ends when its work is done
     status = "FAILED"
-    mark("sweep run logged")
     try:
         with interrupts_stop_servers():
             _run_trials(jobs, done, record)
@@ -126,7 +145,7 @@ def run_sweep(
     except KeyboardInterrupt:
         status = "KILLED"
         progress("interrupted: running trials were stopped (and their servers)")
-        _log_partial_results(jobs, record.results, sweep_dir, tracker, commit, progress)
+        _log_partial_results(jobs, record.results, sweep_dir, record.tracker, commit, progress)
         raise
     except DiskFullError as exc:  # nothing more can be kept: stop now rather than measure for nothing
         progress(
@@ -137,6 +156,7 @@ def run_sweep(
     finally:
         ray_ctx.shutdown()
         record.end_sweep(status)
+    tracker = record.tracker
     _report(experiment, record.results, sweep_dir, tracker, progress, settings.objective, record.dirs)
     for line in status_table(record.results):
         progress(line)
@@ -188,16 +208,31 @@ class _Recorder:
     """Each finished trial: to disk first, then MLflow, then a progress line; counts by status."""
 
     def __init__(
-        self, sweep_dir: Path, tracker: MlflowTracker | None, commit: str, to_run: int, progress: Progress
+        self,
+        sweep_dir: Path,
+        sweep_run: Callable[[], MlflowTracker | None],
+        commit: str,
+        to_run: int,
+        progress: Progress,
     ) -> None:
-        self.sweep_dir, self.tracker, self.commit, self.to_run = sweep_dir, tracker, commit, to_run
+        self.sweep_dir, self.commit, self.to_run = sweep_dir, commit, to_run
         self.progress = progress
+        self._sweep_run: Callable[[], MlflowTracker | None] | None = sweep_run
+        self._tracker: MlflowTracker | None = None
         self.counts: Counter[str] = Counter()
         self.results: list[TrialResult] = []
         # result_id -> its folder (its timeline, for the report); trials differing only in how they
         # are observed share a trial hash, so the hash alone would mix up their folders
         self.dirs: dict[str, Path] = {}
         self.t0 = time.monotonic()
+
+    @property
+    def tracker(self) -> MlflowTracker | None:
+        """The sweep's MLflow run (None: tracking off or unavailable), waited for on first use
+        (the first result): it is made in the MLflow thread while the first trial starts."""
+        if self._sweep_run is not None:
+            self._tracker, self._sweep_run = self._sweep_run(), None
+        return self._tracker
 
     def finish(self, job: TrialJob, result: TrialResult) -> None:
         d = save_result(result, trial_dir(self.sweep_dir, job))
@@ -248,6 +283,8 @@ def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: _Recorder) -
         if reason is None:
             runnable.append(job)
         else:
+            from orchestrator.trial import skipped_result  # the trial's stack, not the driver's (0.2 s)
+
             record.finish(job, skipped_result(job.spec, job.overrides, reason))
     for job, result in run_jobs(
         runnable,
