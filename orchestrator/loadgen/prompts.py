@@ -56,28 +56,53 @@ class RustTokenizer:
     prompt factory uses, answering as transformers 5's generic ``TokenizersBackend`` does for
     the same folder (tests/unit/test_loadgen.py checks it): 10 ms to load instead of ~0.75 s of
     transformers' imports on a trial's way to its first request, and encode/decode without
-    transformers' per-call overhead (docs/scaling.md: the cost of a prompt)."""
+    transformers' per-call overhead (docs/scaling.md: the cost of a prompt).
+
+    Raises ValueError for a folder where transformers would change the tokenizer it reads (a
+    special or added token of the config that tokenizer.json lacks or flags otherwise, special
+    tokens given two ways): :func:`load_tokenizer` then uses transformers."""
+
+    FLAGS = ("content", "lstrip", "rstrip", "normalized", "single_word", "special")
 
     def __init__(self, path: Path, config: dict[str, Any], special_map: dict[str, Any]) -> None:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(path))
+        added = self._tok.get_added_tokens_decoder()
         for key, token in (config.get("added_tokens_decoder") or {}).items():
-            if self._tok.id_to_token(int(key)) != _token_text(token):  # transformers would add it
-                raise ValueError(f"added token {key} of tokenizer_config.json is not in {path.name}")
+            ours = added.get(int(key))
+            if (
+                ours is None
+                or not isinstance(token, dict)
+                or any(k in token and getattr(ours, k) != token[k] for k in self.FLAGS)
+            ):  # transformers would add it, or add it again with the config's flags
+                raise ValueError(f"added token {key} of tokenizer_config.json differs in {path.name}")
+        for key, value in special_map.items():  # only where it says what the config says
+            text = _token_text(value)
+            if text is None or key not in config or _token_text(config[key]) != text:
+                raise ValueError(f"special_tokens_map.json's {key} is not the config's")
+        lists = [config[k] for k in EXTRA_SPECIAL_KEYS if config.get(k)]
+        extra = [_token_text(v) for v in lists[0]] if len(lists) == 1 and isinstance(lists[0], list) else [None]
+        if lists and None in extra:  # both lists, named extra tokens, an entry of another form
+            raise ValueError("extra special tokens given in a form not copied here")
+        texts = [_token_text(config.get(k)) for k in SPECIAL_TOKEN_KEYS] + (extra if lists else [])
+        special = [t for t in dict.fromkeys(texts) if t is not None]
+        contents = {tok.content: i for i, tok in added.items()}
+        if any(t not in contents for t in special):  # transformers would add the token
+            raise ValueError("a special token of tokenizer_config.json is not an added token of tokenizer.json")
+        self.all_special_ids = [contents[t] for t in special]
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=False)
         self._len = self._tok.get_vocab_size(with_added_tokens=True)
-        given = {**special_map, **config}  # the config's entries win
-        values = [given.get(k) for k in SPECIAL_TOKEN_KEYS]
-        values += [v for k in EXTRA_SPECIAL_KEYS for v in given.get(k) or []]
-        ids = [self._tok.token_to_id(t) for t in dict.fromkeys(map(_token_text, values)) if t is not None]
-        self.all_special_ids = [i for i in ids if i is not None]
 
     def __len__(self) -> int:
         return self._len
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Ids of ``text`` without special tokens (the load generator's only use: with them,
+        transformers may rebuild the post-processor from ``add_bos_token`` / ``add_eos_token``)."""
+        if add_special_tokens:
+            raise ValueError("RustTokenizer encodes without special tokens only")
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Any) -> str:
         return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))

@@ -30,14 +30,20 @@ RAPL_ROOT = Path("/sys/class/powercap")
 
 
 class ProcessProbe:
-    """CPU and memory of the servers' process trees (``pids``: their roots) and of the machine."""
+    """CPU and memory of the servers' process trees (``pids``: their roots) and of the machine.
 
-    def __init__(self, pids: Sequence[int]) -> None:
+    CPU is recorded twice: the seconds used so far (``cpu_s``, every sample; a window's mean
+    comes from it) and the cores busy since the last rate (``cpu_cores``), written only once
+    ``min_rate_s`` has passed: two samples a millisecond apart (a point's own sample next to
+    the sampler's) give a rate that is mostly the jitter of the CPU accounting (3 cores seen on
+    this 2-core machine)."""
+
+    def __init__(self, pids: Sequence[int], min_rate_s: float = 0.1) -> None:
         self.pids = list(pids)
+        self.min_rate_s = min_rate_s
         self._cpu: dict[int, float] = {}  # pid -> its CPU seconds at the previous sample
-        self._machine: tuple[float, float] | None = None  # (t, busy CPU seconds of the machine)
-        self._t: float | None = None
-        self._cpu_total = 0.0  # the trees' CPU seconds since the first sample (processes gone included)
+        self._cpu_total = 0.0  # the trees' CPU seconds since this probe's first sample (processes gone included)
+        self._rate: dict[str, tuple[float, float]] = {}  # source -> (t, CPU seconds) of its last rate
 
     def sample(self, t: float, timeline: Timeline) -> None:
         cpu: dict[int, float] = {}
@@ -50,22 +56,22 @@ class ProcessProbe:
                     rss += p.memory_info().rss
                 except psutil.Error:
                     continue
-        values: dict[str, float] = {"rss_gb": rss / 1e9}
-        if self._t is not None and t > self._t:
-            # A process new since the last sample counts from 0; one gone since counts no more.
-            used = max(sum(c - self._cpu.get(pid, 0.0) for pid, c in cpu.items()), 0.0)
-            values["cpu_cores"] = used / (t - self._t)
-            self._cpu_total += used
-        values["cpu_s"] = self._cpu_total
-        timeline.add(t, "servers", values)
-        self._cpu, self._t = cpu, t
+        if self._rate:  # a process new since the last sample counts from 0; one gone since counts no more
+            self._cpu_total += max(sum(c - self._cpu.get(pid, 0.0) for pid, c in cpu.items()), 0.0)
+        self._cpu = cpu
         times = psutil.cpu_times()
         busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
-        machine = {"mem_used_gb": psutil.virtual_memory().used / 1e9, "cpu_s": busy}
-        if self._machine is not None and t > self._machine[0]:
-            machine["cpu_cores"] = max(busy - self._machine[1], 0.0) / (t - self._machine[0])
-        timeline.add(t, "machine", machine)
-        self._machine = (t, busy)
+        for source, values, cpu_s in (
+            ("servers", {"rss_gb": rss / 1e9}, self._cpu_total),
+            ("machine", {"mem_used_gb": psutil.virtual_memory().used / 1e9}, busy),
+        ):
+            values["cpu_s"] = cpu_s
+            last = self._rate.get(source)
+            if last is None or t - last[0] >= self.min_rate_s:
+                if last is not None:
+                    values["cpu_cores"] = max(cpu_s - last[1], 0.0) / (t - last[0])
+                self._rate[source] = (t, cpu_s)
+            timeline.add(t, source, values)
 
     def close(self) -> None:
         pass
@@ -225,9 +231,15 @@ class TelemetrySampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def sample(self) -> float:
-        """One sample of every probe, stamped with the instant it starts; returns the stamp."""
-        with self._lock:
+    def sample(self, timeout: float = -1) -> float:
+        """One sample of every probe, stamped with the instant it starts; returns the stamp.
+        ``timeout``: how long to wait for a sample under way in another thread (-1: as long as
+        it takes); past it, no sample, and the stamp is now (a probe stuck in a driver call
+        must not hold up a load point)."""
+        if not self._lock.acquire(timeout=timeout):
+            log.warning("telemetry: a sample has been under way for %.0f s; not sampling", timeout)
+            return now()
+        try:
             t0, cpu0 = now(), time.thread_time()
             for probe in list(self.probes):
                 try:
@@ -238,6 +250,13 @@ class TelemetrySampler:
             self.samples += 1
             self.cost_s += time.thread_time() - cpu0
             return t0
+        finally:
+            self._lock.release()
+
+    def edge(self) -> float:
+        """A load point's start or end: a sample now (waiting at most 2 s for one under way) and
+        its stamp (:attr:`orchestrator.trial.points.PointMeasurer.clock`)."""
+        return self.sample(timeout=2.0)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -256,7 +275,7 @@ class TelemetrySampler:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-            self.sample()
+            self.sample(timeout=2.0)
         for probe in self.probes:
             try:
                 probe.close()

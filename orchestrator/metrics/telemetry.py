@@ -5,8 +5,8 @@ clock of the client's records (``time.perf_counter``, CLOCK_MONOTONIC on Linux, 
 every process of the machine):
 
 * ``servers``: CPU cores busy by the servers' process trees (CPU seconds over wall seconds
-  between two samples), the same CPU seconds summed since the first sample (``cpu_s``, from
-  which a window's mean is taken) and their RSS;
+  between two rates at least 0.1 s apart), the same CPU seconds summed since the probe's first
+  sample (``cpu_s``, from which a window's mean is taken) and their RSS;
 * ``machine``: the machine's CPU cores busy (and its busy CPU seconds, ``cpu_s``) and memory used;
 * ``gpu<k>``: the trial's GPUs through NVML (nvidia-ml-py), the fields of ``nvidia-smi dmon -s
   pucm``: power (W), the energy counter (J, Volta and later), SM and memory utilisation (%),
@@ -190,6 +190,9 @@ def window_metrics(rows: Sequence[Row], t0: float, t1: float) -> dict[str, float
 def _gpu_window(
     rows: Sequence[Row], inside: Sequence[Row], gpus: list[str], t0: float, t1: float, out: dict[str, float]
 ) -> None:
+    # NVML's power and utilisation are averages over the time before their sample: the one
+    # stamped at the window's start (the point's own edge) describes the time before the point
+    inside = [r for r in inside if r[0] > t0 or r[2] == "temp_c"]
     times = sorted({t for t, s, n, _ in inside if s in gpus and n == "power_w"})
     power_at = [sum(v for t2, s, n, v in inside if t2 == t and s in gpus and n == "power_w") for t in times]
     if power_at:

@@ -246,8 +246,10 @@ def run_jobs(
     max_attempts: int = 1,
     progress: Callable[[str], None] = print,
     share_key: Callable[[TrialJob], str | None] | None = None,
+    submitted: Callable[[], None] | None = None,
 ) -> Iterator[tuple[TrialJob, TrialResult]]:
     """Submit trials as Ray tasks (at most ``max_concurrent`` at once); yield results as they finish.
+    ``submitted`` is called once, when the first tasks are submitted.
 
     Each task asks Ray for the trial's GPUs (``num_gpus``) and CPUs; ``task`` is the body
     run in the worker (the real trial; tests put a probe of the same placement there).
@@ -276,6 +278,10 @@ def run_jobs(
             while queue and (max_concurrent is None or len(running) < max_concurrent):
                 unit = queue.pop(0)
                 running[submit(unit)] = unit
+            if submitted is not None:  # once
+                then = submitted
+                submitted = None
+                then()
             # Short waits: a blocking ray.wait would keep Ctrl-C / SIGTERM from reaching Python.
             done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
             for ref in done:

@@ -11,8 +11,7 @@ import os
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -103,14 +102,14 @@ def run_sweep(
         mark("sweep run logged")
         return tracker
 
-    # nothing to ask MLflow before the trials start: the parent run is made as soon as it opens
-    starting = None if settings.resume else mlflow.submit(sweep_run)
     try:
         ray_ctx = init_ray(settings.cluster)
     except BaseException:
         mlflow.shutdown(wait=False)
         raise
     mark("Ray ready")
+    # nothing to ask MLflow before the trials start: the parent run is made as soon as it opens
+    starting = None if settings.resume else mlflow.submit(sweep_run)
     try:
         done: dict[str, str] = {}
         if starting is None:  # resume: MLflow answers first, which trials are FINISHED already
@@ -130,7 +129,7 @@ def run_sweep(
         # Without resume the first trial is submitted at once, to the worker Ray starts as the
         # driver connects: a preparation task would take that one and make Ray start a second,
         # both on the cores MLflow is opening on (benchmarks/quick_start).
-        record = _Recorder(sweep_dir, starting.result, commit, len(jobs) - len(done), progress)
+        record = _Recorder(sweep_dir, starting, commit, len(jobs) - len(done), progress)
         progress(f"sweep '{experiment}': {len(jobs)} trial(s); results in {sweep_dir}")
     except BaseException:
         ray_ctx.shutdown()
@@ -145,7 +144,7 @@ def run_sweep(
     except KeyboardInterrupt:
         status = "KILLED"
         progress("interrupted: running trials were stopped (and their servers)")
-        _log_partial_results(jobs, record.results, sweep_dir, record.tracker, commit, progress)
+        _log_partial_results(jobs, record.results, sweep_dir, record.tracker_if_open(), commit, progress)
         raise
     except DiskFullError as exc:  # nothing more can be kept: stop now rather than measure for nothing
         progress(
@@ -188,9 +187,13 @@ def _start_sweep_run(
         return None
     settings = jobs[0].settings
     experiment = settings.tracking.experiment_name or jobs[0].spec.experiment
-    if continuing and tracker.attach_sweep(str(sweep_dir.resolve())):
-        progress(f"sweep '{experiment}': continuing its MLflow run {tracker.parent_run_id} (a search's next batch)")
-        return tracker
+    try:
+        if continuing and tracker.attach_sweep(str(sweep_dir.resolve())):
+            progress(f"sweep '{experiment}': continuing its MLflow run {tracker.parent_run_id} (a search's next batch)")
+            return tracker
+    except Exception as exc:  # keep measuring; results stay on disk
+        progress(f"warning: could not find the search's MLflow run ({exc}); results are kept on disk only")
+        return None
     objective = {"objective": settings.objective.model_dump_json(exclude_none=True)} if settings.objective else {}
     try:
         tracker.start_sweep(
@@ -210,14 +213,14 @@ class _Recorder:
     def __init__(
         self,
         sweep_dir: Path,
-        sweep_run: Callable[[], MlflowTracker | None],
+        sweep_run: Future[MlflowTracker | None],
         commit: str,
         to_run: int,
         progress: Progress,
     ) -> None:
         self.sweep_dir, self.commit, self.to_run = sweep_dir, commit, to_run
         self.progress = progress
-        self._sweep_run: Callable[[], MlflowTracker | None] | None = sweep_run
+        self._sweep_run: Future[MlflowTracker | None] | None = sweep_run
         self._tracker: MlflowTracker | None = None
         self.counts: Counter[str] = Counter()
         self.results: list[TrialResult] = []
@@ -230,9 +233,22 @@ class _Recorder:
     def tracker(self) -> MlflowTracker | None:
         """The sweep's MLflow run (None: tracking off or unavailable), waited for on first use
         (the first result): it is made in the MLflow thread while the first trial starts."""
-        if self._sweep_run is not None:
-            self._tracker, self._sweep_run = self._sweep_run(), None
+        pending, self._sweep_run = self._sweep_run, None
+        if pending is not None:
+            try:
+                self._tracker = pending.result()
+            except Exception as exc:  # keep measuring; results stay on disk
+                self.progress(f"warning: no MLflow sweep run ({exc}); results are kept on disk only")
         return self._tracker
+
+    def tracker_if_open(self) -> MlflowTracker | None:
+        """On an interrupt: the sweep's run if it is made or being made, else None, and it will
+        not be made (no parent run left RUNNING); what was measured stays on disk for
+        ``python -m orchestrator.replay``."""
+        if self._sweep_run is not None and self._sweep_run.cancel():
+            self._sweep_run = None
+            self.progress("MLflow was not open yet: results are on disk only (python -m orchestrator.replay logs them)")
+        return self.tracker
 
     def finish(self, job: TrialJob, result: TrialResult) -> None:
         d = save_result(result, trial_dir(self.sweep_dir, job))
@@ -274,7 +290,7 @@ def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: _Recorder) -
     run on Ray, each recorded as it finishes."""
     settings = jobs[0].settings
     gpus = cluster_gpus()
-    runnable = []
+    runnable, skipped = [], []
     for job in jobs:
         if job.trial_hash in done:
             record.counts["ALREADY_FINISHED"] += 1
@@ -283,9 +299,18 @@ def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: _Recorder) -
         if reason is None:
             runnable.append(job)
         else:
+            skipped.append((job, reason))
+
+    def record_skipped() -> None:  # once the first trials are submitted: they do not wait for MLflow
+        if skipped:
             from orchestrator.trial import skipped_result  # the trial's stack, not the driver's (0.2 s)
 
-            record.finish(job, skipped_result(job.spec, job.overrides, reason))
+            for job, reason in skipped:
+                record.finish(job, skipped_result(job.spec, job.overrides, reason))
+
+    if not runnable:
+        record_skipped()
+        return
     for job, result in run_jobs(
         runnable,
         lambda j: str(trial_dir(record.sweep_dir, j)),
@@ -293,6 +318,7 @@ def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: _Recorder) -
         max_attempts=settings.cluster.max_attempts,
         progress=record.progress,
         share_key=share_key if settings.reuse_servers else None,
+        submitted=record_skipped,
     ):
         record.finish(job, result)
 

@@ -170,7 +170,7 @@ class PointMeasurer:
         self.launch = group.metrics_launch()
         self._before: prometheus.Sample = {}
         self._t0 = 0.0
-        # stamps a point's start and end; with telemetry on, the sampler's sample() (a sample of
+        # stamps a point's start and end; with telemetry on, the sampler's edge() (a sample of
         # every probe at both ends of the window, whatever its interval)
         self.clock: Callable[[], float] = telemetry.now
 

@@ -173,7 +173,7 @@ class TrialRun:
         try:
             sampler, self.telemetry_notes = start_telemetry(spec.platform, group.pids(), self.gpu_ids, self.timeline)
             if sampler is not None:
-                measurer.clock = sampler.sample
+                measurer.clock = sampler.edge
             run_points(
                 endpoint,
                 workload,

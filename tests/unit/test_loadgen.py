@@ -268,7 +268,8 @@ def test_the_quick_tokenizer_answers_as_autotokenizer(tiny_model_dir, factory):
         text = auto.decode(ids)
         assert quick.decode(ids) == text
         assert quick.encode(text, add_special_tokens=False) == auto.encode(text, add_special_tokens=False)
-        assert quick.encode(text) == auto.encode(text)
+    with pytest.raises(ValueError, match="without special tokens"):
+        quick.encode("x", add_special_tokens=True)  # what transformers adds then is not copied
     other = PromptFactory(auto)
     assert list(factory._ids) == list(other._ids)
     for seed in range(5):
@@ -284,6 +285,11 @@ def test_the_quick_tokenizer_answers_as_autotokenizer(tiny_model_dir, factory):
         {"clean_up_tokenization_spaces": True},  # transformers would clean the decoded text
         {"add_prefix_space": True},  # a key whose effect we do not copy
         {"added_tokens_decoder": {"999": {"content": "<extra>", "special": True}}},  # not in tokenizer.json
+        {"added_tokens_decoder": {"0": {"content": "<s>", "special": True, "lstrip": True}}},  # other flags
+        {"bos_token": "<bos>"},  # a special token tokenizer.json does not have: transformers adds it
+        {"extra_special_tokens": {"image_token": "<s>"}},  # named extra tokens
+        {"additional_special_tokens": ["<s>"], "extra_special_tokens": ["</s>"]},  # both lists
+        {"special_tokens_map.json": {"bos_token": "</s>"}},  # says otherwise than the config
     ],
 )
 def test_a_tokenizer_config_we_do_not_copy_goes_to_transformers(tiny_model_dir, tmp_path, change):
@@ -296,6 +302,13 @@ def test_a_tokenizer_config_we_do_not_copy_goes_to_transformers(tiny_model_dir, 
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_model_dir / name, folder / name)
     config = json.loads((folder / "tokenizer_config.json").read_text())
+    change = dict(change)
+    special_map = change.pop("special_tokens_map.json", None)
+    if special_map is not None:
+        (folder / "special_tokens_map.json").write_text(json.dumps(special_map))
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, **change}))
     loaded = load_tokenizer(str(folder))
     assert not isinstance(loaded, RustTokenizer) and type(loaded).__name__ == "TokenizersBackend"
+    (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>"}))  # agrees with the config
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    assert isinstance(load_tokenizer(str(folder)), RustTokenizer)

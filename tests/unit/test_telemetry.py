@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 
 import pytest
@@ -70,7 +71,8 @@ def test_a_points_window_over_two_gpus(with_counter):
     m = window_metrics(_gpu_stream(with_counter), 2.0, 6.0)
     assert m["telemetry_gpu_power_w_mean"] == pytest.approx(300.0) and m["telemetry_gpu_power_w_max"] == 300.0
     assert m["telemetry_gpu_sm_util_pct_mean"] == 50.0 and m["telemetry_gpu_temp_c_max"] == 66.0
-    assert m["telemetry_gpu_throttled_share"] == pytest.approx(2 / 5)  # t=5,6 of 2..6 carry a real reason
+    # t=5,6 of 3..6 carry a real reason (the sample at the window's start describes the time before it)
+    assert m["telemetry_gpu_throttled_share"] == pytest.approx(2 / 4)
     assert m["energy_j"] == pytest.approx(300.0 * 4 * (1.1 if with_counter else 1.0))
     assert m["energy_from_counter"] == (1.0 if with_counter else 0.0)
     assert m["telemetry_server_cpu_cores_mean"] == 1.5 and m["telemetry_server_rss_gb_max"] == pytest.approx(2.6)
@@ -295,16 +297,16 @@ def test_a_windows_cpu_mean_comes_from_the_cumulative_counter():
 
 
 def test_a_window_stamped_by_the_sampler_has_its_cpu_whatever_the_interval():
-    """A point's start and end are samples (PointMeasurer.clock is the sampler's sample), so a
+    """A point's start and end are samples (PointMeasurer.clock is the sampler's edge), so a
     point shorter than the interval still has its servers' CPU."""
     tl = Timeline()
     sampler = TelemetrySampler([ProcessProbe([os.getpid()])], tl, interval_s=60.0)
     sampler.start()
-    t0 = sampler.sample()
+    t0 = sampler.edge()
     end = time.process_time() + 0.2
     while time.process_time() < end:  # busy: about one core
         pass
-    t1 = sampler.sample()
+    t1 = sampler.edge()
     sampler.stop()
     m = window_metrics(tl.rows, t0, t1)
     assert 0.3 < m["telemetry_server_cpu_cores_mean"] <= (os.cpu_count() or 1) + 0.1
@@ -333,3 +335,41 @@ def test_the_samplers_budget_counts_its_cpu_not_its_waits():
     sampler.stop()
     # a wall-time budget would wait 0.05 / 0.01 = 5 s after the first sample
     assert probe.calls >= 4 and sampler.cost_s < 0.05
+
+
+def test_a_rate_needs_its_interval_the_counter_does_not():
+    """Two samples a millisecond apart (a point's edge next to the sampler's own) add to the CPU
+    counter but give no rate: over so short a time it is the accounting's jitter."""
+    probe, tl = ProcessProbe([os.getpid()]), Timeline()
+    t = time.perf_counter()
+    probe.sample(t, tl)
+    probe.sample(t + 0.001, tl)
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    probe.sample(time.perf_counter(), tl)
+    rates = [(s, t2) for t2, s, n, _ in tl.rows if n == "cpu_cores"]
+    assert len(rates) == 2 and all(t2 > t + 0.1 for _, t2 in rates)  # servers and machine, third sample only
+    assert len([1 for _, s, n, _ in tl.rows if n == "cpu_s"]) == 6
+
+
+def test_a_stuck_sample_does_not_hold_up_a_point():
+    class Stuck:
+        def __init__(self):
+            self.release = threading.Event()
+
+        def sample(self, t, timeline):
+            self.release.wait(10)
+
+        def close(self):
+            pass
+
+    stuck = Stuck()
+    sampler = TelemetrySampler([stuck], Timeline(), interval_s=60.0)
+    sampler.start()
+    time.sleep(0.1)  # the sampler's first sample is now stuck
+    t = time.perf_counter()
+    stamp = sampler.edge()
+    assert 1.9 < time.perf_counter() - t < 5 and stamp >= t
+    stuck.release.set()
+    sampler.stop()

@@ -154,3 +154,29 @@ def test_experiments_open_on_the_runs_table(tmp_path):
     for name in ("fresh", "older"):
         assert client.get_experiment_by_name(name).tags["mlflow.experimentKind"] == "custom_model_development"
     assert client.get_experiment(old).name == "older"
+
+
+def test_an_interrupt_before_mlflow_opens_leaves_no_sweep_run(tmp_path):
+    """The sweep's parent run is made in the MLflow thread once the store is open; a Ctrl-C before
+    then cancels it (no parent run left RUNNING), and a failure to make it costs only MLflow."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.scheduling.sweep import _Recorder
+
+    opening, made, lines = threading.Event(), [], []
+    pool = ThreadPoolExecutor(1)
+    pool.submit(opening.wait, 10)  # the store still opening
+    record = _Recorder(tmp_path, pool.submit(lambda: made.append(1)), "commit", 1, lines.append)
+    assert record.tracker_if_open() is None and record.tracker is None
+    opening.set()
+    pool.shutdown(wait=True)
+    assert made == [] and "results are on disk only" in lines[0]
+
+    def fails():
+        raise RuntimeError("store gone")
+
+    with ThreadPoolExecutor(1) as pool:
+        record = _Recorder(tmp_path, pool.submit(fails), "commit", 1, lines.append)
+        assert record.tracker is None and record.tracker is None
+    assert lines[1:] == ["warning: no MLflow sweep run (store gone); results are kept on disk only"]
