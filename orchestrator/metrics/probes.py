@@ -222,6 +222,8 @@ class TelemetrySampler:
     whole load point (no sample inside it, no server CPU measured). :meth:`sample` may also be
     called from another thread (a point's start and end), so a window always has its ends."""
 
+    EDGE_WAIT_S = 2.0  # a probe stuck in a driver call holds up a point no longer than this
+
     def __init__(self, probes: list[Any], timeline: Timeline, interval_s: float = 1.0, budget: float = 0.01) -> None:
         self.probes, self.timeline = probes, timeline
         self.interval_s, self.budget = interval_s, budget
@@ -254,9 +256,10 @@ class TelemetrySampler:
             self._lock.release()
 
     def edge(self) -> float:
-        """A load point's start or end: a sample now (waiting at most 2 s for one under way) and
-        its stamp (:attr:`orchestrator.trial.points.PointMeasurer.clock`)."""
-        return self.sample(timeout=2.0)
+        """A load point's start or end, or the sampler's last sample: a sample now (waiting at
+        most ``EDGE_WAIT_S`` for one under way) and its stamp
+        (:attr:`orchestrator.trial.points.PointMeasurer.clock`)."""
+        return self.sample(timeout=self.EDGE_WAIT_S)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -275,7 +278,7 @@ class TelemetrySampler:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-            self.sample(timeout=2.0)
+            self.edge()
         for probe in self.probes:
             try:
                 probe.close()

@@ -156,14 +156,18 @@ def energy_in_window(
 
 def window_metrics(rows: Sequence[Row], t0: float, t1: float) -> dict[str, float]:
     """A load point's telemetry over its window [t0, t1]: the servers' CPU cores (the mean from
-    the cumulative ``cpu_s`` over the window, the max of the rates sampled inside it) and RSS (max), the machine's CPU, every GPU's power, utilisation, clocks and temperature (mean
-    over the GPUs and samples; power summed over GPUs), and energy (J) where it was measured."""
+    the cumulative ``cpu_s`` over the window, the max of the rates sampled inside it) and RSS
+    (max), the machine's CPU, every GPU's power, utilisation, clocks and temperature (mean over
+    the GPUs and samples; power summed over GPUs), and energy (J) where it was measured.
+
+    A rate or an average stamped ``t`` (CPU cores, NVML's power and utilisation) covers the time
+    before ``t``: the one stamped at the window's start is not the window's."""
     inside = [r for r in rows if t0 <= r[0] <= t1]
+    after = [r for r in inside if r[0] > t0]
     out: dict[str, float] = {}
 
-    def stat(source: str, name: str, key: str, how: Callable[[list[float]], float], after_t0: bool = False) -> None:
-        # a rate stamped t covers the interval before t: the one stamped t0 is not the window's
-        vals = [v for t, s, n, v in inside if s == source and n == name and (t > t0 or not after_t0)]
+    def stat(among: Sequence[Row], source: str, name: str, key: str, how: Callable[[list[float]], float]) -> None:
+        vals = [v for _, s, n, v in among if s == source and n == name]
         if vals:
             out[key] = how(vals)
 
@@ -172,13 +176,13 @@ def window_metrics(rows: Sequence[Row], t0: float, t1: float) -> dict[str, float
         if mean is not None:
             out[f"telemetry_{key}_cpu_cores_mean"] = mean
         else:  # a timeline without the cumulative counter: the mean of the samples
-            stat(source, "cpu_cores", f"telemetry_{key}_cpu_cores_mean", _mean, after_t0=True)
-    stat("servers", "cpu_cores", "telemetry_server_cpu_cores_max", max, after_t0=True)
-    stat("servers", "rss_gb", "telemetry_server_rss_gb_max", max)
-    stat("machine", "mem_used_gb", "telemetry_machine_mem_used_gb_max", max)
+            stat(after, source, "cpu_cores", f"telemetry_{key}_cpu_cores_mean", _mean)
+    stat(after, "servers", "cpu_cores", "telemetry_server_cpu_cores_max", max)
+    stat(inside, "servers", "rss_gb", "telemetry_server_rss_gb_max", max)
+    stat(inside, "machine", "mem_used_gb", "telemetry_machine_mem_used_gb_max", max)
     gpus = sorted({s for _, s, _, _ in rows if s.startswith("gpu")})
     if gpus:
-        _gpu_window(rows, inside, gpus, t0, t1, out)
+        _gpu_window(rows, inside, after, gpus, t0, t1, out)
     packages = sorted({s for _, s, _, _ in rows if s.startswith("cpu_package")})
     if packages and not gpus:
         joules = [energy_in_window(series(rows, p, "energy_j"), ([], []), t0, t1)[0] for p in packages]
@@ -188,13 +192,18 @@ def window_metrics(rows: Sequence[Row], t0: float, t1: float) -> dict[str, float
 
 
 def _gpu_window(
-    rows: Sequence[Row], inside: Sequence[Row], gpus: list[str], t0: float, t1: float, out: dict[str, float]
+    rows: Sequence[Row],
+    inside: Sequence[Row],
+    after: Sequence[Row],
+    gpus: list[str],
+    t0: float,
+    t1: float,
+    out: dict[str, float],
 ) -> None:
-    # NVML's power and utilisation are averages over the time before their sample: the one
-    # stamped at the window's start (the point's own edge) describes the time before the point
-    inside = [r for r in inside if r[0] > t0 or r[2] == "temp_c"]
-    times = sorted({t for t, s, n, _ in inside if s in gpus and n == "power_w"})
-    power_at = [sum(v for t2, s, n, v in inside if t2 == t and s in gpus and n == "power_w") for t in times]
+    """``after``: the samples inside the window but its start (power, utilisation, clocks and
+    throttling are NVML's averages over the time before a sample); temperature: ``inside``."""
+    times = sorted({t for t, s, n, _ in after if s in gpus and n == "power_w"})
+    power_at = [sum(v for t2, s, n, v in after if t2 == t and s in gpus and n == "power_w") for t in times]
     if power_at:
         out["telemetry_gpu_power_w_mean"] = _mean(power_at)
         out["telemetry_gpu_power_w_max"] = max(power_at)
@@ -203,13 +212,13 @@ def _gpu_window(
         ("mem_util_pct", "telemetry_gpu_mem_util_pct_mean"),
         ("sm_clock_mhz", "telemetry_gpu_sm_clock_mhz_mean"),
     ):
-        vals = [v for _, s, n, v in inside if s in gpus and n == name]
+        vals = [v for _, s, n, v in after if s in gpus and n == name]
         if vals:
             out[key] = _mean(vals)
     temps = [v for _, s, n, v in inside if s in gpus and n == "temp_c"]
     if temps:
         out["telemetry_gpu_temp_c_max"] = max(temps)
-    throttled = [v for _, s, n, v in inside if s in gpus and n == "throttle_reasons"]
+    throttled = [v for _, s, n, v in after if s in gpus and n == "throttle_reasons"]
     if throttled:  # bit 0 is "GPU idle": not a throttle
         out["telemetry_gpu_throttled_share"] = sum(1 for v in throttled if int(v) & ~1) / len(throttled)
     total, methods = 0.0, set()

@@ -117,7 +117,7 @@ def run_sweep(
                 prepare_workers(jobs)
             except Exception as exc:  # best effort: the trial prepares itself
                 log.debug("could not prepare a worker: %s", exc)
-            done = _already_finished(jobs, opening.result(), settings.resume, progress)
+            done = _already_finished(jobs, opening.result(), progress)
             if len(done) == len(jobs):
                 progress(
                     f"sweep '{experiment}': all {len(jobs)} trial(s) already FINISHED; nothing to run "
@@ -396,11 +396,9 @@ def _report(
         )
 
 
-def _already_finished(
-    jobs: list[TrialJob], tracker: MlflowTracker | None, resume: bool, progress: Progress
-) -> dict[str, str]:
+def _already_finished(jobs: list[TrialJob], tracker: MlflowTracker | None, progress: Progress) -> dict[str, str]:
     """Trials of this sweep that already have a FINISHED run (resume): they are not run again."""
-    if not resume or tracker is None:
+    if tracker is None:
         return {}
     try:
         done = tracker.finished_run_ids(j.trial_hash for j in jobs)
