@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from tests.fake_engine_model import EngineModel, EngineScript
+
 
 @dataclass
 class Script:
@@ -48,6 +50,9 @@ class Script:
     tokenize_endpoint: bool = False  # POST /tokenize as vLLM's (needs a tokenizer)
     ignore_max_tokens: int = 0  # > 0: every stream has this many tokens, whatever was asked
     burst: int = 1  # > 1: chunks go out this many at a time, in one write (a server that batches its output)
+    # A scripted engine (tests/fake_engine_model.py): queueing for ``slots`` and KV, prefills that
+    # stall every stream, preemptions, pauses; /metrics then answers vLLM's page of its state.
+    engine: EngineScript | dict | None = None
 
 
 def usage_of(prompt_tokens: int | None, completion: int) -> dict[str, int]:
@@ -71,6 +76,10 @@ class Truth:
 class FakeOpenAIServer:
     def __init__(self, script: Script | None = None, port: int = 0) -> None:
         self.script = script or Script()
+        engine = self.script.engine
+        if isinstance(engine, dict):  # from JSON (a server in its own process)
+            engine = EngineScript(**{**engine, "pauses": tuple(tuple(p) for p in engine.get("pauses", ()))})
+        self.model = EngineModel(engine, self.script.slots) if engine is not None else None
         self._slots: asyncio.Semaphore | None = None
         self.truth = Truth()
         self.port = port
@@ -132,6 +141,8 @@ class FakeOpenAIServer:
                     "remote_port": self.port,
                 }
             return web.json_response(answer)
+        if self.model is not None:
+            return await self._stream(request, body, arrival, rid, chunks, chat)
         if self.script.slots:
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.script.slots)
@@ -155,13 +166,28 @@ class FakeOpenAIServer:
             prompt_tokens = None if None in counts else sum(c for c in counts if c is not None)
             if self.script.ignore_max_tokens:
                 n = self.script.ignore_max_tokens
+            model, number = self.model, t.requests
+            need = 0
+            if model is not None:  # queue for a slot and KV, then the prompt's prefill
+                tokens = prompt_tokens if prompt_tokens is not None else len(str(messages[-1]["content"]).split())
+                need = tokens + n
+                queued = await model.admit(need)
+                admitted = time.perf_counter()
+                await model.prefill(tokens)
             # Deadlines from the arrival, not sleeps in a row: a late wake-up does not push
             # every later chunk back (the truth records when chunks really went out).
-            start = max(arrival, time.perf_counter()) if self.script.slots else arrival
+            start = max(arrival, time.perf_counter()) if self.script.slots or model is not None else arrival
             due = start + self.script.ttft_s + self.script.ttft_per_in_flight_s * (t.in_flight - 1)
             sent = 0
             pending: list[bytes] = []
             while sent < n:
+                if model is not None:  # a prefill or a pause holds the engine: this stream stalls
+                    if await model.step():
+                        due = max(due, time.perf_counter())
+                    if sent == n // 2 and sent and model.preempted(number):
+                        model.preemptions += 1
+                        await asyncio.sleep(model.script.preempt_s)
+                        due = max(due, time.perf_counter())
                 # never early: uvloop's timers run on a loop time cached at the start of the
                 # iteration, so on a busy machine one sleep can end before its deadline
                 while (delay := due - time.perf_counter()) > 0:
@@ -178,6 +204,14 @@ class FakeOpenAIServer:
                 if self.script.usage:
                     chunk["usage"] = usage_of(prompt_tokens, sent)
                 now = time.perf_counter()  # when the chunk is handed to the socket: no client sees it earlier
+                if model is not None:
+                    model.generation_tokens += k
+                    if not chunks:
+                        model.hist["queue"].observe(queued)
+                        model.hist["prefill"].observe(now - admitted)
+                        model.hist["ttft"].observe(now - arrival)
+                    else:
+                        model.hist["itl"].observe(now - chunks[-1])
                 chunks.append(now)
                 t.chunk_sent.append(now)
                 pending.append(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -193,9 +227,13 @@ class FakeOpenAIServer:
             final = {"choices": [], "usage": usage_of(prompt_tokens, sent)}
             await resp.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
             await resp.write_eof()
+            if model is not None:
+                model.hist["e2e"].observe(time.perf_counter() - arrival)
             return resp
         finally:
             t.in_flight -= 1
+            if model is not None and need:
+                await model.release(need)
 
     async def _models(self, request: web.Request) -> web.Response:
         if not self.script.served:
@@ -215,6 +253,8 @@ class FakeOpenAIServer:
         return web.Response(status=503) if self._dead() else web.Response(text="ok")
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self.model is not None:
+            return web.Response(text=self.model.metrics_page())
         return web.Response(text=f"# TYPE fake:requests counter\nfake:requests_total {self.truth.requests}\n")
 
     async def _get_truth(self, request: web.Request) -> web.Response:

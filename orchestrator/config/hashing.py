@@ -22,9 +22,10 @@ _EXCLUDE: dict[str, Any] = {
         "engine_envs": True,
         "slate": True,
     },
-    # The limit of coalesced reads, added later, judges a point; it does not change the measurement.
+    # The limits of coalesced reads and of foreign CPU, added later, judge a point; they do not change
+    # the measurement.
     # The client's nodes, like its processes, are how we measure.
-    "workload": {"client_nodes": True, "validity": {"max_coalesced_share": True}},
+    "workload": {"client_nodes": True, "validity": {"max_coalesced_share": True, "max_foreign_cpu_cores": True}},
 }
 
 

@@ -53,6 +53,8 @@ ORDER = [
 ]
 RESULTS_LINE = re.compile(r"^sweep '[^']+': \d+ trial\(s\); results in (.+)$")
 VERDICT_LINE = re.compile(r"^(Verdict: .*|Best configuration: .*)$")
+EXPECT_LINE = re.compile(r"^Expectations: (\d+) observed, (\d+) not observed, (\d+) not measurable here \(of \d+\)$")
+CLAIM_LINE = re.compile(r"^\[(observed|not observed|not measurable here)\] .*$")
 
 
 @dataclass
@@ -67,6 +69,8 @@ class LabRun:
     counts: Counter[str] = field(default_factory=Counter)
     verdict: str = ""
     failures: list[tuple[str, str]] = field(default_factory=list)  # (trial, first line of its error)
+    expected: tuple[int, int, int] | None = None  # the lab's claims: observed, not observed, not measurable here
+    claims: list[str] = field(default_factory=list)  # "[status] claim (numbers)"
 
     @property
     def ok(self) -> bool:
@@ -118,6 +122,11 @@ def read_outcome(run: LabRun, lines: list[str]) -> None:
         v = VERDICT_LINE.match(line.strip())
         if v and not run.verdict:
             run.verdict = v.group(1)
+        e = EXPECT_LINE.match(line.strip())
+        if e:
+            run.expected = (int(e.group(1)), int(e.group(2)), int(e.group(3)))
+        if CLAIM_LINE.match(line.strip()):
+            run.claims.append(line.strip())
     if run.sweep_dir is None:
         return
     for result in sorted((ROOT / run.sweep_dir).glob("trials/*/result.json")):
@@ -134,7 +143,10 @@ def _minutes(seconds: float) -> str:
 
 def table(runs: list[LabRun]) -> list[str]:
     """The markdown table of the labs, then every failure's first error line."""
-    out = ["| lab | FINISHED | SKIPPED | FAILED | verdict | wall time |", "|---|---|---|---|---|---|"]
+    out = [
+        "| lab | FINISHED | SKIPPED | FAILED | verdict | expectations (observed / not / not here) | wall time |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         verdict = r.verdict.replace("|", "/") or (
             f"(sweep exited with {r.returncode})"
@@ -145,16 +157,22 @@ def table(runs: list[LabRun]) -> list[str]:
             if not r.counts.get("FINISHED")
             else ""
         )
+        expected = "/".join(map(str, r.expected)) if r.expected else "none declared"
         out.append(
             f"| {r.name} | {r.counts.get('FINISHED', 0)} | {r.counts.get('SKIPPED', 0)} | "
-            f"{r.counts.get('FAILED', 0)} | {verdict} | {_minutes(r.wall_s)} |"
+            f"{r.counts.get('FAILED', 0)} | {verdict} | {expected} | {_minutes(r.wall_s)} |"
         )
     total = sum(r.wall_s for r in runs)
     out.append(
         f"| **all {len(runs)}** | {sum(r.counts.get('FINISHED', 0) for r in runs)} | "
         f"{sum(r.counts.get('SKIPPED', 0) for r in runs)} | {sum(r.counts.get('FAILED', 0) for r in runs)} | "
-        f"| {_minutes(total)} |"
+        f"| {'/'.join(str(sum(r.expected[i] for r in runs if r.expected)) for i in range(3))} | {_minutes(total)} |"
     )
+    claimed = [r for r in runs if r.claims]
+    if claimed:
+        out += ["", "What each lab expects, and whether this run observed it:"]
+        for r in claimed:
+            out += ["", f"{r.name}:", *(f"- {c.replace('|', '/')}" for c in r.claims)]
     failures = [(r.name, t, e) for r in runs for t, e in r.failures]
     failures += [(r.name, "(sweep)", f"exited with {r.returncode}; see {r.log}") for r in runs if r.returncode]
     if failures:

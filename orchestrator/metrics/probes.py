@@ -167,6 +167,10 @@ class NvmlProbe:
                 "temp_c": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
                 "throttle_reasons": float(self._reasons(h)),
             }
+            try:  # the cap power draws against (the compute rule of the diagnosis reads power / limit)
+                values["power_limit_w"] = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+            except nv.NVMLError:
+                pass
             if self._energy_ok[k]:
                 try:  # mJ since the driver loaded; Volta and later
                     values["energy_j"] = nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0

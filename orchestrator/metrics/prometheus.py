@@ -76,7 +76,8 @@ def deltas(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict
     """Counter deltas and histogram means between two scrapes, under neutral names.
 
     Also derives ``prefix_cache_hit_rate`` and ``spec_decode_acceptance_rate`` when their
-    counters exist. Histograms give ``<name>_mean`` in the histogram's own unit.
+    counters exist. Histograms give ``<name>_mean`` in the histogram's own unit, latency
+    histograms (seconds, no unit in their name) ``<name>_s_mean``.
     """
     out: dict[str, float] = {}
     for name, ref in metric_map.items():
@@ -84,12 +85,14 @@ def deltas(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict
             a, b = counter(before, ref.family), counter(after, ref.family)
             if a is not None and b is not None:
                 out[name] = b - a
-        elif ref.kind == "histogram":
+        elif ref.kind in ("histogram", "latency"):
             s0, s1 = before.get(ref.family + "_sum"), after.get(ref.family + "_sum")
             c0, c1 = before.get(ref.family + "_count"), after.get(ref.family + "_count")
             if None not in (s0, s1, c0, c1) and c1 - c0 > 0:  # type: ignore[operator]
-                out[name + "_mean"] = (s1 - s0) / (c1 - c0)  # type: ignore[operator]
-        # "latency" histograms: their buckets, for percentiles (latency_buckets)
+                # a "latency" histogram's name carries no unit: its mean is in seconds (``ttft_s_mean``);
+                # its buckets make percentiles (latency_buckets). A mean from sum / count is exact.
+                key = name + ("_s_mean" if ref.kind == "latency" else "_mean")
+                out[key] = (s1 - s0) / (c1 - c0)  # type: ignore[operator]
     if out.get("prefix_cache_queries"):
         out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / out["prefix_cache_queries"]
     if out.get("spec_decode_draft_tokens"):

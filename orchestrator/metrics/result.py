@@ -30,6 +30,10 @@ class PointResult(BaseModel):
     window: tuple[float, float] | None = Field(
         default=None, description="start and end of the point (the records' and telemetry's clock, seconds)"
     )
+    diagnosis: dict[str, Any] = Field(
+        default_factory=dict,
+        description="what limited the point (metrics.diagnosis): limiter, confidence, words, findings, worst stalls",
+    )
 
 
 class TrialResult(BaseModel):

@@ -9,7 +9,7 @@ every process of the machine):
   sample (``cpu_s``, from which a window's mean is taken) and their RSS;
 * ``machine``: the machine's CPU cores busy (and its busy CPU seconds, ``cpu_s``) and memory used;
 * ``gpu<k>``: the trial's GPUs through NVML (nvidia-ml-py), the fields of ``nvidia-smi dmon -s
-  pucm``: power (W), the energy counter (J, Volta and later), SM and memory utilisation (%),
+  pucm``: power (W) and its enforced limit, the energy counter (J, Volta and later), SM and memory utilisation (%),
   memory used, SM and memory clocks, temperature and the throttle reasons bitmask;
 * ``cpu_package<k>``: the CPU packages' energy counters (J) where Linux exposes RAPL
   (``/sys/class/powercap``); a VM usually does not, and then energy is *not measured*;
@@ -207,6 +207,9 @@ def _gpu_window(
     if power_at:
         out["telemetry_gpu_power_w_mean"] = _mean(power_at)
         out["telemetry_gpu_power_w_max"] = max(power_at)
+    limits = [sum(v for t2, s, n, v in after if t2 == t and s in gpus and n == "power_limit_w") for t in times]
+    if any(limits):  # summed over the GPUs, as their power is
+        out["telemetry_gpu_power_limit_w_mean"] = _mean(limits)
     for name, key in (
         ("sm_util_pct", "telemetry_gpu_sm_util_pct_mean"),
         ("mem_util_pct", "telemetry_gpu_mem_util_pct_mean"),

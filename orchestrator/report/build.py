@@ -4,16 +4,19 @@ per trial and load point, and the fastest configuration that keeps its accuracy)
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import math
 import re
 from pathlib import Path
 
 from orchestrator.objective import value_of
+from orchestrator.report import expectations
+from orchestrator.report.explain import limits_section, why_winner
 from orchestrator.report.figures import frontier, generic
 from orchestrator.report.plots import LAB_PLOTS
 from orchestrator.report.verdict import decide, knob_effects
-from orchestrator.tracking.runs import SweepData, TrialData
+from orchestrator.tracking.runs import EXPECT_FILE, SweepData, TrialData
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +56,15 @@ def build_report(data: SweepData, out: Path, accuracy_delta: float = 0.01) -> li
         except Exception as exc:  # one broken figure must not cost the others or the table
             log.warning("report: %s failed: %s", builder.__name__, exc)
     timelines = copy_timelines(data.trials, out)
+    claims = []
+    if data.expect:  # the lab's claims beside its report (a report rebuilt from MLflow reads them back)
+        claims.append(out / EXPECT_FILE)
+        claims[0].write_text(
+            json.dumps([e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in data.expect], indent=1)
+        )
     summary = out / "summary.md"
     summary.write_text(summary_markdown(data, [f.name for f in files], accuracy_delta, timelines))
-    return files + list(timelines.values()) + [summary]
+    return files + list(timelines.values()) + claims + [summary]
 
 
 TIMELINES_DIR = "timelines"
@@ -253,6 +262,7 @@ def summary_markdown(
     load = load_description(data.trials)
     if load:
         lines += ["**How the load was generated.** " + " ".join(load), ""]
+    lines += limits_section(data.finished)
     lines += [f"![{f}]({f})" for f in figures] + [""]
     has_acc = any("accuracy" in t.metrics for t in data.trials)
     head = ["trial", "status", *varied, "point", *[c[1] for c in COLUMNS]] + (["accuracy"] if has_acc else [])
@@ -273,7 +283,10 @@ def summary_markdown(
         lines += ["", "**INVALID points** (not a measurement of the server under the planned workload):", ""]
         lines += [f"- {t.name} {p.label}: {p.invalid_reasons or 'invalid'}" for t, p in invalid]
     if data.objective is not None:
-        lines += ["", *decide(data.finished, data.objective).lines, ""]
+        verdict = decide(data.finished, data.objective)
+        lines += ["", *verdict.lines, ""]
+        explained = why_winner(verdict.best, data.finished, varied, data.objective)
+        lines += [*explained, ""] if explained else []
         lines += knob_effects(data.finished, varied, data.objective)
     else:
         best, why = best_configuration(data.finished, delta=accuracy_delta)
@@ -282,6 +295,7 @@ def summary_markdown(
             f"**Best configuration:** {best.name if best else 'none'} ({why}; the experiment declares "
             "no `objective`, see README).",
         ]
+    lines += ["", *expectations.section(expectations.check(data.expect, data.trials))] if data.expect else []
     lines += hardware_section(data.finished)
     lines += timelines_section(timelines or {})
     skipped = [t for t in data.trials if t.status != "FINISHED"]

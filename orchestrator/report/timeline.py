@@ -2,7 +2,7 @@
 
 Four panels share the records' clock (seconds from the trial's first point), each load point
 shaded and labelled: requests in flight and completions per second (client); every request's
-TTFT and mean ITL; the engine's running and waiting requests, its preemptions, its KV-cache
+TTFT and mean ITL, and each point's worst stalls marked by their cause (the diagnosis); the engine's running and waiting requests, its preemptions, its KV-cache
 usage and the prefix-cache hit rate of each scrape interval; the
 hardware (GPU power and SM utilisation, or the servers' and machine's CPU cores and the
 servers' RSS). A stall, the queue behind it and the power at that instant line up.
@@ -31,6 +31,7 @@ def timeline_figure(result: TrialResult, out_dir: Path) -> Path | None:
     fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
     _client(axes[0], records, origin)
     _latency(axes[1], records, origin)
+    _stalls(axes[1], [s for p in result.points for s in p.diagnosis.get("stalls", [])], origin)
     _engine(axes[2], rows, origin)
     _hardware(axes[3], rows, origin)
     for ax in axes:
@@ -84,6 +85,25 @@ def _latency(ax: Any, records: list[Any], origin: float) -> None:
     ax.set_yscale("log")
     ax.set_ylabel("ms")
     ax.legend(loc="upper left", fontsize=8)
+
+
+# A stall's cause (metrics.stalls) and how it is drawn on the latency panel.
+STALL_STYLE = {
+    "prefill": ("tab:orange", "v", "stall: another request's prefill"),
+    "preemption": ("tab:red", "X", "stall: a preemption"),
+    "client_read": ("tab:gray", "s", "stall: the client read late"),
+    "unattributed": ("black", "d", "stall: unattributed"),
+}
+
+
+def _stalls(ax: Any, stalls: list[dict[str, Any]], origin: float) -> None:
+    """Each kept stall (a point's worst) at its start, its gap in ms, marked by its cause."""
+    for cause, (color, marker, label) in STALL_STYLE.items():
+        mine = [(float(s["t"]) - origin, float(s["gap_ms"])) for s in stalls if s.get("cause") == cause]
+        if mine:
+            ax.scatter(*zip(*mine), s=28, color=color, marker=marker, label=label, zorder=3)
+    if stalls:
+        ax.legend(loc="upper left", fontsize=7)
 
 
 def _engine(ax: Any, rows: list[Row], origin: float) -> None:

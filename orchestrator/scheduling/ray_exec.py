@@ -17,6 +17,7 @@ from orchestrator.config.logs import mark
 from orchestrator.config.schema import ClusterSpec
 from orchestrator.config.secrets import redact_mapping, redact_override
 from orchestrator.engines.process import interrupts_stop_servers
+from orchestrator.metrics.census import DRIVER_ENV
 from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling.jobs import TrialJob
 
@@ -219,6 +220,8 @@ def init_ray(cluster: ClusterSpec) -> RayContext:
     # Ray starts workers at nice 15 by default; the engine server inherits it and would lose
     # the CPU to anything else on the node. Only takes effect for a Ray started here.
     os.environ.setdefault("RAY_worker_niceness", "0")
+    # Trials on this machine count the driver's CPU as the sweep's, not a stranger's (metrics.census).
+    os.environ[DRIVER_ENV] = str(os.getpid())
     if os.environ.get("INFERENCE_LAB_TIMING"):  # workers of a running cluster log their phases too
         kwargs["runtime_env"] = {"env_vars": {"INFERENCE_LAB_TIMING": os.environ["INFERENCE_LAB_TIMING"]}}
     if cluster.address:

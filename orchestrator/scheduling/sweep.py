@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrator.config.errors import DiskFullError, OrchestratorError
 from orchestrator.config.logs import Progress, mark, print_progress
-from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
 from orchestrator.engines.process import interrupts_stop_servers
 from orchestrator.feasibility import assess
 from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
@@ -57,7 +57,16 @@ def _point_summary(result: TrialResult) -> str:
     return (
         f"last point {result.points[-1].label}: ttft p50 {m.get('ttft_ms_p50', float('nan')):.0f} ms, "
         f"itl p99 {m.get('itl_ms_p99', float('nan')):.0f} ms, {m.get('tokens_per_second', 0):.0f} tok/s"
+        + _limited(result)
     )
+
+
+def _limited(result: TrialResult) -> str:
+    """``; limited by <cause> (<confidence>)`` of the trial's last point, when it was diagnosed."""
+    d = result.points[-1].diagnosis if result.points else {}
+    if not d.get("limiter"):
+        return ""
+    return f"; limited by {d['limiter'].replace('_', ' ')} ({d.get('confidence', '?')})"
 
 
 def run_sweep(
@@ -156,7 +165,7 @@ def run_sweep(
         ray_ctx.shutdown()
         record.end_sweep(status)
     tracker = record.tracker
-    _report(experiment, record.results, sweep_dir, tracker, progress, settings.objective, record.dirs)
+    _report(experiment, record.results, sweep_dir, tracker, progress, settings.objective, record.dirs, settings.expect)
     for line in status_table(record.results):
         progress(line)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(record.counts.items()))
@@ -334,7 +343,7 @@ def status_table(results: list[TrialResult]) -> list[str]:
             m = r.points[-1].metrics
             what = (
                 f"{len(r.points)} point(s); last: {m.get('tokens_per_second', 0):.0f} tok/s, "
-                f"ttft p50 {m.get('ttft_ms_p50', float('nan')):.0f} ms"
+                f"ttft p50 {m.get('ttft_ms_p50', float('nan')):.0f} ms" + _limited(r)
             )
         else:
             what = (r.error or "").splitlines()[0][:120] if r.error else ""
@@ -353,6 +362,7 @@ def _report(
     progress: Progress,
     objective: ObjectiveSpec | None = None,
     trial_dirs: dict[str, Path] | None = None,
+    expect: list[ExpectationSpec] | None = None,
 ) -> None:
     """The sweep's report (lab plots, summary.md, each trial's timeline): written to ``<sweep_dir>/report`` first,
     then logged to the sweep's parent run under ``report/``. A report failure costs nothing
@@ -364,22 +374,34 @@ def _report(
         from orchestrator.report.build import best_configuration
         from orchestrator.report.verdict import decide
 
-        data = from_results(results, experiment, objective=objective, trial_dirs=trial_dirs)
+        data = from_results(results, experiment, objective=objective, trial_dirs=trial_dirs, expect=expect)
         if tracker is not None and tracker.parent_run_id and len(data.trials) < tracker.sweep_trial_count():
             from orchestrator.report import from_mlflow  # a search's batch: report on all its trials so far
 
             data = from_mlflow(tracker.uri, experiment, tracker.parent_run_id)
-            data.objective = objective
+            data.objective, data.expect = objective, list(expect or [])
         files = build_report(data, sweep_dir / "report")
         progress(f"report: {len(files)} file(s) in {sweep_dir / 'report'}")
         verdict = decide(data.finished, objective) if objective is not None else None
-        if verdict is not None:
+        if verdict is not None and objective is not None:
             for line in verdict.lines:
                 progress(line.replace("**", ""))
+            from orchestrator.report.explain import why_winner
+
+            for line in why_winner(verdict.best, data.finished, data.varied_params(), objective):
+                if line:
+                    progress(line.replace("**", ""))
         else:  # no objective declared: the report's fallback, said here too
             best, why = best_configuration(data.finished)
             if best is not None:
                 progress(f"Best configuration: {best.name} ({why}; the experiment declares no objective)")
+        if data.expect:
+            from orchestrator.report import expectations
+
+            outcomes = expectations.check(data.expect, data.trials)
+            progress(expectations.tally(outcomes))
+            for outcome in outcomes:
+                progress(f"  {outcome.line()}")
         if tracker is not None:
             tracker.log_sweep_files(files, "report", root=sweep_dir / "report")
             if verdict is not None:

@@ -212,6 +212,12 @@ class MlflowTracker:
             run_tags["invalid_reasons"] = truncate(
                 " | ".join(f"{p.label}: {'; '.join(p.invalid_reasons) or 'invalid'}" for p in invalid), 5000
             )
+        diagnosed = [p for p in result.points if p.diagnosis.get("headline")]
+        if diagnosed:  # what limited each point, in words (metrics.diagnosis); the heaviest point's limiter
+            run_tags["diagnosis"] = truncate(
+                " | ".join(f"{p.label}: {p.diagnosis['headline']}" for p in diagnosed), 5000
+            )
+            run_tags["limiter"] = str(diagnosed[-1].diagnosis.get("limiter", ""))
         for key, note in result.telemetry.items():  # what the telemetry measured, or why not
             run_tags[f"telemetry.{key}"] = truncate(note, 5000)
         name = result.variant or f"trial-{result.trial_hash[:8]}"
@@ -312,14 +318,16 @@ def points_csv(result: TrialResult) -> str:
     )
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["point", "label", "setting", "invalid_reasons", *keys])
+    w.writerow(["point", "label", "setting", "invalid_reasons", "diagnosis", *keys])
     for p, row in zip(result.points, rows):
+        diagnosis = {k: v for k, v in p.diagnosis.items() if k != "stalls"}  # the stalls stay in result.json
         w.writerow(
             [
                 p.index,
                 p.label,
                 json.dumps(p.setting, sort_keys=True),
                 "; ".join(p.invalid_reasons),
+                json.dumps(diagnosis, sort_keys=True) if diagnosis else "",
                 *(row.get(k, "") for k in keys),
             ]
         )

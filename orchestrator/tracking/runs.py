@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
 from orchestrator.metrics.result import TIMELINE_FILE, TrialResult
 from orchestrator.tracking.mlflow_tracker import result_id, trial_params
 
@@ -32,6 +32,11 @@ class Point:
     setting: dict[str, Any]
     metrics: dict[str, float]
     invalid_reasons: str = ""  # why the point is INVALID ("; "-joined), empty when valid
+    diagnosis: dict[str, Any] = field(default_factory=dict)  # what limited it (metrics.diagnosis), as logged
+
+    @property
+    def limiter(self) -> str:
+        return str(self.diagnosis.get("limiter", ""))
 
     def x(self) -> float | None:
         """The point's offered load: its rate (req/s, may be inf) or concurrency."""
@@ -53,6 +58,7 @@ class TrialData:
     records: Callable[[], Any] = field(default=lambda: None, repr=False)  # () -> pyarrow.Table | None
     telemetry: dict[str, str] = field(default_factory=dict)  # what the telemetry measured or why not
     timeline: Callable[[], bytes | None] = field(default=lambda: None, repr=False)  # () -> timeline.png
+    error: str = ""  # why the trial was SKIPPED or FAILED
 
     def param(self, key: str, default: str | None = None) -> str | None:
         value = self.params.get(key, default)
@@ -73,6 +79,9 @@ class SweepData:
     source: str  # "results" or "mlflow:<uri> run <id>"
     sweep_run_id: str | None = None
     objective: ObjectiveSpec | None = None  # the experiment's verdict rule (from its config or the sweep run)
+    expect: list[ExpectationSpec] = field(
+        default_factory=list
+    )  # the lab's claims (config, or the sweep run's expect.json)
 
     @property
     def finished(self) -> list[TrialData]:
@@ -104,6 +113,7 @@ def from_results(
     sweep_run_id: str | None = None,
     objective: ObjectiveSpec | None = None,
     trial_dirs: dict[str, Path] | None = None,
+    expect: list[ExpectationSpec] | None = None,
 ) -> SweepData:
     """Report data from the driver's own results (no MLflow needed); ``trial_dirs`` (``result_id``
     -> the trial's folder) is where their timelines were drawn."""
@@ -115,7 +125,9 @@ def from_results(
             metrics = dict(p.metrics)
             for cls, m in p.class_metrics.items():
                 metrics.update({f"{cls}/{k}": v for k, v in m.items()})
-            points.append(Point(p.index, p.label, dict(p.setting), metrics, "; ".join(p.invalid_reasons)))
+            points.append(
+                Point(p.index, p.label, dict(p.setting), metrics, "; ".join(p.invalid_reasons), dict(p.diagnosis))
+            )
         params = trial_params(r)  # the very params MLflow gets: a report reads the same either way
         parquet = r.records_parquet
 
@@ -137,9 +149,10 @@ def from_results(
                 records=load,
                 telemetry=dict(r.telemetry),
                 timeline=_file_reader(dirs[result_id(r)] / TIMELINE_FILE if result_id(r) in dirs else None),
+                error=r.error or "",
             )
         )
-    return SweepData(experiment, trials, "results", sweep_run_id, objective)
+    return SweepData(experiment, trials, "results", sweep_run_id, objective, list(expect or []))
 
 
 def parse_points_csv(text: str) -> list[Point]:
@@ -150,7 +163,7 @@ def parse_points_csv(text: str) -> list[Point]:
     header, out = rows[0], []
     for row in rows[1:]:
         values = dict(zip(header, row))
-        words = ("point", "label", "setting", "invalid_reasons")
+        words = ("point", "label", "setting", "invalid_reasons", "diagnosis")
         metrics = {k: float(v) for k, v in values.items() if k not in words and v != ""}
         out.append(
             Point(
@@ -159,6 +172,7 @@ def parse_points_csv(text: str) -> list[Point]:
                 json.loads(values["setting"] or "{}"),
                 metrics,
                 values.get("invalid_reasons", ""),
+                json.loads(values.get("diagnosis") or "{}"),
             )
         )
     return out
@@ -199,7 +213,19 @@ def from_mlflow(uri: str, experiment: str, sweep_run_id: str | None = None) -> S
     )
     with tempfile.TemporaryDirectory() as tmp:
         trials = [_trial_of_run(client, run, tmp) for run in runs]
-    return SweepData(experiment, trials, f"mlflow:{uri} run {sweep_run_id}", sweep_run_id, objective)
+        expect = _expect_of(client, sweep_run_id, tmp)
+    return SweepData(experiment, trials, f"mlflow:{uri} run {sweep_run_id}", sweep_run_id, objective, expect)
+
+
+EXPECT_FILE = "expect.json"  # the lab's claims, beside the sweep's report (report/expect.json on its run)
+
+
+def _expect_of(client: Any, sweep_run_id: str, tmp: str) -> list[ExpectationSpec]:
+    try:
+        local = client.download_artifacts(sweep_run_id, f"report/{EXPECT_FILE}", tmp)
+    except Exception:  # a sweep logged before claims existed, or without any
+        return []
+    return [ExpectationSpec.model_validate(x) for x in json.loads(Path(local).read_text())]
 
 
 def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
@@ -241,6 +267,7 @@ def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
         records=load,
         telemetry={k.removeprefix("telemetry."): v for k, v in tags.items() if k.startswith("telemetry.")},
         timeline=timeline,
+        error=tags.get("error", ""),
     )
 
 

@@ -14,6 +14,7 @@ from orchestrator.config.schema import LoadPointSpec, TrialSpec
 from orchestrator.engines import EngineMetric
 from orchestrator.feasibility import trial_decode_floor
 from orchestrator.metrics import prometheus, telemetry
+from orchestrator.metrics.diagnosis import engine_batch
 from orchestrator.metrics.fidelity import clock_gap, server_latency, workload_fidelity
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.records import RequestRecord
@@ -26,6 +27,7 @@ from orchestrator.metrics.summary import (
     summarize_repeats,
 )
 from orchestrator.metrics.telemetry import Timeline
+from orchestrator.trial.diagnose import STALLS_KEPT, Census, point_diagnosis
 from orchestrator.trial.profile import ProfileWindow
 from orchestrator.trial.servers import ServerGroup, reset_caches
 
@@ -47,13 +49,14 @@ class RawPoint:
 class PointVerdict:
     """Whether a point's numbers describe the server under the planned workload."""
 
-    metrics: dict[str, float]  # client_invalid, workload_invalid, invalid and what the checks found
+    metrics: dict[str, float]  # client_invalid, workload_invalid, machine_invalid, invalid, what the checks found
     client: list[str]  # the client did not keep up, or the server's clock disagrees with ours
     workload: list[str]  # the server got another workload than planned
+    machine: list[str]  # the machine was shared: processes outside the trial took its CPU
 
     @property
     def reasons(self) -> list[str]:
-        return self.client + self.workload
+        return self.client + self.workload + self.machine
 
 
 def point_metrics(
@@ -81,6 +84,8 @@ def point_metrics(
         metrics[key if key == "memory_peak_gb" else f"server_{key}"] = value
     metrics.update(raw.client)
     for key, value in prometheus.deltas(raw.before, raw.after, engine_metrics).items():
+        if disaggregated and key in ("ttft_s_mean", "e2e_s_mean"):
+            key = f"decode_{key}"
         metrics[f"server_{key}"] = value
     latency = prometheus.latency_buckets(raw.before, raw.after, engine_metrics)
     if disaggregated:
@@ -97,16 +102,31 @@ def judge_point(
     front: str | None = None,
 ) -> PointVerdict:
     """The client kept up (client validity), its clock agrees with the server's (judged only
-    when nothing sits between them: ``front`` names a router or proxy) and the server got the
-    planned requests (workload fidelity)."""
+    when nothing sits between them: ``front`` names a router or proxy), the server got the
+    planned requests (workload fidelity) and nothing outside the trial took the machine's CPU
+    (``foreign_cpu_cores``, measured by the point's census, against
+    ``workload.validity.max_foreign_cpu_cores``)."""
     w = spec.workload
     _, client = client_validity(metrics, w.validity, capped=point.max_concurrency is not None)
     found, workload = workload_fidelity(records, metrics, w)
     gap, gap_reasons = clock_gap(metrics, w.fidelity, via=front)
     client = client + gap_reasons
-    out = {**found, **gap, "client_invalid": 1.0 if client else 0.0, "workload_invalid": 1.0 if workload else 0.0}
-    out["invalid"] = max(out["client_invalid"], out["workload_invalid"])
-    return PointVerdict(out, client, workload)
+    machine = []
+    foreign, bound = metrics.get("foreign_cpu_cores"), w.validity.max_foreign_cpu_cores
+    if foreign is not None and bound is not None and foreign >= bound:
+        machine.append(
+            f"the machine was shared: {foreign:.2f} cores busy outside the trial "
+            f"(>= workload.validity.max_foreign_cpu_cores {bound:g})"
+        )
+    out = {
+        **found,
+        **gap,
+        "client_invalid": 1.0 if client else 0.0,
+        "workload_invalid": 1.0 if workload else 0.0,
+        "machine_invalid": 1.0 if machine else 0.0,
+    }
+    out["invalid"] = max(out["client_invalid"], out["workload_invalid"], out["machine_invalid"])
+    return PointVerdict(out, client, workload, machine)
 
 
 def hardware_metrics(
@@ -122,25 +142,34 @@ def hardware_metrics(
     return out
 
 
-def roofline_metrics(spec: TrialSpec, point: LoadPointSpec, metrics: dict[str, float]) -> dict[str, float]:
+def roofline_metrics(
+    spec: TrialSpec, point: LoadPointSpec, metrics: dict[str, float], batch: float | None = None
+) -> dict[str, float]:
     """The decode-step floor at this point's batch and context, and measured TPOT over it.
 
-    Batch: the point's concurrency, else the most requests the server ran at once
-    (``server_requests_running_max``), else 1. Context: the mean prompt plus half the mean
+    Batch: the batch the engine actually ran (``batch``: its running-requests gauge averaged over
+    the point's window), else the point's concurrency, else the most requests the server ran at
+    once (``server_requests_running_max``), else 1. Context: the mean prompt plus half the mean
     output (the middle of a decode)."""
     requests = metrics.get("completed") or metrics.get("requests") or 0.0
     if not requests:
         return {}
-    batch = point.concurrency or int(round(metrics.get("server_requests_running_max", 1.0) or 1.0))
+    if batch is None or batch <= 0:
+        batch = point.concurrency or metrics.get("server_requests_running_max", 1.0) or 1.0
     context = metrics.get("input_tokens", 0.0) / requests + metrics.get("output_tokens", 0.0) / requests / 2
     try:
-        floor = trial_decode_floor(spec, batch, int(context))
+        floor = trial_decode_floor(spec, max(1, int(round(batch))), int(context))
     except Exception as exc:  # a missing roof is not a trial failure
         log.warning("decode floor: %s", exc)
         return {}
     if floor is None:
         return {}
-    out = {"decode_floor_ms": floor.floor_ms, "decode_floor_batch": float(floor.batch)}
+    out = {
+        "decode_floor_ms": floor.floor_ms,
+        "decode_floor_batch": float(floor.batch),
+        "decode_floor_memory_ms": floor.memory_floor_ms,
+        "decode_floor_compute_ms": floor.compute_floor_ms,
+    }
     tpot = metrics.get("tpot_ms_p50")
     if tpot:
         out["decode_floor_ratio"] = tpot / floor.floor_ms
@@ -167,6 +196,7 @@ class PointMeasurer:
         self.monitor, self.progress, self.cache_reset = monitor, progress, cache_reset
         self.timeline, self.api_key = timeline, api_key
         self.window: ProfileWindow | None = None
+        self.census = Census(group)  # who used the machine's CPU over each point
         self.launch = group.metrics_launch()
         self._before: prometheus.Sample = {}
         self._t0 = 0.0
@@ -202,6 +232,7 @@ class PointMeasurer:
         self._before = self._scrape()
         self.monitor.reset()
         self.monitor.start()
+        self.census.start()
         self._t0 = self.clock()
         self.window = self._profile_window(index, point)
 
@@ -210,43 +241,38 @@ class PointMeasurer:
     ) -> tuple[PointResult, ServerCrashedError | None]:
         """The point's result, and the servers' failure when they were not serving."""
         t1 = self.clock()
+        foreign = self.census.finish(t1 - self._t0)
         profiled = self.window.finish() if self.window is not None else {}
         self.window = None
         raw = RawPoint(records, client, self.monitor.stop(), self._before, self._scrape())
         metrics = point_metrics(self.spec, point, raw, self.engine_metrics, self.group.disaggregated())
         metrics.update(profiled)
+        if foreign is not None:
+            metrics["foreign_cpu_cores"] = float(foreign["cores"])
+            metrics["sweep_cpu_cores"] = float(foreign["sweep_cores"])
+        rows = self.timeline.snapshot() if self.timeline is not None else []
         if self.timeline is not None:
-            metrics.update(hardware_metrics(self.spec, self.timeline.snapshot(), (self._t0, t1), metrics))
+            metrics.update(hardware_metrics(self.spec, rows, (self._t0, t1), metrics))
         crash = self._server_failure(records)
-        reasons: list[str] = []
-        if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
-            metrics["invalid"], metrics["server_failed"] = 1.0, 1.0
-            reasons.append(f"the server failed: {str(crash).splitlines()[0]}")
-            self.progress(f"point {point.label}: {reasons[0]}")
-        else:
-            verdict = judge_point(self.spec, point, records, metrics, self.group.front())
-            metrics.update(verdict.metrics)
-            reasons = verdict.reasons
-            if verdict.client:
-                used, needed = metrics.get("client_processes", 1.0), metrics.get("client_processes_needed", 0.0)
-                advice = (
-                    f" (client_processes: auto wanted {needed:.0f} processes; the trial's CPUs allow {used:.0f}: "
-                    "raise platform.cpus_per_trial)"
-                    if needed > used
-                    else ""
-                )
-                self.progress(
-                    f"point {point.label} INVALID (the client was the bottleneck): "
-                    + "; ".join(verdict.client)
-                    + advice
-                )
-            if verdict.workload:
-                self.progress(
-                    f"point {point.label} INVALID (the server got another workload than planned): "
-                    + "; ".join(verdict.workload)
-                )
-        metrics.update(roofline_metrics(self.spec, point, metrics))
+        reasons, client_reasons = self._judge(point, records, metrics, crash)
+        metrics.update(roofline_metrics(self.spec, point, metrics, engine_batch(rows, (self._t0, t1))))
         classes = summarize_by_class(records) if len(self.spec.workload.classes) > 1 else {}
+        diagnosis = point_diagnosis(
+            self.spec,
+            point,
+            records,
+            metrics,
+            classes,
+            rows,
+            (self._t0, t1),
+            client_reasons,
+            foreign,
+            self.group,
+            crash is not None,
+        )
+        metrics.update(diagnosis.metrics)
+        for cls, extra in diagnosis.class_metrics.items():
+            classes.setdefault(cls, {}).update(extra)
         result = PointResult(
             index=index,
             label=point.label,
@@ -255,6 +281,7 @@ class PointMeasurer:
             class_metrics=classes,
             invalid_reasons=reasons,
             window=(self._t0, t1),
+            diagnosis=diagnosis.as_json(STALLS_KEPT),
         )
         self.progress(
             f"{self.which(index)} {point.label}: "
@@ -264,7 +291,39 @@ class PointMeasurer:
             f"{metrics.get('tokens_per_second', 0):.0f} tok/s, "
             f"client processes {metrics.get('client_processes', 1.0):.0f}"
         )
+        self.progress(f"{self.which(index)} {point.label}: {diagnosis.headline}")
         return result, crash
+
+    def _judge(
+        self, point: LoadPointSpec, records: list[RequestRecord], metrics: dict[str, float], crash: Exception | None
+    ) -> tuple[list[str], list[str]]:
+        """The point's INVALID reasons (all) and the client's among them; said on the console."""
+        if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
+            metrics["invalid"], metrics["server_failed"] = 1.0, 1.0
+            reason = f"the server failed: {str(crash).splitlines()[0]}"
+            self.progress(f"point {point.label}: {reason}")
+            return [reason], []
+        verdict = judge_point(self.spec, point, records, metrics, self.group.front())
+        metrics.update(verdict.metrics)
+        if verdict.client:
+            used, needed = metrics.get("client_processes", 1.0), metrics.get("client_processes_needed", 0.0)
+            advice = (
+                f" (client_processes: auto wanted {needed:.0f} processes; the trial's CPUs allow {used:.0f}: "
+                "raise platform.cpus_per_trial)"
+                if needed > used
+                else ""
+            )
+            self.progress(
+                f"point {point.label} INVALID (the client was the bottleneck): " + "; ".join(verdict.client) + advice
+            )
+        if verdict.workload:
+            self.progress(
+                f"point {point.label} INVALID (the server got another workload than planned): "
+                + "; ".join(verdict.workload)
+            )
+        if verdict.machine:
+            self.progress(f"point {point.label} INVALID: " + "; ".join(verdict.machine))
+        return verdict.reasons, verdict.client
 
     def _profile_window(self, index: int, point: LoadPointSpec) -> ProfileWindow | None:
         """The profiler's window over this point, started, when it is the ``profile.point``."""

@@ -8,6 +8,8 @@ server start the trial waits, up to ``platform.slate.wait_s``, until:
   and everything it forks, carries its owner in ``SERVER_OWNER_ENV``; a marked process whose
   owner has exited, or whose owner is this worker but which is not one of its running servers,
   is a leftover (a concurrent trial's running server is not);
+- no engine server runs that this sweep did not start (a vLLM or SGLang server found by its command
+  line without an owner mark: somebody else's, sharing the machine; ``platform.slate.other_engines``);
 - the trial's configured port is free;
 - the machine's memory in use (less this worker and the running servers of concurrent trials) is
   within a margin of its idle baseline: the lowest clean reading this worker has seen;
@@ -137,6 +139,68 @@ def engine_processes() -> tuple[list[Leftover], float, int]:
     return leftovers, running_gb, others
 
 
+# Command lines (or process titles) of engine servers and their workers: an unmarked one is a
+# server somebody else started on this machine (by hand, another tool, another user).
+ENGINE_COMMANDS = (
+    "vllm.entrypoints",
+    "vllm serve",
+    "VLLM::",
+    "sglang.launch_server",
+    "sglang::",
+    "sglang_router.launch_router",
+    "sglang.srt.",
+)
+
+
+def _is_engine(command: str) -> bool:
+    return any(m in command for m in ENGINE_COMMANDS)
+
+
+def _listening_ports(proc: psutil.Process) -> list[int]:
+    try:
+        return sorted({c.laddr.port for c in proc.net_connections("tcp") if c.status == "LISTEN" and c.laddr})
+    except psutil.Error:
+        return []
+
+
+def unmarked_engines() -> list[Leftover]:
+    """Engine servers running on this machine that no trial of ours started (no owner mark): one
+    entry per server (the topmost matching process), its whole tree's memory, its listening
+    ports and its average CPU since it started."""
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE or not _is_engine(" ".join(proc.cmdline()) or proc.name()):
+                continue
+            if SERVER_OWNER_ENV in proc.environ():
+                continue
+        except psutil.Error:
+            continue
+        found[proc.pid] = proc
+    out = []
+    for pid, proc in found.items():
+        try:
+            if proc.ppid() in found:  # a worker of a server already listed
+                continue
+            family = [proc, *proc.children(recursive=True)]
+            cpu = sum(sum(p.cpu_times()[:2]) for p in family)
+            age = max(time.time() - proc.create_time(), 1e-3)
+        except psutil.Error:
+            continue
+        rss = sum(_rss_gb(p) or 0.0 for p in family)
+        ports = sorted({port for p in family for port in _listening_ports(p)})
+        where = f"listening on port {', '.join(map(str, ports))}" if ports else "no listening port"
+        why = (
+            f"an engine server this sweep did not start (no owner mark; {where}; {cpu / age:.2f} cores on "
+            "average since it started): it shares the machine with the measurement. Stop it, or set "
+            "platform.slate.other_engines=ignore to measure beside it"
+        )
+        out.append(Leftover(pid, _command(proc), rss, why))
+    return out
+
+
 def port_holders(host: str, port: int) -> list[Leftover]:
     """What listens on ``host:port`` (empty when the port is free)."""
     if port_is_free(host, port):
@@ -196,9 +260,12 @@ def machine_used_gb(running_gb: float) -> float:
     return max(0.0, (vm.total - vm.available) / GB - _private_gb(psutil.Process()) - running_gb)
 
 
-def read(ports: Sequence[tuple[str, int]], devices: Sequence[str]) -> Reading:
-    """One look: leftover engine processes, port holders, machine memory, the GPUs."""
+def read(ports: Sequence[tuple[str, int]], devices: Sequence[str], other_engines: bool = True) -> Reading:
+    """One look: leftover engine processes (and, with ``other_engines``, engine servers somebody
+    else started), port holders, machine memory, the GPUs."""
     leftovers, running_gb, others = engine_processes()
+    if other_engines:
+        leftovers += unmarked_engines()
     reading = Reading(leftovers=leftovers, cpu_used_gb=machine_used_gb(running_gb), others_running=others)
     for host, port in ports:
         reading.leftovers.extend(port_holders(host, port))
@@ -290,7 +357,7 @@ def wait_for_clean_slate(
     if not slate.check or not isinstance(spec.engine, LaunchedEngineSpec):
         return {"checked": False}
     ports, devices = trial_ports(spec), trial_devices(spec, gpu_ids)
-    look = look or (lambda: read(ports, devices))
+    look = look or (lambda: read(ports, devices, slate.other_engines == "wait"))
     t0 = clock()
     announced = False
     while True:

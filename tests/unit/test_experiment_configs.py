@@ -156,3 +156,23 @@ def test_every_lab_declares_its_question(compose, experiment, platform):
     if goal.at is not None:
         for spec in specs:
             assert goal.at in [p.label for p in spec.workload.load_points], (spec.variant, goal.at)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_declares_checkable_expectations(compose, experiment):
+    """Each lab says what it expects to observe (issue 33); every trial a claim names is one of
+    its variants, every knob a trend runs along is a config key, every limiter a word of the
+    diagnosis's vocabulary."""
+    from orchestrator.metrics.diagnosis import VOCABULARY
+
+    base = compose([f"+experiment={experiment}"])
+    _, settings = to_specs(compose([f"+experiment={experiment}", f"variant={next(iter(base.variants))}"]))
+    assert settings.expect, f"{experiment} declares no expectations"
+    variants = set(base.variants)
+    for e in settings.expect:
+        named = [*(e.lower or []), *(e.higher or []), *(e.than or []), *(e.in_ or []), *([e.of] if e.of else [])]
+        assert set(named) <= variants, f"{experiment}: {e.claim!r} names {set(named) - variants}"
+        assert set(e.limiter or []) <= set(VOCABULARY)
+        if e.along:
+            section, _, rest = e.along.partition(".")
+            assert section in ("engine", "workload", "model") and rest, e.along

@@ -93,19 +93,25 @@ def test_the_labs_table_is_read_from_the_console_and_the_results_on_disk(tmp_pat
             "noise",
             f"sweep 'quantization': 3 trial(s); results in {tmp_path / 'sweep'}",
             "Verdict: a: tokens_per_second 700; objective: maximize tokens_per_second.",
+            "Expectations: 1 observed, 1 not observed, 0 not measurable here (of 2)",
+            "  [observed] INT4 reads fewer bytes (tokens_per_second: a 700 > b 500)",
+            "  [not observed] FP8 keeps accuracy (accuracy within 0.05 of a 0.8: b 0.6)",
             "done",
         ],
     )
+    assert run.expected == (1, 1, 0) and len(run.claims) == 2
     assert dict(run.counts) == {"FINISHED": 1, "SKIPPED": 1, "FAILED": 1} and not run.ok
     assert run.verdict.startswith("Verdict: a:")
     lines = table([run, LabRun("moe", 0, 5.0, tmp_path / "m.log")])
     assert lines[2] == (
         "| quantization | 1 | 1 | 1 | Verdict: a: tokens_per_second 700; objective: maximize "
-        "tokens_per_second. | 2m05s |"
+        "tokens_per_second. | 1/1/0 | 2m05s |"
     )
-    assert "| moe | 0 | 0 | 0 | none: no trial runs on this machine | 0m05s |" in lines
+    assert "| moe | 0 | 0 | 0 | none: no trial runs on this machine | none declared | 0m05s |" in lines
+    assert "- [not observed] FP8 keeps accuracy (accuracy within 0.05 of a 0.8: b 0.6)" in lines
     failed = LabRun("scheduling_policies", 0, 5.0, tmp_path / "s.log", counts=Counter(FAILED=2, SKIPPED=2))
-    assert "| scheduling_policies | 0 | 2 | 2 | none: every trial that could run FAILED (below) | 0m05s |" in table(
-        [failed]
+    assert (
+        "| scheduling_policies | 0 | 2 | 2 | none: every trial that could run FAILED (below) | none declared | 0m05s |"
+        in table([failed])
     )
     assert "- quantization / c: EvalError: lm-eval exited with 1: boom" in lines

@@ -30,7 +30,7 @@ def _result(variant, engine, points, metrics=None, records=b"", workload=None):
     )
 
 
-def _point(i, setting, **m):
+def _point(i, setting, diagnosis=None, **m):
     classes = {k.split("/")[0]: {} for k in m if "/" in k}
     for k, v in m.items():
         if "/" in k:
@@ -41,7 +41,18 @@ def _point(i, setting, **m):
         setting=setting,
         metrics={k: v for k, v in m.items() if "/" not in k},
         class_metrics=classes,
+        diagnosis=diagnosis or {},
     )
+
+
+def _diagnosis(limiter, detail):
+    return {
+        "limiter": limiter,
+        "confidence": "strong",
+        "headline": f"limited by {limiter.replace('_', ' ')} (strong): {detail}",
+        "findings": [{"cause": limiter, "confidence": "strong", "detail": detail, "evidence": {}}],
+        "stalls": [{"t": 1.2, "gap_ms": 700.0, "cause": "prefill"}],
+    }
 
 
 def _records(point, long_at):
@@ -68,6 +79,7 @@ def chunked_results():
             _point(
                 i,
                 {"concurrency": c},
+                _diagnosis("prefill_interference", f"worst {itl:.0f} ms"),
                 ttft_ms_p50=100.0,
                 itl_ms_p99=itl,
                 tokens_per_second=200.0 + i,
@@ -148,6 +160,15 @@ def test_report_rebuilt_from_mlflow_alone(chunked_results, tmp_path):
     assert timeline in files and timeline.read_bytes() == b"\x89PNG timeline of budget_256"  # the run's own
     summary = (tmp_path / "rebuilt" / "summary.md").read_text()
     assert f"- budget_256: [timelines/{timeline.name}](timelines/{timeline.name})" in summary
+    # what limited each point travels through points.csv (without the stalls) and the run's tags
+    p = by["budget_256"].points[1]
+    assert p.limiter == "prefill_interference" and "stalls" not in p.diagnosis
+    assert "| budget_256 | p1 | prefill interference | strong | worst 210 ms |  |" in summary
+    from mlflow.tracking import MlflowClient
+
+    tags = MlflowClient(uri).get_run(by["budget_256"].run_id).data.tags
+    assert tags["limiter"] == "prefill_interference"
+    assert tags["diagnosis"].startswith("p0: limited by prefill interference (strong): worst 210 ms | p1:")
     with pytest.raises(LookupError, match="no MLflow experiment 'nope'.*chunked_prefill"):
         from_mlflow(uri, "nope")
 
@@ -317,3 +338,41 @@ def test_objective_config_errors_name_the_key():
         ObjectiveSpec.model_validate({"maximize": "a", "minimize": "b"})
     with pytest.raises(ValidationError, match="objective.subject_to.accuracy: expected a number"):
         ObjectiveSpec.model_validate({"maximize": "a", "subject_to": {"accuracy": "baseline"}})
+
+
+def test_the_labs_claims_are_checked_in_the_report_and_read_back_from_mlflow(chunked_results, tmp_path):
+    from orchestrator.config.schema import ExpectationSpec
+    from orchestrator.metrics.result import save_result
+    from orchestrator.tracking import MlflowTracker
+
+    claims = [
+        ExpectationSpec.model_validate(
+            {
+                "claim": "chunking cuts the spikes",
+                "metric": "short/itl_ms_p99",
+                "lower": "budget_256",
+                "than": "chunking_off",
+            }
+        ),
+        ExpectationSpec.model_validate({"claim": "stalls", "limiter": "prefill_interference", "in": "chunking_off"}),
+        ExpectationSpec.model_validate({"claim": "graphs", "metric": "startup_s", "above": 1, "needs": "gpu"}),
+    ]
+    for r in chunked_results:
+        r.spec["platform"] = {"name": "cpu"}
+    data = from_results(chunked_results, "chunked_prefill", expect=claims)
+    out = tmp_path / "report"
+    files = build_report(data, out)
+    md = (out / "summary.md").read_text()
+    assert "Expectations: 2 observed, 0 not observed, 1 not measurable here (of 3)." in md
+    assert "- [observed] chunking cuts the spikes (short/itl_ms_p99 at heaviest" not in md
+    assert "- [observed] chunking cuts the spikes (short/itl_ms_p99: budget_256 420 < chunking_off 1400)" in md
+    assert "- [not measurable here] graphs (needs a GPU; this sweep ran on cpu)" in md
+    uri = f"sqlite:///{tmp_path}/m.db"
+    tracker = MlflowTracker(uri, "chunked_prefill")
+    tracker.start_sweep("s", {}, {})
+    for r in chunked_results:
+        d = save_result(r, tmp_path / r.variant)
+        tracker.log_trial(r, d)
+    tracker.log_sweep_files(files, "report", root=out)
+    back = from_mlflow(uri, "chunked_prefill")
+    assert [e.claim for e in back.expect] == [e.claim for e in claims] and back.expect[1].in_ == ["chunking_off"]

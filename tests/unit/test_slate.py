@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.config import to_specs
 from orchestrator.config.schema import SlateSpec
-from orchestrator.engines.process import SERVER_OWNER_ENV, ServerProcess, free_port, owner_mark
+from orchestrator.engines.process import SERVER_OWNER_ENV, ServerProcess, free_port, owner_mark, port_is_free
 from orchestrator.trial import run_trial
 from orchestrator.trial import slate as slate_mod
 from orchestrator.trial.slate import DirtySlateError, Leftover, Reading, engine_processes, port_holders
@@ -252,3 +252,62 @@ def test_a_server_left_running_on_the_next_trials_port_fails_that_trial_before_i
     assert not result.servers and not result.points  # nothing started, nothing measured
     assert not list(tmp_path.glob("server*.log"))
     assert any("waiting up to 2s for a clean slate" in line for line in said)
+
+
+def start_unmarked_engine(port: int, mark: str | None = None) -> subprocess.Popen[bytes]:
+    """The stand-in engine with a vLLM server's command line, started by somebody else (no owner
+    mark unless ``mark``): ``... vllm.entrypoints.openai.api_server PORT``."""
+    env = dict(os.environ)
+    env.pop(SERVER_OWNER_ENV, None)
+    if mark is not None:
+        env[SERVER_OWNER_ENV] = mark
+    code = f"import sys, runpy; sys.argv = [{FAKE!r}, *sys.argv[2:]]; runpy.run_path({FAKE!r}, run_name='__main__')"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "vllm.entrypoints.openai.api_server", str(port), "--spawn-child"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (
+        psutil.Process(proc.pid).children() and not port_is_free("127.0.0.1", port)
+    ):
+        time.sleep(0.05)
+    return proc
+
+
+def test_an_engine_server_somebody_else_started_is_named_with_its_port_memory_and_cpu():
+    port = free_port()
+    other = start_unmarked_engine(port)
+    try:
+        found = [x for x in slate_mod.unmarked_engines() if x.pid == other.pid]
+        ours = start_unmarked_engine(free_port(), mark=owner_mark())  # a server of ours: not "somebody else's"
+        try:
+            mine = [x for x in slate_mod.unmarked_engines() if x.pid == ours.pid]
+        finally:
+            stop(ours)
+    finally:
+        stop(other)
+    assert len(found) == 1 and not mine  # one entry for the server, not one per process of it
+    x = found[0]
+    assert "fake_engine.py" in x.command and x.memory_gb and x.memory_gb > 0
+    assert f"listening on port {port}" in x.why and "cores on average since it started" in x.why
+    assert "platform.slate.other_engines=ignore" in x.why and not x.ours
+
+
+def test_a_trial_beside_somebody_elses_engine_server_fails_naming_it_unless_told_to_ignore(compose, tmp_path):
+    """Issue 33: a trial started beside a running vLLM server this sweep did not start (on
+    another port) used to FINISH without a word; now it waits, then fails naming it."""
+    other = start_unmarked_engine(free_port())
+    try:
+        spec, _ = to_specs(compose(["platform.slate.wait_s=1"]))
+        result = run_trial(spec, tmp_path, progress=lambda _: None)
+        ignore, _ = to_specs(compose(["platform.slate.other_engines=ignore"]))
+        reading = slate_mod.wait_for_clean_slate(ignore, [], lambda _: None)
+    finally:
+        stop(other)
+    assert result.status == "FAILED" and result.error.startswith("DirtySlateError: not a clean slate after 1 s")
+    assert f"pid {other.pid} (" in result.error and "an engine server this sweep did not start" in result.error
+    assert not result.points
+    assert reading["checked"] is True

@@ -23,7 +23,7 @@ from .engines import (
 )
 from .model import ModelArch, ModelSpec, TinyModelSpec, TinyTrainSpec
 from .platform import ClusterSpec, PlatformSpec, SlateSpec, TrackingSpec
-from .trial import EvalSpec, NsysSpec, ObjectiveSpec, ProfileSpec, SweepSettings, TrialSpec
+from .trial import EvalSpec, ExpectationSpec, NsysSpec, ObjectiveSpec, ProfileSpec, SweepSettings, TrialSpec
 from .workload import (
     SLO_METRIC,
     CapacitySpec,
@@ -54,6 +54,7 @@ __all__ = [
     "ModelArch",
     "ModelSpec",
     "ObjectiveSpec",
+    "ExpectationSpec",
     "PlatformSpec",
     "SlateSpec",
     "NsysSpec",

@@ -32,6 +32,13 @@ class SlateSpec(StrictModel):
     gpu_memory_margin_gb: PositiveFloat = Field(
         default=0.5, description="the same for each GPU's memory in use (NVML), over its idle reading"
     )
+    other_engines: Literal["wait", "ignore"] = Field(
+        default="wait",
+        description=(
+            "an engine server this sweep did not start (vLLM or SGLang, found by its command line, unmarked): "
+            "'wait' treats it as a leftover (waited for, then the trial fails naming it); 'ignore' measures beside it"
+        ),
+    )
 
 
 class PlatformSpec(StrictModel):

@@ -6,6 +6,7 @@ import re
 from typing import Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     PositiveFloat,
     PositiveInt,
@@ -193,6 +194,84 @@ class ObjectiveSpec(StrictModel):
         return self.maximize or self.minimize  # type: ignore[return-value]
 
 
+class ExpectationSpec(StrictModel):
+    """A phenomenon an experiment's lab expects to observe, as a checkable claim (the report says
+    for each: observed, not observed with the numbers, or not measurable here and why).
+
+    ``metric`` is read as the objective's: a trial's own metric, else at load point ``at`` (a
+    label, or ``lightest`` / ``heaviest``: each trial's first / last fixed point; default the
+    heaviest); ``<class>/<metric>`` reads a request class's, ``a / b`` the ratio of two metrics.
+    Exactly one form:
+
+    * ``lower`` / ``higher`` + ``than``: the named trials' value is below / above every one of
+      ``than``'s by more than ``margin`` (relative);
+    * ``along`` + ``trend``: ordered by the knob ``along`` (e.g. ``engine.max_num_batched_tokens``),
+      the value ``increases`` / ``decreases`` (rank correlation >= 0.8, end to end by more than
+      ``margin``) over the trials ``in`` (default every trial with that knob set);
+    * ``across_points``: within each trial ``in`` (default all), over its fixed load points in order;
+    * ``above`` / ``below``: a bound every trial ``in`` meets;
+    * ``within`` + ``of``: every trial ``in`` is within ``within`` (absolute) of trial ``of``;
+    * ``limiter``: each trial ``in`` was limited at ``at`` by one of these causes (the diagnosis's
+      vocabulary).
+
+    ``needs: gpu`` says the phenomenon exists only on GPUs: on the CPU the claim is "not
+    measurable here". ``claim`` quotes the course's own words.
+    """
+
+    claim: str = Field(min_length=1)
+    metric: str | None = None
+    at: str | None = None
+    lower: list[str] | None = None
+    higher: list[str] | None = None
+    than: list[str] | None = None
+    along: str | None = None
+    trend: Literal["increases", "decreases"] | None = None
+    across_points: Literal["increases", "decreases"] | None = None
+    above: float | None = None
+    below: float | None = None
+    within: float | None = Field(default=None, ge=0)
+    of: str | None = None
+    limiter: list[str] | None = None
+    in_: list[str] | None = Field(default=None, alias="in")
+    margin: float = Field(default=0.05, ge=0, description="relative difference below which two values tie")
+    needs: Literal["gpu"] | None = None
+
+    model_config = ConfigDict(**StrictModel.model_config, populate_by_name=True)
+
+    @field_validator("lower", "higher", "than", "in_", "limiter", mode="before")
+    @classmethod
+    def _listed(cls, v: object) -> object:
+        return [v] if isinstance(v, str) else v
+
+    @property
+    def form(self) -> str:
+        forms = {
+            "pair": self.lower is not None or self.higher is not None,
+            "along": self.along is not None,
+            "across_points": self.across_points is not None,
+            "bound": self.above is not None or self.below is not None,
+            "within": self.within is not None,
+            "limiter": self.limiter is not None,
+        }
+        chosen = [k for k, on in forms.items() if on]
+        return chosen[0] if len(chosen) == 1 else ""
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ExpectationSpec:
+        forms = "lower/higher + than, along + trend, across_points, above/below, within + of, limiter"
+        if not self.form:
+            raise ValueError(f"expect: set exactly one form of claim ({forms}): {self.claim!r}")
+        if self.form == "pair" and (not self.than or (self.lower is not None) == (self.higher is not None)):
+            raise ValueError(f"expect: 'lower' or 'higher' (one of them) needs 'than': {self.claim!r}")
+        if self.form == "along" and self.trend is None:
+            raise ValueError(f"expect: 'along' needs 'trend: increases|decreases': {self.claim!r}")
+        if self.form == "within" and self.of is None:
+            raise ValueError(f"expect: 'within' needs 'of' (the trial to compare with): {self.claim!r}")
+        if self.form != "limiter" and self.metric is None:
+            raise ValueError(f"expect: this claim needs a 'metric': {self.claim!r}")
+        return self
+
+
 class SweepSettings(StrictModel):
     """Settings of a sweep that do not change a trial's measurement (not in the trial hash)."""
 
@@ -202,3 +281,6 @@ class SweepSettings(StrictModel):
     resume: bool = Field(default=True, description="skip trials whose hash already has a FINISHED run")
     reuse_servers: bool = Field(default=True, description="trials with identical servers share one server start")
     objective: ObjectiveSpec | None = Field(default=None, description="the report's verdict (see ObjectiveSpec)")
+    expect: list[ExpectationSpec] = Field(
+        default_factory=list, description="what the lab expects to observe (see ExpectationSpec), checked in the report"
+    )

@@ -1,0 +1,225 @@
+"""The lab's expectations checked against what the sweep measured: for each claim of the
+experiment's ``expect`` (:class:`~orchestrator.config.schema.ExpectationSpec`), observed, not
+observed (with the numbers), or not measurable here (and why)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrator.config.schema import ExpectationSpec
+from orchestrator.objective import fixed_points, fmt, value_of
+from orchestrator.tracking.runs import TrialData
+
+OBSERVED, NOT_OBSERVED, UNMEASURABLE = "observed", "not observed", "not measurable here"
+MIN_RANK = 0.8  # the rank correlation a trend needs over three values or more
+
+
+@dataclass
+class Outcome:
+    claim: ExpectationSpec
+    status: str
+    numbers: str
+
+    def line(self) -> str:
+        return f"[{self.status}] {self.claim.claim} ({self.numbers})"
+
+
+def _label(e: ExpectationSpec) -> str:
+    return f"{e.metric} at {e.at}" if e.at else str(e.metric)
+
+
+class _Unmeasurable(Exception):
+    """The claim cannot be checked with what was measured."""
+
+
+def _trial(trials: Sequence[TrialData], name: str, every: Sequence[TrialData]) -> TrialData:
+    found = next((t for t in trials if t.name == name), None)
+    if found is not None:
+        return found
+    other = next((t for t in every if t.name == name), None)
+    if other is None:
+        raise _Unmeasurable(f"{name} was not run in this sweep")
+    why = f": {other.error.splitlines()[0][:200]}" if other.error else ""
+    raise _Unmeasurable(f"{name} was {other.status}{why}")
+
+
+def _at(t: TrialData, at: str | None) -> str | None:
+    """A point label; ``lightest`` / ``heaviest``: the trial's first / last fixed point."""
+    if at in ("lightest", "heaviest"):
+        points = fixed_points(t)
+        if not points:
+            raise _Unmeasurable(f"{t.name} has no load point")
+        return points[0].label if at == "lightest" else points[-1].label
+    return at
+
+
+def _value(t: TrialData, e: ExpectationSpec) -> float:
+    """The claim's metric of ``t``; ``a / b`` is the ratio of two metrics."""
+    assert e.metric is not None
+    at = _at(t, e.at)
+    keys = e.metric.split(" / ")
+    values = []
+    for key in keys:
+        v = value_of(t, key, at)
+        if v is None:
+            raise _Unmeasurable(f"{t.name} has no {key}" + (f" at {e.at}" if e.at else ""))
+        values.append(v.value)
+    if len(values) == 2:
+        if values[1] == 0:
+            raise _Unmeasurable(f"{t.name}: {keys[1]} is 0")
+        return values[0] / values[1]
+    return values[0]
+
+
+def _chosen(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> list[TrialData]:
+    if e.in_ is None:
+        if not finished:
+            raise _Unmeasurable("no trial FINISHED")
+        return list(finished)
+    return [_trial(finished, n, every) for n in e.in_]
+
+
+def _monotone(values: Sequence[float], trend: str, margin: float) -> bool:
+    if len(values) < 2:
+        raise _Unmeasurable("fewer than two values to order")
+    first, last = values[0], values[-1]
+    sign = 1.0 if trend == "increases" else -1.0
+    base = max(abs(first), 1e-12)
+    if sign * (last - first) / base <= margin:
+        return False
+    if len(values) == 2:
+        return True
+    ranks = np.argsort(np.argsort(values))
+    rho = float(np.corrcoef(np.arange(len(values)), ranks)[0, 1])
+    return sign * rho >= MIN_RANK
+
+
+def _pair(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> tuple[bool, str]:
+    named = e.lower if e.lower is not None else e.higher
+    assert named is not None and e.than is not None
+    mine = {n: _value(_trial(finished, n, every), e) for n in named}
+    theirs = {n: _value(_trial(finished, n, every), e) for n in e.than}
+    sign = -1.0 if e.lower is not None else 1.0
+    ok = all(sign * (a - b) / max(abs(b), 1e-12) > e.margin for a in mine.values() for b in theirs.values())
+    op = "<" if e.lower is not None else ">"
+    text = f"{_label(e)}: " + ", ".join(f"{n} {fmt(v)}" for n, v in mine.items())
+    text += f" {op} " + ", ".join(f"{n} {fmt(v)}" for n, v in theirs.items())
+    return ok, text + (f" (by more than {e.margin:.0%})" if not ok else "")
+
+
+def _along(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> tuple[bool, str]:
+    assert e.along is not None and e.trend is not None
+    pool = [_trial(finished, n, every) for n in e.in_] if e.in_ is not None else list(finished)
+    keyed = sorted(((k, t) for t in pool if (k := t.num(e.along)) is not None), key=lambda kt: kt[0])
+    if len(keyed) < 2:
+        raise _Unmeasurable(f"fewer than two finished trials with {e.along} set")
+    values = [_value(t, e) for _, t in keyed]
+    ok = _monotone(values, e.trend, e.margin)
+    text = f"{_label(e)} by {e.along}: " + ", ".join(f"{fmt(k)}: {fmt(v)}" for (k, _), v in zip(keyed, values))
+    return ok, text
+
+
+def _across(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> tuple[bool, str]:
+    assert e.metric is not None and e.across_points is not None
+    parts, ok = [], True
+    for t in _chosen(e, finished, every):
+        points = [p for p in fixed_points(t) if e.metric in p.metrics and math.isfinite(p.metrics[e.metric])]
+        if len(points) < 2:
+            raise _Unmeasurable(f"{t.name} has fewer than two points with {e.metric}")
+        values = [p.metrics[e.metric] for p in points]
+        ok &= _monotone(values, e.across_points, e.margin)
+        parts.append(f"{t.name}: " + ", ".join(f"{p.label} {fmt(v)}" for p, v in zip(points, values)))
+    return ok, f"{e.metric} over the load points: " + "; ".join(parts)
+
+
+def _bound(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> tuple[bool, str]:
+    values = {t.name: _value(t, e) for t in _chosen(e, finished, every)}
+    ok = all((e.above is None or v > e.above) and (e.below is None or v < e.below) for v in values.values())
+    bound = " and ".join(
+        x
+        for x in (
+            f"> {fmt(e.above)}" if e.above is not None else "",
+            f"< {fmt(e.below)}" if e.below is not None else "",
+        )
+        if x
+    )
+    return ok, f"{_label(e)} {bound}: " + ", ".join(f"{n} {fmt(v)}" for n, v in values.items())
+
+
+def _within(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> tuple[bool, str]:
+    assert e.of is not None and e.within is not None
+    ref = _value(_trial(finished, e.of, every), e)
+    values = {t.name: _value(t, e) for t in _chosen(e, finished, every) if t.name != e.of}
+    ok = all(abs(v - ref) <= e.within for v in values.values())
+    return ok, f"{_label(e)} within {fmt(e.within)} of {e.of} {fmt(ref)}: " + ", ".join(
+        f"{n} {fmt(v)}" for n, v in values.items()
+    )
+
+
+def _limiter(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> tuple[bool, str]:
+    assert e.limiter is not None
+    parts, ok = [], True
+    for t in _chosen(e, finished, every):
+        points = fixed_points(t)
+        at = _at(t, e.at) if points else None
+        p = next((p for p in points if p.label == at), None) if at else (points[-1] if points else None)
+        if p is None or not p.limiter:
+            raise _Unmeasurable(f"{t.name} has no diagnosed point{' ' + e.at if e.at else ''}")
+        ok &= p.limiter in e.limiter
+        parts.append(f"{t.name} at {p.label}: {p.limiter.replace('_', ' ')} ({p.diagnosis.get('confidence', '?')})")
+    want = " or ".join(c.replace("_", " ") for c in e.limiter)
+    return ok, f"limited by {want}? " + "; ".join(parts)
+
+
+FORMS = {
+    "pair": _pair,
+    "along": _along,
+    "across_points": _across,
+    "bound": _bound,
+    "within": _within,
+    "limiter": _limiter,
+}
+
+
+def check(expect: Sequence[ExpectationSpec], trials: Sequence[TrialData]) -> list[Outcome]:
+    """Each claim against the sweep's trials (FINISHED ones are read; the others explain why not)."""
+    finished = [t for t in trials if t.status == "FINISHED" and t.points]
+    platforms = {name for t in trials if (name := t.param("platform.name")) is not None}
+    out = []
+    for e in expect:
+        if e.needs == "gpu" and platforms and "gpu" not in platforms:
+            out.append(Outcome(e, UNMEASURABLE, f"needs a GPU; this sweep ran on {', '.join(sorted(platforms))}"))
+            continue
+        try:
+            ok, numbers = FORMS[e.form](e, finished, trials)
+        except _Unmeasurable as exc:
+            out.append(Outcome(e, UNMEASURABLE, str(exc)))
+            continue
+        out.append(Outcome(e, OBSERVED if ok else NOT_OBSERVED, numbers))
+    return out
+
+
+def tally(outcomes: Sequence[Outcome]) -> str:
+    """``Expectations: 3 observed, 1 not observed, 1 not measurable here (of 5)``."""
+    counts = [f"{sum(o.status == s for o in outcomes)} {s}" for s in (OBSERVED, NOT_OBSERVED, UNMEASURABLE)]
+    return f"Expectations: {', '.join(counts)} (of {len(outcomes)})"
+
+
+def section(outcomes: Sequence[Outcome]) -> list[str]:
+    """``## What the lab expects`` for summary.md."""
+    if not outcomes:
+        return []
+    return [
+        "## What the lab expects",
+        "",
+        "The phenomena the course says this lab shows (the experiment's `expect`), checked against this sweep.",
+        "",
+        f"{tally(outcomes)}.",
+        "",
+        *(f"- {o.line()}" for o in outcomes),
+        "",
+    ]

@@ -1,0 +1,204 @@
+"""The report's *why*: what limited each trial (from each point's diagnosis) and why the
+verdict's winner wins, explained through the diagnoses of the trials it is compared with.
+
+The explanation is generated from the data, never written per experiment: for each varied knob
+the winner is set against the trial closest to it that differs in that knob, and the report
+says which limiter each ran into, what measured mechanism changed between them and by how much
+(stalls, queue and prefill time, batch, cache hits, ...), and what the change cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.objective import fixed_points, fmt
+from orchestrator.tracking.runs import Point, TrialData
+
+
+def _cause(key: str) -> str:
+    return key.replace("_", " ") if key else "?"
+
+
+def limits_section(trials: list[TrialData]) -> list[str]:
+    """``## What limited each trial``: every diagnosed point's limiter, confidence and evidence."""
+    rows = [(t, p) for t in trials for p in fixed_points(t) if p.diagnosis.get("limiter") is not None]
+    if not rows:
+        return []
+    out = [
+        "## What limited each trial",
+        "",
+        "The limiter of each load point, from what it measured (docs/diagnosis.md has the vocabulary and the "
+        "rules); `strong` findings rest on a direct measurement, `weak` ones on a coarser or indirect one.",
+        "",
+        "| trial | point | limited by | confidence | evidence | also |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t, p in rows:
+        d = p.diagnosis
+        findings = d.get("findings", [])
+        main: dict[str, object] = next((f for f in findings if f.get("cause") == d.get("limiter")), {})
+        also = "; ".join(
+            f"{_cause(f['cause'])} ({f['confidence']})" for f in findings if f.get("cause") != d.get("limiter")
+        )
+        out.append(
+            f"| {t.name} | {p.label} | {_cause(d.get('limiter', ''))} | {d.get('confidence', '')} | "
+            f"{str(main.get('detail', d.get('headline', ''))).replace('|', '/')} | {also} |"
+        )
+    return out + [""]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    key: str  # a point metric; "<class>/<metric>" keys are found per class
+    words: str
+    better: str | None  # "lower", "higher", or None (a change, neither gain nor cost)
+
+
+MECHANISMS = (
+    Mechanism("stall_worst_ms", "worst stall (ms)", "lower"),
+    Mechanism("stalls", "stalls", "lower"),
+    Mechanism("stalls_per_prefill", "stalled steps per interfering prefill", None),
+    Mechanism("stall_time_share", "share of inter-token time stalled", "lower"),
+    Mechanism("itl_worst_ms_p50", "the stall a typical request saw (ms)", "lower"),
+    Mechanism("itl_ms_p99", "ITL p99 (ms)", "lower"),
+    Mechanism("ttft_parts_queue_ms", "queue wait in TTFT (ms)", "lower"),
+    Mechanism("ttft_parts_prefill_ms", "prefill time in TTFT (ms)", "lower"),
+    Mechanism("ttft_ms_p50", "TTFT p50 (ms)", "lower"),
+    Mechanism("ttft_ms_p99", "TTFT p99 (ms)", "lower"),
+    Mechanism("tpot_ms_p50", "TPOT p50 (ms)", "lower"),
+    Mechanism("decode_batch_mean", "batch the engine ran", None),
+    Mechanism("decode_floor_ratio", "TPOT over its roofline floor", "lower"),
+    Mechanism("server_prefix_cache_hit_rate", "prefix-cache hit rate", "higher"),
+    Mechanism("server_spec_decode_acceptance_rate", "draft acceptance rate", "higher"),
+    Mechanism("server_preemptions", "preemptions", "lower"),
+    Mechanism("server_requests_waiting_max", "requests waiting (max)", "lower"),
+    Mechanism("server_kv_cache_usage_max", "KV-cache usage (max)", None),
+    Mechanism("tokens_per_second", "output tok/s", "higher"),
+    Mechanism("goodput", "goodput (req/s)", "higher"),
+    Mechanism("e2e_ms_p50", "E2E p50 (ms)", "lower"),
+    Mechanism("memory_peak_gb", "memory peak (GB)", "lower"),
+)
+CLASS_MECHANISMS = ("itl_worst_ms_p50", "itl_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50")
+MIN_CHANGE = 0.2  # a mechanism that moved less than this (relative) is not named
+MIN_COST = 0.05  # a cost smaller than this is not named
+
+
+def _point(t: TrialData, label: str | None) -> Point | None:
+    points = fixed_points(t)
+    if label is not None:
+        return next((p for p in points if p.label == label), None)
+    return points[-1] if points else None
+
+
+def _classes(p: Point) -> list[str]:
+    return sorted({k.split("/", 1)[0] for k in p.metrics if "/" in k})
+
+
+def _changes(a: Point, b: Point) -> list[tuple[str, float, float, float, str | None]]:
+    """(words, a's value, b's value, relative change, better) of every mechanism that moved."""
+    keys = [(m.key, m.words, m.better) for m in MECHANISMS]
+    for cls in _classes(b):
+        keys += [(f"{cls}/{k}", f"{cls}/{k}", "lower") for k in CLASS_MECHANISMS]
+    out = []
+    for key, words, better in keys:
+        va, vb = a.metrics.get(key), b.metrics.get(key)
+        if va is None or vb is None or not (math.isfinite(va) and math.isfinite(vb)):
+            continue
+        base = max(abs(va), abs(vb))
+        if base == 0:
+            continue
+        out.append((words, va, vb, (vb - va) / abs(va) if va else math.copysign(1.0, vb - va), better))
+    return out
+
+
+def _diff(a: TrialData, b: TrialData, varied: list[str]) -> list[str]:
+    return [k for k in varied if a.params.get(k) != b.params.get(k)]
+
+
+def _opponents(winner: TrialData, trials: list[TrialData], varied: list[str]) -> dict[str, list[str]]:
+    """For each varied knob, the trial closest to the winner (fewest other knobs differ; then the
+    nearest value of that knob) among those that differ in it: {trial name: [knobs]}."""
+    chosen: dict[str, list[str]] = {}
+    others = [t for t in trials if t is not winner and t.points]
+    for knob in varied:
+        differ = [t for t in others if t.params.get(knob) != winner.params.get(knob)]
+        if not differ:
+            continue
+        w = winner.num(knob)
+
+        def distance(t: TrialData, w: float | None = w, knob: str = knob) -> tuple[int, float]:
+            v = t.num(knob)
+            near = abs(v - w) if v is not None and w is not None else math.inf
+            return len(_diff(t, winner, varied)), near
+
+        best = min(differ, key=distance)
+        chosen.setdefault(best.name, [])
+        for k in _diff(best, winner, varied):
+            if k not in chosen[best.name]:
+                chosen[best.name].append(k)
+    return chosen
+
+
+def _phrase(words: str, va: float, vb: float, rel: float) -> str:
+    return f"{words} {fmt(va)} -> {fmt(vb)} ({rel:+.0%})"
+
+
+def compare(winner: TrialData, other: TrialData, knobs: list[str], label: str | None) -> str | None:
+    """One sentence set: the winner against ``other`` at ``label``."""
+    pw, po = _point(winner, label), _point(other, label)
+    if pw is None or po is None:
+        return None
+    knob_words = ", ".join(f"{k} {other.params.get(k)} -> {winner.params.get(k)}" for k in knobs)
+    lw, lo = pw.diagnosis, po.diagnosis
+    lines = [f"Against {other.name} ({knob_words}), at {pw.label}:"]
+    if lw.get("limiter") and lo.get("limiter"):
+        if lw["limiter"] == lo["limiter"]:
+            lines.append(
+                f"both were limited by {_cause(lw['limiter'])} ({lo.get('confidence')} -> {lw.get('confidence')});"
+            )
+        else:
+            lines.append(
+                f"{other.name} was limited by {_cause(lo['limiter'])} ({lo.get('confidence')}), "
+                f"{winner.name} by {_cause(lw['limiter'])} ({lw.get('confidence')});"
+            )
+    changes = _changes(po, pw)
+    moved = sorted((c for c in changes if abs(c[3]) >= MIN_CHANGE), key=lambda c: -abs(c[3]))
+    gains = [c for c in moved if c[4] is not None and (c[3] < 0) == (c[4] == "lower")][:5]
+    neutral = [c for c in moved if c[4] is None][:2]
+    costs = sorted(
+        (c for c in changes if c[4] is not None and abs(c[3]) >= MIN_COST and (c[3] > 0) == (c[4] == "lower")),
+        key=lambda c: -abs(c[3]),
+    )[:3]
+    if gains or neutral:
+        lines.append("what changed: " + "; ".join(_phrase(*c[:4]) for c in gains + neutral) + ".")
+    else:
+        lines.append(f"no mechanism moved by {MIN_CHANGE:.0%} or more.")
+    if costs:
+        lines.append("The cost: " + "; ".join(_phrase(*c[:4]) for c in costs) + ".")
+    else:
+        lines.append(f"It cost nothing measured here (nothing worse by {MIN_COST:.0%} or more).")
+    return " ".join(lines)
+
+
+def why_winner(
+    winner: TrialData | None, trials: list[TrialData], varied: list[str], objective: ObjectiveSpec
+) -> list[str]:
+    """``Why <winner> wins``: one paragraph per trial it is compared with (see the module)."""
+    if winner is None:
+        return []
+    knobs = [k for k in varied if k not in ("variant", "overrides")]
+    paragraphs = []
+    for name, changed in _opponents(winner, trials, knobs).items():
+        other = next(t for t in trials if t.name == name)
+        text = compare(winner, other, changed, objective.at)
+        if text:
+            paragraphs.append(f"- {text}")
+    if not paragraphs:
+        return []
+    return [
+        f"**Why {winner.name} wins** (its diagnosis against the trials closest to it in each varied knob):",
+        "",
+        *paragraphs,
+    ]

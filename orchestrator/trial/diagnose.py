@@ -1,0 +1,122 @@
+"""The trial's side of a point's diagnosis: what the pure rules of
+:mod:`orchestrator.metrics.diagnosis` need from the trial (the engine's batch slots, the cores
+the servers could use, the census of the machine's CPU over the point) and the words the
+point's console line ends with."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlparse
+
+import psutil
+
+from orchestrator.config.schema import LoadPointSpec, SGLangEngineSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.engines.process import SERVER_OWNER_ENV
+from orchestrator.metrics import census
+from orchestrator.metrics.diagnosis import Diagnosis, PointEvidence, diagnose
+from orchestrator.metrics.records import RequestRecord
+from orchestrator.metrics.telemetry import Row
+from orchestrator.trial.servers import ServerGroup
+
+STALLS_KEPT = 200  # the worst stalls of a point kept in its result (the timeline marks them)
+
+
+def engine_slots(spec: TrialSpec) -> int | None:
+    """The most requests the engine runs at once, when the trial sets it (vLLM's max_num_seqs,
+    SGLang's max_running_requests); None: the engine's own default, not known here."""
+    engine = spec.engine
+    if isinstance(engine, VLLMEngineSpec):
+        return engine.max_num_seqs
+    if isinstance(engine, SGLangEngineSpec):
+        return engine.max_running_requests
+    return None
+
+
+def machine_cores() -> float:
+    try:
+        return float(len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return float(os.cpu_count() or 1)
+
+
+def _marked(pid: int, command: str) -> bool:
+    """A server process another trial of the sweep started (its owner's mark): the sweep's own."""
+    try:
+        return SERVER_OWNER_ENV in psutil.Process(pid).environ()
+    except psutil.Error:
+        return False
+
+
+def _listening(url: str) -> set[int]:
+    """The local processes listening on ``url``'s port (an external server on this machine)."""
+    u = urlparse(url)
+    if u.hostname not in ("127.0.0.1", "localhost", "::1", "0.0.0.0") or u.port is None:
+        return set()
+    try:
+        return {
+            c.pid
+            for c in psutil.net_connections("tcp")
+            if c.laddr and c.laddr.port == u.port and c.status == "LISTEN" and c.pid
+        }
+    except psutil.Error:
+        return set()
+
+
+class Census:
+    """The machine's CPU over one point, split into the trial's, the sweep's and the rest."""
+
+    def __init__(self, group: ServerGroup) -> None:
+        self.group = group
+        self._before: census.Snapshot | None = None
+
+    def start(self) -> None:
+        self._before = census.snapshot()
+
+    def finish(self, seconds: float) -> dict[str, Any] | None:
+        if self._before is None:
+            return None
+        servers = set(self.group.pids())
+        if not servers:  # a server we did not start, perhaps on this machine: it is the trial's too
+            for launch in self.group.launches:
+                servers |= _listening(launch.base_url)
+        trial = census.tree([os.getpid(), *servers])
+        out = census.foreign_cpu(self._before, census.snapshot(), seconds, trial, _marked)
+        self._before = None
+        return out
+
+
+def point_diagnosis(
+    spec: TrialSpec,
+    point: LoadPointSpec,
+    records: Sequence[RequestRecord],
+    metrics: dict[str, float],
+    class_metrics: dict[str, dict[str, float]],
+    rows: Sequence[Row],
+    window: tuple[float, float],
+    client_reasons: Sequence[str],
+    foreign: dict[str, Any] | None,
+    group: ServerGroup,
+    server_failed: bool,
+) -> Diagnosis:
+    """The point's diagnosis from what the trial measured around it."""
+    rate = point.rate if point.concurrency is None and not point.trace else None
+    evidence = PointEvidence(
+        metrics=metrics,
+        class_metrics=class_metrics,
+        records=records,
+        rows=rows,
+        window=window,
+        rate=rate,
+        capped=point.max_concurrency is not None,
+        slots=engine_slots(spec),
+        cores=machine_cores() if spec.platform.device == "cpu" else None,
+        device=spec.platform.device,
+        client_reasons=client_reasons,
+        foreign=foreign,
+        foreign_limit=spec.workload.validity.max_foreign_cpu_cores,
+        disaggregated=group.disaggregated(),
+        server_failed=server_failed,
+    )
+    return diagnose(evidence)

@@ -1,0 +1,249 @@
+"""The diagnosis as pure functions: stalls and their causes, each rule of the limiting resource
+on recorded numbers (fires, does not fire, strong or weak), the TTFT parts and the order in
+which the limiter is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.metrics.diagnosis import PointEvidence, diagnose, ttft_parts
+from orchestrator.metrics.records import RequestRecord
+from orchestrator.metrics.stalls import find_stalls, stall_metrics
+
+
+def stream(rid, sent, first, gaps, cls="short", prompt=128, coalesced=()):
+    """A record sent at ``sent`` whose first token came at ``first``, then chunks ``gaps`` (s) apart."""
+    times = [first]
+    for i, g in enumerate(gaps):
+        times.append(times[-1] + (0.0 if i in coalesced else g))
+    return RequestRecord(
+        request_id=rid,
+        point=0,
+        request_class=cls,
+        intended_send_s=sent,
+        sent_s=sent,
+        input_tokens_target=prompt,
+        output_tokens_target=len(times),
+        chunk_times_s=times,
+        chunk_tokens=[1] * len(times),
+        done_s=times[-1],
+        prompt_tokens=prompt,
+        output_tokens=len(times),
+        coalesced_chunks=len(coalesced),
+    )
+
+
+def test_a_gap_during_another_requests_prefill_is_a_prefill_stall():
+    gaps = [0.01] * 10 + [0.3] + [0.01] * 10
+    a = stream(1, 0.0, 0.05, gaps)  # its stall spans 0.15 .. 0.45
+    b = stream(2, 0.14, 0.45, [0.01], cls="long", prompt=1024)  # prefilled 0.14 .. 0.45
+    stalls = find_stalls([a, b])
+    assert [(s.request_id, s.cause, s.by_request, s.by_prompt_tokens) for s in stalls] == [(1, "prefill", 2, 1024)]
+    assert stalls[0].gap_ms == pytest.approx(300.0) and stalls[0].median_ms == pytest.approx(10.0)
+    m = stall_metrics(stalls, [a, b])
+    assert m["stalls"] == 1 and m["stalls_prefill"] == 1 and m["stall_worst_ms_prefill"] == pytest.approx(300.0)
+    assert m["stalls_per_prefill"] == 1.0
+
+
+def test_gaps_under_five_medians_or_ten_ms_above_are_not_stalls():
+    fine = stream(1, 0.0, 0.05, [0.01] * 10 + [0.045] + [0.01] * 5)  # 4.5x
+    tiny = stream(2, 0.0, 0.05, [0.001] * 10 + [0.008] + [0.001] * 5)  # 8x, but only 7 ms above
+    assert find_stalls([fine, tiny]) == []
+
+
+def test_a_late_read_a_preemption_and_an_unattributed_gap():
+    late = stream(1, 0.0, 0.05, [0.01] * 6 + [0.2, 0.01] + [0.01] * 6, coalesced=(7,))
+    alone = stream(2, 10.0, 10.05, [0.01] * 6 + [0.3] + [0.01] * 6)
+    other = stream(3, 20.0, 20.05, [0.01] * 6 + [0.3] + [0.01] * 6)
+    counter = [(9.9, 0.0), (10.2, 1.0), (11.0, 1.0)]  # a preemption between 9.9 and 10.2
+    causes = {s.request_id: s.cause for s in find_stalls([late, alone, other], counter)}
+    assert causes == {1: "client_read", 2: "preemption", 3: "unattributed"}
+
+
+def test_a_short_prefill_inside_a_long_gap_is_not_its_cause():
+    a = stream(1, 0.0, 0.05, [0.01] * 10 + [0.3] + [0.01] * 10)  # stall 0.15 .. 0.45
+    b = stream(2, 0.20, 0.22, [0.01], prompt=16)  # a 20 ms prefill inside it
+    assert [s.cause for s in find_stalls([a, b], prefill_ms_per_token=0.5)] == ["unattributed"]
+
+
+def test_a_chunked_prefill_stalls_each_stream_once_per_chunk():
+    gaps = [0.01] * 5 + [0.1, 0.01, 0.1, 0.01, 0.1] + [0.01] * 5
+    a, c = stream(1, 0.0, 0.05, gaps), stream(3, 0.0, 0.051, gaps)
+    b = stream(2, 0.09, 0.42, [0.01], cls="long", prompt=1024)
+    m = stall_metrics(find_stalls([a, b, c]), [a, b, c])
+    assert m["stalls_prefill"] == 6 and m["stalls_per_prefill"] == pytest.approx(3.0)
+
+
+def engine(rows_of):
+    """Timeline rows of the engine's gauges: {name: [(t, value), ...]}."""
+    return [(t, "engine", name, v) for name, pts in rows_of.items() for t, v in pts]
+
+
+def evidence(**kw):
+    base = dict(
+        metrics={"ttft_ms_mean": 100.0, "tpot_ms_p50": 20.0, "completed": 10.0},
+        class_metrics={},
+        records=[stream(i, i * 1.0, i * 1.0 + 0.05, [0.02] * 10) for i in range(10)],
+        rows=[],
+        window=(0.0, 10.0),
+    )
+    base.update(kw)
+    return PointEvidence(**base)
+
+
+def gauges(running, waiting, kv=None, n=10):
+    out = {
+        "requests_running": [(1.0 + i, running) for i in range(n)],
+        "requests_waiting": [(1.0 + i, waiting) for i in range(n)],
+    }
+    out["kv_cache_usage"] = [(1.0 + i, kv if kv is not None else 0.1) for i in range(n)]
+    return engine(out)
+
+
+def test_headroom_when_nothing_fires():
+    m = {
+        "ttft_ms_mean": 50.0,
+        "tpot_ms_p50": 20.0,
+        "decode_floor_ms": 5.0,
+        "decode_floor_ratio": 4.0,
+        "telemetry_server_cpu_cores_mean": 0.5,
+    }
+    d = diagnose(evidence(metrics=m, rows=gauges(1, 0), slots=8, cores=2.0))
+    assert d.limiter == "none" and d.confidence == "strong"
+    assert d.headline.startswith("none: the server had headroom (a batch of 1.0 of 8 slots")
+    assert d.metrics["decode_batch_mean"] == 1.0 and d.metrics["limited_by_none"] == 1.0
+
+
+def test_batch_slots_strong_with_max_num_seqs_and_weak_without():
+    d = diagnose(evidence(rows=gauges(4, 6), slots=4))
+    assert (d.limiter, d.confidence) == ("batch_slots", "strong")
+    assert "4 of max_num_seqs 4 running while up to 6 waited" in d.headline
+    assert diagnose(evidence(rows=gauges(4, 6))).confidence == "weak"
+    assert diagnose(evidence(rows=gauges(3, 6), slots=4)).limiter == "none"  # waiting, but slots free
+
+
+def test_kv_capacity_from_preemptions_a_full_cache_with_waits_or_only_a_full_cache():
+    m = {"ttft_ms_mean": 100.0, "server_preemptions": 3.0}
+    assert diagnose(evidence(metrics=m, rows=gauges(2, 0))).limiter == "kv_capacity"
+    full = diagnose(evidence(rows=gauges(2, 3, kv=0.97), slots=8))
+    assert (full.limiter, full.confidence) == ("kv_capacity", "strong")
+    assert all(f.cause != "batch_slots" for f in full.findings)  # the wait is the cache's
+    weak = diagnose(evidence(rows=gauges(2, 0, kv=0.95)))
+    assert (weak.limiter, weak.confidence) == ("kv_capacity", "weak")
+
+
+def test_no_engine_gauges_is_said_not_guessed():
+    d = diagnose(evidence())
+    assert any("KV-cache capacity" in u for u in d.unmeasured) and any("batch slots" in u for u in d.unmeasured)
+    assert d.limiter == "none" and d.confidence == "weak"  # what could not be checked may have limited it
+
+
+def test_prefill_interference_strong_when_it_costs_time():
+    gaps = [0.01] * 10 + [0.3] + [0.01] * 10
+    recs = [stream(i, 0.0, 0.05 + 0.001 * i, gaps) for i in range(3)]
+    recs.append(stream(9, 0.14, 0.45, [0.01], cls="long", prompt=1024))
+    d = diagnose(evidence(records=recs, rows=gauges(4, 0), slots=8))
+    assert (d.limiter, d.confidence) == ("prefill_interference", "strong")
+    assert d.findings[0].evidence["stalls_prefill"] == 3 and d.metrics["stalls_per_prefill"] == 1.0
+
+
+def test_over_capacity_on_a_rate_point_whose_queue_grows():
+    # arrivals every 0.1 s; each waits longer than the last: the queue grows through the window
+    recs = [stream(i, i * 0.1, i * 0.1 + 0.05 + 0.08 * i, [0.02] * 20) for i in range(30)]
+    d = diagnose(evidence(records=recs, rate=10.0, rows=gauges(2, 5)))
+    assert (d.limiter, d.confidence) == ("over_capacity", "strong")
+    assert d.findings[0].evidence["ttft_growth"] > 2
+    steady = [stream(i, i * 0.1, i * 0.1 + 0.05, [0.02] * 3) for i in range(30)]
+    assert diagnose(evidence(records=steady, rate=10.0, rows=gauges(2, 0))).limiter == "none"
+    # a closed loop cannot be over capacity
+    assert diagnose(evidence(records=recs, rows=gauges(2, 0))).limiter != "over_capacity"
+
+
+def test_a_shared_machine_then_the_client_come_first():
+    d = diagnose(
+        evidence(
+            rows=gauges(4, 6),
+            slots=4,
+            client_reasons=["event-loop lag p95 40.0 ms > 10"],
+            foreign={"cores": 1.2, "top": [[123, "python burn.py", 1.1]]},
+            foreign_limit=0.5,
+        )
+    )
+    # a shared machine also starves the client: it is named first, the client's lag beside it
+    assert [f.cause for f in d.findings] == ["shared_machine", "client", "batch_slots"]
+    assert "pid 123 (python burn.py) 1.10" in d.findings[0].detail
+    below = diagnose(evidence(foreign={"cores": 0.2, "top": []}, foreign_limit=0.5))
+    assert below.limiter == "none" and below.metrics["foreign_cpu_cores"] == 0.2
+
+
+def test_compute_on_gpus_reads_sm_power_and_throttling():
+    def gpu(sm, power, limit=700.0, throttled=0.0):
+        m = {
+            "ttft_ms_mean": 50.0,
+            "telemetry_gpu_sm_util_pct_mean": sm,
+            "telemetry_gpu_power_w_mean": power,
+            "telemetry_gpu_power_limit_w_mean": limit,
+            "telemetry_gpu_throttled_share": throttled,
+        }
+        return diagnose(evidence(metrics=m, device="cuda", rows=gauges(8, 0)))
+
+    assert (gpu(99, 680).limiter, gpu(99, 680).confidence) == ("compute", "strong")
+    assert (gpu(99, 600).limiter, gpu(99, 600).confidence) == ("compute", "weak")
+    assert gpu(99, 300, throttled=0.8).limiter == "compute"
+    assert gpu(99, 300).limiter == "none"  # busy SMs at a third of the power: memory-bound kernels
+    assert gpu(60, 690).limiter == "none"
+
+
+def test_compute_on_the_cpu_needs_work_waiting_not_only_busy_cores():
+    busy = {"ttft_ms_mean": 100.0, "telemetry_server_cpu_cores_mean": 1.95, "client_cpu_util": 0.02}
+    spinning = diagnose(evidence(metrics=busy, cores=2.0, rows=gauges(2, 0)))
+    assert spinning.limiter == "none" and any("busy cores alone" in n for n in spinning.notes)
+    queued = {**busy, "server_queue_time_s_mean": 0.05, "server_ttft_s_mean": 0.1}
+    d = diagnose(evidence(metrics=queued, cores=2.0, rows=gauges(2, 0)))
+    assert (d.limiter, d.confidence) == ("compute", "strong") and "queue time 50 ms" in d.headline
+
+
+def test_decode_bandwidth_near_the_memory_floor():
+    def at(ratio, compute_ms=0.1):
+        m = {
+            "ttft_ms_mean": 50.0,
+            "tpot_ms_p50": 8.0 * ratio,
+            "decode_floor_ms": 8.0,
+            "decode_floor_ratio": ratio,
+            "decode_floor_memory_ms": 8.0,
+            "decode_floor_compute_ms": compute_ms,
+        }
+        return diagnose(evidence(metrics=m, rows=gauges(1, 0)))
+
+    assert (at(1.2).limiter, at(1.2).confidence) == ("decode_bandwidth", "strong")
+    assert at(2.0).confidence == "weak" and at(4.0).limiter == "none"
+    assert at(1.2, compute_ms=9.0).limiter == "none"  # the compute floor is the higher one
+
+
+def test_ttft_parts_add_up_and_say_what_is_missing():
+    m = {
+        "ttft_ms_mean": 200.0,
+        "server_ttft_s_mean": 0.19,
+        "server_queue_time_s_mean": 0.05,
+        "server_prefill_time_s_mean": 0.12,
+    }
+    cm = {"short": {"ttft_ms_mean": 150.0}, "long": {"ttft_ms_mean": 400.0}}
+    out, classes, words, missing = ttft_parts(evidence(metrics=m, class_metrics=cm))
+    assert out["ttft_parts_client_ms"] == pytest.approx(10.0) and out["ttft_parts_queue_ms"] == pytest.approx(50.0)
+    assert out["ttft_parts_prefill_ms"] == pytest.approx(120.0) and out["ttft_parts_api_ms"] == pytest.approx(20.0)
+    assert sum(out[f"ttft_parts_{k}_share"] for k in ("client", "queue", "prefill", "api")) == pytest.approx(1.0)
+    assert classes["long"]["ttft_parts_server_ms"] == pytest.approx(390.0) and missing == []
+    assert "pooled over classes" in words[0]
+    _, _, _, missing = ttft_parts(evidence(metrics={"ttft_ms_mean": 200.0}))
+    assert len(missing) == 3 and "queue-time" in missing[1]
+    pd, _, _, _ = ttft_parts(
+        evidence(metrics={"ttft_ms_mean": 300.0, "server_decode_ttft_s_mean": 0.05}, disaggregated=True)
+    )
+    assert pd["ttft_parts_kv_transfer_ms"] == pytest.approx(50.0) and pd["ttft_parts_prefill_leg_ms"] == pytest.approx(
+        250.0
+    )
+
+
+def test_a_failed_server_is_not_diagnosed():
+    d = diagnose(evidence(server_failed=True))
+    assert d.limiter == "" and d.headline.startswith("not diagnosed")

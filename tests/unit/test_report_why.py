@@ -1,0 +1,190 @@
+"""The report's why: what limited each trial, why the winner wins (through the diagnoses of the
+trials closest to it), and the lab's claims checked: observed, not observed, not measurable."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import ConfigError, to_specs
+from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
+from orchestrator.report import expectations
+from orchestrator.report.explain import limits_section, why_winner
+from orchestrator.tracking.runs import Point, TrialData
+
+
+def diag(limiter, confidence="strong", detail="evidence"):
+    return {
+        "limiter": limiter,
+        "confidence": confidence,
+        "headline": f"limited by {limiter}",
+        "findings": [{"cause": limiter, "confidence": confidence, "detail": detail, "evidence": {}}],
+    }
+
+
+def trial(name, budget, points, status="FINISHED", chunked="True", platform="cpu", error=""):
+    params = {
+        "engine.max_num_batched_tokens": str(budget),
+        "engine.enable_chunked_prefill": chunked,
+        "platform.name": platform,
+    }
+    pts = [Point(i, label, {"concurrency": i + 2}, m, "", d) for i, (label, m, d) in enumerate(points)]
+    return TrialData(name, status, params, {}, pts, error=error)
+
+
+def chunked_sweep():
+    def at_c4(itl, worst, ttft_long, per_prefill, limiter="prefill_interference"):
+        m = {
+            "itl_ms_p99": itl,
+            "stall_worst_ms": worst,
+            "stalls_per_prefill": per_prefill,
+            "short/itl_ms_p99": itl,
+            "long/ttft_ms_p50": ttft_long,
+            "tokens_per_second": 220.0,
+        }
+        return ("c4", m, diag(limiter))
+
+    return [
+        trial("chunking_off", None, [at_c4(350, 408, 377, 1.0)], chunked="False"),
+        trial("budget_256", 256, [at_c4(94, 95, 420, 2.8)]),
+        trial("budget_512", 512, [at_c4(182, 196, 380, 1.5)]),
+        trial("budget_2048", 2048, [at_c4(363, 398, 378, 1.0)]),
+    ]
+
+
+def test_what_limited_each_trial_is_a_table_of_every_point():
+    lines = limits_section(chunked_sweep())
+    assert lines[0] == "## What limited each trial"
+    assert "| chunking_off | c4 | prefill interference | strong | evidence |  |" in lines
+
+
+def test_why_the_winner_wins_names_the_mechanism_on_both_sides_and_the_cost():
+    trials = chunked_sweep()
+    objective = ObjectiveSpec(minimize="engine.max_num_batched_tokens")
+    varied = ["engine.enable_chunked_prefill", "engine.max_num_batched_tokens"]
+    lines = why_winner(trials[1], trials, varied, objective)
+    text = "\n".join(lines)
+    assert lines[0].startswith("**Why budget_256 wins**")
+    # the closest trial in each knob: chunking off (both knobs differ) and the next budget, 512
+    assert "Against chunking_off (engine.enable_chunked_prefill False -> True" in text
+    assert "Against budget_512 (engine.max_num_batched_tokens 512 -> 256)" in text
+    assert "Against budget_2048" not in text
+    assert "worst stall (ms) 408 -> 95 (-77%)" in text and "short/itl_ms_p99 350 -> 94" in text
+    assert "stalled steps per interfering prefill 1 -> 2.8" in text
+    assert "The cost: long/ttft_ms_p50 377 -> 420 (+11%)" in text
+    assert "both were limited by prefill interference" in text
+
+
+def test_no_winner_no_explanation():
+    assert why_winner(None, chunked_sweep(), ["engine.max_num_batched_tokens"], ObjectiveSpec(maximize="x")) == []
+
+
+def claims(*raw):
+    return [ExpectationSpec.model_validate(c) for c in raw]
+
+
+def test_each_form_of_claim_observed_or_not_with_its_numbers():
+    trials = chunked_sweep()
+    out = expectations.check(
+        claims(
+            {
+                "claim": "spikes without chunking",
+                "metric": "short/itl_ms_p99",
+                "higher": "chunking_off",
+                "than": "budget_256",
+            },
+            {
+                "claim": "smaller chunks, smaller spikes",
+                "metric": "itl_ms_p99",
+                "along": "engine.max_num_batched_tokens",
+                "trend": "increases",
+            },
+            {
+                "claim": "smaller chunks, longer TTFT",
+                "metric": "long/ttft_ms_p50",
+                "along": "engine.max_num_batched_tokens",
+                "trend": "decreases",
+            },
+            {"claim": "stalls without chunking", "limiter": "prefill_interference", "in": ["chunking_off"]},
+            {"claim": "bounded", "metric": "tokens_per_second", "above": 100},
+            {"claim": "same speed", "metric": "tokens_per_second", "within": 5, "of": "chunking_off"},
+        ),
+        trials,
+    )
+    assert [o.status for o in out] == ["observed", "observed", "observed", "observed", "observed", "observed"]
+    assert out[0].numbers == "short/itl_ms_p99: chunking_off 350 > budget_256 94"
+    assert out[1].numbers == "itl_ms_p99 by engine.max_num_batched_tokens: 256: 94, 512: 182, 2048: 363"
+    assert "chunking_off at c4: prefill interference (strong)" in out[3].numbers
+    nope = expectations.check(
+        claims({"claim": "reversed", "metric": "short/itl_ms_p99", "lower": "chunking_off", "than": "budget_256"}),
+        trials,
+    )
+    assert nope[0].status == "not observed" and "(by more than 5%)" in nope[0].numbers
+    assert expectations.tally(out) == "Expectations: 6 observed, 0 not observed, 0 not measurable here (of 6)"
+
+
+def test_a_tie_within_the_margin_and_a_noisy_trend_are_not_observed():
+    trials = chunked_sweep()
+    out = expectations.check(
+        claims(
+            {"claim": "c", "metric": "long/ttft_ms_p50", "higher": "budget_512", "than": "budget_2048"},  # 380 vs 378
+            {
+                "claim": "t",
+                "metric": "stalls_per_prefill",
+                "along": "engine.max_num_batched_tokens",
+                "trend": "decreases",
+            },
+        ),
+        trials,
+    )
+    assert out[0].status == "not observed"
+    assert out[1].status == "observed"  # 2.8, 1.5, 1.0
+    flat = expectations.check(
+        claims(
+            {
+                "claim": "f",
+                "metric": "tokens_per_second",
+                "along": "engine.max_num_batched_tokens",
+                "trend": "increases",
+            }
+        ),
+        trials,
+    )
+    assert flat[0].status == "not observed"
+
+
+def test_not_measurable_here_says_why():
+    trials = chunked_sweep() + [
+        trial("sglang", 256, [], status="SKIPPED", error="InfeasibleConfigError: SGLang needs a GPU")
+    ]
+    out = expectations.check(
+        claims(
+            {"claim": "radix", "metric": "ttft_ms_p50", "lower": "sglang", "than": "budget_256"},
+            {"claim": "graphs", "metric": "tpot_ms_p50", "lower": "budget_256", "than": "chunking_off", "needs": "gpu"},
+            {"claim": "absent", "metric": "ttft_ms_p50", "lower": "lpm", "than": "budget_256"},
+            {"claim": "no metric", "metric": "server_spec_decode_acceptance_rate", "above": 0.1},
+        ),
+        trials,
+    )
+    assert all(o.status == "not measurable here" for o in out)
+    assert out[0].numbers == "sglang was SKIPPED: InfeasibleConfigError: SGLang needs a GPU"
+    assert out[1].numbers == "needs a GPU; this sweep ran on cpu"
+    assert out[2].numbers == "lpm was not run in this sweep"
+    assert out[3].numbers == "chunking_off has no server_spec_decode_acceptance_rate"
+
+
+def test_a_claim_needs_exactly_one_form():
+    with pytest.raises(ValueError, match="exactly one form"):
+        ExpectationSpec.model_validate({"claim": "x", "metric": "m"})
+    with pytest.raises(ValueError, match="needs 'than'"):
+        ExpectationSpec.model_validate({"claim": "x", "metric": "m", "lower": "a"})
+    with pytest.raises(ValueError, match="needs 'trend"):
+        ExpectationSpec.model_validate({"claim": "x", "metric": "m", "along": "engine.k"})
+    with pytest.raises(ValueError, match="Extra inputs"):
+        ExpectationSpec.model_validate({"claim": "x", "limiter": "none", "typo": 1})
+
+
+def test_claims_are_validated_with_the_config_before_anything_starts(compose):
+    with pytest.raises(ConfigError, match=r"expect\.0"):
+        to_specs(compose(["+experiment=chunked_prefill", "variant=budget_256", "expect=[{claim: x, metric: m}]"]))
+    _, settings = to_specs(compose(["+experiment=chunked_prefill", "variant=budget_256"]))
+    assert settings.expect and all(e.claim for e in settings.expect)
