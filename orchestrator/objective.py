@@ -41,6 +41,11 @@ def fmt(v: float) -> str:
     return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
+def short(v: float) -> str:
+    """Three significant digits (a value in a sentence, not a table)."""
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
 def show(v: Value) -> str:
     return fmt(v.value) + (f" ± {fmt(v.ci95)}" if v.ci95 else "")
 

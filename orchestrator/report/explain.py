@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.objective import fixed_points, fmt
+from orchestrator.objective import fixed_points, short
 from orchestrator.tracking.runs import Point, TrialData
 
 
@@ -54,31 +54,32 @@ class Mechanism:
     key: str  # a point metric; "<class>/<metric>" keys are found per class
     words: str
     better: str | None  # "lower", "higher", or None (a change, neither gain nor cost)
+    floor: float = 1.0  # the smallest absolute change worth naming (1 ms, 1 stall, ...)
 
 
 MECHANISMS = (
     Mechanism("stall_worst_ms", "worst stall (ms)", "lower"),
-    Mechanism("stalls", "stalls", "lower"),
-    Mechanism("stalls_per_prefill", "stalled steps per interfering prefill", None),
-    Mechanism("stall_time_share", "share of inter-token time stalled", "lower"),
+    Mechanism("stalls", "stalls", "lower", 2.0),
+    Mechanism("stalls_per_prefill", "stalled steps per interfering prefill", None, 0.5),
+    Mechanism("stall_time_share", "share of inter-token time stalled", "lower", 0.02),
     Mechanism("itl_worst_ms_p50", "the stall a typical request saw (ms)", "lower"),
     Mechanism("itl_ms_p99", "ITL p99 (ms)", "lower"),
-    Mechanism("ttft_parts_queue_ms", "queue wait in TTFT (ms)", "lower"),
-    Mechanism("ttft_parts_prefill_ms", "prefill time in TTFT (ms)", "lower"),
+    Mechanism("ttft_parts_queue_ms", "queue wait in TTFT (ms)", "lower", 5.0),
+    Mechanism("ttft_parts_prefill_ms", "prefill time in TTFT (ms)", "lower", 5.0),
     Mechanism("ttft_ms_p50", "TTFT p50 (ms)", "lower"),
     Mechanism("ttft_ms_p99", "TTFT p99 (ms)", "lower"),
-    Mechanism("tpot_ms_p50", "TPOT p50 (ms)", "lower"),
-    Mechanism("decode_batch_mean", "batch the engine ran", None),
-    Mechanism("decode_floor_ratio", "TPOT over its roofline floor", "lower"),
-    Mechanism("server_prefix_cache_hit_rate", "prefix-cache hit rate", "higher"),
-    Mechanism("server_spec_decode_acceptance_rate", "draft acceptance rate", "higher"),
+    Mechanism("tpot_ms_p50", "TPOT p50 (ms)", "lower", 0.2),
+    Mechanism("decode_batch_mean", "batch the engine ran", None, 0.5),
+    Mechanism("decode_floor_ratio", "TPOT over its roofline floor", "lower", 0.2),
+    Mechanism("server_prefix_cache_hit_rate", "prefix-cache hit rate", "higher", 0.02),
+    Mechanism("server_spec_decode_acceptance_rate", "draft acceptance rate", "higher", 0.02),
     Mechanism("server_preemptions", "preemptions", "lower"),
     Mechanism("server_requests_waiting_max", "requests waiting (max)", "lower"),
-    Mechanism("server_kv_cache_usage_max", "KV-cache usage (max)", None),
+    Mechanism("server_kv_cache_usage_max", "KV-cache usage (max)", None, 0.1),
     Mechanism("tokens_per_second", "output tok/s", "higher"),
-    Mechanism("goodput", "goodput (req/s)", "higher"),
+    Mechanism("goodput", "goodput (req/s)", "higher", 0.05),
     Mechanism("e2e_ms_p50", "E2E p50 (ms)", "lower"),
-    Mechanism("memory_peak_gb", "memory peak (GB)", "lower"),
+    Mechanism("memory_peak_gb", "memory peak (GB)", "lower", 0.05),
 )
 CLASS_MECHANISMS = ("itl_worst_ms_p50", "itl_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50")
 MIN_CHANGE = 0.2  # a mechanism that moved less than this (relative) is not named
@@ -97,19 +98,21 @@ def _classes(p: Point) -> list[str]:
 
 
 def _changes(a: Point, b: Point) -> list[tuple[str, float, float, float, str | None]]:
-    """(words, a's value, b's value, relative change, better) of every mechanism that moved."""
-    keys = [(m.key, m.words, m.better) for m in MECHANISMS]
+    """(words, a's value, b's value, relative change, better) of every mechanism that moved by
+    at least its floor; a class's metric that moved exactly as the pooled one is not repeated."""
+    keys = [(m.key, m.words, m.better, m.floor) for m in MECHANISMS]
     for cls in _classes(b):
-        keys += [(f"{cls}/{k}", f"{cls}/{k}", "lower") for k in CLASS_MECHANISMS]
-    out = []
-    for key, words, better in keys:
+        keys += [(f"{cls}/{k}", f"{cls}/{k}", "lower", 1.0) for k in CLASS_MECHANISMS]
+    out: list[tuple[str, float, float, float, str | None]] = []
+    seen: list[tuple[float, float]] = []
+    for key, words, better, floor in keys:
         va, vb = a.metrics.get(key), b.metrics.get(key)
-        if va is None or vb is None or not (math.isfinite(va) and math.isfinite(vb)):
+        if va is None or vb is None or not (math.isfinite(va) and math.isfinite(vb)) or abs(vb - va) < floor:
             continue
-        base = max(abs(va), abs(vb))
-        if base == 0:
+        if any(math.isclose(va, x, rel_tol=0.02) and math.isclose(vb, y, rel_tol=0.02) for x, y in seen):
             continue
-        out.append((words, va, vb, (vb - va) / abs(va) if va else math.copysign(1.0, vb - va), better))
+        seen.append((va, vb))
+        out.append((words, va, vb, (vb - va) / abs(va) if va else math.copysign(math.inf, vb - va), better))
     return out
 
 
@@ -142,7 +145,8 @@ def _opponents(winner: TrialData, trials: list[TrialData], varied: list[str]) ->
 
 
 def _phrase(words: str, va: float, vb: float, rel: float) -> str:
-    return f"{words} {fmt(va)} -> {fmt(vb)} ({rel:+.0%})"
+    change = f"{rel:+.0%}" if abs(rel) < 10 else f"{vb / va:.0f}x" if va else "from 0"
+    return f"{words} {short(va)} -> {short(vb)} ({change})"
 
 
 def compare(winner: TrialData, other: TrialData, knobs: list[str], label: str | None) -> str | None:
@@ -165,7 +169,7 @@ def compare(winner: TrialData, other: TrialData, knobs: list[str], label: str | 
             )
     changes = _changes(po, pw)
     moved = sorted((c for c in changes if abs(c[3]) >= MIN_CHANGE), key=lambda c: -abs(c[3]))
-    gains = [c for c in moved if c[4] is not None and (c[3] < 0) == (c[4] == "lower")][:5]
+    gains = [c for c in moved if c[4] is not None and (c[3] < 0) == (c[4] == "lower")][:4]
     neutral = [c for c in moved if c[4] is None][:2]
     costs = sorted(
         (c for c in changes if c[4] is not None and abs(c[3]) >= MIN_COST and (c[3] > 0) == (c[4] == "lower")),
