@@ -51,6 +51,8 @@ def judge(
     ``invalid`` when the client was the bottleneck: such a probe must not decide."""
     if metrics.get("workload_invalid"):
         return Judgement("invalid", ("the server got another workload than planned (see the point's reasons)",))
+    if metrics.get("machine_invalid"):
+        return Judgement("invalid", ("the machine was shared: processes outside the trial took its CPU",))
     if metrics.get("invalid"):
         return Judgement("invalid", ("the client could not drive this load",))
     reasons = []
@@ -110,10 +112,9 @@ class CapacitySearch:
         if self.stop_reason:
             return None
         if self.probes and self.probes[-1].judgement.verdict == "invalid":
-            return self._stop(
-                f"probe {self.probes[-1].label} could not be driven by the client; "
-                "it decides nothing and higher loads would not either"
-            )
+            last = self.probes[-1]
+            why = "; ".join(last.judgement.reasons) or "it was INVALID"
+            return self._stop(f"probe {last.label} decides nothing ({why}), so the search stops there")
         if len(self.probes) >= self.max_probes:
             return self._stop(f"{self.max_probes} probes spent")
         if out_of_time:

@@ -58,6 +58,14 @@ def _command(pid: int) -> str:
         return "?"
 
 
+def _carries(pid: int, driver: str) -> bool:
+    """The process's environment names this sweep's driver (Ray's daemons and workers it started)."""
+    try:
+        return bool(psutil.Process(pid).environ().get(DRIVER_ENV) == driver)
+    except psutil.Error:
+        return False
+
+
 def foreign_cpu(
     before: Snapshot,
     after: Snapshot,
@@ -79,6 +87,9 @@ def foreign_cpu(
         delta = cpu - before.cpu_s.get((pid, started), 0.0)
         if delta > 0:
             used[pid] = used.get(pid, 0.0) + delta
+    # With the driver known (a local Ray inherits its environment), the sweep's processes are
+    # the driver and what carries its mark (``is_sweep``): another sweep's Ray and servers on this
+    # machine are foreign. Without it (a cluster started by `ray start`), Ray's by their names.
     driver = os.environ.get(DRIVER_ENV, "")
     foreign, sweep = 0.0, 0.0
     named: list[tuple[int, str, float]] = []
@@ -88,7 +99,7 @@ def foreign_cpu(
             foreign += cores
             continue
         command = _command(pid)
-        ours = str(pid) == driver or any(m in command for m in SWEEP_MARKERS)
+        ours = (str(pid) == driver or _carries(pid, driver)) if driver else any(m in command for m in SWEEP_MARKERS)
         if ours or (is_sweep is not None and is_sweep(pid, command)):
             sweep += cores
             continue

@@ -123,8 +123,10 @@ class Thresholds:
     throttled_share: float = 0.5  # share of GPU samples with a throttle reason
     floor_near: float = 1.5  # TPOT within this factor of its roofline floor (strong)
     floor_close: float = 2.5  # ... (weak)
-    queue_growth: float = 3.0  # requests in flight gained over a rate point's arrivals (and >= half their mean)
-    ttft_growth: float = 2.0  # TTFT of the last third of arrivals over the first third
+    completion_share: float = 0.8  # an open loop's completions over those a server keeping up makes (strong)...
+    completion_share_weak: float = 0.9  # ... (weak)
+    queue_growth: float = 3.0  # ... with the requests in flight grown by this many over that time...
+    ttft_growth: float = 2.0  # ... or TTFT of the last third of arrivals this many times the first third's
 
 
 @dataclass
@@ -157,6 +159,7 @@ class PointEvidence:
     foreign_limit: float | None = None
     disaggregated: bool = False
     server_failed: bool = False
+    engine: str = ""  # the engine's name (vllm, sglang, external): how its P/D pair is wired
 
 
 @dataclass
@@ -255,7 +258,12 @@ def ttft_parts(x: PointEvidence) -> tuple[dict[str, float], dict[str, dict[str, 
     server_key = "server_decode_ttft_s_mean" if x.disaggregated else "server_ttft_s_mean"
     server = m.get(server_key)
     parts: dict[str, float] = {}
-    if x.disaggregated:
+    if x.disaggregated and x.engine == "sglang":
+        unmeasured.append(
+            "KV transfer: SGLang's P/D router sends each request to both servers at once, so the decode "
+            "server's TTFT holds the prefill too"
+        )
+    elif x.disaggregated:
         if server is None:
             unmeasured.append("KV transfer: the decode server exports no TTFT histogram")
         else:
@@ -350,6 +358,43 @@ def _in_flight(records: Sequence[RequestRecord], t: float) -> int:
     return sum(1 for r in records if r.sent_s <= t and (r.done_s is None or r.done_s > t))
 
 
+def _falling_behind(records: Sequence[RequestRecord], th: Thresholds) -> tuple[str, str, dict[str, float]] | None:
+    """One repeat of an open loop: did completions fall behind arrivals? A request arriving at
+    ``t`` completes at ``t + L`` on a server that keeps up, ``L`` the lifetime of the first third
+    of arrivals (before any queue): past ``a + L`` the completions are set against the arrivals
+    ``L`` earlier, so a healthy server's warm-up (in flight climbing from 1 to rate x L) is not
+    taken for a queue. (confidence, words, evidence) or None."""
+    sent = sorted((r for r in records if r.turn == 0), key=lambda r: r.sent_s)
+    done = sorted(r.done_s for r in records if r.ok and r.done_s is not None)
+    if len(sent) < 6 or not done:
+        return None
+    a, b = sent[0].sent_s, sent[-1].sent_s
+    third = max(len(sent) // 3, 1)
+    early = [r.done_s - r.sent_s for r in sent[:third] if r.ok and r.done_s is not None]
+    if not early or b <= a:
+        return None
+    lifetime = float(np.median(early))
+    start = min(a + lifetime, a + (b - a) / 2)
+    expected = sum(1 for r in sent if start - lifetime <= r.sent_s <= b - lifetime)
+    completions = sum(1 for t in done if start <= t <= b)
+    if expected < 3:
+        return None
+    ratio = completions / expected
+    grew = _in_flight(records, b) - _in_flight(records, start)
+    first = [r.chunk_times_s[0] - r.sent_s for r in sent[:third] if r.chunk_times_s]
+    last = [r.chunk_times_s[0] - r.sent_s for r in sent[-third:] if r.chunk_times_s]
+    growth = float(np.mean(last) / np.mean(first)) if first and last and np.mean(first) > 0 else 1.0
+    if ratio > th.completion_share_weak:
+        return None
+    strong = ratio <= th.completion_share and (grew >= th.queue_growth or growth >= th.ttft_growth)
+    evidence = {"completion_share": ratio, "in_flight_gained": float(grew), "ttft_growth": growth}
+    words = (
+        f"{completions} requests completed where {expected} would have on a server keeping up ({ratio:.0%}), the "
+        f"requests in flight grew by {grew} and TTFT rose {growth:.1f}x from the first third of arrivals to the last"
+    )
+    return (STRONG if strong else WEAK), words, evidence
+
+
 def _over_capacity(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
     if x.rate is None or x.rate == float("inf"):
         return None
@@ -364,31 +409,16 @@ def _over_capacity(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Findi
                 {"achieved_rate": achieved, "schedule_rate": sched},
             )
         return None
-    sent = sorted((r for r in x.records if r.turn == 0), key=lambda r: r.sent_s)
-    if len(sent) < 6:
+    repeats = sorted({r.repeat for r in x.records})  # each repeat is its own run of the arrivals
+    found = [_falling_behind([r for r in x.records if r.repeat == k], th) for k in repeats]
+    hits = [f for f in found if f is not None]
+    if not hits:
         return None
-    a, b = sent[0].sent_s, sent[-1].sent_s
-    grid = np.linspace(a, b, 20)
-    flight = np.asarray([_in_flight(x.records, float(t)) for t in grid], dtype=float)
-    gained = float(np.polyfit(grid - a, flight, 1)[0] * (b - a)) if b > a else 0.0
-    third = max(len(sent) // 3, 1)
-    first = [r.chunk_times_s[0] - r.sent_s for r in sent[:third] if r.chunk_times_s]
-    last = [r.chunk_times_s[0] - r.sent_s for r in sent[-third:] if r.chunk_times_s]
-    growth = float(np.mean(last) / np.mean(first)) if first and last and np.mean(first) > 0 else 1.0
-    mean = float(flight.mean())
-    queue_grew = gained >= max(th.queue_growth, 0.5 * mean)
-    ttft_grew = growth >= th.ttft_growth
-    if not (queue_grew or ttft_grew):
-        return None
-    # an engine that admits every arrival keeps TTFT flat and lets the batch grow: the queue
-    # gaining more than its own mean over the arrivals is then the evidence on its own
-    strong = queue_grew and (ttft_grew or gained >= max(2 * th.queue_growth, mean))
-    evidence = {"in_flight_gained": gained, "ttft_growth": growth, "rate": float(x.rate)}
-    detail = (
-        f"at {x.rate:g} req/s the requests in flight grew by {gained:.1f} over the arrivals "
-        f"({flight[0]:.0f} -> {flight[-1]:.0f}) and TTFT rose {growth:.1f}x from the first third of arrivals to the last"
-    )
-    return Finding("over_capacity", STRONG if strong else WEAK, detail, evidence)
+    confidence = STRONG if len(hits) == len(found) and all(f[0] == STRONG for f in hits) else WEAK
+    words = f"at {x.rate:g} req/s " + hits[0][1]
+    if len(found) > 1:
+        words += f" (in {len(hits)} of {len(found)} repeats)"
+    return Finding("over_capacity", confidence, words, {**hits[0][2], "rate": float(x.rate)})
 
 
 def _kv(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
@@ -521,7 +551,9 @@ def _compute(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | N
     if not cores or used is None:
         s["unmeasured"].append("compute: the servers' CPU was not sampled (platform.telemetry)")
         return None
-    available = max(cores - m.get("client_cpu_util", 0.0), 0.1)
+    # the client's cores: every client process's CPU over the point (client_cpu_util is the worst one's)
+    client = m["client_cpu_s"] / m["client_wall_s"] if m.get("client_wall_s") else m.get("client_cpu_util", 0.0)
+    available = max(cores - client, 0.1)
     if used < th.cores_busy * available:
         return None
     if any(f.cause in ("kv_capacity", "batch_slots") for f in s["found"]):
@@ -529,8 +561,9 @@ def _compute(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | N
     queued, why = _queued(x, th, s)
     if not queued:
         s["notes"].append(
-            f"the servers kept {used:.2f} of {available:.2f} cores busy without a queue: on the CPU vLLM's "
-            "workers keep their cores busy between steps, so busy cores alone do not show saturation"
+            f"the servers kept {used:.2f} of {available:.2f} cores busy without a queue: vLLM's CPU build keeps "
+            "its cores busy whenever a request runs (1.97 of 2 with one stream here), so busy cores alone do "
+            "not show saturation"
         )
         return None
     return Finding(
@@ -592,8 +625,11 @@ def diagnose(x: PointEvidence, th: Thresholds | None = None, factor: float | Non
         return Diagnosis("", "", [], [], ["the server failed during the point"], {}, {}, [])
     per_token = None
     m = x.metrics
-    if m.get("server_prefill_time_s_mean") and m.get("server_prompt_tokens") and m.get("completed"):
-        per_token = m["server_prefill_time_s_mean"] * 1e3 / (m["server_prompt_tokens"] / m["completed"])
+    ok = sum(1 for r in x.records if r.ok)  # every repeat's (the point's metrics are means over repeats)
+    if not ok:
+        return Diagnosis("", "", [], [], ["no request of the point completed"], {}, {}, [])
+    if m.get("server_prefill_time_s_mean") and m.get("server_prompt_tokens"):
+        per_token = m["server_prefill_time_s_mean"] * 1e3 / (m["server_prompt_tokens"] / ok)
     kwargs = {"factor": factor} if factor else {}
     stalls = find_stalls(x.records, samples.get("preemptions", []), per_token, **kwargs)
     sm = stall_metrics(stalls, x.records)

@@ -75,8 +75,8 @@ def gauge(sample: Sample, family: str) -> float | None:
 def deltas(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict[str, float]:
     """Counter deltas and histogram means between two scrapes, under neutral names.
 
-    Also derives ``prefix_cache_hit_rate`` and ``spec_decode_acceptance_rate`` when their
-    counters exist. Histograms give ``<name>_mean`` in the histogram's own unit, latency
+    Also derives ``prefix_cache_hit_rate`` (vLLM: hits over queries; SGLang: cached over prompt
+    tokens) and ``spec_decode_acceptance_rate`` when their counters exist. Histograms give ``<name>_mean`` in the histogram's own unit, latency
     histograms (seconds, no unit in their name) ``<name>_s_mean``.
     """
     out: dict[str, float] = {}
@@ -95,6 +95,8 @@ def deltas(before: Sample, after: Sample, metric_map: Mapping[str, Any]) -> dict
                 out[key] = (s1 - s0) / (c1 - c0)  # type: ignore[operator]
     if out.get("prefix_cache_queries"):
         out["prefix_cache_hit_rate"] = out.get("prefix_cache_hits", 0.0) / out["prefix_cache_queries"]
+    elif "cached_tokens" in out and out.get("prompt_tokens"):  # SGLang: prompt tokens its radix cache served
+        out["prefix_cache_hit_rate"] = out["cached_tokens"] / out["prompt_tokens"]
     if out.get("spec_decode_draft_tokens"):
         out["spec_decode_acceptance_rate"] = (
             out.get("spec_decode_accepted_tokens", 0.0) / out["spec_decode_draft_tokens"]

@@ -14,11 +14,13 @@ Each stall gets one cause, tried in this order:
 * ``prefill``: another request's prefill ran through at least half of the gap. A request's
   prefill ends at its first token; it is taken to start ``prefill_ms_per_token x its prompt
   tokens x 2`` before (the engine's mean prefill time per prompt token over the point, doubled
-  for slack, when the engine exports one), else at its send. The longest such prompt is named;
+  for slack, when the engine exports one); without that, at its send, and then only a prefill
+  that ended during the gap or within one more gap of it counts (a window from the send holds
+  the queue wait too). The longest such prompt is named;
 * ``preemption``: the engine's preemption counter rose in a sample interval overlapping the
   gap (the counter is sampled about once a second: a coarse match). vLLM v1 recomputes a
-  preempted request and SGLang retracts it; neither exports KV-cache swaps, so a swap shows as
-  a preemption here;
+  preempted request and exports no KV-cache swaps, so a swap would show as a preemption here;
+  SGLang exports its retractions as a gauge, not a counter, so no stall is attributed to them;
 * ``unattributed``: none of these (a scheduler hiccup, garbage collection, the machine).
 """
 
@@ -127,7 +129,7 @@ def find_stalls(
             if gap < limit:
                 continue
             a, b = r.chunk_times_s[i], r.chunk_times_s[i + 1]
-            stalls.append(_attribute(r, i, a, b, gap, median, windows, preempted))
+            stalls.append(_attribute(r, i, a, b, gap, median, windows, preempted, bool(prefill_ms_per_token)))
     stalls.sort(key=lambda s: s.start_s)
     return stalls
 
@@ -141,13 +143,20 @@ def _attribute(
     median: float,
     windows: list[tuple[float, float, RequestRecord]],
     preempted: list[tuple[float, float]],
+    estimated: bool,
 ) -> Stall:
     times = r.chunk_times_s
     if i + 2 < len(times) and times[i + 2] == times[i + 1]:  # read with the next chunk: one instant
         return Stall(r.request_id, r.request_class, a, gap, median, "client_read")
-    # a prefill that ran through most of the gap (a short prefill inside a long gap did not make it)
+    # a prefill that ran through most of the gap (a short prefill inside a long gap did not make it);
+    # without the engine's prefill time a window starts at the send and holds the queue wait too,
+    # so then only a prefill that ended during the gap or within one more gap of it counts
     during = [
-        w for w in windows if w[2].request_id != r.request_id and min(w[1], b) - max(w[0], a) >= PREFILL_COVER * (b - a)
+        w
+        for w in windows
+        if w[2].request_id != r.request_id
+        and min(w[1], b) - max(w[0], a) >= PREFILL_COVER * (b - a)
+        and (estimated or a <= w[1] <= b + (b - a))
     ]
     if during:
         _, _, by = max(during, key=lambda w: _prompt_tokens(w[2]))

@@ -99,19 +99,21 @@ def _classes(p: Point) -> list[str]:
 
 def _changes(a: Point, b: Point) -> list[tuple[str, float, float, float, str | None]]:
     """(words, a's value, b's value, relative change, better) of every mechanism that moved by
-    at least its floor; a class's metric that moved exactly as the pooled one is not repeated."""
+    at least its floor; a class's metric that moved as the whole point's did is not repeated."""
     keys = [(m.key, m.words, m.better, m.floor) for m in MECHANISMS]
     for cls in _classes(b):
         keys += [(f"{cls}/{k}", f"{cls}/{k}", "lower", 1.0) for k in CLASS_MECHANISMS]
     out: list[tuple[str, float, float, float, str | None]] = []
-    seen: list[tuple[float, float]] = []
+    pooled: dict[str, tuple[float, float]] = {}
     for key, words, better, floor in keys:
         va, vb = a.metrics.get(key), b.metrics.get(key)
         if va is None or vb is None or not (math.isfinite(va) and math.isfinite(vb)) or abs(vb - va) < floor:
             continue
-        if any(math.isclose(va, x, rel_tol=0.02) and math.isclose(vb, y, rel_tol=0.02) for x, y in seen):
-            continue
-        seen.append((va, vb))
+        cls, _, base = key.rpartition("/")
+        if not cls:
+            pooled[key] = (va, vb)
+        elif base in pooled and all(math.isclose(u, v, rel_tol=0.02) for u, v in zip(pooled[base], (va, vb))):
+            continue  # the class moved exactly as the whole point: said once
         out.append((words, va, vb, (vb - va) / abs(va) if va else math.copysign(math.inf, vb - va), better))
     return out
 

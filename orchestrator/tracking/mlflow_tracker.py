@@ -213,11 +213,12 @@ class MlflowTracker:
                 " | ".join(f"{p.label}: {'; '.join(p.invalid_reasons) or 'invalid'}" for p in invalid), 5000
             )
         diagnosed = [p for p in result.points if p.diagnosis.get("headline")]
-        if diagnosed:  # what limited each point, in words (metrics.diagnosis); the heaviest point's limiter
+        if diagnosed:  # what limited each point, in words (metrics.diagnosis); the last fixed point's limiter
             run_tags["diagnosis"] = truncate(
                 " | ".join(f"{p.label}: {p.diagnosis['headline']}" for p in diagnosed), 5000
             )
-            run_tags["limiter"] = str(diagnosed[-1].diagnosis.get("limiter", ""))
+            fixed = [p for p in diagnosed if "slo_met" not in p.metrics] or diagnosed  # not a capacity probe
+            run_tags["limiter"] = str(fixed[-1].diagnosis.get("limiter", ""))
         for key, note in result.telemetry.items():  # what the telemetry measured, or why not
             run_tags[f"telemetry.{key}"] = truncate(note, 5000)
         name = result.variant or f"trial-{result.trial_hash[:8]}"

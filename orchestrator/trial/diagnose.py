@@ -6,7 +6,8 @@ point's console line ends with."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import socket
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -19,6 +20,7 @@ from orchestrator.metrics.diagnosis import Diagnosis, PointEvidence, diagnose
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.telemetry import Row
 from orchestrator.trial.servers import ServerGroup
+from orchestrator.trial.slate import is_engine
 
 STALLS_KEPT = 200  # the worst stalls of a point kept in its result (the timeline marks them)
 
@@ -41,18 +43,50 @@ def machine_cores() -> float:
         return float(os.cpu_count() or 1)
 
 
-def _marked(pid: int, command: str) -> bool:
-    """A server process another trial of the sweep started (its owner's mark): the sweep's own."""
-    try:
-        return SERVER_OWNER_ENV in psutil.Process(pid).environ()
-    except psutil.Error:
+def foreign_bound(spec: TrialSpec) -> float | None:
+    """``workload.validity.max_foreign_cpu_cores``, with ``auto`` an eighth of the machine's cores
+    (at least 0.25); None: not judged."""
+    bound = spec.workload.validity.max_foreign_cpu_cores
+    if bound == "auto":
+        return max(0.25, machine_cores() / 8)
+    return bound
+
+
+def _ours(external: bool) -> Callable[[int, str], bool]:
+    """Whether a process outside the trial's tree is the sweep's own: a server another trial of
+    this sweep started (its owner's mark, and the sweep's driver in its environment when this
+    process knows it), or, for a server we did not start, an engine process on this machine (it
+    serves the trial, e.g. inside a container behind a proxy)."""
+    driver = os.environ.get(census.DRIVER_ENV)
+
+    def ours(pid: int, command: str) -> bool:
+        if external and is_engine(command):
+            return True
+        try:
+            env = psutil.Process(pid).environ()
+        except psutil.Error:
+            return False
+        return SERVER_OWNER_ENV in env and (driver is None or env.get(census.DRIVER_ENV) == driver)
+
+    return ours
+
+
+def _local(host: str | None) -> bool:
+    """Whether ``host`` is this machine (a loopback or one of its interfaces' addresses)."""
+    if host is None:
         return False
+    try:
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs} | {"0.0.0.0", "::"}
+    return any(a in mine or a.startswith("127.") or a == "::1" for a in addresses)
 
 
 def _listening(url: str) -> set[int]:
     """The local processes listening on ``url``'s port (an external server on this machine)."""
     u = urlparse(url)
-    if u.hostname not in ("127.0.0.1", "localhost", "::1", "0.0.0.0") or u.port is None:
+    if u.port is None or not _local(u.hostname):
         return set()
     try:
         return {
@@ -82,7 +116,8 @@ class Census:
             for launch in self.group.launches:
                 servers |= _listening(launch.base_url)
         trial = census.tree([os.getpid(), *servers])
-        out = census.foreign_cpu(self._before, census.snapshot(), seconds, trial, _marked)
+        external = not self.group.pids()
+        out = census.foreign_cpu(self._before, census.snapshot(), seconds, trial, _ours(external))
         self._before = None
         return out
 
@@ -115,8 +150,9 @@ def point_diagnosis(
         device=spec.platform.device,
         client_reasons=client_reasons,
         foreign=foreign,
-        foreign_limit=spec.workload.validity.max_foreign_cpu_cores,
+        foreign_limit=foreign_bound(spec),
         disaggregated=group.disaggregated(),
+        engine=spec.engine.name,
         server_failed=server_failed,
     )
     return diagnose(evidence)

@@ -27,7 +27,7 @@ from orchestrator.metrics.summary import (
     summarize_repeats,
 )
 from orchestrator.metrics.telemetry import Timeline
-from orchestrator.trial.diagnose import STALLS_KEPT, Census, point_diagnosis
+from orchestrator.trial.diagnose import STALLS_KEPT, Census, foreign_bound, point_diagnosis
 from orchestrator.trial.profile import ProfileWindow
 from orchestrator.trial.servers import ServerGroup, reset_caches
 
@@ -112,11 +112,11 @@ def judge_point(
     gap, gap_reasons = clock_gap(metrics, w.fidelity, via=front)
     client = client + gap_reasons
     machine = []
-    foreign, bound = metrics.get("foreign_cpu_cores"), w.validity.max_foreign_cpu_cores
+    foreign, bound = metrics.get("foreign_cpu_cores"), foreign_bound(spec)
     if foreign is not None and bound is not None and foreign >= bound:
         machine.append(
             f"the machine was shared: {foreign:.2f} cores busy outside the trial "
-            f"(>= workload.validity.max_foreign_cpu_cores {bound:g})"
+            f"(>= workload.validity.max_foreign_cpu_cores: {bound:g})"
         )
     out = {
         **found,

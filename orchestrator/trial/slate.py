@@ -152,7 +152,7 @@ ENGINE_COMMANDS = (
 )
 
 
-def _is_engine(command: str) -> bool:
+def is_engine(command: str) -> bool:
     return any(m in command for m in ENGINE_COMMANDS)
 
 
@@ -172,10 +172,15 @@ def unmarked_engines() -> list[Leftover]:
         if proc.pid == os.getpid():
             continue
         try:
-            if proc.status() == psutil.STATUS_ZOMBIE or not _is_engine(" ".join(proc.cmdline()) or proc.name()):
+            if proc.status() == psutil.STATUS_ZOMBIE or not is_engine(" ".join(proc.cmdline()) or proc.name()):
                 continue
+        except psutil.Error:
+            continue
+        try:
             if SERVER_OWNER_ENV in proc.environ():
                 continue
+        except psutil.AccessDenied:  # another user's process: never one of ours (we run ours as us)
+            pass
         except psutil.Error:
             continue
         found[proc.pid] = proc

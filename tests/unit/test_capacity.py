@@ -68,8 +68,19 @@ def test_a_probe_the_client_could_not_drive_decides_nothing():
     s = CapacitySearch(start=1.0, low=0.1, high=100.0)
     s.observe(1.0, "r1", Judgement("pass"))
     s.observe(2.0, "r2", judge({"invalid": 1.0, "ttft_ms_p99": 1.0}, {}, {"ttft_ms_p99": 500.0}, "rate"))
-    assert s.next_value() is None and "could not be driven by the client" in s.stop_reason
+    assert s.next_value() is None and "probe r2 decides nothing (the client could not drive this load)" in s.stop_reason
     assert s.summary()["capacity"] == 1.0 and "capacity_hi" not in s.summary()  # r2 is not a failure
+
+
+def test_a_probe_stops_the_search_in_its_own_words():
+    """A probe made INVALID by workload fidelity or a shared machine says so, not 'the client'."""
+    for metrics, words in (
+        ({"invalid": 1.0, "workload_invalid": 1.0}, "the server got another workload than planned"),
+        ({"invalid": 1.0, "machine_invalid": 1.0}, "the machine was shared"),
+    ):
+        s = CapacitySearch(start=1.0, low=0.1, high=100.0)
+        s.observe(1.0, "r1", judge(metrics, {}, {"ttft_ms_p99": 500.0}, "rate"))
+        assert s.next_value() is None and words in s.stop_reason and "client" not in s.stop_reason
 
 
 def test_concurrency_probes_are_whole_numbers():

@@ -60,6 +60,15 @@ def test_a_late_read_a_preemption_and_an_unattributed_gap():
     assert causes == {1: "client_read", 2: "preemption", 3: "unattributed"}
 
 
+def test_without_the_engines_prefill_time_only_a_prefill_ending_at_the_gap_counts():
+    """A window from the send holds the queue wait: a request still queued is not the cause."""
+    a = stream(1, 0.0, 0.05, [0.01] * 10 + [0.3] + [0.01] * 10)  # stall 0.15 .. 0.45
+    queued = stream(2, 0.10, 2.0, [0.01], prompt=1024)  # sent before, first token long after
+    ending = stream(3, 0.12, 0.46, [0.01], prompt=512)  # prefilled through the stall
+    assert [(s.cause, s.by_request) for s in find_stalls([a, queued])] == [("unattributed", None)]
+    assert [(s.cause, s.by_request) for s in find_stalls([a, queued, ending])] == [("prefill", 3)]
+
+
 def test_a_short_prefill_inside_a_long_gap_is_not_its_cause():
     a = stream(1, 0.0, 0.05, [0.01] * 10 + [0.3] + [0.01] * 10)  # stall 0.15 .. 0.45
     b = stream(2, 0.20, 0.22, [0.01], prompt=16)  # a 20 ms prefill inside it
@@ -70,7 +79,7 @@ def test_a_chunked_prefill_stalls_each_stream_once_per_chunk():
     gaps = [0.01] * 5 + [0.1, 0.01, 0.1, 0.01, 0.1] + [0.01] * 5
     a, c = stream(1, 0.0, 0.05, gaps), stream(3, 0.0, 0.051, gaps)
     b = stream(2, 0.09, 0.42, [0.01], cls="long", prompt=1024)
-    m = stall_metrics(find_stalls([a, b, c]), [a, b, c])
+    m = stall_metrics(find_stalls([a, b, c], prefill_ms_per_token=0.3), [a, b, c])
     assert m["stalls_prefill"] == 6 and m["stalls_per_prefill"] == pytest.approx(3.0)
 
 
@@ -152,11 +161,34 @@ def test_over_capacity_on_a_rate_point_whose_queue_grows():
     recs = [stream(i, i * 0.1, i * 0.1 + 0.05 + 0.08 * i, [0.02] * 20) for i in range(30)]
     d = diagnose(evidence(records=recs, rate=10.0, rows=gauges(2, 5)))
     assert (d.limiter, d.confidence) == ("over_capacity", "strong")
-    assert d.findings[0].evidence["ttft_growth"] > 2
+    assert d.findings[0].evidence["ttft_growth"] > 2 and d.findings[0].evidence["completion_share"] < 0.8
     steady = [stream(i, i * 0.1, i * 0.1 + 0.05, [0.02] * 3) for i in range(30)]
     assert diagnose(evidence(records=steady, rate=10.0, rows=gauges(2, 0))).limiter == "none"
     # a closed loop cannot be over capacity
     assert diagnose(evidence(records=recs, rows=gauges(2, 0))).limiter != "over_capacity"
+
+
+def test_a_healthy_open_loop_warming_up_is_not_over_capacity():
+    """In flight climbs from 1 to rate x lifetime at the start of any open loop: not a queue."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    sends = np.cumsum(rng.exponential(0.5, 40))  # 2 req/s
+    for lifetime in (4.9, 9.6):
+        n = int((lifetime - 0.1) / 0.05)
+        recs = [stream(i, float(t), float(t) + 0.1, [0.05] * n) for i, t in enumerate(sends)]
+        assert diagnose(evidence(records=recs, rate=2.0, rows=gauges(5, 0))).limiter == "none", lifetime
+
+
+def test_over_capacity_is_judged_repeat_by_repeat():
+    recs = []
+    for rep in (0, 1):
+        for i in range(30):
+            r = stream(100 * rep + i, 50.0 * rep + i * 0.1, 50.0 * rep + i * 0.1 + 0.05 + 0.08 * i, [0.02] * 20)
+            r.repeat = rep
+            recs.append(r)
+    d = diagnose(evidence(records=recs, rate=10.0, rows=gauges(2, 5)))
+    assert (d.limiter, d.confidence) == ("over_capacity", "strong") and "(in 2 of 2 repeats)" in d.headline
 
 
 def test_a_shared_machine_then_the_client_come_first():
@@ -247,3 +279,15 @@ def test_ttft_parts_add_up_and_say_what_is_missing():
 def test_a_failed_server_is_not_diagnosed():
     d = diagnose(evidence(server_failed=True))
     assert d.limiter == "" and d.headline.startswith("not diagnosed")
+
+
+def test_a_point_where_nothing_completed_is_not_diagnosed():
+    failed = [RequestRecord(i, 0, "main", 0.0, 0.0, 8, 4, status="error", error="HTTP 500") for i in range(3)]
+    d = diagnose(evidence(records=failed))
+    assert d.limiter == "" and "no request of the point completed" in d.headline
+
+
+def test_sglang_pd_says_its_kv_transfer_is_not_measurable():
+    m = {"ttft_ms_mean": 300.0, "server_decode_ttft_s_mean": 0.25}
+    _, _, _, missing = ttft_parts(evidence(metrics=m, disaggregated=True, engine="sglang"))
+    assert any("both servers at once" in u for u in missing)

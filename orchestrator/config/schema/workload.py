@@ -209,11 +209,11 @@ class ValiditySpec(StrictModel):
         description="share of a closed loop's stream time spent waiting for requests past the plan "
         "(no request in flight) above which the point held fewer streams than asked",
     )
-    max_foreign_cpu_cores: float | None = Field(
-        default=0.25,
-        ge=0,
+    max_foreign_cpu_cores: PositiveFloat | Literal["auto"] | None = Field(
+        default="auto",
         description="CPU cores busy outside the trial (neither its servers nor its client nor the sweep's own "
-        "Ray and driver processes) above which the machine was shared and the point is INVALID; null = not judged",
+        "Ray and driver processes) above which the machine was shared and the point is INVALID; 'auto' = an "
+        "eighth of the machine's cores, at least 0.25 (0.25 on 2 cores, 8 on 64); null = not judged",
     )
 
 
