@@ -8,14 +8,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from orchestrator.config.schema import ExpectationSpec
 from orchestrator.objective import fixed_points, fmt, value_of
 from orchestrator.tracking.runs import TrialData
 
 OBSERVED, NOT_OBSERVED, UNMEASURABLE = "observed", "not observed", "not measurable here"
-MIN_RANK = 0.8  # the rank correlation a trend needs over three values or more
 
 
 @dataclass
@@ -84,18 +81,17 @@ def _chosen(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[T
 
 
 def _monotone(values: Sequence[float], trend: str, margin: float) -> bool:
+    """The values move in ``trend``'s direction: end to end by more than ``margin`` (relative to
+    the first), and no step goes the other way by more than ``margin`` of the largest value (a
+    smaller step back is noise: a tie)."""
     if len(values) < 2:
         raise _Unmeasurable("fewer than two values to order")
-    first, last = values[0], values[-1]
     sign = 1.0 if trend == "increases" else -1.0
-    base = max(abs(first), 1e-12)
-    if sign * (last - first) / base <= margin:
+    first, last = values[0], values[-1]
+    if sign * (last - first) / max(abs(first), 1e-12) <= margin:
         return False
-    if len(values) == 2:
-        return True
-    ranks = np.argsort(np.argsort(values))
-    rho = float(np.corrcoef(np.arange(len(values)), ranks)[0, 1])
-    return sign * rho >= MIN_RANK
+    tolerance = margin * max(abs(v) for v in values)
+    return all(sign * (b - a) >= -tolerance for a, b in zip(values, values[1:]))
 
 
 def _pair(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> tuple[bool, str]:

@@ -189,3 +189,14 @@ def test_claims_are_validated_with_the_config_before_anything_starts(compose):
         to_specs(compose(["+experiment=chunked_prefill", "variant=budget_256", "expect=[{claim: x, metric: m}]"]))
     _, settings = to_specs(compose(["+experiment=chunked_prefill", "variant=budget_256"]))
     assert settings.expect and all(e.claim for e in settings.expect)
+
+
+def test_a_small_step_back_is_a_tie_not_a_broken_trend():
+    def run(values):
+        t = trial("t", None, [(f"r{i}", {"ttft_parts_queue_ms": v}, diag("none")) for i, v in enumerate(values)])
+        claim = claims({"claim": "queue grows", "metric": "ttft_parts_queue_ms", "across_points": "increases"})
+        return expectations.check(claim, [t])[0].status
+
+    assert run([0.022, 0.013, 1113.0]) == "observed"  # 0.009 ms back against a 1113 ms rise
+    assert run([100.0, 60.0, 120.0]) == "not observed"  # 40% back: not the trend
+    assert run([100.0, 103.0]) == "not observed"  # within the 5% margin end to end

@@ -206,8 +206,9 @@ class ExpectationSpec(StrictModel):
     * ``lower`` / ``higher`` + ``than``: the named trials' value is below / above every one of
       ``than``'s by more than ``margin`` (relative);
     * ``along`` + ``trend``: ordered by the knob ``along`` (e.g. ``engine.max_num_batched_tokens``),
-      the value ``increases`` / ``decreases`` (rank correlation >= 0.8, end to end by more than
-      ``margin``) over the trials ``in`` (default every trial with that knob set);
+      the value ``increases`` / ``decreases`` (end to end by more than ``margin``, and no step back
+      by more than ``margin`` of the largest value) over the trials ``in`` (default every trial
+      with that knob set);
     * ``across_points``: within each trial ``in`` (default all), over its fixed load points in order;
     * ``above`` / ``below``: a bound every trial ``in`` meets;
     * ``within`` + ``of``: every trial ``in`` is within ``within`` (absolute) of trial ``of``;
