@@ -368,6 +368,10 @@ def _report(
     then logged to the sweep's parent run under ``report/``. A report failure costs nothing
     measured; ``python -m orchestrator.report experiment=NAME`` rebuilds it from MLflow."""
     if not any(r.points for r in results):
+        if expect and results:  # nothing measured: each claim says why it cannot be checked here
+            from orchestrator.report import from_results
+
+            _say_expectations(from_results(results, experiment, expect=expect), progress)
         return
     try:
         from orchestrator.report import build_report, from_results
@@ -395,13 +399,7 @@ def _report(
             best, why = best_configuration(data.finished)
             if best is not None:
                 progress(f"Best configuration: {best.name} ({why}; the experiment declares no objective)")
-        if data.expect:
-            from orchestrator.report import expectations
-
-            outcomes = expectations.check(data.expect, data.trials)
-            progress(expectations.tally(outcomes))
-            for outcome in outcomes:
-                progress(f"  {outcome.line()}")
+        _say_expectations(data, progress)
         if tracker is not None:
             tracker.log_sweep_files(files, "report", root=sweep_dir / "report")
             if verdict is not None:
@@ -416,6 +414,18 @@ def _report(
             f"warning: the sweep report failed ({exc}); rebuild it with "
             f"`python -m orchestrator.report experiment={experiment}`"
         )
+
+
+def _say_expectations(data: Any, progress: Progress) -> None:
+    """The lab's claims on the console: the tally, then each claim with its numbers or why not."""
+    if not data.expect:
+        return
+    from orchestrator.report import expectations
+
+    outcomes = expectations.check(data.expect, data.trials)
+    progress(expectations.tally(outcomes))
+    for outcome in outcomes:
+        progress(f"  {outcome.line()}")
 
 
 def _already_finished(jobs: list[TrialJob], tracker: MlflowTracker | None, progress: Progress) -> dict[str, str]:

@@ -137,3 +137,20 @@ def test_trials_differing_only_in_workload_share_one_server_start(tmp_path):
         assert sorted([starts[(seqs, "4")], starts[(seqs, "6")]]) == [(0.0, 1.0), (1.0, 0.0)], starts
     assert {t.data.metrics["requests_total"] for t in trials} == {4.0, 6.0}
     assert not engine_processes()
+
+
+def test_a_lab_whose_every_trial_is_skipped_still_says_why_each_claim_is_not_measurable(tmp_path):
+    """The MoE lab needs GPUs: nothing runs on this machine, and the console says so claim by claim."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "+experiment=moe",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+        "-m",
+    ]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "Expectations: 0 observed, 0 not observed, 1 not measurable here (of 1)" in p.stdout
+    assert "[not measurable here] Mixtral-8x7B has 46.7B total parameters" in p.stdout
