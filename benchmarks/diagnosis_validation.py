@@ -16,8 +16,13 @@ Scenarios (the tiny Llama, fp32, eager, 2 GiB of KV unless said):
   prefill off (the demo's ``chunking_off``);
 * ``kv_capacity``: 6 KV blocks of 128 tokens (``--num-gpu-blocks-override``) under 6 streams of
   128 + 256 tokens: two fit;
-* ``over_capacity``: 8 req/s of 128-token prompts and 256 output tokens, open loop, more than
-  the server completes;
+* ``over_capacity``: 12 req/s of 128-token prompts and 64 output tokens, open loop, more than
+  the server completes (it completed ~9 req/s here);
+* ``over_capacity_short``: 8 req/s of 128 + 256 tokens for 6 s: each request lives longer than
+  the arrivals span (nothing completes to count); the output rate's plateau tells;
+* ``open_loop_keeps_up``: the same requests at 3 req/s: the warm-up of an open loop (in flight
+  climbing for a lifetime) is not a queue; each arrival's prefill stalling the running streams
+  for a step may be named (weak);
 * ``client``: a thread in the client's process that holds the GIL 50 ms at a time (a starved
   client: its event loop lags);
 * ``shared_machine``: two processes outside the trial burning a core each.
@@ -100,6 +105,7 @@ class Scenario:
     around: Callable[[], Any] = nothing
     point: int = -1  # which point of the trial is judged
     consequences: tuple[str, ...] = ()  # strong findings the cause itself brings about (not wrong)
+    weak_also: tuple[str, ...] = ()  # weak limiters the state may name instead (machine-dependent margins)
 
 
 SCENARIOS = [
@@ -108,6 +114,7 @@ SCENARIOS = [
         "none",
         "1 stream, 128 in / 64 out",
         [*SHORT, "workload.load_points=[{concurrency:1}]", "workload.num_requests=12"],
+        weak_also=("decode_bandwidth",),  # one stream's TPOT is 2.2-3x its floor: over or under 2.5x by machine
     ),
     Scenario(
         "batch_slots",
@@ -149,13 +156,37 @@ SCENARIOS = [
     Scenario(
         "over_capacity",
         "over_capacity",
-        "8 req/s open loop, 128 in / 256 out",
+        "12 req/s open loop, 128 in / 64 out",
+        [
+            "workload.classes.main.input_tokens=128",
+            "workload.classes.main.output_tokens=64",
+            "workload.load_points=[{rate:12}]",
+            "workload.num_requests=144",
+        ],
+    ),
+    Scenario(
+        "over_capacity_short",
+        "over_capacity",
+        "8 req/s open loop, 128 in / 256 out, 48 requests (each lives longer than the arrivals span)",
         [
             "workload.classes.main.input_tokens=128",
             "workload.classes.main.output_tokens=256",
             "workload.load_points=[{rate:8}]",
             "workload.num_requests=48",
         ],
+    ),
+    Scenario(
+        "open_loop_keeps_up",
+        "none",
+        "3 req/s open loop, 128 in / 64 out (a third of what over_capacity found the server completes)",
+        [
+            "workload.classes.main.input_tokens=128",
+            "workload.classes.main.output_tokens=64",
+            "workload.load_points=[{rate:3}]",
+            "workload.num_requests=72",
+        ],
+        # each arrival's 128-token prefill stalls the one or two running streams for a step: true, and small
+        weak_also=("prefill_interference",),
     ),
     Scenario(
         "client",
@@ -207,7 +238,10 @@ class Outcome:
         wrong_strong = [
             o for o in self.others if o.endswith("(strong)") and o.split(" ")[0] not in self.scenario.consequences
         ]
-        return self.limiter == self.scenario.expect and not wrong_strong
+        named = self.limiter == self.scenario.expect or (
+            self.confidence == "weak" and self.limiter in self.scenario.weak_also
+        )
+        return named and not wrong_strong
 
 
 def run(scenario: Scenario, workdir: Path) -> Outcome:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import to_specs
+from orchestrator.metrics.diagnosis import Thresholds
 from orchestrator.trial import run_trial
 
 pytestmark = pytest.mark.integration
@@ -28,7 +29,14 @@ def test_real_vllm_headroom_then_batch_slots(compose, tmp_path, tiny_model_dir):
     result = run_trial(spec, tmp_path, progress=lines.append)
     assert result.status == "FINISHED", result.error
     one, six = result.points
-    assert one.diagnosis["limiter"] == "none", one.diagnosis["text"]
+    # One stream has no queue; whether its TPOT is near the memory floor depends on this machine's
+    # measured bandwidth (2.2x on a CI machine: weak decode bandwidth; over 2.5x on others: headroom), so
+    # the answer must follow the ratio the point measured, by the documented threshold.
+    ratio = one.metrics["decode_floor_ratio"]
+    memory_bound = one.metrics["decode_floor_memory_ms"] >= one.metrics.get("decode_floor_compute_ms", 0.0)
+    near = memory_bound and ratio <= Thresholds().floor_close
+    assert one.diagnosis["limiter"] == ("decode_bandwidth" if near else "none"), one.diagnosis["text"]
+    assert {f["cause"] for f in one.diagnosis["findings"]} <= {"none", "decode_bandwidth"}, one.diagnosis["text"]
     assert six.diagnosis["limiter"] == "batch_slots" and six.diagnosis["confidence"] == "strong", six.diagnosis["text"]
     assert "of max_num_seqs 2 running while up to" in six.diagnosis["headline"]
     assert not [f for f in six.diagnosis["findings"] if f["confidence"] == "strong" and f["cause"] != "batch_slots"]
@@ -42,4 +50,5 @@ def test_real_vllm_headroom_then_batch_slots(compose, tmp_path, tiny_model_dir):
     assert six.metrics["decode_floor_batch"] == 2.0  # the roofline at the batch the engine ran, not 6
     # said on the console at the end of each point
     assert any("c6: limited by batch slots (strong)" in line for line in lines)
-    assert any("c1: none: the server had headroom" in line for line in lines)
+    c1 = "c1: limited by decode bandwidth" if near else "c1: none: the server had headroom"
+    assert any(c1 in line for line in lines), lines

@@ -180,6 +180,60 @@ def test_a_healthy_open_loop_warming_up_is_not_over_capacity():
         assert diagnose(evidence(records=recs, rate=2.0, rows=gauges(5, 0))).limiter == "none", lifetime
 
 
+def test_a_point_shorter_than_two_lifetimes_cannot_tell_a_queue_and_says_so():
+    # 8 req/s for 3 s, each request living 4 s: nothing completes before the last arrival on any server
+    recs = [stream(i, i * 0.125, i * 0.125 + 0.05 + 0.01 * i, [0.04] * 100) for i in range(24)]
+    d = diagnose(evidence(records=recs, rate=8.0, rows=gauges(2, 0)))
+    assert d.limiter == "none"
+    said = [u for u in d.unmeasured if u.startswith("over capacity:")]
+    assert (
+        said
+        and "more than half the 2.9 s the arrivals spanned" in said[0]
+        and "(at least 69 requests would tell)" in said[0]
+    )
+
+
+def shared_server(rate, n, out, capacity, per_stream, dt=0.002):
+    """Records of an open loop (arrivals every 1/rate s) against a server that streams at most
+    ``capacity`` tokens/s in all, shared by the requests in flight, each at most ``per_stream``."""
+    recs = [stream(i, i / rate, 0.0, []) for i in range(n)]
+    for r in recs:
+        r.chunk_times_s, r.chunk_tokens, r.output_tokens_target = [], [], out
+    got, t = [0.0] * n, 0.0
+    while any(g < out for g in got):
+        live = [i for i in range(n) if recs[i].sent_s <= t and got[i] < out]
+        for i in live:
+            before = got[i]
+            got[i] += min(capacity / len(live), per_stream) * dt
+            for _ in range(int(got[i]) - int(before)):
+                if len(recs[i].chunk_times_s) < out:
+                    recs[i].chunk_times_s.append(t)
+                    recs[i].chunk_tokens.append(1)
+            if got[i] >= out:
+                recs[i].done_s = t
+        t += dt
+    return recs
+
+
+def test_over_capacity_when_the_output_rate_stops_growing_with_the_batch_even_before_anything_completes():
+    # 8 req/s of 100 tokens (800 tok/s asked) against 500 tok/s: the first requests live ~5 s, the
+    # arrivals span 3 s: no completion to count, but the batch grows while the output rate is flat
+    recs = shared_server(8.0, 25, 100, capacity=500.0, per_stream=40.0)
+    d = diagnose(evidence(records=recs, rate=8.0, rows=gauges(2, 0)))
+    assert (d.limiter, d.confidence) == ("over_capacity", "strong"), d.text()
+    assert "the output rate stopped growing with the batch" in d.headline and "of the 800 tok/s" in d.headline
+    assert d.findings[0].evidence["output_rate_share"] == pytest.approx(500 / 800, abs=0.05)
+    # 200 tokens each on a server with room (each stream at 40 tok/s, 2000 in all): in flight climbs
+    # for 5 s, longer than the arrivals, and the output rate climbs with it: too short to tell, said
+    ok = shared_server(8.0, 25, 200, capacity=2000.0, per_stream=40.0)
+    d = diagnose(evidence(records=ok, rate=8.0, rows=gauges(2, 0)))
+    assert d.limiter == "none" and any(u.startswith("over capacity: the first arrivals lived") for u in d.unmeasured)
+    # long enough to reach the steady state: keeps up
+    ok = shared_server(8.0, 80, 20, capacity=2000.0, per_stream=40.0)
+    d = diagnose(evidence(records=ok, rate=8.0, rows=gauges(2, 0)))
+    assert d.limiter == "none" and not [u for u in d.unmeasured if u.startswith("over capacity")], d.text()
+
+
 def test_over_capacity_is_judged_repeat_by_repeat():
     recs = []
     for rep in (0, 1):
