@@ -4,7 +4,7 @@ process: no Ray, no MLflow) and checks the point's named limiter against the cau
 driven into, with no wrong *strong* finding beside it. Prints a markdown table of the runs and
 the numbers each rule read (docs/diagnosis.md keeps one).
 
-    python -m benchmarks.diagnosis_validation                     # every scenario (~8 minutes here)
+    python -m benchmarks.diagnosis_validation                     # every scenario (~10 minutes here)
     python -m benchmarks.diagnosis_validation headroom kv_capacity # some
     python -m benchmarks.diagnosis_validation --out results.json
 
