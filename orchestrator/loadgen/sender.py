@@ -195,8 +195,10 @@ class PointSender:
         task.add_done_callback(self._tasks.discard)
 
     async def _watch_loop(self, lags: list[float], tick_s: float = 0.005) -> None:
-        """How late the event loop wakes up: a busy client shows here before anywhere else."""
-        while not self._foreground_done.is_set():
+        """How late the event loop wakes up: a busy client shows here before anywhere else.
+        Runs until cancelled, once every stream is read (an open loop's sends end first: at
+        ``rate: inf`` at once, and its streams are read after)."""
+        while True:
             t = now()
             await asyncio.sleep(tick_s)
             lags.append((now() - t - tick_s) * 1e3)

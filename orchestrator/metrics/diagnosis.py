@@ -29,6 +29,7 @@ import numpy as np
 
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.stalls import Stall, find_stalls, stall_metrics
+from orchestrator.metrics.summary import COALESCED
 from orchestrator.metrics.telemetry import Row
 
 STRONG, WEAK = "strong", "weak"
@@ -121,6 +122,7 @@ class Thresholds:
     power_at_limit: float = 0.95  # GPU power as a share of its limit (strong)
     power_high: float = 0.8  # ... (weak)
     throttled_share: float = 0.5  # share of GPU samples with a throttle reason
+    client_kept_up_lag_ms: float = 2.0  # event-loop lag p95 at most this: the client read on time
     floor_near: float = 1.5  # TPOT within this factor of its roofline floor (strong)
     floor_close: float = 2.5  # ... (weak)
     completion_share: float = 0.8  # an open loop's completions over those a server keeping up makes (strong)...
@@ -336,6 +338,16 @@ def decode_efficiency(
 
 def _client(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
     if not x.client_reasons:
+        return None
+    m = x.metrics
+    lag, cpu = m.get("loop_lag_ms_p95"), m.get("client_cpu_util", 0.0)
+    if all(COALESCED in r for r in x.client_reasons) and lag is not None and lag <= th.client_kept_up_lag_ms:
+        # chunks read together by a client that woke on time: the server wrote them together
+        s["notes"].append(
+            f"ITL: {m.get('coalesced_chunk_share', 0.0):.0%} {COALESCED} while the client kept up (event-loop "
+            f"lag p95 {lag:.1f} ms, {cpu:.2f} of a core): the server sent them together, so the point is "
+            "INVALID for its ITL but the client did not limit it"
+        )
         return None
     return Finding("client", STRONG, "; ".join(x.client_reasons), {"client_invalid": 1.0})
 

@@ -162,6 +162,9 @@ def summarize_by_class(records: Iterable[RequestRecord]) -> dict[str, dict[str, 
     return {name: latency_metrics(lats) for name, lats in sorted(by.items())}
 
 
+COALESCED = "of token chunks arrived in one read with an earlier one"  # the coalesced-reads check's words
+
+
 def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: bool = False) -> tuple[bool, list[str]]:
     """Whether the client kept up: (valid, reasons). Reads the point's metrics.
 
@@ -180,7 +183,7 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
         reasons.append(f"client CPU {metrics['client_cpu_util']:.2f} of a core > {limits.max_client_cpu_util:g}")
     if metrics.get("coalesced_chunk_share", 0.0) > limits.max_coalesced_share:
         reasons.append(
-            f"{metrics['coalesced_chunk_share']:.0%} of token chunks arrived in one read with an earlier one "
+            f"{metrics['coalesced_chunk_share']:.0%} {COALESCED} "
             f"(> {limits.max_coalesced_share:g}): their gaps are read times, so ITL is not the server's"
         )
     if metrics.get("client_streams_ended_early", 0.0) > 0:

@@ -245,6 +245,20 @@ def test_over_capacity_is_judged_repeat_by_repeat():
     assert (d.limiter, d.confidence) == ("over_capacity", "strong") and "(in 2 of 2 repeats)" in d.headline
 
 
+def test_chunks_read_together_by_a_client_that_kept_up_are_the_servers_not_a_client_limit():
+    reason = "27% of token chunks arrived in one read with an earlier one (> 0.2): their gaps are read times"
+    m = {"ttft_ms_mean": 100.0, "tpot_ms_p50": 20.0, "coalesced_chunk_share": 0.27, "client_cpu_util": 0.01}
+    d = diagnose(evidence(metrics={**m, "loop_lag_ms_p95": 0.6}, rows=gauges(1, 25), slots=1, client_reasons=[reason]))
+    assert d.limiter == "batch_slots" and "client" not in {f.cause for f in d.findings}
+    assert any("while the client kept up (event-loop lag p95 0.6 ms" in n for n in d.notes)
+    # a client whose loop woke late read them together itself
+    d = diagnose(evidence(metrics={**m, "loop_lag_ms_p95": 40.0}, rows=gauges(1, 25), slots=1, client_reasons=[reason]))
+    assert d.limiter == "client"
+    # loop lag not measured: the check stands
+    d = diagnose(evidence(metrics=m, rows=gauges(1, 25), slots=1, client_reasons=[reason]))
+    assert d.limiter == "client"
+
+
 def test_a_shared_machine_then_the_client_come_first():
     d = diagnose(
         evidence(

@@ -233,6 +233,21 @@ def test_infinite_rate_sends_everything_at_once(factory):
     assert max(r.sent_s for r in records) - min(r.sent_s for r in records) < 0.05
 
 
+def test_the_event_loop_is_watched_until_every_stream_is_read(factory):
+    """At ``rate: inf`` the sends end at once; the streams are read for ~0.5 s after: the loop's
+    lag is sampled over that time too (it was not sampled at all before)."""
+    w = workload(
+        classes={"a": {"input_tokens": 32, "output_tokens": 25}},
+        load_points=[{"rate": "inf"}],
+        num_requests=4,
+        warmup_requests=0,
+    )
+    stats = {}
+    with IsolatedFakeServer(Script(ttft_s=0.05, itl_s=0.02)) as srv:
+        run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0, on_point_end=lambda i, p, r, st: stats.update(st))
+    assert "loop_lag_ms_p95" in stats and stats["loop_lag_ms_p95"] < 50
+
+
 def test_rate_with_concurrency_cap_never_bursts(factory):
     # 40 req/s but each request takes ~100 ms and only 2 may be in flight: the client must
     # hold at most 2 and, after waiting for a slot, never send faster than 40/s.
