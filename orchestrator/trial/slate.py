@@ -195,8 +195,10 @@ def unmarked_engines() -> list[Leftover]:
         except psutil.Error:
             continue
         rss = sum(_rss_gb(p) or 0.0 for p in family)
-        ports = sorted({port for p in family for port in _listening_ports(p)})
-        where = f"listening on port {', '.join(map(str, ports))}" if ports else "no listening port"
+        own = sorted(set(_listening_ports(proc)))  # the server's own (its API) first, its workers' after
+        ports = own + sorted({port for p in family[1:] for port in _listening_ports(p)} - set(own))
+        shown = ", ".join(map(str, ports[:3])) + (f" and {len(ports) - 3} more" if len(ports) > 3 else "")
+        where = f"listening on port {shown}" if ports else "no listening port"
         why = (
             f"an engine server this sweep did not start (no owner mark; {where}; {cpu / age:.2f} cores on "
             "average since it started): it shares the machine with the measurement. Stop it, or set "
