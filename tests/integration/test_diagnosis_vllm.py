@@ -29,26 +29,44 @@ def test_real_vllm_headroom_then_batch_slots(compose, tmp_path, tiny_model_dir):
     result = run_trial(spec, tmp_path, progress=lines.append)
     assert result.status == "FINISHED", result.error
     one, six = result.points
+    # On two cores the engine keeps both busy and the client shares them: now and then the client
+    # is starved (a CI run: send lag p95 248 ms at c1). Such a point is INVALID, its diagnosis names
+    # the client first with the validity check's own reasons, and the state the server was driven
+    # into is still found beside it.
+    for p in (one, six):
+        if p.diagnosis["limiter"] == "client":
+            said = p.diagnosis["findings"][0]["detail"].split("; ")
+            assert said and all(r in p.invalid_reasons for r in said), (p.invalid_reasons, p.diagnosis["text"])
+    one_ok = one.diagnosis["limiter"] != "client"
     # One stream has no queue; whether its TPOT is near the memory floor depends on this machine's
-    # measured bandwidth (2.2x on a CI machine: weak decode bandwidth; over 2.5x on others: headroom), so
-    # the answer must follow the ratio the point measured, by the documented threshold.
+    # measured bandwidth (2.2x on a CI machine: weak decode bandwidth; over 2.5x on others: headroom),
+    # so the answer must follow the ratio the point measured, by the documented threshold.
     ratio = one.metrics["decode_floor_ratio"]
     memory_bound = one.metrics["decode_floor_memory_ms"] >= one.metrics.get("decode_floor_compute_ms", 0.0)
     near = memory_bound and ratio <= Thresholds().floor_close
-    assert one.diagnosis["limiter"] == ("decode_bandwidth" if near else "none"), one.diagnosis["text"]
-    assert {f["cause"] for f in one.diagnosis["findings"]} <= {"none", "decode_bandwidth"}, one.diagnosis["text"]
-    assert six.diagnosis["limiter"] == "batch_slots" and six.diagnosis["confidence"] == "strong", six.diagnosis["text"]
-    assert "of max_num_seqs 2 running while up to" in six.diagnosis["headline"]
-    assert not [f for f in six.diagnosis["findings"] if f["confidence"] == "strong" and f["cause"] != "batch_slots"]
+    found = {f["cause"] for f in one.diagnosis["findings"]}
+    assert found <= {"none", "decode_bandwidth", "client"}, one.diagnosis["text"]
+    if one_ok:
+        assert one.diagnosis["limiter"] == ("decode_bandwidth" if near else "none"), one.diagnosis["text"]
+        assert one.metrics["decode_batch_mean"] == pytest.approx(1.0, abs=0.3)
+    strong = {f["cause"] for f in six.diagnosis["findings"] if f["confidence"] == "strong"}
+    assert "batch_slots" in strong and strong <= {"batch_slots", "client"}, six.diagnosis["text"]
+    slots = next(f for f in six.diagnosis["findings"] if f["cause"] == "batch_slots")
+    assert "of max_num_seqs 2 running while up to" in slots["detail"]
+    six_ok = six.diagnosis["limiter"] != "client"
+    if six_ok:
+        assert six.diagnosis["limiter"] == "batch_slots" and six.diagnosis["confidence"] == "strong"
     # the numbers behind it: the batch the engine ran, the TTFT in parts, the census
-    assert one.metrics["decode_batch_mean"] == pytest.approx(1.0, abs=0.3)
     assert six.metrics["decode_batch_mean"] == pytest.approx(2.0, abs=0.3)
     assert six.metrics["ttft_parts_queue_ms"] > six.metrics["ttft_parts_prefill_ms"]
     parts = sum(six.metrics[f"ttft_parts_{k}_ms"] for k in ("client", "api", "queue", "prefill"))
     assert parts == pytest.approx(six.metrics["ttft_parts_client_total_ms"], rel=0.05)
-    assert six.metrics["limited_by_batch_slots"] == 1.0 and six.metrics["foreign_cpu_cores"] < 0.25
+    assert six.metrics["limited_by_batch_slots"] == (1.0 if six_ok else 0.0) and six.metrics["foreign_cpu_cores"] < 0.25
     assert six.metrics["decode_floor_batch"] == 2.0  # the roofline at the batch the engine ran, not 6
     # said on the console at the end of each point
-    assert any("c6: limited by batch slots (strong)" in line for line in lines)
-    c1 = "c1: limited by decode bandwidth" if near else "c1: none: the server had headroom"
+    c6 = "c6: limited by batch slots (strong)" if six_ok else "c6: limited by client (strong)"
+    assert any(c6 in line for line in lines), lines
+    c1 = (
+        "c1: limited by client" if not one_ok else "c1: limited by decode bandwidth" if near else "c1: none: the server"
+    )
     assert any(c1 in line for line in lines), lines
