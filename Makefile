@@ -38,7 +38,7 @@ labs: install
 	$(PY) -m orchestrator.labs.labs $(LABS) $(if $(LABS_ARGS),-- $(LABS_ARGS))
 
 test: install lint
-	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines and not stress"
+	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines and not stress" --durations=25
 
 # The code's own checks, before any test: layers and cycles (import-linter), lint and format
 # (ruff), types (mypy: [tool.mypy] in pyproject.toml).
@@ -111,7 +111,9 @@ $(ENGINES)/%/.installed: engines/%.txt engines/%.lock
 	    exit 1; fi
 	$(PYTHON) -m venv $(ENGINES)/$*
 	$(ENGINES)/$*/bin/python -m pip install --quiet --upgrade pip
-	$(ENGINES)/$*/bin/python -m pip install --quiet -r engines/$*.txt -c engines/$*.lock
+	# --no-compile: no .pyc for the ~10 GB of CUDA packages at install (only what the checks import
+	# is compiled, when they import it)
+	$(ENGINES)/$*/bin/python -m pip install --quiet --no-compile -r engines/$*.txt -c engines/$*.lock
 	echo '[]' | $(ENGINES)/$*/bin/python orchestrator/engines/enginecheck.py
 	touch $@
 

@@ -7,7 +7,7 @@ One fast server whose truth is known (``benchmarks/truth_server.js``, a Node pro
 request's arrival and each chunk's write on the machine's monotonic clock) and, one after the
 other, each client in a closed loop of N streams for ``--rounds`` x N requests (default 4):
 
-* ``ours``: the product's load generator (``run_points``, ``client_processes: auto`` with the
+* ``ours``: the product's load generator (``run_each``, ``client_processes: auto`` with the
   machine's cores), in a process of its own;
 * ``vllm``: ``vllm bench serve`` from this project's environment;
 * ``guidellm`` and ``aiperf``: installed by this script in virtualenvs of their own
@@ -113,15 +113,14 @@ def run_tree(argv: list[str], env: dict[str, str] | None = None, cwd: Path | Non
 OURS = """
 import json, sys
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen import Endpoint, run_points
+from orchestrator.loadgen import Endpoint, run_each
 from orchestrator.loadgen.prompts import prompt_factory
 from orchestrator.metrics.summary import latency_of
 url, tokenizer, n, out, cores, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
 w = WorkloadSpec.model_validate({"name": "peers", "warmup_requests": 0, "num_requests": total,
     "classes": {"main": {"input_tokens": IN_TOKENS, "output_tokens": OUT_TOKENS}}, "load_points": [{"concurrency": n}]})
-stats = {}
-records = run_points(Endpoint(url, "tiny"), w, prompt_factory(tokenizer), seed=0, client_cores=cores,
-    on_point_end=lambda i, p, r, st: stats.update(st))
+(run,) = run_each(Endpoint(url, "tiny"), w, prompt_factory(tokenizer), seed=0, client_cores=cores)
+records, stats = run.records, run.client
 lats = [x for x in map(latency_of, records) if x is not None]
 json.dump({"ttft_ms": [x.ttft_ms for x in lats], "itl_ms": [v for x in lats for v in x.itl_ms],
     "tokens": sum(x.output_tokens for x in lats), "errors": len(records) - len(lats), "stats": stats}, open(out, "w"))

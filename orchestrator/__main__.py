@@ -36,14 +36,20 @@ def flags_last(argv: list[str]) -> list[str]:
 def cli() -> None:
     mark("imports done")
     sys.argv[1:] = flags_last(sys.argv[1:])
+    from orchestrator.scheduling import outcome  # the exit statuses, documented there
+
     try:
         main()
     except OrchestratorError as exc:  # config mistakes: a clear message, no traceback
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(outcome.BAD_INPUT)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: trials and servers are already stopped
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(outcome.INTERRUPTED)
+    status, why = outcome.exit_status()
+    if status:
+        print(f"exit status {status}: {why}", file=sys.stderr)
+        sys.exit(status)
 
 
 if __name__ == "__main__":

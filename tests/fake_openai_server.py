@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -53,6 +55,13 @@ class Script:
     # A scripted engine (tests/fake_engine_model.py): queueing for ``slots`` and KV, prefills that
     # stall every stream, preemptions, pauses; /metrics then answers vLLM's page of its state.
     engine: EngineScript | dict | None = None
+    # > 0: each request's pace (its TTFT and ITL) times a log-normal factor of this sigma, drawn
+    # afresh (unseeded): one configuration measures differently from run to run, as on a real machine
+    jitter: float = 0.0
+    # > 0: the whole server's pace times a log-normal factor of this sigma, drawn afresh every
+    # ``drift_every_s``: the machine's state that changes between runs (what a race measures)
+    drift: float = 0.0
+    drift_every_s: float = 2.0
 
 
 def usage_of(prompt_tokens: int | None, completion: int) -> dict[str, int]:
@@ -83,12 +92,22 @@ class FakeOpenAIServer:
         self._slots: asyncio.Semaphore | None = None
         self.truth = Truth()
         self.port = port
+        self._drift_at, self._drift_factor = -math.inf, 1.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tok = None
         if self.script.tokenizer:
             from transformers import AutoTokenizer
 
             self._tok = AutoTokenizer.from_pretrained(self.script.tokenizer)
+
+    def _drift(self) -> float:
+        """The server's pace factor now (``Script.drift``): redrawn every ``drift_every_s``."""
+        if not self.script.drift:
+            return 1.0
+        now = time.monotonic()
+        if now - self._drift_at >= self.script.drift_every_s:
+            self._drift_at, self._drift_factor = now, math.exp(random.gauss(0.0, self.script.drift))
+        return self._drift_factor
 
     def count_tokens(self, text: str) -> int | None:
         if self._tok is None:
@@ -177,7 +196,9 @@ class FakeOpenAIServer:
             # Deadlines from the arrival, not sleeps in a row: a late wake-up does not push
             # every later chunk back (the truth records when chunks really went out).
             start = max(arrival, time.perf_counter()) if self.script.slots or model is not None else arrival
-            due = start + self.script.ttft_s + self.script.ttft_per_in_flight_s * (t.in_flight - 1)
+            pace = math.exp(random.gauss(0.0, self.script.jitter)) if self.script.jitter else 1.0
+            pace *= self._drift()
+            due = start + pace * self.script.ttft_s + self.script.ttft_per_in_flight_s * (t.in_flight - 1)
             sent = 0
             pending: list[bytes] = []
             while sent < n:
@@ -218,7 +239,7 @@ class FakeOpenAIServer:
                 if len(pending) >= self.script.burst or sent >= n:
                     await resp.write(b"".join(pending))
                     pending.clear()
-                due += self.script.itl_s
+                due += pace * self.script.itl_s
             if self.script.closing == "separate":
                 empty = {"index": 0, "delta": {"content": ""}} if chat else {"index": 0, "text": ""}
                 await resp.write(

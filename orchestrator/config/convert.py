@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ClusterSpec, SweepSettings, TrackingSpec, TrialSpec
 
-TRIAL_KEYS = ("experiment", "variant", "seed", "engine", "model", "workload", "platform", "eval", "profile")
+TRIAL_KEYS = ("experiment", "variant", "seed", "run", "engine", "model", "workload", "platform", "eval", "profile")
 SETTINGS_KEYS = ("tracking", "cluster", "dry_run", "resume", "reuse_servers", "objective", "expect")
 OVERLAY_KEYS = ("variants", "per_platform")
 META_KEYS = ("sweeps",)  # read by Hydra's sweeper through interpolation, not by trials

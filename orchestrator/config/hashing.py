@@ -58,9 +58,16 @@ def canonical_json(spec: TrialSpec) -> str:
     # identity whatever the client's size, written as 1 (every trial's value before ``auto``), so
     # sweeps finished before keep their trials.
     data["workload"]["client_processes"] = 1
+    if not data.get("run"):  # the first run of a configuration: the identity it had before races
+        data.pop("run", None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def trial_hash(spec: TrialSpec) -> str:
     """First 16 hex digits of the SHA-256 of :func:`canonical_json`."""
     return hashlib.sha256(canonical_json(spec).encode()).hexdigest()[:16]
+
+
+def first_run_hash(spec: TrialSpec) -> str | None:
+    """For a race's later run (``run`` > 0): the trial hash of its configuration's first run."""
+    return trial_hash(spec.model_copy(update={"run": 0})) if spec.run else None

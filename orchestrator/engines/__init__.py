@@ -1,18 +1,16 @@
-"""Engine adapters (one module per engine) and the server process lifecycle."""
+"""Engine adapters (one :class:`EngineAdapter` class per engine, a module each) and the server
+process lifecycle."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.engines import external, sglang, sleep, vllm
-from orchestrator.engines.base import EngineAdapter, EngineMetric, ServerLaunch
+from orchestrator.engines import external, sglang, sleep, vllm  # noqa: F401 (their adapters register)
+from orchestrator.engines.base import ADAPTERS, EngineAdapter, EngineMetric, ServerLaunch
 from orchestrator.engines.external import ExternalServer
 from orchestrator.engines.process import ServerProcess, free_port, port_is_free
-
-# Each adapter module implements :class:`EngineAdapter` (checked by mypy: a module satisfies
-# a protocol when its functions do).
-ADAPTERS: dict[str, EngineAdapter] = {"vllm": vllm, "sglang": sglang, "external": external, "sleep": sleep}
 
 
 def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> ServerProcess | ExternalServer:
@@ -31,7 +29,8 @@ def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> Ser
     )
 
 
-def adapter_for(name: str) -> EngineAdapter:
+def adapter_for(name: str) -> EngineAdapter[Any]:
+    """The adapter registered for the engine ``name`` (``engine.name``)."""
     try:
         return ADAPTERS[name]
     except KeyError:
@@ -40,6 +39,7 @@ def adapter_for(name: str) -> EngineAdapter:
 
 __all__ = [
     "ADAPTERS",
+    "EngineAdapter",
     "EngineMetric",
     "ExternalServer",
     "ServerLaunch",

@@ -1,20 +1,29 @@
-"""What every engine adapter produces: a server launch description and a metric-name map.
+"""What every engine adapter produces (a server launch description, a metric-name map) and the
+adapter base class with its registry.
 
-The rest of the orchestrator sees only :class:`ServerLaunch` (argv, env, URLs) and the
-neutral metric map; engine specifics stay in their adapter module.
+The rest of the orchestrator sees only :class:`ServerLaunch` (argv, env, URLs, role) and the
+neutral metric map; engine specifics stay in their adapter class (one module per engine).
 """
 
 from __future__ import annotations
 
+import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, TypeVar
 
-from orchestrator.config.schema import TrialSpec
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.schema import BaseEngineSpec, TrialSpec
 from orchestrator.config.secrets import REDACTED, is_secret_name, redact_argv
 
 # "latency": a histogram in seconds whose buckets give the point's server-side percentiles
 MetricKind = Literal["counter", "gauge", "histogram", "latency"]
+# What a server is to its trial: the one engine server ("server", also an external one), one of
+# several identical replicas behind a router, one side of a prefill/decode pair, or the router
+# or proxy in front of those (it runs no model, has no cache, and is not scraped).
+Role = Literal["server", "replica", "prefill", "decode", "router", "proxy"]
+FRONT_ROLES: tuple[Role, ...] = ("router", "proxy")
 
 
 @dataclass(frozen=True)
@@ -29,7 +38,7 @@ class EngineMetric:
 class ServerLaunch:
     """Everything needed to start one engine server and talk to it."""
 
-    name: str  # "server", or "prefill"/"decode" for multi-server topologies
+    name: str  # for logs, log files and traces: "server", "prefill", "replica0", "router", ...
     argv: list[str]
     env: dict[str, str]  # variables set on top of the inherited environment
     host: str
@@ -47,6 +56,12 @@ class ServerLaunch:
     # the adapter's words for it, e.g. vLLM's "EngineCore encountered a fatal error".
     fatal_log_markers: tuple[str, ...] = ()
     stop_grace_s: float | None = None  # TERM-to-KILL wait at stop; None = the process default (15 s)
+    role: Role = field(kw_only=True)  # what the trial does with it (ServerGroup), never read from name
+
+    @property
+    def in_front(self) -> bool:
+        """A router or proxy in front of the engine servers: no model, no cache, no metrics of ours."""
+        return self.role in FRONT_ROLES
 
     @property
     def base_url(self) -> str:
@@ -75,11 +90,6 @@ class ServerLaunch:
         return out
 
 
-def opt(name: str, value: object) -> list[str]:
-    """``--name value`` for a set knob, nothing for ``None`` (the engine's own default)."""
-    return [] if value is None else [f"--{name}", str(value)]
-
-
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
 
@@ -98,40 +108,94 @@ class Profiler:
     stop_grace_s: float | None = None  # how long a wrapped server may take to stop (nsys writes its report)
 
 
-class EngineAdapter(Protocol):
-    """What each engine module (``vllm``, ``sglang``, ``external``, ``sleep``) provides; the
-    rest of the orchestrator reaches an engine only through these (``engines.adapter_for``)."""
+S = TypeVar("S", bound=BaseEngineSpec)
 
+
+class EngineAdapter(ABC, Generic[S]):
+    """One engine: how a trial whose ``engine`` is a ``spec_type`` starts and reads its servers.
+    The rest of the orchestrator reaches an engine only through these methods
+    (``engines.adapter_for``); what most engines do not need defaults to nothing here. A
+    subclass decorated with :func:`register` is found by its spec's ``name``."""
+
+    spec_type: type[S]
+
+    @property
+    def name(self) -> str:
+        return engine_name(self.spec_type)
+
+    def narrow(self, spec: TrialSpec) -> S:
+        """The trial's engine spec, of this adapter's type."""
+        engine = spec.engine
+        if not isinstance(engine, self.spec_type):
+            raise TypeError(f"the {self.name} adapter got an engine spec of '{engine.name}' ({type(engine).__name__})")
+        return engine
+
+    @abstractmethod
     def launches(
         self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
     ) -> list[ServerLaunch]:
         """The trial's servers, the measured front last (none: the trial holds, see ``hold``)."""
-        ...
+
+    def launch(self, spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
+        """The server of a single-server trial (no further ports, no files in a work folder)."""
+        return self.launches(spec, model_path, port, lambda: 0, "")[0]
+
+    def version(self, spec: TrialSpec) -> str:
+        """The engine's version where the trial's servers run; its name when it has none."""
+        return self.name
 
     def unsupported(self, spec: TrialSpec) -> str | None:
         """Why this platform cannot run the trial (it is then SKIPPED), or None."""
-        ...
+        return None
 
     def cache_reset(self, spec: TrialSpec) -> tuple[str, str] | None:
         """(method, path) that empties the prefix cache before each load point, or None."""
-        ...
+        return None
 
     def metrics_for(self, spec: TrialSpec) -> dict[str, EngineMetric]:
         """The engine's Prometheus families under neutral names."""
-        ...
+        return {}
 
     def api_key(self, spec: TrialSpec) -> str | None:
-        """The server's API key (from the environment; ConfigError when the variable is unset)."""
-        ...
-
-    def version(self, spec: TrialSpec) -> str:
-        """The engine's version where the trial's servers run."""
-        ...
+        """The server's API key (from the environment, see :func:`key_from_env`), or None."""
+        return None
 
     def hold(self, spec: TrialSpec) -> dict[str, float] | None:
-        """A trial without a server does this instead and returns its metrics; None for engines."""
-        ...
+        """A trial without a server does this instead and returns its metrics; None: it serves."""
+        return None
 
     def profiler(self, spec: TrialSpec, trace_dir: str) -> Profiler | None:
         """How to trace the engine's servers into ``trace_dir``; None when it cannot be profiled."""
-        ...
+        return None
+
+
+def engine_name(spec_type: type[BaseEngineSpec]) -> str:
+    """The ``name`` literal an engine spec class is chosen by (``engine=vllm``)."""
+    name = spec_type.model_fields["name"].default
+    if not isinstance(name, str):
+        raise TypeError(f"{spec_type.__name__} has no default name to be chosen by")
+    return name
+
+
+ADAPTERS: dict[str, EngineAdapter[Any]] = {}  # by engine name, in the order they were registered
+AdapterClass = TypeVar("AdapterClass", bound=type[EngineAdapter[Any]])
+
+
+def register(cls: AdapterClass) -> AdapterClass:
+    """Class decorator: ``cls`` serves the trials whose engine is named like its ``spec_type``."""
+    adapter = cls()
+    if adapter.name in ADAPTERS:
+        other = type(ADAPTERS[adapter.name]).__name__
+        raise TypeError(f"engine '{adapter.name}' has two adapters: {other} and {cls.__name__}")
+    ADAPTERS[adapter.name] = adapter
+    return cls
+
+
+def key_from_env(variable: str | None) -> str | None:
+    """The API key in the environment variable ``engine.api_key_env`` names (None: no key)."""
+    if variable is None:
+        return None
+    key = os.environ.get(variable)
+    if not key:
+        raise ConfigError(f"engine.api_key_env: environment variable {variable} is not set")
+    return key

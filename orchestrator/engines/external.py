@@ -1,4 +1,5 @@
-"""The external "engine": a server somebody else runs. Nothing is launched or stopped.
+"""The external "engine" (:class:`ExternalAdapter`): a server somebody else runs. Nothing is
+launched or stopped.
 
 :class:`ExternalServer` has the interface of :class:`ServerProcess` that a trial uses
 (context manager, ``wait_healthy``, ``check_alive``, ``pid``), backed by HTTP checks only.
@@ -6,7 +7,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.error
 import urllib.request
@@ -14,64 +14,45 @@ from collections.abc import Callable
 from types import TracebackType
 from urllib.parse import urlparse
 
-from orchestrator.config.errors import ConfigError, ServerCrashedError, ServerStartError
+from orchestrator.config.errors import ServerCrashedError, ServerStartError
 from orchestrator.config.schema import ExternalEngineSpec, TrialSpec
 from orchestrator.engines import vllm
-from orchestrator.engines.base import EngineMetric, Profiler, ServerLaunch
+from orchestrator.engines.base import EngineAdapter, EngineMetric, ServerLaunch, key_from_env, register
 
 METRICS_BY_FLAVOR: dict[str, dict[str, EngineMetric]] = {"vllm": vllm.METRICS, "none": {}}
 
 
-def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
-    engine = spec.engine
-    assert isinstance(engine, ExternalEngineSpec)
-    u = urlparse(engine.url)
-    return ServerLaunch(
-        name="external",
-        argv=[],
-        env={},
-        host=u.hostname or "",
-        port=u.port or (443 if u.scheme == "https" else 80),
-        health_path=engine.health_path or "",
-        metrics_path=engine.metrics_path or "",
-        startup_timeout_s=engine.startup_timeout_s,
-        scheme=u.scheme,
-    )
+@register
+class ExternalAdapter(EngineAdapter[ExternalEngineSpec]):
+    """A server somebody else runs, at ``engine.url``: measured, never started or profiled."""
 
+    spec_type = ExternalEngineSpec
 
-def launches(
-    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
-) -> list[ServerLaunch]:
-    return [launch(spec, model_path, port)]
+    def launches(
+        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+    ) -> list[ServerLaunch]:
+        engine = self.narrow(spec)
+        u = urlparse(engine.url)
+        server = ServerLaunch(
+            name="external",
+            role="server",
+            argv=[],
+            env={},
+            host=u.hostname or "",
+            port=u.port or (443 if u.scheme == "https" else 80),
+            health_path=engine.health_path or "",
+            metrics_path=engine.metrics_path or "",
+            startup_timeout_s=engine.startup_timeout_s,
+            scheme=u.scheme,
+        )
+        return [server]
 
+    def metrics_for(self, spec: TrialSpec) -> dict[str, EngineMetric]:
+        engine = self.narrow(spec)
+        return METRICS_BY_FLAVOR[engine.metrics] if engine.metrics_path else {}
 
-def unsupported(spec: TrialSpec) -> str | None:
-    return None
-
-
-def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:
-    return None
-
-
-def metrics_for(spec: TrialSpec) -> dict[str, EngineMetric]:
-    engine = spec.engine
-    assert isinstance(engine, ExternalEngineSpec)
-    return METRICS_BY_FLAVOR[engine.metrics] if engine.metrics_path else {}
-
-
-def api_key(spec: TrialSpec) -> str | None:
-    engine = spec.engine
-    assert isinstance(engine, ExternalEngineSpec)
-    if engine.api_key_env is None:
-        return None
-    key = os.environ.get(engine.api_key_env)
-    if not key:
-        raise ConfigError(f"engine.api_key_env: environment variable {engine.api_key_env} is not set")
-    return key
-
-
-def version(spec: TrialSpec) -> str:
-    return "external"
+    def api_key(self, spec: TrialSpec) -> str | None:
+        return key_from_env(self.narrow(spec).api_key_env)
 
 
 class ExternalServer:
@@ -118,13 +99,3 @@ class ExternalServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         return None
-
-
-def hold(spec: TrialSpec) -> dict[str, float] | None:
-    """Not a holding kind: the trial serves."""
-    return None
-
-
-def profiler(spec: TrialSpec, trace_dir: str) -> Profiler | None:
-    """A server we did not start: its profiler is not ours to configure."""
-    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,8 +37,42 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+# Ports we hand to servers come from below the kernel's ephemeral range. A port picked by
+# ``bind(0)`` comes from that range, and so do the ports servers bind for themselves (vLLM's
+# ZMQ and torch.distributed sockets) and every outgoing connection's local end: a router whose
+# port was picked before its replicas' minute of start-up found it taken when it came up (CI:
+# "FailedToCreateHTTPListener: Address already in use"). Below that range only a server told
+# to use a port takes it.
+_LOW_PORTS = (20000, 32767)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _can_bind(host: str, port: int) -> bool:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
+    """A TCP port that is free on ``host`` right now, outside the kernel's ephemeral range (so
+    nothing binds it by chance before our server does); an ephemeral one when that range
+    leaves no room below it."""
+    low, high = _LOW_PORTS[0], min(_LOW_PORTS[1], _ephemeral_range()[0] - 1)
+    rng = random.SystemRandom()
+    for _ in range(50 if high - low >= 1000 else 0):
+        port = rng.randint(low, high)
+        if _can_bind(host, port):
+            return port
     with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -166,6 +201,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
+        self._started_at = 0.0  # monotonic time of start(): start-up is counted from it
         self.fatal_log_markers = tuple(fatal_log_markers)
         self._log_scanned = 0  # bytes of the log already searched for fatal markers
         self._healthy_at = 0  # log size when the server became healthy: later errors are the run's
@@ -174,6 +210,7 @@ class ServerProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._started_at = time.monotonic()
         log_file = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
@@ -210,12 +247,13 @@ class ServerProcess:
         log.info("%s started (pid %d): %s", self.name, self.proc.pid, " ".join(self.argv))
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
-        """Block until ``health_url`` answers 200; return seconds since start.
+        """Block until ``health_url`` answers 200; return seconds since :meth:`start` (servers
+        started together are each timed from their own start, whichever is waited on first).
 
         Fails at once (not after the timeout) when the process exits.
         """
         assert self.proc is not None, "start() first"
-        t0 = time.monotonic()
+        t0 = self._started_at
         while True:
             code = self.proc.poll()
             if code is not None:

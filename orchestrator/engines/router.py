@@ -18,6 +18,7 @@ def router_launch(
     measured at the front; its own metrics are not scraped (``metrics_path=""``)."""
     return ServerLaunch(
         name="router",
+        role="router",
         port=port,
         env={},
         host=host,

@@ -1,5 +1,6 @@
-"""The SGLang adapter: trial spec -> ``python -m sglang.launch_server`` argv/env, SGLang's
-Prometheus names -> neutral names, and the P/D topology (prefill + decode + router).
+"""The SGLang adapter (:class:`SGLangAdapter`): trial spec -> ``python -m sglang.launch_server``
+argv/env, SGLang's Prometheus names -> neutral names, and the P/D topology (prefill + decode +
+router).
 
 SGLang's wheels are CUDA-only: on the CPU platform its trials are SKIPPED before launch
 (:func:`unsupported`); the command lines are still generated for dry runs and checked
@@ -9,10 +10,12 @@ against SGLang's own ``ServerArgs`` parser in the tests.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
 from orchestrator.engines import envs
-from orchestrator.engines.base import EngineMetric, Profiler, ServerLaunch, opt
+from orchestrator.engines.base import EngineAdapter, EngineMetric, Profiler, Role, ServerLaunch, register
+from orchestrator.engines.flags import Flag, render
 from orchestrator.engines.nsys import wrapper as nsys_wrapper
 from orchestrator.engines.router import router_launch
 
@@ -37,8 +40,57 @@ METRICS: dict[str, EngineMetric] = {
     "e2e": EngineMetric("sglang:e2e_request_latency_seconds", "latency"),
 }
 
-# Where each server's GPUs come from within the trial's assigned list.
-BOOTSTRAP_PORT_OFFSET = 1000
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """What one SGLang server's flags are read from: the engine spec and this server's own values."""
+
+    engine: SGLangEngineSpec
+    model_path: str
+    served_name: str
+    port: int
+    tp: int
+    mode: Role | None  # --disaggregation-mode: "prefill" or "decode" of a P/D pair
+    bootstrap_port: int | None  # the prefill server's KV bootstrap port
+    tokenizer: str | None  # model.tokenizer: the one our prompts are made with
+
+    @property
+    def transfer_backend(self) -> str | None:
+        pd = self.engine.disaggregation
+        return pd.connector if self.mode is not None and pd is not None else None
+
+
+# The server's flags in argv order (after the launch head, before engine.extra_args).
+FLAGS: tuple[Flag[ServerArgs], ...] = (
+    Flag("model-path", lambda a: a.model_path),
+    Flag("served-model-name", lambda a: a.served_name),
+    Flag("tokenizer-path", lambda a: a.tokenizer),
+    Flag("host", lambda a: a.engine.host),
+    Flag("port", lambda a: a.port),
+    Flag("dtype", lambda a: a.engine.dtype),
+    Flag("tp-size", lambda a: a.tp),
+    Flag("enable-metrics", lambda a: True, "switch"),
+    Flag("context-length", lambda a: a.engine.context_length),
+    Flag("chunked-prefill-size", lambda a: a.engine.chunked_prefill_size),
+    Flag("schedule-policy", lambda a: a.engine.schedule_policy),
+    Flag("disable-radix-cache", lambda a: a.engine.disable_radix_cache, "switch"),
+    Flag("page-size", lambda a: a.engine.page_size),
+    Flag("speculative-algorithm", lambda a: a.engine.speculative_algorithm),
+    Flag("speculative-draft-model-path", lambda a: a.engine.speculative_draft_model_path),
+    Flag("speculative-num-steps", lambda a: a.engine.speculative_num_steps),
+    Flag("speculative-eagle-topk", lambda a: a.engine.speculative_eagle_topk),
+    Flag("speculative-num-draft-tokens", lambda a: a.engine.speculative_num_draft_tokens),
+    Flag("quantization", lambda a: a.engine.quantization),
+    Flag("kv-cache-dtype", lambda a: a.engine.kv_cache_dtype),
+    Flag("mem-fraction-static", lambda a: a.engine.mem_fraction_static),
+    Flag("max-running-requests", lambda a: a.engine.max_running_requests),
+    Flag("disable-cuda-graph", lambda a: a.engine.disable_cuda_graph, "switch"),
+    Flag("cuda-graph-max-bs", lambda a: a.engine.cuda_graph_max_bs),
+    Flag("random-seed", lambda a: a.engine.random_seed),
+    Flag("disaggregation-mode", lambda a: a.mode),
+    Flag("disaggregation-transfer-backend", lambda a: a.transfer_backend),
+    Flag("disaggregation-bootstrap-port", lambda a: a.bootstrap_port if a.mode is not None else None),
+)
 
 
 def build_argv(
@@ -48,169 +100,111 @@ def build_argv(
     port: int,
     *,
     tp: int | None = None,
-    mode: str | None = None,
+    mode: Role | None = None,
     bootstrap_port: int | None = None,
     head: list[str],
     tokenizer: str | None = None,
 ) -> list[str]:
     """One SGLang server's command line as an argv list (never a shell string). ``head``: the
     launch prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
-    argv = list(head)
-    argv += ["--model-path", model_path, "--served-model-name", served_name]
-    argv += opt("tokenizer-path", tokenizer)  # model.tokenizer: the one our prompts are made with
-    argv += ["--host", engine.host, "--port", str(port)]
-    argv += ["--dtype", engine.dtype]
-    argv += ["--tp-size", str(tp or engine.tensor_parallel_size)]
-    argv += ["--enable-metrics"]
-    argv += opt("context-length", engine.context_length)
-    argv += opt("chunked-prefill-size", engine.chunked_prefill_size)
-    argv += opt("schedule-policy", engine.schedule_policy)
-    if engine.disable_radix_cache:
-        argv.append("--disable-radix-cache")
-    argv += opt("page-size", engine.page_size)
-    argv += opt("speculative-algorithm", engine.speculative_algorithm)
-    argv += opt("speculative-draft-model-path", engine.speculative_draft_model_path)
-    argv += opt("speculative-num-steps", engine.speculative_num_steps)
-    argv += opt("speculative-eagle-topk", engine.speculative_eagle_topk)
-    argv += opt("speculative-num-draft-tokens", engine.speculative_num_draft_tokens)
-    argv += opt("quantization", engine.quantization)
-    argv += opt("kv-cache-dtype", engine.kv_cache_dtype)
-    argv += opt("mem-fraction-static", engine.mem_fraction_static)
-    argv += opt("max-running-requests", engine.max_running_requests)
-    if engine.disable_cuda_graph:
-        argv.append("--disable-cuda-graph")
-    argv += opt("cuda-graph-max-bs", engine.cuda_graph_max_bs)
-    argv += opt("random-seed", engine.random_seed)
     if mode is not None:
         assert engine.disaggregation is not None
-        argv += ["--disaggregation-mode", mode, "--disaggregation-transfer-backend", engine.disaggregation.connector]
-        argv += opt("disaggregation-bootstrap-port", bootstrap_port)
-    argv += [str(a) for a in engine.extra_args]
-    return argv
+    tp = tp or engine.tensor_parallel_size
+    args = ServerArgs(engine, model_path, served_name, port, tp, mode, bootstrap_port, tokenizer)
+    return [*head, *render(FLAGS, args), *(str(a) for a in engine.extra_args)]
 
 
-def build_env(spec: TrialSpec) -> dict[str, str]:
-    env = {"SGLANG_DISABLE_REQUEST_LOGGING": "1", "DO_NOT_TRACK": "1"}
-    if spec.model.source != "hub":
-        env["HF_HUB_OFFLINE"] = "1"
-    assert isinstance(spec.engine, SGLangEngineSpec)
-    env.update(spec.engine.env)
-    return env
+@register
+class SGLangAdapter(EngineAdapter[SGLangEngineSpec]):
+    """SGLang servers: one, or a prefill/decode pair behind the SGLang router; CUDA only."""
 
+    spec_type = SGLangEngineSpec
 
-def _spec(spec: TrialSpec) -> SGLangEngineSpec:
-    assert isinstance(spec.engine, SGLangEngineSpec)
-    return spec.engine
+    def env(self, spec: TrialSpec) -> dict[str, str]:
+        """Variables added to every server's environment."""
+        env = {"SGLANG_DISABLE_REQUEST_LOGGING": "1", "DO_NOT_TRACK": "1"}
+        if spec.model.source != "hub":
+            env["HF_HUB_OFFLINE"] = "1"
+        env.update(self.narrow(spec).env)
+        return env
 
+    def launches(
+        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+    ) -> list[ServerLaunch]:
+        """Every server of the trial, the measured front last: one server, or prefill + decode +
+        the SGLang router (``--pd-disaggregation``) with disjoint GPUs."""
+        engine = self.narrow(spec)
+        pd = engine.disaggregation
+        if pd is None:
+            return [self._server(spec, model_path, port, "server", engine.tensor_parallel_size, 0)]
+        p_port, d_port, bootstrap = next_port(), next_port(), next_port()
+        prefill = self._server(spec, model_path, p_port, "prefill", pd.prefill_tp, 0, bootstrap)
+        decode = self._server(spec, model_path, d_port, "decode", pd.decode_tp, pd.prefill_tp)
+        routing = ["--pd-disaggregation", "--prefill", prefill.base_url, str(bootstrap), "--decode", decode.base_url]
+        return [prefill, decode, router_launch(spec, engine.host, port, next_port(), routing)]
 
-def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
-    engine = _spec(spec)
-    return ServerLaunch(
-        name="server",
-        argv=build_argv(
-            engine,
-            model_path,
-            spec.model.name,
-            port,
-            head=envs.command(spec, SERVER_MODULE),
-            tokenizer=spec.model.tokenizer,
-        ),
-        env=build_env(spec),
-        host=engine.host,
-        port=port,
-        startup_timeout_s=engine.startup_timeout_s,
-        gpus=tuple(range(engine.tensor_parallel_size)),
-        fatal_log_markers=FATAL_LOG_MARKERS,
-    )
-
-
-def launches(
-    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
-) -> list[ServerLaunch]:
-    """Every server of the trial, the measured front last: one server, or prefill + decode +
-    the SGLang router (``--pd-disaggregation``) with disjoint GPUs."""
-    engine = _spec(spec)
-    pd = engine.disaggregation
-    if pd is None:
-        return [launch(spec, model_path, port)]
-    head = envs.command(spec, SERVER_MODULE)
-    p_port, d_port, bootstrap = next_port(), next_port(), next_port()
-
-    def server(name: str, port: int, tp: int, first: int) -> ServerLaunch:
+    def _server(
+        self, spec: TrialSpec, model_path: str, port: int, role: Role, tp: int, first: int, bootstrap: int | None = None
+    ) -> ServerLaunch:
+        """One server of ``tp`` GPUs from the trial's ``first``: alone (``role`` "server"), or one
+        side of a P/D pair (its ``--disaggregation-mode``; the prefill side takes ``bootstrap``)."""
+        engine = self.narrow(spec)
         argv = build_argv(
             engine,
             model_path,
             spec.model.name,
             port,
-            tp=tp,
-            mode=name,
-            bootstrap_port=bootstrap if name == "prefill" else None,
-            head=head,
+            tp=None if role == "server" else tp,
+            mode=None if role == "server" else role,
+            bootstrap_port=bootstrap,
+            head=envs.command(spec, SERVER_MODULE),
             tokenizer=spec.model.tokenizer,
         )
         return ServerLaunch(
-            name=name,
-            env=build_env(spec),
+            name=role,
+            role=role,
+            argv=argv,
+            env=self.env(spec),
             host=engine.host,
             port=port,
             startup_timeout_s=engine.startup_timeout_s,
-            argv=argv,
             gpus=tuple(range(first, first + tp)),
             fatal_log_markers=FATAL_LOG_MARKERS,
         )
 
-    prefill = server("prefill", p_port, pd.prefill_tp, 0)
-    decode = server("decode", d_port, pd.decode_tp, pd.prefill_tp)
-    routing = ["--pd-disaggregation", "--prefill", prefill.base_url, str(bootstrap), "--decode", decode.base_url]
-    return [prefill, decode, router_launch(spec, engine.host, port, next_port(), routing)]
-
-
-def unsupported(spec: TrialSpec) -> str | None:
-    """Why this trial cannot run on its platform, or None."""
-    if spec.platform.device == "cpu":
-        return "SGLang needs CUDA GPUs (its wheels are CUDA-only); platform is cpu"
-    return None
-
-
-def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:
-    """(method, path) that empties the prefix cache between load points (fails while busy)."""
-    return ("POST", "/flush_cache")
-
-
-def metrics_for(spec: TrialSpec) -> dict[str, EngineMetric]:
-    return METRICS
-
-
-def api_key(spec: TrialSpec) -> str | None:
-    return None
-
-
-def version(spec: TrialSpec) -> str:
-    return envs.package_version(spec, "sglang")
-
-
-def hold(spec: TrialSpec) -> dict[str, float] | None:
-    """Not a holding kind: the trial serves."""
-    return None
-
-
-def profiler(spec: TrialSpec, trace_dir: str) -> Profiler | None:
-    """SGLang's torch profiler: POST /start_profile with the output folder and activities, POST
-    /stop_profile; traces land in ``trace_dir`` (``SGLANG_TORCH_PROFILER_DIR`` too)."""
-    p = spec.profile
-    if p is None:
+    def unsupported(self, spec: TrialSpec) -> str | None:
+        """Why this trial cannot run on its platform, or None."""
+        if spec.platform.device == "cpu":
+            return "SGLang needs CUDA GPUs (its wheels are CUDA-only); platform is cpu"
         return None
-    if p.nsys is not None:  # the CUDA_PROFILER activity: cudaProfilerStart/Stop, nsys's capture range
-        nsys = p.nsys
-        return Profiler(
-            start=("/start_profile", {"output_dir": trace_dir, "activities": ["CUDA_PROFILER"]}),
-            wrapper=lambda server: nsys_wrapper(nsys, trace_dir, server),
-            stop_grace_s=nsys.stop_grace_s,
-        )
-    body = {
-        "output_dir": trace_dir,
-        "activities": ["CPU", "GPU"],
-        "with_stack": p.with_stack,
-        "record_shapes": p.record_shapes,
-    }
-    return Profiler(env=(("SGLANG_TORCH_PROFILER_DIR", trace_dir),), start=("/start_profile", body))
+
+    def cache_reset(self, spec: TrialSpec) -> tuple[str, str] | None:
+        """(method, path) that empties the prefix cache between load points (fails while busy)."""
+        return ("POST", "/flush_cache")
+
+    def metrics_for(self, spec: TrialSpec) -> dict[str, EngineMetric]:
+        return METRICS
+
+    def version(self, spec: TrialSpec) -> str:
+        return envs.package_version(spec, "sglang")
+
+    def profiler(self, spec: TrialSpec, trace_dir: str) -> Profiler | None:
+        """SGLang's torch profiler: POST /start_profile with the output folder and activities, POST
+        /stop_profile; traces land in ``trace_dir`` (``SGLANG_TORCH_PROFILER_DIR`` too)."""
+        p = spec.profile
+        if p is None:
+            return None
+        if p.nsys is not None:  # the CUDA_PROFILER activity: cudaProfilerStart/Stop, nsys's capture range
+            nsys = p.nsys
+            return Profiler(
+                start=("/start_profile", {"output_dir": trace_dir, "activities": ["CUDA_PROFILER"]}),
+                wrapper=lambda server: nsys_wrapper(nsys, trace_dir, server),
+                stop_grace_s=nsys.stop_grace_s,
+            )
+        body = {
+            "output_dir": trace_dir,
+            "activities": ["CPU", "GPU"],
+            "with_stack": p.with_stack,
+            "record_shapes": p.record_shapes,
+        }
+        return Profiler(env=(("SGLANG_TORCH_PROFILER_DIR", trace_dir),), start=("/start_profile", body))

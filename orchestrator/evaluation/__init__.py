@@ -28,6 +28,7 @@ from pathlib import Path
 
 from orchestrator.config.errors import TrialError
 from orchestrator.config.logs import explain
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import EvalSpec
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
@@ -122,9 +123,9 @@ def parse_results(out_dir: Path, tasks: list[str]) -> dict[str, float]:
                 stderr = scores.get(f"{metric}_stderr,{filt}")
                 primary = (float(value), float(stderr) if isinstance(stderr, (int, float)) else None)
     if primary is not None:
-        metrics["accuracy"] = primary[0]
+        metrics[M.ACCURACY] = primary[0]
         if primary[1] is not None and math.isfinite(primary[1]):
-            metrics["accuracy_stderr"] = primary[1]
+            metrics[M.ACCURACY_STDERR] = primary[1]
     return metrics
 
 
@@ -170,10 +171,10 @@ def run_eval(
     if code != 0:
         raise EvalError(f"lm-eval exited with {code}: {explain(log_path, last=True)}")
     metrics = parse_results(out_dir, spec.tasks)
-    metrics["eval_s"] = time.monotonic() - t0
+    metrics[M.EVAL_S] = time.monotonic() - t0
     progress(
-        f"accuracy {metrics.get('accuracy', float('nan')):.3f} "
-        f"(+/- {metrics.get('accuracy_stderr', float('nan')):.3f}) in {metrics['eval_s']:.0f}s"
+        f"accuracy {metrics.get(M.ACCURACY, float('nan')):.3f} "
+        f"(+/- {metrics.get(M.ACCURACY_STDERR, float('nan')):.3f}) in {metrics[M.EVAL_S]:.0f}s"
     )
     return metrics
 

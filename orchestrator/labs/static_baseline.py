@@ -26,6 +26,7 @@ from typing import Any
 
 from orchestrator.config import to_specs
 from orchestrator.config.hashing import trial_hash
+from orchestrator.config.metric_keys import M
 from orchestrator.config.resolvers import register
 from orchestrator.config.schema import SweepSettings, TrialSpec
 from orchestrator.loadgen import PromptFactory
@@ -162,14 +163,14 @@ def main(argv: list[str] | None = None) -> None:
         ended_at=time.time(),
         engine_version=f"transformers=={_version('transformers')}",
         points=[point],
-        metrics={"requests_total": float(len(records))},
+        metrics={M.REQUESTS_TOTAL: float(len(records))},
         records_parquet=records_to_parquet_bytes(records),
     )
     out = ROOT / "outputs" / "static_baseline" / spec.experiment / time.strftime("%Y-%m-%d_%H-%M-%S")
     d = save_result(result, out)
     print(
-        f"tokens/s {metrics['tokens_per_second']:.1f}, ttft p50 {metrics.get('ttft_ms_p50', float('nan')):.0f} ms, "
-        f"e2e p50 {metrics.get('e2e_ms_p50', float('nan')):.0f} ms, padding waste {extra['padding_waste']:.0%}; "
+        f"tokens/s {metrics[M.TOKENS_PER_SECOND]:.1f}, ttft p50 {metrics.get(M.TTFT_MS_P50, float('nan')):.0f} ms, "
+        f"e2e p50 {metrics.get(M.E2E_MS_P50, float('nan')):.0f} ms, padding waste {extra['padding_waste']:.0%}; "
         f"saved in {d}",
         flush=True,
     )

@@ -7,7 +7,10 @@ hold, dividing while they do not), then bisects the bracket until it is narrower
 ``precision`` (relative), or ``max_probes`` or the time budget are spent.
 
 A probe the client could not drive (the point is flagged invalid) decides nothing: the
-search stops there and says so, rather than call the server's limit what was the client's.
+search stops there and says so, in the point's own reasons, rather than call the server's
+limit what was the client's. A probe whose SLO metric is too close to its limit to tell from
+one run (its interval within the run straddles the limit) is run again before it decides
+(:class:`orchestrator.trial.capacity.CapacityProbes`); the search sees only decided probes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from orchestrator.config.metric_keys import M
+
 Verdict = Literal["pass", "fail", "invalid"]
 
 
@@ -23,6 +28,7 @@ Verdict = Literal["pass", "fail", "invalid"]
 class Judgement:
     verdict: Verdict
     reasons: tuple[str, ...] = ()
+    note: str = ""  # how it was decided, when not from one run's numbers alone
 
 
 def metric_of(metrics: dict[str, float], class_metrics: dict[str, dict[str, float]], key: str) -> float | None:
@@ -48,13 +54,30 @@ def judge(
     ``fail`` also when requests failed, when goodput fell below ``min_goodput_fraction`` of
     the completed rate, or (rate probes) when the server completed requests slower than the
     schedule offered them (``qps < min_sustained x schedule_rate``: a growing queue).
-    ``invalid`` when the client was the bottleneck: such a probe must not decide."""
-    if metrics.get("workload_invalid"):
-        return Judgement("invalid", ("the server got another workload than planned (see the point's reasons)",))
-    if metrics.get("machine_invalid"):
-        return Judgement("invalid", ("the machine was shared: processes outside the trial took its CPU",))
-    if metrics.get("invalid"):
-        return Judgement("invalid", ("the client could not drive this load",))
+    ``invalid`` when the probe measured something else than the server at this load (the
+    client could not drive it, the server got another workload, the machine was shared):
+    such a probe must not decide."""
+    if (invalid := invalid_reason(metrics)) is not None:
+        return Judgement("invalid", (invalid,))
+    reasons = slo_misses(metrics, class_metrics, slo) + load_misses(metrics, knob, min_goodput_fraction, min_sustained)
+    return Judgement("fail" if reasons else "pass", tuple(reasons))
+
+
+def invalid_reason(metrics: dict[str, float]) -> str | None:
+    """Why a probe measured something else than the server at its load (None: it did not)."""
+    if metrics.get(M.WORKLOAD_INVALID):
+        return "the server got another workload than planned"
+    if metrics.get(M.MACHINE_INVALID):
+        return "the machine was shared: processes outside the trial took its CPU"
+    if metrics.get(M.INVALID):
+        return "the client could not drive this load"
+    return None
+
+
+def slo_misses(
+    metrics: dict[str, float], class_metrics: dict[str, dict[str, float]], slo: dict[str, float]
+) -> list[str]:
+    """The SLO metrics above their limit (or not measured), in words."""
     reasons = []
     for key, limit in slo.items():
         value = metric_of(metrics, class_metrics, key)
@@ -62,15 +85,23 @@ def judge(
             reasons.append(f"{key} not measured")
         elif value > limit:
             reasons.append(f"{key} {value:.4g} > {limit:g}")
-    if metrics.get("errors"):
-        reasons.append(f"{int(metrics['errors'])} request(s) failed")
-    qps = metrics.get("qps", 0.0)
-    if min_goodput_fraction is not None and qps > 0 and metrics.get("goodput", 0.0) < min_goodput_fraction * qps:
-        reasons.append(f"goodput {metrics.get('goodput', 0.0):.3g} < {min_goodput_fraction:g} x {qps:.3g} req/s")
-    schedule = metrics.get("schedule_rate")
+    return reasons
+
+
+def load_misses(
+    metrics: dict[str, float], knob: str, min_goodput_fraction: float | None = None, min_sustained: float = 0.9
+) -> list[str]:
+    """What else fails a probe: failed requests, too little goodput, a rate the server did not sustain."""
+    reasons = []
+    if metrics.get(M.ERRORS):
+        reasons.append(f"{int(metrics[M.ERRORS])} request(s) failed")
+    qps = metrics.get(M.QPS, 0.0)
+    if min_goodput_fraction is not None and qps > 0 and metrics.get(M.GOODPUT, 0.0) < min_goodput_fraction * qps:
+        reasons.append(f"goodput {metrics.get(M.GOODPUT, 0.0):.3g} < {min_goodput_fraction:g} x {qps:.3g} req/s")
+    schedule = metrics.get(M.SCHEDULE_RATE)
     if knob == "rate" and schedule and qps < min_sustained * schedule:
         reasons.append(f"saturated: completed {qps:.3g} req/s of {schedule:.3g} offered")
-    return Judgement("fail" if reasons else "pass", tuple(reasons))
+    return reasons
 
 
 @dataclass
@@ -78,6 +109,7 @@ class Probe:
     value: float
     label: str
     judgement: Judgement
+    runs: int = 1  # runs of the probe its judgement stands on
 
 
 @dataclass
@@ -145,8 +177,8 @@ class CapacitySearch:
         self.stop_reason = reason
         return None
 
-    def observe(self, value: float, label: str, judgement: Judgement) -> None:
-        self.probes.append(Probe(value, label, judgement))
+    def observe(self, value: float, label: str, judgement: Judgement, runs: int = 1) -> None:
+        self.probes.append(Probe(value, label, judgement, runs))
 
     def summary(self) -> dict[str, float]:
         """``capacity`` (0 when nothing passed), the bracket, probes run, and whether the
@@ -155,6 +187,7 @@ class CapacitySearch:
         out = {
             "capacity": ok.value if ok else 0.0,
             "capacity_probes": float(len(self.probes)),
+            "capacity_runs": float(sum(p.runs for p in self.probes)),
             "capacity_lo": ok.value if ok else 0.0,
         }
         if bad is not None:

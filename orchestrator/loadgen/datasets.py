@@ -1,13 +1,12 @@
-"""Request sources read from files: ShareGPT conversations and arrival traces.
+"""Request sources read from files: ShareGPT conversations (arrival traces: :mod:`orchestrator.loadgen.traces`).
 
-Both are checked before anything starts (:func:`check_sharegpt`, :func:`load_trace`): a
-missing or malformed file is a :class:`ConfigError` naming the file and the reason;
-malformed entries inside an otherwise good ShareGPT file are counted and reported.
+Checked before anything starts (:func:`load_sharegpt`): a missing or malformed file is a
+:class:`ConfigError` naming the file and the reason; malformed entries inside an otherwise good
+ShareGPT file are counted and reported.
 """
 
 from __future__ import annotations
 
-import csv
 import functools
 import json
 from dataclasses import dataclass
@@ -68,42 +67,3 @@ def _first_exchange(entry: object) -> Conversation | None:
                 return Conversation(prompt, reply)
             return None
     return None
-
-
-@dataclass(frozen=True)
-class TraceRow:
-    timestamp_s: float
-    input_tokens: int
-    output_tokens: int
-
-
-@functools.lru_cache(maxsize=8)
-def load_trace(path: str) -> tuple[TraceRow, ...]:
-    """Rows of a trace file (JSONL or CSV with ``timestamp,input_tokens,output_tokens``), by time.
-
-    Timestamps are seconds; they are made relative to the first row.
-    """
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(f"trace: file '{p}' does not exist")
-    rows: list[TraceRow] = []
-    text = p.read_text(encoding="utf-8")
-    try:
-        if p.suffix.lower() == ".csv":
-            records = list(csv.DictReader(text.splitlines()))
-        else:
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
-        for i, r in enumerate(records):
-            row = TraceRow(float(r["timestamp"]), int(r["input_tokens"]), int(r["output_tokens"]))
-            if row.input_tokens < 1 or row.output_tokens < 1 or row.timestamp_s < 0:
-                raise ValueError(f"row {i + 1}: lengths must be >= 1 and timestamp >= 0")
-            rows.append(row)
-    except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise ConfigError(
-            f"trace '{p}': {exc}; expected JSONL or CSV rows with timestamp, input_tokens, output_tokens"
-        ) from None
-    if not rows:
-        raise ConfigError(f"trace '{p}': no rows")
-    rows.sort(key=lambda r: r.timestamp_s)
-    t0 = rows[0].timestamp_s
-    return tuple(TraceRow(r.timestamp_s - t0, r.input_tokens, r.output_tokens) for r in rows)

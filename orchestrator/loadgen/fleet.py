@@ -32,21 +32,20 @@ import signal
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen.client import Endpoint, PlannedRequest, close_session, now, prewarm
+from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest
 from orchestrator.loadgen.plan import PointPlan
-from orchestrator.loadgen.sender import PointSender, loop_factory, merge_shares, open_session_async, prewarm_count
+from orchestrator.loadgen.sender import PointSender, loop_factory, prewarm_count
+from orchestrator.loadgen.shares import MakeMore, Stats
 from orchestrator.metrics.records import RequestRecord
 
 log = logging.getLogger(__name__)
-
-MakeMore = Callable[[int], list[PlannedRequest]]
 
 # Between "all ready" and the shared start instant: time for the "go" message to reach every process.
 START_LEAD_S = 0.05
@@ -54,15 +53,18 @@ READY_TIMEOUT_S = 120.0
 
 
 class ClientFleet:
-    """``n`` client processes for one endpoint and workload; :meth:`run` sends one point."""
+    """``n`` client processes for one endpoint and workload, each sending one share of a point
+    (a :class:`~orchestrator.loadgen.shares.ShareRunner`)."""
+
+    lead_s = START_LEAD_S
 
     def __init__(self, n: int, endpoint: Endpoint, workload: WorkloadSpec) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.tx: list[Connection] = []
         self.rx: list[Connection] = []
         self.endpoint, self.workload = endpoint, workload
-        self._plan: PointPlan
         self._shares: list[PointPlan] = []
+        self._more: MakeMore | None = None
         self.grow(n)
 
     def grow(self, n: int) -> None:
@@ -102,15 +104,15 @@ class ClientFleet:
             raise LoadError(f"client process {i} sent '{msg[0]}', expected '{kind}'")
         return msg
 
-    def _answer_more(self, i: int, n: int, make: MakeMore | None) -> None:
+    def _answer_more(self, i: int, n: int) -> None:
         """Process ``i`` asks for ``n`` requests past the plan: made here, by the one planner.
         Nothing (no planner, or it failed) ends its streams early, and the point says so."""
         batch: list[PlannedRequest] = []
-        if make is not None:
+        if self._more is not None:
             try:
-                batch = make(n)
+                batch = self._more(n)
             except Exception as exc:
-                log.warning("point %d: could not make more requests: %s", self._plan.index, exc)
+                log.warning("point %d: could not make more requests: %s", self._shares[i].index, exc)
         with contextlib.suppress(OSError):  # a process that died is seen by its pipe's end
             self.tx[i].send(("more", batch))
 
@@ -128,39 +130,25 @@ class ClientFleet:
             raise LoadError(f"client process {i} failed:\n{msg[1]}")
         return tuple(msg)
 
-    def run(
-        self,
-        plan: PointPlan,
-        started: Callable[[], None] | None = None,
-        n: int | None = None,
-        make: MakeMore | None = None,
-    ) -> tuple[list[RequestRecord], dict[str, float]]:
-        """Send ``plan`` split over ``n`` of the processes (default all), just after they are all
-        ready; returns merged records and the worst client stats (``client_cpu_s``: the
-        processes' CPU seconds summed). ``make(k)``: k more requests for a process whose
-        share of a duration-bounded closed loop runs out."""
-        self.prepare(plan, n)
-        if started is not None:
-            started()
-        return self.go(now() + START_LEAD_S, make)
-
-    def prepare(self, plan: PointPlan, n: int | None = None) -> None:
-        """Hand out the shares of ``plan`` and wait until every process has warmed up."""
-        self._plan = plan
-        self._shares = plan.split(min(n or len(self.procs), len(self.procs)))
-        for i, share in enumerate(self._shares):
+    def prepare(self, shares: list[PointPlan], more: MakeMore | None) -> None:
+        """Hand one share to each of the first ``len(shares)`` processes and wait until each has
+        warmed up; ``more`` answers their asks for requests past the plan."""
+        if len(shares) > len(self.procs):
+            raise LoadError(f"{len(shares)} shares for {len(self.procs)} client processes")
+        self._shares, self._more = shares, more
+        for i, share in enumerate(shares):
             self.tx[i].send(("prepare", share))
-        for i in range(len(self._shares)):
+        for i in range(len(shares)):
             self._expect(i, "ready", READY_TIMEOUT_S)
 
-    def go(self, start: float, make: MakeMore | None = None) -> tuple[list[RequestRecord], dict[str, float]]:
-        """Start the prepared shares at ``start`` (a ``now()`` instant) and wait for them,
-        answering their requests for more with ``make`` (none: an empty answer)."""
-        shares = self._shares
-        for i in range(len(shares)):
-            self.tx[i].send(("go", start))
+    def start(self, at: float) -> None:
+        for i in range(len(self._shares)):
+            self.tx[i].send(("go", at))
+
+    def finish(self) -> tuple[list[RequestRecord], list[Stats]]:
+        """Wait for the started shares, answering their asks for more; records sorted by intent."""
         done: dict[int, tuple[Any, ...]] = {}
-        waiting = {self.rx[i]: i for i in range(len(shares))}
+        waiting = {self.rx[i]: i for i in range(len(self._shares))}
         while waiting:
             ready = wait(list(waiting), timeout=1.0)
             if not ready:
@@ -170,19 +158,20 @@ class ClientFleet:
                 i = waiting[conn]  # type: ignore[index]  # wait() returns the objects it was given
                 msg = self._recv(i)
                 if msg[0] == "more":
-                    self._answer_more(i, msg[1], make)
+                    self._answer_more(i, msg[1])
                 elif msg[0] == "done":
                     done[i] = msg
                     del waiting[conn]  # type: ignore[arg-type]
                 else:
                     raise LoadError(f"client process {i} sent '{msg[0]}' during a point")
         records: list[RequestRecord] = []
-        stats: list[dict[str, float]] = []
-        for i in range(len(shares)):
+        stats: list[Stats] = []
+        for i in range(len(self._shares)):
             _, recs, st = done[i]
             records += recs
             stats.append(st)
-        return sorted(records, key=lambda r: r.intended_send_s), merge_shares(stats)
+        self._shares, self._more = [], None
+        return sorted(records, key=lambda r: r.intended_send_s), stats
 
     def close(self) -> None:
         for tx in self.tx:
@@ -274,7 +263,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def _serve(rx: Connection, tx: Connection) -> None:
     endpoint, workload = rx.recv()
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        session = runner.run(open_session_async())
+        http = runner.run(HttpSession.open())
         tx.send(("hello", os.getpid()))
         try:
             while True:
@@ -287,10 +276,8 @@ def _serve(rx: Connection, tx: Connection) -> None:
                 plan: PointPlan = msg[1]
                 refill = PipeRefill(rx, tx)
                 # asked for two streams' worth of requests while that many are left: a round trip early
-                sender = PointSender(
-                    plan, endpoint, workload, session, refill.more, prefetch=2 * (plan.concurrency or 0)
-                )
-                runner.run(prewarm(session, endpoint, prewarm_count(plan)))
+                sender = PointSender(plan, endpoint, workload, http, refill.more, prefetch=2 * (plan.concurrency or 0))
+                runner.run(http.prewarm(endpoint, prewarm_count(plan)))
                 tx.send(("ready",))
                 go = rx.recv()
                 if go[0] != "go":
@@ -300,7 +287,7 @@ def _serve(rx: Connection, tx: Connection) -> None:
                     return  # the driver stopped the point
                 tx.send(("done", records, sender.client_stats))
         finally:
-            runner.run(close_session(session))
+            runner.run(http.close())
 
 
 def main(argv: list[str]) -> None:

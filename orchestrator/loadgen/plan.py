@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from orchestrator.config.errors import LoadError
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LoadPointSpec, RequestClass, WorkloadSpec
 from orchestrator.loadgen.arrivals import arrival_offsets, weighted_choice
 from orchestrator.loadgen.client import PlannedRequest, Turn
-from orchestrator.loadgen.datasets import TraceRow, load_sharegpt, load_trace
+from orchestrator.loadgen.datasets import load_sharegpt
 from orchestrator.loadgen.prompts import PromptFactory
+from orchestrator.loadgen.traces import Slice, TraceRow, read_trace, replay_slice, reusable_tokens
 
 # Background traffic is planned this far ahead when the point has no duration of its own.
 BACKGROUND_HORIZON_S = 300.0
@@ -68,6 +70,7 @@ class RequestPlanner:
         self.foreground = [n for n, c in workload.classes.items() if c.rate is None]
         self.background = [n for n, c in workload.classes.items() if c.rate is not None]
         self._prefixes: dict[tuple[str, int], str] = {}
+        self._blocks: dict[tuple[int, int], str] = {}  # a trace's prefix blocks: (id, tokens) -> text
 
     @staticmethod
     def _length(n: int, ratio: float, rng: np.random.Generator) -> int:
@@ -109,6 +112,57 @@ class RequestPlanner:
     def make_sized(self, class_name: str, n_in: int, n_out: int, rng: np.random.Generator) -> PlannedRequest:
         """A random prompt of exactly ``n_in`` tokens (trace replay)."""
         return PlannedRequest(next(self._ids), class_name, self.factory.prompt(n_in, rng), n_in, n_out)
+
+    def make_blocks(self, class_name: str, n_in: int, n_out: int, blocks: tuple[int, ...], size: int) -> PlannedRequest:
+        """A prompt of ``n_in`` tokens made of a trace's prefix blocks of ``size`` tokens (the
+        last one holds what is left): equal ids give the same text in every request, every point
+        and every trial of the sweep, so a prefix cache sees exactly the trace's sharing. Each
+        block ends in a newline, so the next one never merges into its last token."""
+        parts, left = [], n_in
+        for b in blocks:
+            n = min(size, left)
+            if n <= 0:
+                break
+            key = (b, n)
+            if key not in self._blocks:
+                rng = np.random.default_rng([self.workload.seed, 104729, b, n])
+                self._blocks[key] = (self.factory.prompt(n - 1, rng) if n > 1 else "") + "\n"
+            parts.append(self._blocks[key])
+            left -= n
+        return PlannedRequest(next(self._ids), class_name, "".join(parts), n_in, n_out)
+
+    def replay(
+        self, cut: Slice, time_scale: float, rng: np.random.Generator
+    ) -> tuple[list[PlannedRequest], list[float]]:
+        """A trace slice's requests and their send offsets. A follower (a row with a parent)
+        becomes a turn of its first request's conversation: sent after its parent's reply, at
+        its own instant if that is later, with the new tokens its prompt adds to the parent's
+        prompt and reply."""
+        size = cut.block_tokens
+        firsts: list[tuple[float, PlannedRequest, list[Turn]]] = []
+        where: dict[int, tuple[int, int]] = {}  # chat_id -> (conversation, turn index; -1 the first)
+        rows: dict[int, TraceRow] = {}
+        for r in cut.rows:
+            at = r.timestamp_s * time_scale
+            if r.parent is None:
+                if size and r.blocks:
+                    req = self.make_blocks("trace", r.input_tokens, r.output_tokens, r.blocks, size)
+                else:
+                    req = self.make_sized("trace", r.input_tokens, r.output_tokens, rng)
+                firsts.append((at, req, []))
+                node = (len(firsts) - 1, -1)
+            else:
+                conv, parent_node = where[r.parent]
+                p = rows[r.parent]
+                new = max(1, r.input_tokens - p.input_tokens - p.output_tokens)
+                turns = firsts[conv][2]
+                turns.append(
+                    Turn(next(self._ids), self.factory.prompt(new, rng), new, r.output_tokens, parent_node, at)
+                )
+                node = (conv, len(turns) - 1)
+            if r.chat_id is not None:
+                where[r.chat_id], rows[r.chat_id] = node, r
+        return [replace(req, turns=tuple(t)) for _, req, t in firsts], [at for at, _, _ in firsts]
 
     def _prefix(self, class_name: str, c: RequestClass, group: int) -> str:
         """The fixed prefix of a group: the same text in every point, ending in a newline so
@@ -157,6 +211,7 @@ class PointPlan:
     background: list[list[tuple[float, PlannedRequest]]]
     duration_s: float | None
     extendable: bool  # a closed loop bounded by duration may make more requests on the fly
+    planned: dict[str, float] = field(default_factory=dict)  # what the plan knows of the point (a trace's ideal reuse)
 
     def split(self, n: int) -> list[PointPlan]:
         """Shares for ``n`` client processes on one clock (fewer if there are fewer streams).
@@ -198,10 +253,11 @@ def plan_point(
     num_requests, duration_s = workload.stop_of(point)
     fg_rng = stream_rng(seed, index, FOREGROUND_PLAN)
     offsets: list[float] | None = None  # None: closed loop
+    planned: dict[str, float] = {}
     if point.trace is not None:
-        rows = _trace_rows(point, num_requests, duration_s)
-        foreground = [planner.make_sized("trace", r.input_tokens, r.output_tokens, fg_rng) for r in rows]
-        offsets = [r.timestamp_s * point.time_scale for r in rows]
+        cut = trace_slice(point, num_requests, duration_s)
+        foreground, offsets = planner.replay(cut, point.time_scale, fg_rng)
+        planned = slice_metrics(cut)
     elif point.rate is not None:
         # num_requests arrivals, or every arrival before duration_s (the plan's length follows)
         offsets = arrival_offsets(
@@ -241,10 +297,34 @@ def plan_point(
         background=background,
         duration_s=duration_s,
         extendable=point.concurrency is not None and num_requests is None,
+        planned=planned,
     )
 
 
-def _trace_rows(point: LoadPointSpec, num_requests: int | None, duration_s: float | None) -> list[TraceRow]:
+def trace_slice(point: LoadPointSpec, num_requests: int | None, duration_s: float | None) -> Slice:
+    """The rows of the point's trace it replays (:func:`orchestrator.loadgen.traces.replay_slice`)."""
     assert point.trace is not None
-    rows = [r for r in load_trace(point.trace) if duration_s is None or r.timestamp_s * point.time_scale < duration_s]
-    return rows[:num_requests] if num_requests is not None else rows
+    return replay_slice(
+        read_trace(point.trace, point.trace_format, point.trace_block_tokens),
+        point.trace_start_s,
+        point.length_scale,
+        point.max_context_tokens,
+        point.over_context,
+        num_requests,
+        duration_s,
+        point.time_scale,
+    )
+
+
+def slice_metrics(cut: Slice) -> dict[str, float]:
+    """What a replayed slice is: requests cut or dropped at the context cap, and (a trace with
+    prefix blocks) the share of prompt tokens an infinite prefix cache would reuse."""
+    out = {M.TRACE_REQUESTS_TRUNCATED: float(cut.truncated), M.TRACE_REQUESTS_DROPPED: float(cut.dropped)}
+    if any(r.chat_id is not None for r in cut.rows):
+        out[M.TRACE_CONVERSATIONS] = float(sum(1 for r in cut.rows if r.parent is None))
+        out[M.TRACE_FOLLOWERS_ROOTED] = float(cut.rooted)
+    if cut.block_tokens and any(r.blocks for r in cut.rows):
+        reused, total = reusable_tokens(cut.rows, cut.block_tokens)
+        out[M.TRACE_BLOCK_TOKENS] = float(cut.block_tokens)
+        out[M.TRACE_IDEAL_PREFIX_SHARE] = reused / total if total else 0.0
+    return out

@@ -33,12 +33,13 @@ SAMPLE_PROMPTS = 3
 class Preflight:
     served: list[str]
     planned: list[int]  # tokens of each sample prompt by our tokenizer
-    counted: list[int] | None  # by the server's tokenizer; None when it has no tokenize endpoint
+    counted: list[int] | None  # by the server's tokenizer; None when it could not count them
+    unchecked: str = "no tokenize endpoint"  # why not, when ``counted`` is None
 
     def describe(self) -> str:
         names = ", ".join(repr(s) for s in self.served) if self.served else "(no /v1/models listing)"
         tok = (
-            "no tokenize endpoint: prompt lengths are checked per point from the server's usage"
+            f"{self.unchecked}: prompt lengths are checked per point from the server's usage"
             if self.counted is None
             else f"its tokenizer counts {'/'.join(map(str, self.counted))} tokens in prompts of "
             f"{'/'.join(map(str, self.planned))}"
@@ -65,7 +66,7 @@ def served_models(base_url: str, api_key: str | None) -> list[str]:
         raise TrialError(f"pre-flight: GET {base_url}/v1/models answered HTTP {exc.code}") from exc
     except (OSError, ValueError) as exc:
         raise TrialError(f"pre-flight: GET {base_url}/v1/models failed: {exc}") from exc
-    return [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
+    return [str(model.get("id")) for model in data.get("data", []) if isinstance(model, dict)]
 
 
 def sample_lengths(workload: WorkloadSpec) -> list[int]:
@@ -74,22 +75,38 @@ def sample_lengths(workload: WorkloadSpec) -> list[int]:
     return [lengths[i % len(lengths)] for i in range(SAMPLE_PROMPTS)]
 
 
-def server_counts(base_url: str, model: str, api_key: str | None, prompts: list[str]) -> list[int] | None:
-    """Tokens the server's tokenizer finds in each prompt (no special tokens added), or None
-    when the server has no tokenize endpoint."""
+def server_counts(base_url: str, model: str, api_key: str | None, prompts: list[str]) -> tuple[list[int] | None, str]:
+    """Tokens the server's tokenizer finds in each prompt (no special tokens added); None and why
+    when it cannot tell: no tokenize endpoint, or an answer that holds no count (a ``count``
+    number or a ``tokens`` list): such an answer is not a count of 0."""
     counts = []
+    url = f"{base_url}/tokenize"
     for text in prompts:
         try:
-            data = _call(f"{base_url}/tokenize", api_key, {"model": model, "prompt": text, "add_special_tokens": False})
+            data = _call(url, api_key, {"model": model, "prompt": text, "add_special_tokens": False})
         except urllib.error.HTTPError as exc:
             if exc.code in (404, 405, 501):
-                return None
-            raise TrialError(f"pre-flight: POST {base_url}/tokenize answered HTTP {exc.code}") from exc
+                return None, "no tokenize endpoint"
+            raise TrialError(f"pre-flight: POST {url} answered HTTP {exc.code}") from exc
         except (OSError, ValueError) as exc:
-            raise TrialError(f"pre-flight: POST {base_url}/tokenize failed: {exc}") from exc
-        count = data.get("count", len(data.get("tokens", []) or []))
-        counts.append(int(count))
-    return counts
+            raise TrialError(f"pre-flight: POST {url} failed: {exc}") from exc
+        count = _count_in(data)
+        if count is None:
+            shown = json.dumps(data)[:120] if not isinstance(data, (bytes, str)) else repr(data)[:120]
+            return None, f"POST {url} answered without a token count ({shown})"
+        counts.append(count)
+    return counts, ""
+
+
+def _count_in(data: Any) -> int | None:
+    """The token count of a tokenize answer: ``count`` (vLLM), else the length of ``tokens``."""
+    if not isinstance(data, dict):
+        return None
+    count = data.get("count")
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        return count
+    tokens = data.get("tokens")
+    return len(tokens) if isinstance(tokens, list) else None
 
 
 def preflight(
@@ -112,10 +129,11 @@ def preflight(
     planned = sample_lengths(workload)
     prompts = [factory.prompt(n, rng) for n in planned]
     planned = [factory.count(p) for p in prompts]  # exact by our tokenizer
-    counted = server_counts(base_url, model, api_key, prompts)
+    counted, unchecked = server_counts(base_url, model, api_key, prompts)
     if counted is not None:
         check_counts(planned, counted, workload.fidelity, tokenizer)
-    return Preflight(served, planned, counted)
+        return Preflight(served, planned, counted)
+    return Preflight(served, planned, None, unchecked)
 
 
 def check_counts(planned: list[int], counted: list[int], limits: FidelitySpec, tokenizer: str) -> None:

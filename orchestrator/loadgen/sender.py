@@ -1,6 +1,6 @@
 """Sending a planned point: :class:`PointSender` keeps the plan's schedule (closed loop,
-open loop, background classes) on one event loop and records every request; the client's HTTP
-session and event loop are made here too, for the runner and for client processes alike.
+open loop, background classes) on one event loop and records every request; every worker of a
+point's shares (:mod:`orchestrator.loadgen.shares`) sends its share with one.
 
 Only a closed-loop point bounded by duration (count unknown in advance) may run out of planned
 requests; further ones are then asked of ``refill`` (whoever holds the request planner: this
@@ -18,10 +18,9 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-import aiohttp
-
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen.client import Endpoint, PlannedRequest, now, stream_request, trace_config
+from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest, Turn, now
 from orchestrator.loadgen.plan import PointPlan
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.summary import distribution
@@ -30,27 +29,6 @@ log = logging.getLogger(__name__)
 
 # Connections opened before an open-loop point (closed loops open one per stream).
 PREWARM_OPEN_LOOP = 32
-
-
-def worst_client_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    """The client's stats over a point's repeats: the worst value of each."""
-    keys = set().union(*stats) if stats else set()
-    return {k: max(s[k] for s in stats if k in s) for k in keys}
-
-
-# Client stats that add up over the shares of one point (the others: the worst share's value).
-SUMMED_STATS = ("client_cpu_s", "client_streams_ended_early", "client_requests_past_plan")
-
-
-def merge_shares(stats: list[dict[str, float]]) -> dict[str, float]:
-    """The client's stats over the shares of one point sent at once (client processes, nodes):
-    the worst value of each, the sums of ``SUMMED_STATS``, and the processes that sent them (a
-    share that does not say is one)."""
-    merged = worst_client_stats(stats)
-    for key in SUMMED_STATS:
-        merged[key] = sum(s.get(key, 0.0) for s in stats)
-    merged["client_processes"] = sum(s.get("client_processes", 1.0) for s in stats)
-    return merged
 
 
 Refill = Callable[[int], Awaitable[list[PlannedRequest]]]
@@ -70,7 +48,7 @@ class PointSender:
         plan: PointPlan,
         endpoint: Endpoint,
         workload: WorkloadSpec,
-        session: aiohttp.ClientSession,
+        session: HttpSession,
         refill: Refill | None = None,
         prefetch: int = 0,
     ) -> None:
@@ -87,6 +65,7 @@ class PointSender:
         self._planned_left = len(plan.foreground)
         self._filling: asyncio.Task[None] | None = None
         self._dry = refill is None  # the refill gave nothing: no use asking again
+        self._start = now()  # the point's clock (set by run)
 
     async def _fill(self, n: int) -> None:
         assert self.refill is not None
@@ -147,45 +126,56 @@ class PointSender:
 
     async def _send(self, req: PlannedRequest, intended: float) -> None:
         """One request, or a whole conversation: each later turn resends the history with the
-        server's actual reply, ``think_time_s`` after that reply ended."""
+        server's actual reply (:meth:`_follow`)."""
+        await self._converse(req, req, intended, -1, 0)
+
+    async def _converse(self, root: PlannedRequest, req: PlannedRequest, intended: float, node: int, turn: int) -> None:
+        """Send ``req`` (turn ``node`` of ``root``'s conversation, -1 its first), then every turn
+        that follows its reply, at once and each on its own."""
         w = self.workload
-        conversation = req.request_id if req.turns else None
-        reply: list[str] | None = [] if req.turns else None
-        rec = self._record(req, intended, conversation)
-        await stream_request(
-            self.session, self.endpoint, req, rec, w.api, w.ignore_eos, w.request_timeout_s, w.usage_per_chunk, reply
+        conversation = root.request_id if root.turns else None
+        reply: list[str] | None = [] if root.turns else None
+        rec = self._record(req, intended, conversation, turn)
+        await self.session.stream(
+            self.endpoint, req, rec, w.api, w.ignore_eos, w.request_timeout_s, w.usage_per_chunk, reply
         )
-        history: tuple[tuple[str, str], ...] = (("user", req.prompt),)
-        for k, turn in enumerate(req.turns, start=1):
-            if not rec.ok or reply is None:
-                return  # a failed turn ends its conversation
-            history += (("assistant", "".join(reply)),)
-            prior = (rec.prompt_tokens or rec.input_tokens_target) + (rec.output_tokens or 0)
-            nxt = PlannedRequest(
-                turn.request_id,
-                req.request_class,
-                turn.text,
-                prior + turn.input_tokens,
-                turn.output_tokens,
-                history=history,
-            )
-            intended = now() + req.think_time_s
-            if req.think_time_s:
-                await asyncio.sleep(req.think_time_s)
-            reply = []
-            rec = self._record(nxt, intended, conversation, k)
-            await stream_request(
-                self.session,
-                self.endpoint,
-                nxt,
-                rec,
-                w.api,
-                w.ignore_eos,
-                w.request_timeout_s,
-                w.usage_per_chunk,
-                reply,
-            )
-            history += (("user", turn.text),)
+        if not rec.ok or reply is None:
+            return  # a failed turn ends its branch of the conversation
+        history = (*req.history, ("user", req.prompt), ("assistant", "".join(reply)))
+        prior = (rec.prompt_tokens or rec.input_tokens_target) + (rec.output_tokens or 0)
+        after = [
+            self._follow(root, k, t, history, prior, turn + 1)
+            for k, t in enumerate(root.turns)
+            if (k - 1 if t.parent is None else t.parent) == node
+        ]
+        await asyncio.gather(*after)
+
+    async def _follow(
+        self,
+        root: PlannedRequest,
+        k: int,
+        turn: Turn,
+        history: tuple[tuple[str, str], ...],
+        prior: int,
+        depth: int,
+    ) -> None:
+        """Turn ``k``: ``think_time_s`` after the reply it follows, or at its own instant
+        (``at_s``) when the reply came before it; its prompt is the history plus its text."""
+        if turn.at_s is not None:
+            intended = max(now(), self._start + turn.at_s)
+        else:
+            intended = now() + root.think_time_s
+        if intended > now():
+            await asyncio.sleep(intended - now())
+        nxt = PlannedRequest(
+            turn.request_id,
+            root.request_class,
+            turn.text,
+            prior + turn.input_tokens,
+            turn.output_tokens,
+            history=history,
+        )
+        await self._converse(root, nxt, intended, k, depth)
 
     def _spawn(self, req: PlannedRequest, intended: float, slots: asyncio.Semaphore | None = None) -> None:
         task = asyncio.ensure_future(self._send(req, intended))
@@ -209,6 +199,7 @@ class PointSender:
         if start is not None and start > now():
             await asyncio.sleep(start - now())
         start, cpu0 = now() if start is None else start, time.process_time()
+        self._start = start
         wall0 = now()
         plan = self.plan
         deadline = start + plan.duration_s if plan.duration_s is not None else None
@@ -231,13 +222,13 @@ class PointSender:
         wall = max(now() - wall0, 1e-9)
         cpu = time.process_time() - cpu0
         self.client_stats = {
-            "client_cpu_util": cpu / wall,
-            "client_cpu_s": cpu,
-            "client_wall_s": wall,
-            "client_streams_ended_early": float(self.ended_early),
-            "client_requests_past_plan": float(self.late),
+            M.CLIENT_CPU_UTIL: cpu / wall,
+            M.CLIENT_CPU_S: cpu,
+            M.CLIENT_WALL_S: wall,
+            M.CLIENT_STREAMS_ENDED_EARLY: float(self.ended_early),
+            M.CLIENT_REQUESTS_PAST_PLAN: float(self.late),
             # stream-seconds spent waiting for requests past the plan, over the streams' time
-            "client_stream_wait_share": self.waited_s / (plan.concurrency or 1) / wall,
+            M.CLIENT_STREAM_WAIT_SHARE: self.waited_s / (plan.concurrency or 1) / wall,
             **distribution("loop_lag_ms", lags),
         }
         if self.late:
@@ -299,18 +290,8 @@ class PointSender:
             )
 
 
-def open_session() -> aiohttp.ClientSession:
-    """The client's HTTP session: unlimited keep-alive pool, send instants stamped on the wire."""
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=120)
-    return aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()])
-
-
 def prewarm_count(plan: PointPlan) -> int:
     return plan.concurrency or plan.max_concurrency or PREWARM_OPEN_LOOP
-
-
-async def open_session_async() -> aiohttp.ClientSession:
-    return open_session()  # a session belongs to the loop it was made in
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -31,15 +31,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen.client import Endpoint, PlannedRequest, close_session, prewarm
+from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest
 from orchestrator.loadgen.plan import PointPlan
+from orchestrator.loadgen.shares import MakeMore, Stats, clock_stats
 from orchestrator.metrics.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class PoolTopper:
     tick, with requests from ``make`` (the trial's planner), while a point runs (a thread of
     the trial's process: its CPU, ``cpu_s``, is not the local client's)."""
 
-    def __init__(self, pool: Any, make: Callable[[int], list[PlannedRequest]], streams: int) -> None:
+    def __init__(self, pool: Any, make: MakeMore, streams: int) -> None:
         self.pool, self.make, self.streams = pool, make, streams
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shard-pool", daemon=True)
@@ -103,13 +103,13 @@ class PoolTopper:
         ray.get(self.pool.put.remote(self.make(2 * self.streams)), timeout=POOL_CALL_TIMEOUT_S)
         return self
 
-    def __enter__(self) -> PoolTopper:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         self._stop.set()
-        self._thread.join()  # its calls time out: the next point's planning must not race it
+        if self._thread.is_alive():
+            self._thread.join()  # its calls time out: the next point's planning must not race it
 
     def _run(self) -> None:
         import ray
@@ -165,11 +165,11 @@ class ShardActor:
     trial's start instant (converted to this node's clock), records on this node's clock."""
 
     def __init__(self, endpoint: Endpoint, workload: WorkloadSpec, clock: Any) -> None:
-        from orchestrator.loadgen.sender import loop_factory, open_session_async
+        from orchestrator.loadgen.sender import loop_factory
 
         self.endpoint, self.workload = endpoint, workload
         self.runner = asyncio.Runner(loop_factory=loop_factory())
-        self.session = self.runner.run(open_session_async())
+        self.http = self.runner.run(HttpSession.open())
         self.offset, self.uncertainty = measure_offset(clock)
         self.plan: PointPlan | None = None
         self.pool: Any = None
@@ -193,7 +193,7 @@ class ShardActor:
         from orchestrator.loadgen.sender import prewarm_count
 
         self.plan, self.pool = plan, pool
-        self.runner.run(prewarm(self.session, self.endpoint, prewarm_count(plan)))
+        self.runner.run(self.http.prewarm(self.endpoint, prewarm_count(plan)))
         self.offset, self.uncertainty = measure_offset(clock)
         return self.offset, self.uncertainty
 
@@ -213,7 +213,7 @@ class ShardActor:
             plan,
             self.endpoint,
             self.workload,
-            self.session,
+            self.http,
             refill if pool is not None else None,
             prefetch=2 * (plan.concurrency or 0),
         )
@@ -221,7 +221,7 @@ class ShardActor:
         return records, sender.client_stats
 
     def close(self) -> None:
-        self.runner.run(close_session(self.session))
+        self.runner.run(self.http.close())
         self.runner.close()
 
 
@@ -273,8 +273,11 @@ class Shard:
 
 class RemoteShards:
     """The trial's client shards on ``n`` other nodes of its Ray cluster (started once per
-    trial, each holding ``cores`` CPUs there); :meth:`start` and :meth:`finish` bracket the
-    local share of each point."""
+    trial, each holding ``cores`` CPUs there), each sending one share of a point (a
+    :class:`~orchestrator.loadgen.shares.ShareRunner`: :meth:`start` does not wait, so the
+    trial's own node sends its share between :meth:`start` and :meth:`finish`)."""
+
+    lead_s = START_LEAD_S
 
     def __init__(self, n: int, endpoint: Endpoint, workload: WorkloadSpec, cores: int) -> None:
         import ray
@@ -299,6 +302,8 @@ class RemoteShards:
         ]
         self.shards: list[Shard] = []
         self.active: list[Shard] = []
+        self._topper: PoolTopper | None = None
+        self._calls: list[Any] = []
         try:
             for actor in actors:
                 w = ray.get(actor.where.remote(), timeout=ACTOR_START_TIMEOUT_S)
@@ -322,9 +327,11 @@ class RemoteShards:
                 raise LoadError(f"workload.client_nodes: a client shard could not start: {exc}") from exc
             raise
 
-    def prepare(self, shares: list[PointPlan]) -> None:
+    def prepare(self, shares: list[PointPlan], more: MakeMore | None) -> None:
         """Hand the first ``len(shares)`` shards their shares (a point with fewer streams than
-        nodes leaves the others idle); each measures its clock's offset again."""
+        nodes leaves the others idle); each measures its clock's offset again. With ``more``
+        (a duration-bounded closed loop) their pool of requests past the plan is filled now and
+        topped up from ``more`` while the point runs."""
         import ray
 
         self.active = self.shards[: len(shares)]
@@ -333,39 +340,50 @@ class RemoteShards:
         )
         for shard, (offset, uncertainty) in zip(self.active, measured):
             shard.offset, shard.uncertainty = offset, uncertainty
+        streams = sum(share.concurrency or 0 for share in shares)
+        self._topper = PoolTopper(self.pool, more, streams).fill() if more is not None else None
 
-    def topper(self, make: Callable[[int], list[PlannedRequest]], streams: int) -> PoolTopper:
-        """Around a duration-bounded closed loop: the shards' pool of requests past the plan,
-        filled before the start and topped up while the point runs."""
-        return PoolTopper(self.pool, make, streams)
+    def start(self, at: float) -> None:
+        """Send each prepared shard its start instant (the trial's clock)."""
+        if self._topper is not None:
+            self._topper.start()
+        self._calls = [s.actor.run.remote(at) for s in self.active]
 
-    def start(self, start: float) -> list[Any]:
-        """Send each prepared shard its start instant (the trial's clock); returns the calls."""
-        return [s.actor.run.remote(start) for s in self.active]
-
-    def finish(self, calls: list[Any]) -> tuple[list[RequestRecord], list[dict[str, float]]]:
+    def finish(self) -> tuple[list[RequestRecord], list[Stats]]:
         import ray
 
+        calls, self._calls = self._calls, []
+        try:
+            answers = ray.get(calls)
+        finally:
+            self._stop_topper()
         records: list[RequestRecord] = []
         stats = []
-        for shard, (recs, st) in zip(self.active, ray.get(calls)):
+        for shard, (recs, st) in zip(self.active, answers):
             records += on_trial_clock(recs, shard.offset)
             stats.append(st)
         return records, stats
 
+    def cpu_here(self, t0: float, t1: float) -> float:
+        """CPU seconds the shards cost this process between two instants (topping up their pool,
+        a thread here): not the CPU of a share this process sends."""
+        return self._topper.cpu_between(t0, t1) if self._topper is not None else 0.0
+
+    def _stop_topper(self) -> None:
+        topper, self._topper = self._topper, None
+        if topper is not None:
+            topper.stop()
+
     def clock_stats(self) -> dict[str, float]:
         used = self.active or self.shards
-        return {
-            "client_nodes": float(len(self.active) + 1),
-            "client_clock_offset_ms_max": max(abs(s.offset) for s in used) * 1e3,
-            "client_clock_uncertainty_ms_max": max(s.uncertainty for s in used) * 1e3,
-        }
+        return clock_stats(len(self.active) + 1, [s.offset for s in used], [s.uncertainty for s in used])
 
     def close(self) -> None:
         """Kill the shards (their connections close with them), at once: a shard in the middle
         of a point (an interrupted trial) stops sending now."""
         import ray
 
+        self._stop_topper()
         for s in self.shards:
             try:
                 ray.kill(s.actor)

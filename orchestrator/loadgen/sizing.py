@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestrator.config.metric_keys import M
 from orchestrator.loadgen.plan import PointPlan
 
 PROCESS_LOAD = 0.5  # cores per client process at most: its reads stay prompt
@@ -50,10 +51,10 @@ class ClientSizing:
 
     def metrics(self) -> dict[str, float]:
         return {
-            "client_processes": float(self.processes),
-            "client_processes_needed": float(self.needed),
-            "client_planned_chunk_rate": self.chunk_rate,
-            "client_chunk_cost_us": self.chunk_cost_s * 1e6,
+            M.CLIENT_PROCESSES: float(self.processes),
+            M.CLIENT_PROCESSES_NEEDED: float(self.needed),
+            M.CLIENT_PLANNED_CHUNK_RATE: self.chunk_rate,
+            M.CLIENT_CHUNK_COST_US: self.chunk_cost_s * 1e6,
         }
 
 

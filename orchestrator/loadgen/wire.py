@@ -7,6 +7,10 @@ the client's CPU per token (docs/benchmarks.md, "peers"). Here one read of the s
 call: its bytes are un-chunked and handed to the stream's reader with one instant, and the
 request's task wakes twice, for the status line and for the end of the body.
 
+The answer's framing (status line, headers, chunked or sized bodies) is parsed by ``httptools``
+(llhttp, the parser uvicorn serves with), fed from ``data_received``; its callbacks collect the
+read's body pieces, which reach the reader as one piece with the read's instant.
+
 Keep-alive connections are pooled per host and port; a pooled connection the server closed
 while idle is retried once on a new one when nothing of the answer arrived. HTTPS endpoints keep
 using aiohttp.
@@ -20,9 +24,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httptools
+
 now = time.perf_counter  # the client's clock (loadgen.client.now)
 
-MAX_HEADER_BYTES = 65536
 # A pooled connection idle longer than this is not reused: servers close idle keep-alive
 # connections (uvicorn after 5 s), and a POST on one they are closing may be lost or, worse,
 # reach them and be sent again.
@@ -51,13 +56,15 @@ class _Conn(asyncio.Protocol):
     def _reset(self) -> None:
         self.head: asyncio.Future[tuple[int, dict[str, str]]] = self.loop.create_future()
         self.done: asyncio.Future[bool] = self.loop.create_future()
-        self.on_body: Callable[[float, bytes], None] | None = None
+        self.reader: Callable[[float, bytes], None] | None = None
         self.pending: list[tuple[float, bytes]] = []  # body read before a reader was set
-        self.buf = b""
-        self.state = "head"  # head, size, data, crlf, trailer, length, close, end
-        self.remaining = 0
+        self.parser = httptools.HttpResponseParser(self)
+        self.state = "head"  # head, body, close (a body that ends with the connection), end
         self.keep_alive = True
         self.received = 0  # bytes of this answer
+        self._headers: dict[str, str] = {}
+        self._interim = False  # parsing a 1xx answer (100 Continue): the real one follows
+        self._body: list[bytes] = []  # the body pieces of the read being parsed
 
     # asyncio.Protocol ------------------------------------------------------------------
 
@@ -84,100 +91,55 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         t = now()
         self.received += len(data)
-        buf = self.buf + data if self.buf else data
-        body: list[bytes] = []
         try:
-            self.buf = self._parse(buf, body)
-            if body:
-                if self.on_body is not None:
-                    self.on_body(t, b"".join(body))
+            if self.state == "end":
+                raise WireError("bytes after the end of the answer")
+            self.parser.feed_data(data)
+            if self._body:
+                body = b"".join(self._body)
+                self._body.clear()
+                if self.reader is not None:
+                    self.reader(t, body)
                 else:
-                    self.pending.append((t, b"".join(body)))
+                    self.pending.append((t, body))
         except Exception as exc:  # a bad answer, or a stream its reader cannot read: this request fails so
-            self._fail(exc)
+            self._fail(exc if not isinstance(exc, httptools.HttpParserError) else WireError(f"bad HTTP answer: {exc}"))
             self.abort()
             return
         if self.state == "end":
             self._finish(self.keep_alive)
 
-    # parsing ---------------------------------------------------------------------------------
+    # httptools' callbacks ----------------------------------------------------------------------
 
-    def _parse(self, buf: bytes, body: list[bytes]) -> bytes:
-        while buf:
-            state = self.state
-            if state == "head":
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buf) > MAX_HEADER_BYTES:
-                        raise WireError("HTTP headers too long")
-                    return buf
-                self._head(buf[:end].decode("latin-1"))
-                buf = buf[end + 4 :]
-            elif state == "size":
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return buf
-                try:
-                    size = int(buf[:end].split(b";", 1)[0], 16)
-                except ValueError:
-                    raise WireError(f"bad chunk size {buf[:end][:40]!r}") from None
-                buf = buf[end + 2 :]
-                self.remaining, self.state = size, ("data" if size else "trailer")
-            elif state in ("data", "length"):  # a chunk's payload, or a body of known length
-                take = buf[: self.remaining]
-                body.append(take)
-                self.remaining -= len(take)
-                buf = buf[len(take) :]
-                if not self.remaining:
-                    self.state = "crlf" if state == "data" else "end"
-            elif state == "crlf":
-                if len(buf) < 2:
-                    return buf
-                buf, self.state = buf[2:], "size"
-            elif state == "trailer":
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return buf
-                buf, line = buf[end + 2 :], buf[:end]
-                if not line:
-                    self.state = "end"
-            elif state == "close":
-                body.append(buf)
-                buf = b""
-            else:  # "end": bytes after the answer (none expected)
-                raise WireError("bytes after the end of the answer")
-        return buf
+    def on_message_begin(self) -> None:
+        self._headers = {}
 
-    def _head(self, text: str) -> None:
-        lines = text.split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-            raise WireError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-        try:
-            status = int(parts[1])
-        except ValueError:
-            raise WireError(f"bad status line {lines[0][:80]!r}") from None
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").strip().lower()] = value.decode("latin-1").strip()
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
         if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+            self._interim = True
             return
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            key, _, value = line.partition(":")
-            headers[key.strip().lower()] = value.strip()
-        self.keep_alive = headers.get("connection", "").lower() != "close" and parts[0] != "HTTP/1.0"
-        if status in (204, 304):
-            self.state = "end"
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
-            self.state = "size"
-        elif "content-length" in headers:
-            try:
-                self.remaining = int(headers["content-length"])
-            except ValueError:
-                raise WireError(f"bad Content-Length {headers['content-length'][:40]!r}") from None
-            self.state = "length" if self.remaining else "end"
-        else:
+        headers = self._headers
+        self.keep_alive = self.parser.should_keep_alive()
+        framed = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()
+        if framed or status in (204, 304):
+            self.state = "body"
+        else:  # the body ends with the connection
             self.state, self.keep_alive = "close", False
         if not self.head.done():
             self.head.set_result((status, headers))
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self.state = "end"
 
     def _finish(self, keep_alive: bool) -> None:
         if not self.done.done():
@@ -187,7 +149,7 @@ class _Conn(asyncio.Protocol):
 
     def read_body(self, reader: Callable[[float, bytes], None]) -> None:
         """Hand the answer's body to ``reader`` (what came with the headers first, with its instant)."""
-        self.on_body = reader
+        self.reader = reader
         pending, self.pending = self.pending, []
         for t, data in pending:
             reader(t, data)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import FidelitySpec, WorkloadSpec
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.summary import output_tokens_of
@@ -59,22 +60,22 @@ def prompt_length(
         planned = np.asarray([r.input_tokens_target for r in counted], dtype=float)
         served = np.asarray([r.prompt_tokens for r in counted], dtype=float)
         gap, plan = float(np.median(served - planned)), float(np.median(planned))
-        out["prompt_tokens_gap_p50"] = gap
-        out["prompt_tokens_server_over_plan"] = float(np.median(served / np.maximum(planned, 1)))
+        out[M.PROMPT_TOKENS_GAP_P50] = gap
+        out[M.PROMPT_TOKENS_SERVER_OVER_PLAN] = float(np.median(served / np.maximum(planned, 1)))
         source = f"the server counted {np.median(served):.0f} prompt tokens per request (median)"
     else:
         sent = [r for r in records if r.turn == 0 and r.http_status in (None, 200)]
-        server = metrics.get("server_prompt_tokens")
+        server = metrics.get(M.SERVER_PROMPT_TOKENS)
         if not sent or server is None or any(r.turn > 0 for r in records) or any(not r.ok for r in sent):
             return out, []
         plan = float(np.mean([r.input_tokens_target for r in sent]))
         gap = server / len(sent) - plan
-        out["prompt_tokens_gap_p50"] = gap
-        out["prompt_tokens_server_over_plan"] = (server / len(sent)) / max(plan, 1.0)
+        out[M.PROMPT_TOKENS_GAP_P50] = gap
+        out[M.PROMPT_TOKENS_SERVER_OVER_PLAN] = (server / len(sent)) / max(plan, 1.0)
         source = f"the server's prompt-token counter grew by {server / len(sent):.0f} per request"
     if abs(gap) > max(limits.prompt_tokens_slack, limits.max_prompt_tokens_error * plan):
         return out, [
-            f"prompt length: {source}, {plan:.0f} planned ({out['prompt_tokens_server_over_plan']:.2f}x): "
+            f"prompt length: {source}, {plan:.0f} planned ({out[M.PROMPT_TOKENS_SERVER_OVER_PLAN]:.2f}x): "
             "the prompts were tokenized with another tokenizer than the server's (model.tokenizer, "
             "model.source/path) or wrapped in a template the plan did not count"
         ]
@@ -92,7 +93,7 @@ def output_length(
     planned = np.asarray([r.output_tokens_target for r in ok])
     short, long = int((got < planned).sum()), int((got > planned).sum())
     off = (short + long) if ignore_eos else long
-    out = {"output_tokens_off_fraction": off / len(ok)}
+    out = {M.OUTPUT_TOKENS_OFF_FRACTION: off / len(ok)}
     if off / len(ok) > limits.max_output_tokens_off:
         what = []
         if long:
@@ -107,8 +108,16 @@ def prefix_hits(
     workload: WorkloadSpec, metrics: Mapping[str, float], limits: FidelitySpec
 ) -> tuple[dict[str, float], list[str]]:
     """Prefix-cache hits against what the workload implies (only where the engine counted)."""
-    rate = metrics.get("server_prefix_cache_hit_rate")
+    rate = metrics.get(M.SERVER_PREFIX_CACHE_HIT_RATE)
     if rate is None:
+        return {}, []
+    ideal = metrics.get(M.TRACE_IDEAL_PREFIX_SHARE)
+    if ideal is not None:  # a replayed trace: its blocks say what can be reused; less is the measure
+        if rate > ideal + limits.max_unexpected_hit_rate:
+            return {}, [
+                f"prefix cache: hit rate {rate:.2f} above the {ideal:.2f} the trace's prefix blocks allow "
+                f"(+{limits.max_unexpected_hit_rate:g}): the prompts are not what the plan made"
+            ]
         return {}, []
     datasets = {c.dataset for c in workload.classes.values()}
     if datasets <= set(NO_SHARED_PREFIX) and rate > limits.max_unexpected_hit_rate:
@@ -116,13 +125,13 @@ def prefix_hits(
             f"prefix cache: hit rate {rate:.2f} on prompts that share no prefix "
             f"(> {limits.max_unexpected_hit_rate:g}): the prompts are not what the plan made"
         ]
-    expected = expected_hit_rate(workload, int(metrics.get("requests", 0)))
+    expected = expected_hit_rate(workload, int(metrics.get(M.REQUESTS, 0)))
     if datasets <= set(SHARED_PREFIX) and expected and rate < limits.min_hit_fraction * expected:
-        return {"prefix_cache_hit_rate_expected": expected}, [
+        return {M.PREFIX_CACHE_HIT_RATE_EXPECTED: expected}, [
             f"prefix cache: hit rate {rate:.2f}, the workload implies about {expected:.2f} "
             f"(< {limits.min_hit_fraction:g} of it): cache off or evicted, or a router lost affinity"
         ]
-    return ({"prefix_cache_hit_rate_expected": expected} if expected else {}), []
+    return ({M.PREFIX_CACHE_HIT_RATE_EXPECTED: expected} if expected else {}), []
 
 
 def expected_hit_rate(workload: WorkloadSpec, requests: int) -> float | None:
@@ -153,11 +162,11 @@ def expected_hit_rate(workload: WorkloadSpec, requests: int) -> float | None:
 def preemptions(
     records: Sequence[RequestRecord], metrics: Mapping[str, float], limits: FidelitySpec
 ) -> tuple[dict[str, float], list[str]]:
-    n = metrics.get("server_preemptions")
+    n = metrics.get(M.SERVER_PREEMPTIONS)
     if n is None or not records:
         return {}, []
     per_request = n / len(records)
-    out = {"preemptions_per_request": per_request}
+    out = {M.PREEMPTIONS_PER_REQUEST: per_request}
     if per_request > limits.max_preemptions_per_request:
         return out, [
             f"preemptions: {n:.0f} during the point ({per_request:.2f} per request > "
@@ -170,7 +179,7 @@ def rejections(records: Sequence[RequestRecord], limits: FidelitySpec) -> tuple[
     rejected = [r for r in records if r.http_status is not None and 400 <= r.http_status < 500]
     if not records:
         return {}, []
-    out = {"rejected_fraction": len(rejected) / len(records)}
+    out = {M.REJECTED_FRACTION: len(rejected) / len(records)}
     if len(rejected) / len(records) > limits.max_rejected_fraction:
         first = (rejected[0].error or "").splitlines()[0][:200] if rejected else ""
         return out, [

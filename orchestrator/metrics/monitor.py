@@ -8,7 +8,9 @@ The observer must not move what it observes: one scrape of vLLM's ``/metrics`` c
 API server ~10 ms of CPU, on the process that streams tokens. Each kind of sample therefore
 keeps to a time budget: after a sample that took ``w`` seconds, the next one of that kind
 waits ``max(interval_s, w / budget)`` (1% of wall time by default, so ~1 s between scrapes
-of vLLM's page on a CPU server), measured in docs/benchmarks.md ("observer effect").
+of vLLM's page on a CPU server), measured in docs/benchmarks.md ("observer effect"). A
+scrape's ``w`` is the fastest any scrape has taken: under load an answer also waits its turn
+behind the server's own work, which is not what the scrape costs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator.config.metric_keys import M
 from orchestrator.metrics import prometheus, telemetry
 from orchestrator.metrics.telemetry import Timeline
 
@@ -139,13 +142,18 @@ class ResourceMonitor:
 
     def _loop(self, stop: threading.Event) -> None:
         # What a sample costs: reading /proc, our CPU (its wall time under a busy GIL is not a
-        # cost); a scrape, its wall time (the server's API process answering it).
-        kinds = [(self.sample_memory, time.thread_time)]
+        # cost); a scrape, the fastest wall time a scrape has taken (the server's API process
+        # answering it). Not each scrape's own wall time: on a saturated server an answer waits
+        # behind the server's work, so its wall time is the load, not the scrape's cost, and
+        # scrapes would thin out to one every tens of seconds exactly when the engine's state
+        # matters (a CI run: 1 gauge sample over an 8 s point held at max_num_seqs).
+        kinds = [(self.sample_memory, time.thread_time, False)]
         if self.metrics_url and self.gauges:
-            kinds.append((self.sample_gauges, time.monotonic))
+            kinds.append((self.sample_gauges, time.monotonic, True))
         due = [0.0] * len(kinds)
+        fastest = [float("inf")] * len(kinds)
         while not stop.is_set():
-            for i, (kind, cost_clock) in enumerate(kinds):
+            for i, (kind, cost_clock, service_time) in enumerate(kinds):
                 t0 = time.monotonic()
                 if t0 < due[i]:
                     continue
@@ -155,6 +163,8 @@ class ResourceMonitor:
                 except Exception as exc:  # a sampling hiccup must not kill the measurement
                     log.debug("monitor sample failed: %s", exc)
                 cost = cost_clock() - c0
+                if service_time:
+                    fastest[i] = cost = min(fastest[i], cost)
                 due[i] = t0 + max(self.interval_s, cost / self.budget)
             stop.wait(max(0.0, min(due) - time.monotonic()))
 
@@ -174,6 +184,6 @@ class ResourceMonitor:
         """Stop sampling; return ``memory_peak_gb`` and ``<gauge>_max`` metrics. Idempotent."""
         self.stop_thread()
         self.sample()
-        out = {"memory_peak_gb": self.peak_memory_bytes / 1e9} if (self.pids or self.gpu_indices) else {}
+        out = {M.MEMORY_PEAK_GB: self.peak_memory_bytes / 1e9} if (self.pids or self.gpu_indices) else {}
         out.update({f"{k}_max": v for k, v in self.gauge_max.items()})
         return out

@@ -46,6 +46,9 @@ class TrialResult(BaseModel):
     variant: str | None = None
     overrides: list[str] = Field(default_factory=list)
     spec: dict[str, Any]
+    repeat_of: str | None = Field(
+        default=None, description="a race's later run of a configuration: the trial hash of its first run"
+    )
     status: TrialStatus
     error: str | None = None
     started_at: float

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from orchestrator.config.metric_keys import STALL_CAUSES, M
 from orchestrator.metrics.records import RequestRecord
 
 STALL_FACTOR = 5.0
@@ -38,7 +39,7 @@ STALL_MIN_EXCESS_MS = 10.0
 MIN_GAPS = 4
 PREFILL_SLACK = 2.0
 PREFILL_COVER = 0.5  # the share of a stall a prefill must overlap to be its cause
-CAUSES = ("prefill", "preemption", "client_read", "unattributed")
+CAUSES = STALL_CAUSES
 
 
 @dataclass(frozen=True)
@@ -171,20 +172,20 @@ def stall_metrics(stalls: Sequence[Stall], records: Sequence[RequestRecord]) -> 
     streams' medians over all the point's inter-token time; ``stalls_per_prefill``: stalls per
     interfering prefill (a chunked prefill stalls its neighbours once per chunk)."""
     total_gap_ms = sum(sum(_gaps_ms(r)) for r in records if r.ok)
-    out: dict[str, float] = {"stalls": float(len(stalls))}
+    out: dict[str, float] = {M.STALLS: float(len(stalls))}
     for cause in CAUSES:
         mine = [s for s in stalls if s.cause == cause]
         out[f"stalls_{cause}"] = float(len(mine))
         if mine:
             out[f"stall_worst_ms_{cause}"] = max(s.gap_ms for s in mine)
     if stalls:
-        out["stall_worst_ms"] = max(s.gap_ms for s in stalls)
+        out[M.STALL_WORST_MS] = max(s.gap_ms for s in stalls)
     if total_gap_ms > 0:
-        out["stall_time_share"] = sum(s.gap_ms - s.median_ms for s in stalls) / total_gap_ms
+        out[M.STALL_TIME_SHARE] = sum(s.gap_ms - s.median_ms for s in stalls) / total_gap_ms
     by = {s.by_request for s in stalls if s.cause == "prefill"}
     if by:
-        out["stalls_per_prefill"] = sum(len(_steps(stalls, b)) for b in by) / len(by)
-        out["stall_prefill_prompt_tokens_mean"] = float(
+        out[M.STALLS_PER_PREFILL] = sum(len(_steps(stalls, b)) for b in by) / len(by)
+        out[M.STALL_PREFILL_PROMPT_TOKENS_MEAN] = float(
             np.mean([next(s.by_prompt_tokens or 0 for s in stalls if s.by_request == b) for b in by])
         )
     return out

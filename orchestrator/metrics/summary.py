@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from orchestrator.config.metric_keys import PERCENTILES, M
 from orchestrator.config.schema import SLOSpec, ValiditySpec
 from orchestrator.metrics.records import RequestRecord
 
-PERCENTILES = (50, 90, 95, 99)
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
@@ -86,8 +86,8 @@ def latency_metrics(lats: Sequence[RequestLatency]) -> dict[str, float]:
     out.update(distribution("e2e_ms", [x.e2e_ms for x in lats]))
     # The worst stall each request saw: robust to how rare stalls are among all ITLs.
     out.update(distribution("itl_worst_ms", [max(x.itl_ms) for x in lats if x.itl_ms]))
-    if "itl_ms_p50" in out and out["itl_ms_p50"] > 0:
-        out["itl_p99_over_p50"] = out["itl_ms_p99"] / out["itl_ms_p50"]
+    if M.ITL_MS_P50 in out and out[M.ITL_MS_P50] > 0:
+        out[M.ITL_P99_OVER_P50] = out[M.ITL_MS_P99] / out[M.ITL_MS_P50]
     return out
 
 
@@ -96,8 +96,11 @@ def summarize_point(
     slo: SLOSpec | None = None,
     target_rate: float | None = None,
     arrival_classes: Iterable[str] | None = None,
+    scheduled: bool = False,
 ) -> dict[str, float]:
     """Metrics of one load point, named after the workload card (``ttft_ms_p99``, ``qps``, ...).
+    An open-loop point (``scheduled``) also counts its latencies from each request's scheduled
+    send instant (``*_from_schedule_ms``).
 
     ``achieved_rate`` counts the actual sends of ``arrival_classes`` (the classes that
     follow the point's arrival setting; default all); ``schedule_rate`` is the rate of the
@@ -105,45 +108,52 @@ def summarize_point(
     ``target_rate``), so achieved / schedule says whether the client kept up.
     """
     slo = slo or SLOSpec()
-    out: dict[str, float] = {"requests": float(len(records))}
+    out: dict[str, float] = {M.REQUESTS: float(len(records))}
     if not records:
         return out
     lats = [x for x in (latency_of(r) for r in records) if x is not None]
     ok = [r for r in records if r.ok]
-    out["completed"] = float(len(ok))
-    out["errors"] = float(len(records) - len(ok))
+    out[M.COMPLETED] = float(len(ok))
+    out[M.ERRORS] = float(len(records) - len(ok))
     start = min(r.sent_s for r in records)
     end = max((r.done_s if r.done_s is not None else r.sent_s) for r in records)
     duration = max(end - start, 1e-9)
-    out["duration_s"] = duration
-    out["qps"] = len(ok) / duration
+    out[M.DURATION_S] = duration
+    out[M.QPS] = len(ok) / duration
     chunks = sum(len(r.chunk_times_s) for r in ok)
     if chunks:  # token chunks read together with an earlier one: their gaps are not the server's
-        out["coalesced_chunk_share"] = sum(r.coalesced_chunks for r in ok) / chunks
+        out[M.COALESCED_CHUNK_SHARE] = sum(r.coalesced_chunks for r in ok) / chunks
     out_tokens = sum(output_tokens_of(r) for r in ok)
     in_tokens = sum(int(r.prompt_tokens or r.input_tokens_target) for r in ok)
-    out["tokens_per_second"] = out_tokens / duration
-    out["total_tokens_per_second"] = (out_tokens + in_tokens) / duration
-    out["output_tokens"] = float(out_tokens)
-    out["input_tokens"] = float(in_tokens)
+    out[M.TOKENS_PER_SECOND] = out_tokens / duration
+    out[M.TOTAL_TOKENS_PER_SECOND] = (out_tokens + in_tokens) / duration
+    out[M.OUTPUT_TOKENS] = float(out_tokens)
+    out[M.INPUT_TOKENS] = float(in_tokens)
     out.update(latency_metrics(lats))
     good = sum(1 for x in lats if meets_slo(x, slo))
-    out["goodput"] = good / duration
-    out["slo_attainment"] = good / len(records)
+    out[M.GOODPUT] = good / duration
+    out[M.SLO_ATTAINMENT] = good / len(records)
     lags = [(r.sent_s - r.intended_send_s) * 1e3 for r in records]
     out.update(distribution("send_lag_ms", lags))
+    if scheduled:  # what a user of the schedule waited: the client's lateness included
+        timed = [r for r in records if r.ok]
+        out.update(
+            distribution("ttft_from_schedule_ms", [(r.chunk_times_s[0] - r.intended_send_s) * 1e3 for r in timed])
+        )
+        done = [r for r in timed if r.done_s is not None]
+        out.update(distribution("e2e_from_schedule_ms", [(r.done_s - r.intended_send_s) * 1e3 for r in done]))  # type: ignore[operator]
     wanted = set(arrival_classes) if arrival_classes is not None else None
     # Arrivals: a conversation arrives once; its later turns follow the replies, not the schedule.
     arriving = [r for r in records if (wanted is None or r.request_class in wanted) and r.turn == 0]
     for key, instants in (
-        ("achieved_rate", [r.sent_s for r in arriving]),
-        ("schedule_rate", [r.intended_send_s for r in arriving]),
+        (M.ACHIEVED_RATE, [r.sent_s for r in arriving]),
+        (M.SCHEDULE_RATE, [r.intended_send_s for r in arriving]),
     ):
         ts = sorted(instants)
         if len(ts) > 1 and ts[-1] > ts[0]:
             out[key] = (len(ts) - 1) / (ts[-1] - ts[0])
     if target_rate is not None:
-        out["target_rate"] = float(target_rate)
+        out[M.TARGET_RATE] = float(target_rate)
     later = [x for r in records if r.turn > 0 and (x := latency_of(r)) is not None]
     if later:  # multi-turn: later turns resend the history (prefix caching shows here)
         first = [x for r in records if r.turn == 0 and (x := latency_of(r)) is not None]
@@ -174,35 +184,35 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
     design), so send lag and rate do not count either.
     """
     reasons = []
-    burst = metrics.get("target_rate") == float("inf")  # everything at once: no schedule to keep
-    if not capped and not burst and metrics.get("send_lag_ms_p95", 0.0) > limits.max_send_lag_ms_p95:
-        reasons.append(f"send lag p95 {metrics['send_lag_ms_p95']:.1f} ms > {limits.max_send_lag_ms_p95:g}")
-    if metrics.get("loop_lag_ms_p95", 0.0) > limits.max_loop_lag_ms_p95:
-        reasons.append(f"event-loop lag p95 {metrics['loop_lag_ms_p95']:.1f} ms > {limits.max_loop_lag_ms_p95:g}")
-    if metrics.get("client_cpu_util", 0.0) > limits.max_client_cpu_util:
-        reasons.append(f"client CPU {metrics['client_cpu_util']:.2f} of a core > {limits.max_client_cpu_util:g}")
-    if metrics.get("coalesced_chunk_share", 0.0) > limits.max_coalesced_share:
+    burst = metrics.get(M.TARGET_RATE) == float("inf")  # everything at once: no schedule to keep
+    if not capped and not burst and metrics.get(M.SEND_LAG_MS_P95, 0.0) > limits.max_send_lag_ms_p95:
+        reasons.append(f"send lag p95 {metrics[M.SEND_LAG_MS_P95]:.1f} ms > {limits.max_send_lag_ms_p95:g}")
+    if metrics.get(M.LOOP_LAG_MS_P95, 0.0) > limits.max_loop_lag_ms_p95:
+        reasons.append(f"event-loop lag p95 {metrics[M.LOOP_LAG_MS_P95]:.1f} ms > {limits.max_loop_lag_ms_p95:g}")
+    if metrics.get(M.CLIENT_CPU_UTIL, 0.0) > limits.max_client_cpu_util:
+        reasons.append(f"client CPU {metrics[M.CLIENT_CPU_UTIL]:.2f} of a core > {limits.max_client_cpu_util:g}")
+    if metrics.get(M.COALESCED_CHUNK_SHARE, 0.0) > limits.max_coalesced_share:
         reasons.append(
-            f"{metrics['coalesced_chunk_share']:.0%} {COALESCED} "
+            f"{metrics[M.COALESCED_CHUNK_SHARE]:.0%} {COALESCED} "
             f"(> {limits.max_coalesced_share:g}): their gaps are read times, so ITL is not the server's"
         )
-    if metrics.get("client_streams_ended_early", 0.0) > 0:
+    if metrics.get(M.CLIENT_STREAMS_ENDED_EARLY, 0.0) > 0:
         reasons.append(
-            f"{metrics['client_streams_ended_early']:.0f} stream(s) ran out of planned requests before the point's "
+            f"{metrics[M.CLIENT_STREAMS_ENDED_EARLY]:.0f} stream(s) ran out of planned requests before the point's "
             "duration: it held fewer streams than asked"
         )
-    if metrics.get("client_stream_wait_share", 0.0) > limits.max_stream_wait_share:
+    if metrics.get(M.CLIENT_STREAM_WAIT_SHARE, 0.0) > limits.max_stream_wait_share:
         reasons.append(
-            f"streams spent {metrics['client_stream_wait_share']:.1%} of their time waiting for requests past the "
+            f"streams spent {metrics[M.CLIENT_STREAM_WAIT_SHARE]:.1%} of their time waiting for requests past the "
             f"plan (> {limits.max_stream_wait_share:g}): it held fewer streams than asked; drawing prompts "
             "during the point did not keep up, so bound the point by num_requests (all drawn before its clock)"
         )
-    schedule, achieved = metrics.get("schedule_rate"), metrics.get("achieved_rate")
+    schedule, achieved = metrics.get(M.SCHEDULE_RATE), metrics.get(M.ACHIEVED_RATE)
     if (
         not capped
         and schedule
         and achieved is not None
-        and metrics.get("target_rate") != float("inf")
+        and metrics.get(M.TARGET_RATE) != float("inf")
         and achieved < schedule * limits.min_rate_ratio
     ):
         reasons.append(f"achieved rate {achieved:.2f} < {limits.min_rate_ratio:g} x schedule {schedule:.2f}")
@@ -267,16 +277,8 @@ _T975 = (
     2.045,
     2.042,
 )
-CI_METRICS = (
-    "ttft_ms_p50",
-    "ttft_ms_p99",
-    "tpot_ms_p50",
-    "itl_ms_p50",
-    "itl_ms_p99",
-    "e2e_ms_p50",
-    "tokens_per_second",
-    "qps",
-)
+HEADLINE_LATENCIES = (M.TTFT_MS_P50, M.TTFT_MS_P99, M.TPOT_MS_P50, M.ITL_MS_P50, M.ITL_MS_P99, M.E2E_MS_P50)
+CI_METRICS = (*HEADLINE_LATENCIES, M.TOKENS_PER_SECOND, M.QPS)
 
 
 def summarize_repeats(per_repeat: Sequence[dict[str, float]], max_ci_rel_width: float) -> dict[str, float]:
@@ -285,7 +287,7 @@ def summarize_repeats(per_repeat: Sequence[dict[str, float]], max_ci_rel_width: 
     n = len(per_repeat)
     keys = set.intersection(*(set(m) for m in per_repeat)) if per_repeat else set()
     out = {k: float(np.mean([m[k] for m in per_repeat])) for k in sorted(keys)}
-    out["repeats"] = float(n)
+    out[M.REPEATS] = float(n)
     if n < 2:
         return out
     t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
@@ -296,5 +298,5 @@ def summarize_repeats(per_repeat: Sequence[dict[str, float]], max_ci_rel_width: 
             half = float(t * values.std(ddof=1) / np.sqrt(n))
             out[f"{k}_ci95"] = half
             wide |= out[k] > 0 and half / out[k] > max_ci_rel_width
-    out["ci_wide"] = 1.0 if wide else 0.0
+    out[M.CI_WIDE] = 1.0 if wide else 0.0
     return out

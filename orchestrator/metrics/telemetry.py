@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from orchestrator.config.metric_keys import M
+
 log = logging.getLogger(__name__)
 
 now = time.perf_counter  # the clock of the client's records
@@ -177,9 +179,9 @@ def window_metrics(rows: Sequence[Row], t0: float, t1: float) -> dict[str, float
             out[f"telemetry_{key}_cpu_cores_mean"] = mean
         else:  # a timeline without the cumulative counter: the mean of the samples
             stat(after, source, "cpu_cores", f"telemetry_{key}_cpu_cores_mean", _mean)
-    stat(after, "servers", "cpu_cores", "telemetry_server_cpu_cores_max", max)
-    stat(inside, "servers", "rss_gb", "telemetry_server_rss_gb_max", max)
-    stat(inside, "machine", "mem_used_gb", "telemetry_machine_mem_used_gb_max", max)
+    stat(after, "servers", "cpu_cores", M.TELEMETRY_SERVER_CPU_CORES_MAX, max)
+    stat(inside, "servers", "rss_gb", M.TELEMETRY_SERVER_RSS_GB_MAX, max)
+    stat(inside, "machine", "mem_used_gb", M.TELEMETRY_MACHINE_MEM_USED_GB_MAX, max)
     gpus = sorted({s for _, s, _, _ in rows if s.startswith("gpu")})
     if gpus:
         _gpu_window(rows, inside, after, gpus, t0, t1, out)
@@ -187,7 +189,7 @@ def window_metrics(rows: Sequence[Row], t0: float, t1: float) -> dict[str, float
     if packages and not gpus:
         joules = [energy_in_window(series(rows, p, "energy_j"), ([], []), t0, t1)[0] for p in packages]
         if all(j is not None for j in joules):
-            out["energy_j"] = float(sum(j for j in joules if j is not None))
+            out[M.ENERGY_J] = float(sum(j for j in joules if j is not None))
     return out
 
 
@@ -205,25 +207,25 @@ def _gpu_window(
     times = sorted({t for t, s, n, _ in after if s in gpus and n == "power_w"})
     power_at = [sum(v for t2, s, n, v in after if t2 == t and s in gpus and n == "power_w") for t in times]
     if power_at:
-        out["telemetry_gpu_power_w_mean"] = _mean(power_at)
-        out["telemetry_gpu_power_w_max"] = max(power_at)
+        out[M.TELEMETRY_GPU_POWER_W_MEAN] = _mean(power_at)
+        out[M.TELEMETRY_GPU_POWER_W_MAX] = max(power_at)
     limits = [sum(v for t2, s, n, v in after if t2 == t and s in gpus and n == "power_limit_w") for t in times]
     if any(limits):  # summed over the GPUs, as their power is
-        out["telemetry_gpu_power_limit_w_mean"] = _mean(limits)
+        out[M.TELEMETRY_GPU_POWER_LIMIT_W_MEAN] = _mean(limits)
     for name, key in (
-        ("sm_util_pct", "telemetry_gpu_sm_util_pct_mean"),
-        ("mem_util_pct", "telemetry_gpu_mem_util_pct_mean"),
-        ("sm_clock_mhz", "telemetry_gpu_sm_clock_mhz_mean"),
+        ("sm_util_pct", M.TELEMETRY_GPU_SM_UTIL_PCT_MEAN),
+        ("mem_util_pct", M.TELEMETRY_GPU_MEM_UTIL_PCT_MEAN),
+        ("sm_clock_mhz", M.TELEMETRY_GPU_SM_CLOCK_MHZ_MEAN),
     ):
         vals = [v for _, s, n, v in after if s in gpus and n == name]
         if vals:
             out[key] = _mean(vals)
     temps = [v for _, s, n, v in inside if s in gpus and n == "temp_c"]
     if temps:
-        out["telemetry_gpu_temp_c_max"] = max(temps)
+        out[M.TELEMETRY_GPU_TEMP_C_MAX] = max(temps)
     throttled = [v for _, s, n, v in after if s in gpus and n == "throttle_reasons"]
     if throttled:  # bit 0 is "GPU idle": not a throttle
-        out["telemetry_gpu_throttled_share"] = sum(1 for v in throttled if int(v) & ~1) / len(throttled)
+        out[M.TELEMETRY_GPU_THROTTLED_SHARE] = sum(1 for v in throttled if int(v) & ~1) / len(throttled)
     total, methods = 0.0, set()
     for g in gpus:
         joules, method = energy_in_window(series(rows, g, "energy_j"), series(rows, g, "power_w"), t0, t1)
@@ -231,8 +233,8 @@ def _gpu_window(
             return
         total += joules
         methods.add(method)
-    out["energy_j"] = total
-    out["energy_from_counter"] = 1.0 if methods == {"counter"} else 0.0
+    out[M.ENERGY_J] = total
+    out[M.ENERGY_FROM_COUNTER] = 1.0 if methods == {"counter"} else 0.0
 
 
 def _mean(vals: Sequence[float]) -> float:
@@ -241,16 +243,16 @@ def _mean(vals: Sequence[float]) -> float:
 
 def energy_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Joules per output token and per request, tokens per joule, from a point's ``energy_j``."""
-    joules = metrics.get("energy_j")
+    joules = metrics.get(M.ENERGY_J)
     if joules is None or joules <= 0:
         return {}
     out: dict[str, float] = {}
-    tokens, requests = metrics.get("output_tokens", 0.0), metrics.get("completed", 0.0)
+    tokens, requests = metrics.get(M.OUTPUT_TOKENS, 0.0), metrics.get(M.COMPLETED, 0.0)
     if tokens:
-        out["joules_per_output_token"] = joules / tokens
-        out["output_tokens_per_joule"] = tokens / joules
+        out[M.JOULES_PER_OUTPUT_TOKEN] = joules / tokens
+        out[M.OUTPUT_TOKENS_PER_JOULE] = tokens / joules
     if requests:
-        out["joules_per_request"] = joules / requests
+        out[M.JOULES_PER_REQUEST] = joules / requests
     return out
 
 
@@ -258,13 +260,13 @@ def cost_metrics(metrics: dict[str, float], price_per_hour: float | None, device
     """What a point's tokens cost: ``price_per_hour`` per device (GPU-hour, or node-hour on the
     CPU) for the ``devices`` the trial held, over the point's ``duration_s``. No price: nothing
     (the trial says "no price set"; never $0)."""
-    duration, out_tokens = metrics.get("duration_s"), metrics.get("output_tokens", 0.0)
+    duration, out_tokens = metrics.get(M.DURATION_S), metrics.get(M.OUTPUT_TOKENS, 0.0)
     if price_per_hour is None or not duration or not out_tokens:
         return {}
     cost = price_per_hour * devices * duration / 3600.0
-    total_tokens = out_tokens + metrics.get("input_tokens", 0.0)
+    total_tokens = out_tokens + metrics.get(M.INPUT_TOKENS, 0.0)
     return {
-        "cost_usd": cost,
-        "cost_per_mtok_output": cost / out_tokens * 1e6,
-        "cost_per_mtok_total": cost / total_tokens * 1e6,
+        M.COST_USD: cost,
+        M.COST_PER_MTOK_OUTPUT: cost / out_tokens * 1e6,
+        M.COST_PER_MTOK_TOTAL: cost / total_tokens * 1e6,
     }

@@ -10,6 +10,7 @@ import math
 import re
 from pathlib import Path
 
+from orchestrator.config.metric_keys import M
 from orchestrator.objective import value_of
 from orchestrator.report import expectations
 from orchestrator.report.explain import limits_section, why_winner
@@ -21,14 +22,14 @@ from orchestrator.tracking.runs import EXPECT_FILE, SweepData, TrialData
 log = logging.getLogger(__name__)
 
 COLUMNS = [
-    ("ttft_ms_p50", "TTFT p50 (ms)"),
-    ("ttft_ms_p99", "TTFT p99 (ms)"),
-    ("itl_ms_p99", "ITL p99 (ms)"),
-    ("tpot_ms_p50", "TPOT p50 (ms)"),
-    ("tokens_per_second", "output tok/s"),
-    ("goodput", "goodput (req/s)"),
-    ("memory_peak_gb", "memory peak (GB)"),
-    ("decode_floor_ratio", "TPOT / roofline floor"),
+    (M.TTFT_MS_P50, "TTFT p50 (ms)"),
+    (M.TTFT_MS_P99, "TTFT p99 (ms)"),
+    (M.ITL_MS_P99, "ITL p99 (ms)"),
+    (M.TPOT_MS_P50, "TPOT p50 (ms)"),
+    (M.TOKENS_PER_SECOND, "output tok/s"),
+    (M.GOODPUT, "goodput (req/s)"),
+    (M.MEMORY_PEAK_GB, "memory peak (GB)"),
+    (M.DECODE_FLOOR_RATIO, "TPOT / roofline floor"),
 ]
 
 
@@ -43,11 +44,7 @@ def build_report(data: SweepData, out: Path, accuracy_delta: float = 0.01) -> li
         front = goal.frontier
 
         def pareto_plot(d: SweepData, o: Path) -> list[Path]:
-            def value(t: TrialData, key: str) -> float | None:
-                v = value_of(t, key, goal.at)
-                return v.value if v else None
-
-            return frontier(d, o, front["minimize"], front["maximize"], value)
+            return frontier(d, o, front["minimize"], front["maximize"], lambda t, key: value_of(t, key, goal.at))
 
         builders.append(pareto_plot)
     for builder in builders:
@@ -115,8 +112,8 @@ def _fmt(v: float | None) -> str:
 
 def best_configuration(
     trials: list[TrialData],
-    metric: str = "tokens_per_second",
-    accuracy_key: str = "accuracy",
+    metric: str = M.TOKENS_PER_SECOND,
+    accuracy_key: str = M.ACCURACY,
     delta: float = 0.01,
     baseline: TrialData | None = None,
 ) -> tuple[TrialData | None, str]:
@@ -208,13 +205,13 @@ def load_description(trials: list[TrialData]) -> list[str]:
 
 
 HARDWARE_COLUMNS = [
-    ("telemetry_server_cpu_cores_mean", "servers' CPU cores"),
-    ("telemetry_server_rss_gb_max", "servers' RSS GB"),
-    ("telemetry_gpu_power_w_mean", "GPU W"),
-    ("telemetry_gpu_sm_util_pct_mean", "SM util %"),
-    ("joules_per_output_token", "J / output token"),
-    ("cost_per_mtok_output", "$ / M output tok"),
-    ("cost_per_mtok_total", "$ / M tok (in+out)"),
+    (M.TELEMETRY_SERVER_CPU_CORES_MEAN, "servers' CPU cores"),
+    (M.TELEMETRY_SERVER_RSS_GB_MAX, "servers' RSS GB"),
+    (M.TELEMETRY_GPU_POWER_W_MEAN, "GPU W"),
+    (M.TELEMETRY_GPU_SM_UTIL_PCT_MEAN, "SM util %"),
+    (M.JOULES_PER_OUTPUT_TOKEN, "J / output token"),
+    (M.COST_PER_MTOK_OUTPUT, "$ / M output tok"),
+    (M.COST_PER_MTOK_TOTAL, "$ / M tok (in+out)"),
 ]
 
 
@@ -247,6 +244,41 @@ def hardware_section(trials: list[TrialData]) -> list[str]:
     return lines
 
 
+REUSE_COLUMNS = (
+    (M.TRACE_IDEAL_PREFIX_SHARE, "ideal prefix reuse (share of prompt tokens)"),
+    (M.SERVER_PREFIX_CACHE_HIT_RATE, "server's prefix-cache hits (share)"),
+    (M.PREFIX_REUSE_EFFICIENCY, "hits / ideal"),
+    (M.TTFT_MS_P50, "TTFT p50 (ms)"),
+    (M.TTFT_MS_P99, "TTFT p99 (ms)"),
+    (M.SEND_LAG_MS_P99, "send lag p99 (ms)"),
+    (M.TRACE_REQUESTS_TRUNCATED, "requests cut to the context cap"),
+    (M.TRACE_REQUESTS_DROPPED, "dropped"),
+)
+
+
+def reuse_section(trials: list[TrialData]) -> list[str]:
+    """A replayed trace's prefix reuse per trial and point: what an infinite cache would reuse of
+    the slice (its prefix blocks), what the server's prefix cache hit, their ratio, and the TTFT."""
+    rows = [(t, p) for t in trials for p in t.points if M.TRACE_IDEAL_PREFIX_SHARE in p.metrics]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Prefix reuse on the replayed trace",
+        "",
+        "Ideal: the share of the slice's prompt tokens in blocks whose whole prefix came earlier in the "
+        "slice (an infinite cache, cold at the point's start). Hits: the server's own counter over the "
+        "point. Their ratio is the cache's efficiency on this traffic (a cache that keeps only whole KV "
+        "blocks, evicts, or is off reuses less).",
+        "",
+        "| trial | point | " + " | ".join(h for _, h in REUSE_COLUMNS) + " |",
+        "|" + "---|" * (len(REUSE_COLUMNS) + 2),
+    ]
+    for t, p in rows:
+        lines.append(f"| {t.name} | {p.label} | " + " | ".join(_fmt(p.metrics.get(k)) for k, _ in REUSE_COLUMNS) + " |")
+    return lines
+
+
 def summary_markdown(
     data: SweepData, figures: list[str], accuracy_delta: float = 0.01, timelines: dict[str, Path] | None = None
 ) -> str:
@@ -264,12 +296,12 @@ def summary_markdown(
         lines += ["**How the load was generated.** " + " ".join(load), ""]
     lines += limits_section(data.finished)
     lines += [f"![{f}]({f})" for f in figures] + [""]
-    has_acc = any("accuracy" in t.metrics for t in data.trials)
-    head = ["trial", "status", *varied, "point", *[c[1] for c in COLUMNS]] + (["accuracy"] if has_acc else [])
+    has_acc = any(M.ACCURACY in t.metrics for t in data.trials)
+    head = ["trial", "status", *varied, "point", *[c[1] for c in COLUMNS]] + ([M.ACCURACY] if has_acc else [])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in data.trials:
         params = [str(t.params.get(k, "")) for k in varied]
-        acc = [_fmt(t.metrics.get("accuracy"))] if has_acc else []
+        acc = [_fmt(t.metrics.get(M.ACCURACY))] if has_acc else []
         if not t.points:
             lines.append("| " + " | ".join([t.name, t.status, *params, "", *[""] * len(COLUMNS), *acc]) + " |")
         for p in t.points:
@@ -278,7 +310,7 @@ def summary_markdown(
                 + " | ".join([t.name, t.status, *params, p.label, *[_fmt(p.metrics.get(k)) for k, _ in COLUMNS], *acc])
                 + " |"
             )
-    invalid = [(t, p) for t in data.trials for p in t.points if p.metrics.get("invalid")]
+    invalid = [(t, p) for t in data.trials for p in t.points if p.metrics.get(M.INVALID)]
     if invalid:  # a number read at such a point describes the client or another workload, not the server
         lines += ["", "**INVALID points** (not a measurement of the server under the planned workload):", ""]
         lines += [f"- {t.name} {p.label}: {p.invalid_reasons or 'invalid'}" for t, p in invalid]
@@ -296,6 +328,7 @@ def summary_markdown(
             "no `objective`, see README).",
         ]
     lines += ["", *expectations.section(expectations.check(data.expect, data.trials))] if data.expect else []
+    lines += reuse_section(data.finished)
     lines += hardware_section(data.finished)
     lines += timelines_section(timelines or {})
     skipped = [t for t in data.trials if t.status != "FINISHED"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.objective import fixed_points, short
 from orchestrator.tracking.runs import Point, TrialData
@@ -58,30 +59,30 @@ class Mechanism:
 
 
 MECHANISMS = (
-    Mechanism("stall_worst_ms", "worst stall (ms)", "lower"),
-    Mechanism("stalls", "stalls", "lower", 2.0),
-    Mechanism("stalls_per_prefill", "stalled steps per interfering prefill", None, 0.5),
-    Mechanism("stall_time_share", "share of inter-token time stalled", "lower", 0.02),
-    Mechanism("itl_worst_ms_p50", "the stall a typical request saw (ms)", "lower"),
-    Mechanism("itl_ms_p99", "ITL p99 (ms)", "lower"),
-    Mechanism("ttft_parts_queue_ms", "queue wait in TTFT (ms)", "lower", 5.0),
-    Mechanism("ttft_parts_prefill_ms", "prefill time in TTFT (ms)", "lower", 5.0),
-    Mechanism("ttft_ms_p50", "TTFT p50 (ms)", "lower"),
-    Mechanism("ttft_ms_p99", "TTFT p99 (ms)", "lower"),
-    Mechanism("tpot_ms_p50", "TPOT p50 (ms)", "lower", 0.2),
-    Mechanism("decode_batch_mean", "batch the engine ran", None, 0.5),
-    Mechanism("decode_floor_ratio", "TPOT over its roofline floor", "lower", 0.2),
-    Mechanism("server_prefix_cache_hit_rate", "prefix-cache hit rate", "higher", 0.02),
-    Mechanism("server_spec_decode_acceptance_rate", "draft acceptance rate", "higher", 0.02),
-    Mechanism("server_preemptions", "preemptions", "lower"),
-    Mechanism("server_requests_waiting_max", "requests waiting (max)", "lower"),
-    Mechanism("server_kv_cache_usage_max", "KV-cache usage (max)", None, 0.1),
-    Mechanism("tokens_per_second", "output tok/s", "higher"),
-    Mechanism("goodput", "goodput (req/s)", "higher", 0.05),
-    Mechanism("e2e_ms_p50", "E2E p50 (ms)", "lower"),
-    Mechanism("memory_peak_gb", "memory peak (GB)", "lower", 0.05),
+    Mechanism(M.STALL_WORST_MS, "worst stall (ms)", "lower"),
+    Mechanism(M.STALLS, "stalls", "lower", 2.0),
+    Mechanism(M.STALLS_PER_PREFILL, "stalled steps per interfering prefill", None, 0.5),
+    Mechanism(M.STALL_TIME_SHARE, "share of inter-token time stalled", "lower", 0.02),
+    Mechanism(M.ITL_WORST_MS_P50, "the stall a typical request saw (ms)", "lower"),
+    Mechanism(M.ITL_MS_P99, "ITL p99 (ms)", "lower"),
+    Mechanism(M.TTFT_PARTS_QUEUE_MS, "queue wait in TTFT (ms)", "lower", 5.0),
+    Mechanism(M.TTFT_PARTS_PREFILL_MS, "prefill time in TTFT (ms)", "lower", 5.0),
+    Mechanism(M.TTFT_MS_P50, "TTFT p50 (ms)", "lower"),
+    Mechanism(M.TTFT_MS_P99, "TTFT p99 (ms)", "lower"),
+    Mechanism(M.TPOT_MS_P50, "TPOT p50 (ms)", "lower", 0.2),
+    Mechanism(M.DECODE_BATCH_MEAN, "batch the engine ran", None, 0.5),
+    Mechanism(M.DECODE_FLOOR_RATIO, "TPOT over its roofline floor", "lower", 0.2),
+    Mechanism(M.SERVER_PREFIX_CACHE_HIT_RATE, "prefix-cache hit rate", "higher", 0.02),
+    Mechanism(M.SERVER_SPEC_DECODE_ACCEPTANCE_RATE, "draft acceptance rate", "higher", 0.02),
+    Mechanism(M.SERVER_PREEMPTIONS, "preemptions", "lower"),
+    Mechanism(M.SERVER_REQUESTS_WAITING_MAX, "requests waiting (max)", "lower"),
+    Mechanism(M.SERVER_KV_CACHE_USAGE_MAX, "KV-cache usage (max)", None, 0.1),
+    Mechanism(M.TOKENS_PER_SECOND, "output tok/s", "higher"),
+    Mechanism(M.GOODPUT, "goodput (req/s)", "higher", 0.05),
+    Mechanism(M.E2E_MS_P50, "E2E p50 (ms)", "lower"),
+    Mechanism(M.MEMORY_PEAK_GB, "memory peak (GB)", "lower", 0.05),
 )
-CLASS_MECHANISMS = ("itl_worst_ms_p50", "itl_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50")
+CLASS_MECHANISMS = (M.ITL_WORST_MS_P50, M.ITL_MS_P99, M.TTFT_MS_P50, M.TTFT_MS_P99, M.TPOT_MS_P50)
 MIN_CHANGE = 0.2  # a mechanism that moved less than this (relative) is not named
 MIN_COST = 0.05  # a cost smaller than this is not named
 

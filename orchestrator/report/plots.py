@@ -11,15 +11,20 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.config.metric_keys import M
 from orchestrator.report.figures import (
     by_param,
+    draw,
     knee,
     load_axis,
+    mark_intervals,
     metric_of,
     pareto,
     per_point,
     plot_lines,
+    point_between_runs,
     pyplot,
+    raced,
     save_figure,
 )
 from orchestrator.tracking.runs import SweepData, TrialData
@@ -39,7 +44,7 @@ def first_serving(data: SweepData, out: Path) -> list[Path]:
         ax.set_yscale("log")
         ax.set_ylabel(title + ", log scale")
         ax.set_title(f"{title.split(' ')[0]} vs request rate")
-    plot_lines(axes[2], trials, "tokens_per_second", x, "o-")
+    plot_lines(axes[2], trials, M.TOKENS_PER_SECOND, x, "o-")
     axes[2].set_ylabel("output throughput (tokens/s)")
     axes[2].set_title("throughput vs request rate")
     for t in trials:
@@ -49,7 +54,7 @@ def first_serving(data: SweepData, out: Path) -> list[Path]:
                 ax.axvline(x(k), color="grey", linestyle=":", linewidth=1.2)
             axes[0].annotate(
                 f"knee ({t.name}): {tick_labels[ticks.index(x(k))] if x(k) in ticks else x(k)}",
-                (x(k), metric_of(k, "ttft_ms_p50")),
+                (x(k), metric_of(k, M.TTFT_MS_P50)),
                 textcoords="offset points",
                 xytext=(-90, 12),
                 fontsize=8,
@@ -60,6 +65,7 @@ def first_serving(data: SweepData, out: Path) -> list[Path]:
         ax.set_xticks(ticks, tick_labels)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
+    mark_intervals(fig, trials)
     return [save_figure(fig, out, "first_serving.png")]
 
 
@@ -84,24 +90,13 @@ def chunked_prefill(data: SweepData, out: Path) -> list[Path]:
     short = "short" if "short" in classes else None
     long_ = "long" if "long" in classes else None
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    bars = raced(trials)
     for label in labels:
-
-        def at(t: TrialData, key: str, label: str = label) -> float:
-            p = next((p for p in t.points if p.label == label), None)
-            return metric_of(p, key) if p else math.nan
-
-        axes[0].plot(
-            positions,
-            [at(t, f"{short}/itl_ms_p99" if short else "itl_ms_p99") for t in trials],
-            "o-",
-            label=f"{label}: ITL p99" + (" (short streams)" if short else ""),
-        )
-        axes[1].plot(
-            positions,
-            [at(t, f"{long_}/ttft_ms_p99" if long_ else "ttft_ms_p99") for t in trials],
-            "s-",
-            label=f"{label}: TTFT p99" + (" (long prompts)" if long_ else ""),
-        )
+        itl = [point_between_runs(t, label, f"{short}/{M.ITL_MS_P99}" if short else M.ITL_MS_P99) for t in trials]
+        ttft = [point_between_runs(t, label, f"{long_}/{M.TTFT_MS_P99}" if long_ else M.TTFT_MS_P99) for t in trials]
+        draw(axes[0], positions, itl, "o-", f"{label}: ITL p99" + (" (short streams)" if short else ""), bars)
+        draw(axes[1], positions, ttft, "s-", f"{label}: TTFT p99" + (" (long prompts)" if long_ else ""), bars)
+    mark_intervals(fig, trials)
     axes[0].set_ylabel("ITL p99 (ms)")
     axes[0].set_title("decode stalls vs chunk budget")
     axes[1].set_ylabel("TTFT p99 (ms)")
@@ -158,7 +153,7 @@ def prefix_caching(data: SweepData, out: Path) -> list[Path]:
     """TTFT vs shared-prefix length, caching on and off (server hit rate annotated)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    groups: dict[str, list[tuple[float, float, float]]] = {}
+    groups: dict[str, list[tuple[float, tuple[float, float], float]]] = {}
     for t in data.finished:
         on = t.param("engine.enable_prefix_caching") != "False"
         prefix = t.num("workload.classes.main.prefix_tokens", 0.0) or 0.0
@@ -166,14 +161,19 @@ def prefix_caching(data: SweepData, out: Path) -> list[Path]:
         if p is None:
             continue
         groups.setdefault("prefix caching on" if on else "prefix caching off", []).append(
-            (prefix, metric_of(p, "ttft_ms_p50"), metric_of(p, "server_prefix_cache_hit_rate"))
+            (
+                prefix,
+                point_between_runs(t, p.label, M.TTFT_MS_P50),
+                point_between_runs(t, p.label, M.SERVER_PREFIX_CACHE_HIT_RATE)[0],
+            )
         )
     for name, pts in sorted(groups.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
-        for prefix, ttft, hit in pts:
+        pts.sort(key=lambda q: q[0])
+        draw(ax, [q[0] for q in pts], [q[1] for q in pts], "o-", name, raced(data.finished))
+        for prefix, (ttft, _), hit in pts:
             if math.isfinite(hit):
                 ax.annotate(f"hit {hit:.0%}", (prefix, ttft), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    mark_intervals(fig, data.finished)
     ax.set_xlabel("shared prefix length (tokens)")
     ax.set_ylabel("TTFT p50 (ms)")
     ax.set_yscale("log")
@@ -189,24 +189,30 @@ def speculative_decoding(data: SweepData, out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     trials = data.finished
     labels = sorted({p.label for t in trials for p in t.points}, key=lambda s: (len(s), s))
+    bars = raced(trials)
     for label in labels:
         pts = []
         for t in trials:
             k = t.num("engine.speculative_config.num_speculative_tokens")
-            p = next((p for p in t.points if p.label == label), None)
-            if k and p is not None:
-                pts.append((k, metric_of(p, "server_spec_decode_acceptance_rate")))
-        pts.sort()
-        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+            if k and any(p.label == label for p in t.points):
+                pts.append((k, point_between_runs(t, label, M.SERVER_SPEC_DECODE_ACCEPTANCE_RATE)))
+        pts.sort(key=lambda q: q[0])
+        draw(axes[0], [q[0] for q in pts], [q[1] for q in pts], "o-", label, bars)
     axes[0].set_xlabel("speculative tokens per step (k)")
     axes[0].set_ylabel("draft acceptance rate (accepted / proposed)")
     axes[0].set_ylim(0, 1.05)
     axes[0].set_title("acceptance vs k")
     for t in trials:
-        by_qps = sorted(t.points, key=lambda p: metric_of(p, "qps"))
-        axes[1].plot(
-            [metric_of(p, "qps") for p in by_qps], [metric_of(p, "tpot_ms_p50") for p in by_qps], "o-", label=t.name
+        by_qps = sorted(t.points, key=lambda p: point_between_runs(t, p.label, M.QPS)[0])
+        draw(
+            axes[1],
+            [point_between_runs(t, p.label, M.QPS)[0] for p in by_qps],
+            [point_between_runs(t, p.label, M.TPOT_MS_P50) for p in by_qps],
+            "o-",
+            t.name,
+            bars,
         )
+    mark_intervals(fig, trials)
     axes[1].set_xlabel("achieved throughput (requests/s)")
     axes[1].set_ylabel("TPOT p50 (ms/token)")
     axes[1].set_title("latency vs QPS")
@@ -220,18 +226,22 @@ def quantization(data: SweepData, out: Path) -> list[Path]:
     """Memory vs throughput, labelled by accuracy when the sweep scored it; Pareto front."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.8))
-    pts = [
+    bars = raced(data.finished)
+    measured = [
         (
-            t.metrics.get("memory_peak_gb_max", math.nan),
-            t.points[-1].metrics.get("tokens_per_second", math.nan) if t.points else math.nan,
+            t.metrics.get(M.MEMORY_PEAK_GB_MAX, math.nan),
+            point_between_runs(t, t.points[-1].label, M.TOKENS_PER_SECOND) if t.points else (math.nan, 0.0),
             t,
         )
         for t in data.finished
     ]
-    pts = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
-    for mem, tps, t in pts:
-        acc = t.metrics.get("accuracy")
-        ax.scatter([mem], [tps], s=40)
+    measured = [q for q in measured if math.isfinite(q[0]) and math.isfinite(q[1][0])]
+    for mem, (tps, half), t in measured:
+        acc = t.metrics.get(M.ACCURACY)
+        if bars:
+            ax.errorbar([mem], [tps], yerr=[half], fmt="o", capsize=3)
+        else:
+            ax.scatter([mem], [tps], s=40)
         ax.annotate(
             t.name + (f" (acc {acc:.3f})" if acc is not None else ""),
             (mem, tps),
@@ -239,6 +249,8 @@ def quantization(data: SweepData, out: Path) -> list[Path]:
             xytext=(5, 5),
             fontsize=8,
         )
+    pts = [(mem, tps, t) for mem, (tps, _), t in measured]
+    mark_intervals(fig, data.finished)
     front = pareto(pts)
     if len(front) > 1:
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", linewidth=1, label="Pareto front")
@@ -278,9 +290,9 @@ def serving_workloads(data: SweepData, out: Path) -> list[Path]:
         data,
         out,
         [
-            ("ttft_ms_p50", "TTFT p50 (ms)"),
-            ("tpot_ms_p50", "TPOT p50 (ms/token)"),
-            ("tokens_per_second", "output throughput (tokens/s)"),
+            (M.TTFT_MS_P50, "TTFT p50 (ms)"),
+            (M.TPOT_MS_P50, "TPOT p50 (ms/token)"),
+            (M.TOKENS_PER_SECOND, "output throughput (tokens/s)"),
         ],
         "serving_workloads.png",
         "workload",

@@ -11,8 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.objective import Value, check_constraint, constraint_text, fixed_points, show, value_of
+from orchestrator.objective import (
+    Value,
+    check_constraint,
+    constraint_text,
+    fmt,
+    read_at,
+    run_values,
+    show,
+    value_of,
+)
+from orchestrator.objective.race import ONE_RUN, OPEN, TIED, WIN, RaceState, race_state
 from orchestrator.tracking.runs import TrialData
 
 
@@ -24,10 +35,24 @@ class Verdict:
     feasible: list[TrialData] = field(default_factory=list)
     excluded: list[tuple[TrialData, str]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    race: RaceState | None = None  # the between-run comparison, when the trials have several runs
+    undecided: list[TrialData] = field(default_factory=list)
 
     @property
     def headline(self) -> str:
         return self.lines[0] if self.lines else ""
+
+    @property
+    def judged(self) -> list[TrialData]:
+        """Every trial the objective was read for: meeting the constraints or not."""
+        return [*self.feasible, *(t for t, _ in self.excluded)]
+
+    @property
+    def decision(self) -> str:
+        """``win``, ``tie``, ``undecided`` (between runs), ``one run`` (noise not measured), ``none``."""
+        if self.best is None:
+            return "none"
+        return self.race.answer if self.race is not None else ONE_RUN
 
 
 def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
@@ -41,10 +66,24 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
         return verdict
     best, bv = max(scored, key=lambda tv: sign * tv[1].value)
     verdict.best = best
-    for t, v in scored:  # overlapping 95% intervals: a tie, not a win
-        if t is not best and bv.ci95 and v.ci95 and abs(v.value - bv.value) <= bv.ci95 + v.ci95:
-            verdict.ties.append(t)
-    verdict.lines = [_headline(verdict, bv, len(scored))]
+    race = _race(scored, objective)
+    if race is not None:  # several runs: the race's answer, between runs
+        verdict.race = race
+        by_name = {t.name: (t, v) for t, v in scored}
+        best, bv = by_name[race.leader or best.name]
+        verdict.best = best
+        verdict.ties = [by_name[n][0] for n in race.tied]
+        verdict.undecided = [by_name[n][0] for n in race.undecided]
+        verdict.lines = [_race_headline(verdict, bv)]
+    elif bv.where == "knob" and any(t.runs for t in trials):  # a knob: sure only of the constraints
+        verdict.undecided = knob_doubts(trials, objective, verdict)
+        verdict.race = RaceState(best.name, answer=OPEN if verdict.undecided else WIN)
+        verdict.lines = [_knob_headline(verdict, bv)]
+    else:
+        for t, v in scored:  # overlapping 95% intervals: a tie, not a win
+            if t is not best and bv.ci95 and v.ci95 and abs(v.value - bv.value) <= bv.ci95 + v.ci95:
+                verdict.ties.append(t)
+        verdict.lines = [_headline(verdict, bv, len(scored))]
     others = [(t, v) for t, v in sorted(scored, key=lambda tv: -sign * tv[1].value) if t is not best]
     if others:
         verdict.lines.append(
@@ -54,11 +93,22 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
             )
             + "."
         )
-    flagged = [t.name for t, v in scored if _read_at(t, v, "invalid")]
+    flagged = [t.name for t, v in scored if read_at(t, v, M.INVALID)]
     if flagged:
         verdict.lines.append(
             "Caution: the value of " + ", ".join(flagged) + " was read at a load point flagged "
             "INVALID (the client could not keep up, or the server failed): compare with care."
+        )
+    judged = [  # a constraint judged at an INVALID point, whatever the objective's own value
+        f"{t.name} ({k})"
+        for t in verdict.judged
+        for k in objective.subject_to
+        if (c := value_of(t, k, objective.at)) is not None and read_at(t, c, M.INVALID)
+    ]
+    if judged:
+        verdict.lines.append(
+            "Caution: the constraint of " + ", ".join(judged) + " was judged at a load point flagged INVALID: "
+            "whether it is met is not known."
         )
     if verdict.excluded:
         verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded) + ".")
@@ -82,7 +132,7 @@ def _score(trials: list[TrialData], objective: ObjectiveSpec, verdict: Verdict) 
         v = value_of(t, key, objective.at)
         if v is None:
             failed.append(f"{key} {'not set' if '.' in key and '/' not in key else 'not measured'}")
-        elif _read_at(t, v, "profiled_excluded"):
+        elif read_at(t, v, M.PROFILED_EXCLUDED):
             failed.append(f"{key} read at {v.where}, a profiled point (profile.in_verdict=true counts it)")
         if failed:
             verdict.excluded.append((t, "; ".join(failed)))
@@ -116,14 +166,97 @@ def _headline(verdict: Verdict, bv: Value, n_scored: int) -> str:
             + "; the data cannot tell them apart."
         )
     elif bv.where != "knob" and bv.ci95 is None and n_scored > 1:
-        head += " No repeats: run-to-run noise was not measured (workload.repeats >= 3 gives intervals)."
+        head += " One run each: run-to-run noise was not measured (objective.max_repeats >= 2 races the trials)."
+        if bv.within is not None:
+            lo, hi = bv.within
+            head += (
+                f" Within its one run {key} lay in {fmt(lo)}..{fmt(hi)} (95%, over that run's requests): how "
+                "precisely the run measured it, not how far another run would land."
+            )
     return head
 
 
-def _read_at(t: TrialData, v: Value, flag: str) -> bool:
-    """The value was read at a fixed point that carries ``flag`` (invalid, profiled_excluded)."""
-    point = next((p for p in fixed_points(t) if p.label == v.where), None)
-    return point is not None and point.metrics.get(flag, 0.0) >= 1.0
+def _race(scored: list[tuple[TrialData, Value]], objective: ObjectiveSpec) -> RaceState | None:
+    """The race over the scored trials' runs; None when every trial ran once (or a knob decides)."""
+    if not any(t.runs for t, _ in scored) or any(v.where == "knob" for _, v in scored):
+        return None
+    return race_over([t for t, _ in scored], objective)
+
+
+def race_over(trials: list[TrialData], objective: ObjectiveSpec) -> RaceState:
+    """The objective's value in each run of ``trials`` compared with the leader's (every
+    interval Bonferroni-divided over the contenders and the ``max_repeats - 1`` rounds at which
+    the race may stop)."""
+    values = {t.name: run_values(t, objective.key, objective.at) for t in trials}
+    looks = max(1, objective.max_repeats - 1)
+    return race_state(values, objective.maximize is not None, objective.confidence, objective.margin, looks)
+
+
+def _race_headline(verdict: Verdict, bv: Value) -> str:
+    """X wins (by d, interval), X and Y tie (within the margin), or undecided after the budget."""
+    objective, best, race = verdict.objective, verdict.best, verdict.race
+    assert best is not None and race is not None
+    key, extra = objective.key, _quoted(best, objective)
+    runs = sorted(set(race.runs.values()))
+    each = f"{runs[0]} runs each" if len(runs) == 1 else f"{runs[0]}-{runs[-1]} runs"
+    sure = (
+        f"{objective.confidence:.0%} confidence for all its statements together, from the spread between runs, {each}"
+    )
+    value = f"{key} {show(bv)}" + (f" ({extra})" if extra else "")
+    goal = f"objective: {_goal(objective)}."
+    if race.answer == OPEN:
+        names = " or ".join([best.name, *(t.name for t in verdict.undecided)])
+        return (
+            f"**Verdict:** undecided after the budget: {names} ({sure}); the leader {best.name}: {value}; "
+            f"run with a larger budget (objective.budget, objective.max_repeats). {goal}"
+        )
+    if race.answer == TIED:
+        names = " and ".join([best.name, *(t.name for t in verdict.ties)])
+        return f"**Verdict:** {names} tie within the margin of {objective.margin:.0%} ({sure}); {best.name}: {value}. {goal}"
+    closest = min(race.comparisons, key=lambda c: c.advantage, default=None)
+    against = f" {closest.words(objective.maximize is not None)} over {closest.name}," if closest else ""
+    return f"**Verdict:** {best.name} wins:{against} {sure}; {value}. {goal}"
+
+
+def knob_doubts(trials: list[TrialData], objective: ObjectiveSpec, verdict: Verdict) -> list[TrialData]:
+    """A knob objective is exact; what is uncertain is whether a trial meets the constraints.
+    The trials with a better knob than the best's whose constraints held in some runs only: the
+    verdict is not decided while any is left (with no best yet, every uncertain one)."""
+    sign = 1.0 if objective.maximize else -1.0
+    best = value_of(verdict.best, objective.key, objective.at) if verdict.best is not None else None
+    names = {t.name for t, why in verdict.excluded if ": uncertain" in why}
+    out = []
+    for t in trials:
+        v = value_of(t, objective.key, objective.at)
+        if t.name in names and v is not None and (best is None or sign * v.value > sign * best.value):
+            out.append(t)
+    return out
+
+
+def _knob_headline(verdict: Verdict, bv: Value) -> str:
+    """A knob objective over several runs: the best knob whose constraints held in every run."""
+    objective, best = verdict.objective, verdict.best
+    assert best is not None
+    n = 1 + len(best.runs)
+    value = f"{objective.key} {show(bv)}" + (f" ({q})" if (q := _quoted(best, objective)) else "")
+    goal = f"objective: {_goal(objective)}."
+    if verdict.undecided:
+        names = " or ".join([*(t.name for t in verdict.undecided), best.name])
+        return (
+            f"**Verdict:** undecided after the budget: {names}: {', '.join(t.name for t in verdict.undecided)} "
+            f"met the constraints in some runs only; {best.name} in all {n}: {value}; run with a larger budget "
+            f"(objective.budget, objective.max_repeats). {goal}"
+        )
+    sign = 1.0 if objective.maximize else -1.0
+    others = verdict.judged
+    better = [t for t in others if (v := value_of(t, objective.key, objective.at)) and sign * v.value > sign * bv.value]
+    rest = (
+        f"every trial with a {'greater' if objective.maximize else 'smaller'} {objective.key} "
+        f"({', '.join(t.name for t in better)}) missed them in all of its own"
+        if better
+        else f"no trial has a {'greater' if objective.maximize else 'smaller'} {objective.key}"
+    )
+    return f"**Verdict:** {best.name} wins: {value}; it met the constraints in all {n} of its runs, and {rest}. {goal}"
 
 
 def knob_effects(trials: list[TrialData], varied: list[str], objective: ObjectiveSpec) -> list[str]:

@@ -57,7 +57,11 @@ def launch_multirun(
     log.debug("composed %d jobs: %s", len(configs), composer.counts)
     jobs = prepare_jobs(configs, initial_job_idx)
     sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
-    results = run_sweep(jobs, sweep_dir, sweep_dir.name, sweep_params, continuing=initial_job_idx > 0)
+    # a knob search chooses its own next trials: its batches do not race
+    searching = "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower()
+    results = run_sweep(
+        jobs, sweep_dir, sweep_dir.name, sweep_params, continuing=initial_job_idx > 0, race=not searching
+    )
     outcomes = trial_outcomes(jobs, results)
     returns = []
     for job, cfg, outcome in zip(jobs, job_cfgs, outcomes):

@@ -7,6 +7,7 @@ from functools import cached_property
 from typing import Any
 
 from orchestrator.config import ConfigError, SweepSettings, TrialSpec, to_specs, trial_hash
+from orchestrator.config.hashing import first_run_hash
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,8 @@ class TrialJob:
 
     @property
     def label(self) -> str:
-        return self.spec.variant or f"trial{self.index}-{self.trial_hash[:8]}"
+        """Its variant, else its index and hash (a race's repeat: its first run's hash)."""
+        return self.spec.variant or f"trial{self.index}-{(first_run_hash(self.spec) or self.trial_hash)[:8]}"
 
     @property
     def num_gpus(self) -> int:

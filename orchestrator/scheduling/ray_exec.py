@@ -290,22 +290,37 @@ def run_jobs(
             for ref in done:
                 unit = running.pop(ref)
                 value, error = _fetch(ref)  # once: a result carries its records, worth not copying twice
-                lost = f"{type(error).__name__}: {error}" if type(error).__name__ in LOST else None
-                tries = attempts[unit[0].index]
-                if lost is not None and len(tries.history) + 1 < max_attempts:
-                    for job in unit:
-                        attempts[job.index].lost(workdir_of(job), lost)
-                    progress(
-                        f"{unit[0].label}{f' (+{len(unit) - 1} sharing its server)' if len(unit) > 1 else ''}: "
-                        f"attempt {len(tries.history)} lost ({lost.splitlines()[0][:160]}); "
-                        f"running it again ({len(tries.history) + 1}/{max_attempts})"
-                    )
+                if _retried(unit, error, attempts, max_attempts, workdir_of, progress):
                     queue.insert(0, unit)
                     continue
                 for job, result in zip(unit, _results_of(unit, value, error)):
                     yield job, attempts[job.index].final(result)
     finally:
         _stop_running(list(running))
+
+
+def _retried(
+    unit: list[TrialJob],
+    error: Exception | None,
+    attempts: dict[int, _Attempts],
+    max_attempts: int,
+    workdir_of: Callable[[TrialJob], str],
+    progress: Callable[[str], None],
+) -> bool:
+    """Whether the unit is to run again: lost with its worker or node (:data:`LOST`) with
+    attempts left; each job's lost attempt is then noted and set aside, and said."""
+    lost = f"{type(error).__name__}: {error}" if type(error).__name__ in LOST else None
+    tries = attempts[unit[0].index]
+    if lost is None or len(tries.history) + 1 >= max_attempts:
+        return False
+    for job in unit:
+        attempts[job.index].lost(workdir_of(job), lost)
+    progress(
+        f"{unit[0].label}{f' (+{len(unit) - 1} sharing its server)' if len(unit) > 1 else ''}: "
+        f"attempt {len(tries.history)} lost ({lost.splitlines()[0][:160]}); "
+        f"running it again ({len(tries.history) + 1}/{max_attempts})"
+    )
+    return True
 
 
 def _submitter(

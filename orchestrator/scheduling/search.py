@@ -68,7 +68,9 @@ def objective_of(config: Any) -> ObjectiveSpec:
             "'+objective={maximize:tokens_per_second}') or use an experiment that declares one"
         )
     try:
-        return ObjectiveSpec.model_validate(raw)
+        objective = ObjectiveSpec.model_validate(raw)
+        objective.check_names()
+        return objective
     except ValueError as exc:
         raise ConfigError(f"objective: {exc}") from None
 

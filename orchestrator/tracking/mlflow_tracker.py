@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.metric_keys import M
 from orchestrator.metrics.result import (
     ARTIFACT_DIR,
     RECORDS_FILE,
@@ -170,7 +171,7 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        metrics = [Metric(f"trials_{k.lower()}", float(v), ts, 0) for k, v in counts.items()]
+        metrics = [Metric(f"trials_{k.lower().replace(' ', '_')}", float(v), ts, 0) for k, v in counts.items()]
         self.client.log_batch(self.parent_run_id, metrics=metrics)
         self.client.set_terminated(self.parent_run_id, status=status)
 
@@ -191,7 +192,7 @@ class MlflowTracker:
             "run_kind": "trial",
             **(tags or {}),
         }
-        if self.parent_run_id:
+        if self.parent_run_id and "mlflow.parentRunId" not in run_tags:  # a repeat names its trial's run
             run_tags["mlflow.parentRunId"] = self.parent_run_id
         if result.error:
             run_tags["error"] = truncate(result.error, 5000)
@@ -206,7 +207,7 @@ class MlflowTracker:
             )
         if result.capacity.get("explanation"):  # the SLO capacity and the probe that bounds it, in words
             run_tags["slo_capacity"] = truncate(str(result.capacity["explanation"]), 5000)
-        invalid = [p for p in result.points if p.metrics.get("invalid")]
+        invalid = [p for p in result.points if p.metrics.get(M.INVALID)]
         if invalid:  # the client was the bottleneck, or the server got another workload than planned
             run_tags["invalid_points"] = ",".join(p.label for p in invalid)
             run_tags["invalid_reasons"] = truncate(
@@ -217,7 +218,7 @@ class MlflowTracker:
             run_tags["diagnosis"] = truncate(
                 " | ".join(f"{p.label}: {p.diagnosis['headline']}" for p in diagnosed), 5000
             )
-            fixed = [p for p in diagnosed if "slo_met" not in p.metrics] or diagnosed  # not a capacity probe
+            fixed = [p for p in diagnosed if M.SLO_MET not in p.metrics] or diagnosed  # not a capacity probe
             run_tags["limiter"] = str(fixed[-1].diagnosis.get("limiter", ""))
         for key, note in result.telemetry.items():  # what the telemetry measured, or why not
             run_tags[f"telemetry.{key}"] = truncate(note, 5000)
@@ -233,6 +234,10 @@ class MlflowTracker:
         return run_id
 
     # -- helpers --------------------------------------------------------------------
+
+    def log_run_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
+        """More metrics on a trial's run after it was logged (a race's interval over its runs)."""
+        self._log_metrics(run_id, [(k, v, 0) for k, v in metrics.items()])
 
     def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
         from mlflow.entities import Param

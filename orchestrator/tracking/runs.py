@@ -59,6 +59,7 @@ class TrialData:
     telemetry: dict[str, str] = field(default_factory=dict)  # what the telemetry measured or why not
     timeline: Callable[[], bytes | None] = field(default=lambda: None, repr=False)  # () -> timeline.png
     error: str = ""  # why the trial was SKIPPED or FAILED
+    runs: list[TrialData] = field(default_factory=list)  # a race's later runs of this configuration, in order
 
     def param(self, key: str, default: str | None = None) -> str | None:
         value = self.params.get(key, default)
@@ -152,7 +153,22 @@ def from_results(
                 error=r.error or "",
             )
         )
-    return SweepData(experiment, trials, "results", sweep_run_id, objective, list(expect or []))
+    repeats = {r.trial_hash: r.repeat_of for r in results if r.repeat_of}
+    return SweepData(experiment, fold_repeats(trials, repeats), "results", sweep_run_id, objective, list(expect or []))
+
+
+def fold_repeats(trials: list[TrialData], repeat_of: dict[str, str]) -> list[TrialData]:
+    """A race's later runs (``repeat_of``: their hash -> their first run's) become the ``runs``
+    of their configuration's first run, in order; one whose first run is not here stays a trial."""
+    firsts = {t.trial_hash: t for t in trials if t.trial_hash not in repeat_of}
+    out = []
+    for t in trials:
+        first = firsts.get(repeat_of.get(t.trial_hash, ""))
+        if first is not None:
+            first.runs.append(t)
+        else:
+            out.append(t)
+    return out
 
 
 def parse_points_csv(text: str) -> list[Point]:
@@ -211,9 +227,20 @@ def from_mlflow(uri: str, experiment: str, sweep_run_id: str | None = None) -> S
         order_by=["attributes.start_time ASC"],
         max_results=5000,
     )
+    # a race's later runs are children of their trial's run, tagged with the sweep's
+    repeats = client.search_runs(
+        [exp.experiment_id],
+        f"tags.run_kind = 'repeat' and tags.sweep_run_id = '{sweep_run_id}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=5000,
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        trials = [_trial_of_run(client, run, tmp) for run in runs]
+        trials = [_trial_of_run(client, run, tmp) for run in [*runs, *repeats]]
         expect = _expect_of(client, sweep_run_id, tmp)
+    repeat_of = {
+        r.data.tags.get("trial_hash", ""): r.data.tags["repeat_of"] for r in repeats if "repeat_of" in r.data.tags
+    }
+    trials = fold_repeats(trials, repeat_of)
     return SweepData(experiment, trials, f"mlflow:{uri} run {sweep_run_id}", sweep_run_id, objective, expect)
 
 

@@ -8,15 +8,17 @@ The parts, in the order a trial meets them:
   group (:class:`ServerGroup`), emptying caches, which trials can share one start;
 * :mod:`~orchestrator.trial.points`: one load point measured: raw inputs, metrics (pure),
   verdict (pure), and the :class:`PointMeasurer` that gathers them around the point;
-* :mod:`~orchestrator.trial.run`: :class:`TrialRun` sequences it all; the load points are fed
-  forward (each result is sent to the schedule that chose the point: the capacity search's
-  probes); :func:`run_trial` and :func:`run_trial_group` are the entry points.
+* :mod:`~orchestrator.trial.run`: :class:`TrialRun` sequences it all and owns the loop over the
+  load points (each prepared and sent by the load session, measured around it; then the capacity
+  search's probes, each chosen from the results before it); :func:`run_trial` is the entry point,
+  :func:`~orchestrator.trial.group.run_trial_group` for trials sharing one server start.
 
 ``run_trial`` never talks to MLflow; it returns a :class:`TrialResult` and the driver logs it.
 Every failure becomes a FAILED (or SKIPPED) result with the reason; the servers are stopped on
 every exit path by their context managers.
 """
 
+from orchestrator.trial.group import run_trial_group
 from orchestrator.trial.plan import check_feasible, check_inputs, plan_trial, skipped_result
 from orchestrator.trial.points import (
     PointMeasurer,
@@ -27,7 +29,7 @@ from orchestrator.trial.points import (
     roofline_metrics,
     trial_metrics,
 )
-from orchestrator.trial.run import TrialRun, run_trial, run_trial_group
+from orchestrator.trial.run import TrialRun, run_trial
 from orchestrator.trial.servers import (
     ServerGroup,
     describe_servers,

@@ -1,32 +1,50 @@
 """The SLO capacity search inside a trial: probes chosen one after the other, each from the
-verdicts of the ones before (:mod:`orchestrator.loadgen.capacity` holds the search itself)."""
+verdicts of the ones before (:mod:`orchestrator.loadgen.capacity` holds the search itself).
+
+A probe decides the bracket only when it can: one whose SLO metric's 95% interval within the
+run (:mod:`orchestrator.metrics.within_run`) straddles its limit is indeterminate and runs
+again at the same load with fresh requests, up to ``capacity.runs`` runs, judged on the
+requests of all its runs together; still straddling after the last run, it is decided by the
+pooled estimate and says so. A run the client could not drive (or that measured another
+workload, or a shared machine) decides nothing, in the point's own reasons."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
 from typing import Any
 
 from orchestrator.config.logs import Progress
+from orchestrator.config.metric_keys import AT_CAPACITY, M
 from orchestrator.config.schema import CapacitySpec, LoadPointSpec
-from orchestrator.loadgen.capacity import CapacitySearch, judge
+from orchestrator.loadgen.capacity import (
+    CapacitySearch,
+    Judgement,
+    invalid_reason,
+    load_misses,
+    metric_of,
+    slo_misses,
+)
+from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.result import PointResult
+from orchestrator.metrics.summary import latency_metrics, latency_of, summarize_by_class
+from orchestrator.metrics.within_run import HIGH, LOW, within_run
 
 UNITS = {"rate": "req/s", "concurrency": "streams"}
-# Read at the probe that sets the capacity: the cost and energy of a token at the SLO's limit.
-AT_CAPACITY = ("cost_per_mtok_output", "cost_per_mtok_total", "joules_per_output_token", "output_tokens_per_joule")
-
-Schedule = Generator[LoadPointSpec, PointResult | None, bool]
-"""Load points to run; each is sent its result (None: not measured). Returns whether it ran to its end."""
 
 
-def unmeasured(result: PointResult | None) -> bool:
-    """A point that ends a schedule: not measured, or its servers failed."""
-    return result is None or bool(result.metrics.get("server_failed"))
+def unmeasured(result: PointResult) -> bool:
+    """A point that ends a trial's schedule: its servers failed."""
+    return bool(result.metrics.get(M.SERVER_FAILED))
+
+
+def _value_of(runs: list[tuple[PointResult, list[RequestRecord]]], knob: str) -> float:
+    """The load (req/s or streams) the runs of one probe were sent at."""
+    return float(runs[0][0].setting[knob])
 
 
 class CapacityProbes:
-    """The probes of one search, fed their results; ``outcome`` says what was found."""
+    """The probes of one search: the trial asks for the :meth:`next` one and tells the search
+    what it measured (:meth:`observe`); ``outcome`` says what was found."""
 
     def __init__(self, cap: CapacitySpec, classes: list[str], say: Progress) -> None:
         self.cap, self.classes, self.say = cap, classes, say
@@ -39,45 +57,116 @@ class CapacityProbes:
             max_probes=cap.max_probes,
             integer=cap.knob == "concurrency",
         )
-        self.measured: dict[str, PointResult] = {}  # each probe's result, by label
+        self.measured: dict[str, PointResult] = {}  # each run's result, by label
+        self._t0: float | None = None
+        self._value: float | None = None  # the probe asked for and not yet observed
+        self._runs: list[tuple[PointResult, list[RequestRecord]]] = []  # an indeterminate probe's runs so far
 
-    def probes(self) -> Schedule:
-        """Yield the next probe until the search has its answer (or its time budget is spent);
-        a probe whose server failed ends it early (returns False)."""
-        cap, search = self.cap, self.search
-        t0 = time.monotonic()
-        while True:
-            out_of_time = cap.time_budget_s is not None and time.monotonic() - t0 >= cap.time_budget_s
-            value = search.next_value(out_of_time)
-            if value is None:
-                break
-            p = yield cap.probe(value)
-            if p is None or unmeasured(p):
-                return False
-            per_class = p.class_metrics or {self.classes[0]: p.metrics}  # one class: its metrics are the point's
-            verdict = judge(p.metrics, per_class, cap.slo, cap.knob, cap.min_goodput_fraction, cap.min_sustained)
-            search.observe(value, p.label, verdict)
-            self.measured[p.label] = p
-            p.metrics["slo_met"] = 1.0 if verdict.verdict == "pass" else 0.0
-            self.say(
-                f"probe {p.label}: "
-                + (
-                    "SLOs met"
-                    if verdict.verdict == "pass"
-                    else f"{'not counted' if verdict.verdict == 'invalid' else 'SLOs missed'}: "
-                    + "; ".join(verdict.reasons)
-                )
+    def next(self) -> tuple[LoadPointSpec, str] | None:
+        """The next probe and its label (``c4``; its second run ``c4#2``), or None when the search
+        has its answer (or its time budget is spent)."""
+        cap = self.cap
+        if self._t0 is None:
+            self._t0 = time.monotonic()
+        out_of_time = cap.time_budget_s is not None and time.monotonic() - self._t0 >= cap.time_budget_s
+        if self._runs and out_of_time:  # an indeterminate probe decides on the runs it has
+            judgement = self._judge(final=True)
+            assert judgement is not None
+            self._decide(judgement)
+        value = _value_of(self._runs, cap.knob) if self._runs else self.search.next_value(out_of_time)
+        if value is None:
+            self.say(f"SLO capacity: {self.search.explanation(UNITS[cap.knob])}")
+            return None
+        self._value = value
+        point = cap.probe(value)
+        return point, point.label + (f"#{len(self._runs) + 1}" if self._runs else "")
+
+    def observe(self, p: PointResult, records: list[RequestRecord]) -> None:
+        """The measured result of the run :meth:`next` gave (``records``: its requests)."""
+        value, self._value = self._value, None
+        assert value is not None, "observe() without next()"
+        self.measured[p.label] = p
+        if (why := invalid_reason(p.metrics)) is not None:
+            earlier, self._runs = self._runs, [(p, records)]
+            reasons = tuple(p.invalid_reasons) or (why,)
+            note = f"{len(earlier)} earlier run(s) of it were indeterminate" if earlier else ""
+            self._decide(Judgement("invalid", reasons, note))
+            return
+        self._runs.append((p, records))
+        judgement = self._judge(final=len(self._runs) >= self.cap.runs)
+        if judgement is None:
+            return
+        self._decide(judgement)
+
+    def _judge(self, final: bool) -> Judgement | None:
+        """The probe's judgement on the requests of all its runs; None while it is indeterminate
+        and not ``final``."""
+        cap, runs = self.cap, self._runs
+        last = runs[-1][0]
+        if len(runs) == 1:
+            metrics, per_class = last.metrics, last.class_metrics or {self.classes[0]: last.metrics}
+        else:
+            pooled = [r for _, rs in runs for r in rs]
+            metrics = latency_metrics([x for x in (latency_of(r) for r in pooled) if x is not None])
+            per_class = summarize_by_class(pooled) if len(self.classes) > 1 else {self.classes[0]: metrics}
+        misses = slo_misses(metrics, per_class, cap.slo)
+        load = list(
+            dict.fromkeys(
+                m
+                for p, _ in runs
+                for m in load_misses(p.metrics, cap.knob, cap.min_goodput_fraction, cap.min_sustained)
             )
-        self.say(f"SLO capacity: {search.explanation(UNITS[cap.knob])}")
-        return True
+        )
+        close = [] if load else self._straddling(metrics, per_class)
+        n = len(runs)
+        if close and not final:
+            self.say(f"probe {last.label}: indeterminate ({'; '.join(close)}): runs again with fresh requests")
+            return None
+        over = f" over {n} runs' requests" if n > 1 else ""
+        note = (
+            f"still too close to tell after {n} run(s) ({'; '.join(close)}): decided by the estimate{over}"
+            if close
+            else ""
+        )
+        if not note and n > 1:
+            note = f"decided{over}"
+        return Judgement("fail" if misses or load else "pass", tuple(misses + load), note)
+
+    def _straddling(self, metrics: dict[str, float], per_class: dict[str, dict[str, float]]) -> list[str]:
+        """The SLO metrics whose 95% interval within the runs holds their limit, in words."""
+        pooled = [r for _, rs in self._runs for r in rs]
+        bounds = within_run(pooled, self.cap.slo)
+        out = []
+        for key, limit in self.cap.slo.items():
+            lo, hi = bounds.get(key + LOW), bounds.get(key + HIGH)
+            if lo is not None and hi is not None and lo <= limit <= hi:
+                value = metric_of(metrics, per_class, key)
+                shown = f" {value:.4g}" if value is not None else ""
+                out.append(f"{key}{shown}, 95% within-run interval {lo:.4g}..{hi:.4g} holds its limit {limit:g}")
+        return out
+
+    def _decide(self, judgement: Judgement) -> None:
+        """Tell the search the probe's verdict; mark each of its runs."""
+        runs, self._runs = self._runs, []
+        last = runs[-1][0]
+        self.search.observe(_value_of(runs, self.cap.knob), last.label, judgement, len(runs))
+        for p, _ in runs:
+            p.metrics[M.SLO_MET] = 1.0 if judgement.verdict == "pass" else 0.0
+        if judgement.verdict == "pass":
+            said = "SLOs met"
+        else:
+            said = f"{'not counted' if judgement.verdict == 'invalid' else 'SLOs missed'}: " + "; ".join(
+                judgement.reasons
+            )
+        self.say(f"probe {last.label}: {said}" + (f" ({judgement.note})" if judgement.note else ""))
 
     def outcome(self) -> tuple[dict[str, float], dict[str, Any]]:
         """The search's metrics (``slo_capacity_rps`` or ``slo_capacity_concurrency``, bracket,
-        probes) and its account (every probe's verdict and reasons, why it stopped)."""
+        probes, runs) and its account (every probe's verdict, reasons and runs, why it stopped)."""
         cap, search = self.cap, self.search
         if not search.probes:
             return {}, {}
-        name = "slo_capacity_rps" if cap.knob == "rate" else "slo_capacity_concurrency"
+        name = M.SLO_CAPACITY_RPS if cap.knob == "rate" else M.SLO_CAPACITY_CONCURRENCY
         metrics = {name if k == "capacity" else k.replace("capacity", name): v for k, v in search.summary().items()}
         at = self.measured.get(search.best_pass.label) if search.best_pass else None
         if at is not None:  # what a token costs, in energy and money, at the capacity
@@ -96,6 +185,8 @@ class CapacityProbes:
                     "value": p.value,
                     "verdict": p.judgement.verdict,
                     "reasons": list(p.judgement.reasons),
+                    "runs": p.runs,
+                    **({"note": p.judgement.note} if p.judgement.note else {}),
                 }
                 for p in search.probes
             ],

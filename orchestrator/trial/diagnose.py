@@ -19,8 +19,8 @@ from orchestrator.metrics import census
 from orchestrator.metrics.diagnosis import Diagnosis, PointEvidence, diagnose
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.telemetry import Row
+from orchestrator.trial.machine import is_engine
 from orchestrator.trial.servers import ServerGroup
-from orchestrator.trial.slate import is_engine
 
 STALLS_KEPT = 200  # the worst stalls of a point kept in its result (the timeline marks them)
 

@@ -14,7 +14,8 @@ from orchestrator.config.schema import TrialSpec
 from orchestrator.config.secrets import redact_mapping, redact_override
 from orchestrator.engines import adapter_for, envs
 from orchestrator.feasibility import assess, describe
-from orchestrator.loadgen.datasets import load_sharegpt, load_trace
+from orchestrator.loadgen.datasets import load_sharegpt
+from orchestrator.loadgen.traces import read_trace
 from orchestrator.metrics.result import TrialResult
 from orchestrator.models import resolve_model
 from orchestrator.trial.servers import planned_launches
@@ -100,8 +101,14 @@ def check_inputs(spec: TrialSpec) -> list[str]:
     for i, p in enumerate(spec.workload.load_points):
         if p.trace:
             try:
-                trace = load_trace(p.trace)
+                trace = read_trace(p.trace, p.trace_format, p.trace_block_tokens)
             except ConfigError as exc:
                 raise ConfigError(f"workload.load_points.{i}.trace: {exc}") from None
-            notes.append(f"workload.load_points.{i}: {len(trace)} requests from trace {p.trace}")
+            blocks = f", prefix blocks of {trace.block_tokens} tokens" if trace.block_tokens else ""
+            turns = trace.conversations
+            chats = f" in {turns} conversations" if turns < len(trace.rows) else ""
+            notes.append(
+                f"workload.load_points.{i}: trace {trace.path} ({trace.format}, {len(trace.rows)} requests{chats} "
+                f"over {trace.rows[-1].timestamp_s:.0f} s{blocks}, sha256 {trace.sha256[:12]})"
+            )
     return notes

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.errors import ServerCrashedError
 from orchestrator.config.logs import Progress
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LoadPointSpec, TrialSpec
 from orchestrator.engines import EngineMetric
 from orchestrator.feasibility import trial_decode_floor
@@ -27,6 +28,7 @@ from orchestrator.metrics.summary import (
     summarize_repeats,
 )
 from orchestrator.metrics.telemetry import Timeline
+from orchestrator.metrics.within_run import within_run
 from orchestrator.trial.diagnose import STALLS_KEPT, Census, foreign_bound, point_diagnosis
 from orchestrator.trial.profile import ProfileWindow
 from orchestrator.trial.servers import ServerGroup, reset_caches
@@ -67,21 +69,23 @@ def point_metrics(
     disaggregated: bool = False,
 ) -> dict[str, float]:
     """The point's metrics from its raw inputs: the client's summary (per repeat and their
-    intervals when repeated), the engine's gauges, the client's own stats, the engines'
+    intervals when repeated; else the headline latencies' 95% intervals within the run), the engine's gauges, the client's own stats, the engines'
     counter deltas and their latency histograms' percentiles. Under P/D the sampled decode
     server's TTFT and end-to-end start after the prefill: named ``decode_*``, not ours."""
     w = spec.workload
     arriving = ["trace"] if point.trace else [n for n, c in w.classes.items() if c.rate is None]
+    scheduled = point.concurrency is None  # open loop: a rate or a trace's instants
     if w.repeats > 1:
         per_repeat = [
-            summarize_point([x for x in raw.records if x.repeat == r], w.slo, point.rate, arriving)
+            summarize_point([x for x in raw.records if x.repeat == r], w.slo, point.rate, arriving, scheduled)
             for r in range(w.repeats)
         ]
         metrics = summarize_repeats(per_repeat, w.max_ci_rel_width)
     else:
-        metrics = summarize_point(raw.records, w.slo, point.rate, arriving)
+        metrics = summarize_point(raw.records, w.slo, point.rate, arriving, scheduled)
+        metrics.update(within_run(raw.records, seed=spec.seed))  # how precisely this one run measured them
     for key, value in raw.resources.items():  # engine gauges are server-side numbers
-        metrics[key if key == "memory_peak_gb" else f"server_{key}"] = value
+        metrics[key if key == M.MEMORY_PEAK_GB else f"server_{key}"] = value
     metrics.update(raw.client)
     for key, value in prometheus.deltas(raw.before, raw.after, engine_metrics).items():
         if disaggregated and key in ("ttft_s_mean", "e2e_s_mean"):
@@ -91,6 +95,9 @@ def point_metrics(
     if disaggregated:
         latency = {(f"decode_{k}" if k in ("ttft", "e2e") else k): v for k, v in latency.items()}
     metrics.update(server_latency(latency))
+    ideal, hits = metrics.get(M.TRACE_IDEAL_PREFIX_SHARE), metrics.get(M.SERVER_PREFIX_CACHE_HIT_RATE)
+    if ideal and hits is not None:  # how much of the trace's reusable prefix the server reused
+        metrics[M.PREFIX_REUSE_EFFICIENCY] = hits / ideal
     return metrics
 
 
@@ -112,7 +119,7 @@ def judge_point(
     gap, gap_reasons = clock_gap(metrics, w.fidelity, via=front)
     client = client + gap_reasons
     machine = []
-    foreign, bound = metrics.get("foreign_cpu_cores"), foreign_bound(spec)
+    foreign, bound = metrics.get(M.FOREIGN_CPU_CORES), foreign_bound(spec)
     if foreign is not None and bound is not None and foreign >= bound:
         machine.append(
             f"the machine was shared: {foreign:.2f} cores busy outside the trial "
@@ -121,11 +128,11 @@ def judge_point(
     out = {
         **found,
         **gap,
-        "client_invalid": 1.0 if client else 0.0,
-        "workload_invalid": 1.0 if workload else 0.0,
-        "machine_invalid": 1.0 if machine else 0.0,
+        M.CLIENT_INVALID: 1.0 if client else 0.0,
+        M.WORKLOAD_INVALID: 1.0 if workload else 0.0,
+        M.MACHINE_INVALID: 1.0 if machine else 0.0,
     }
-    out["invalid"] = max(out["client_invalid"], out["workload_invalid"], out["machine_invalid"])
+    out[M.INVALID] = max(out[M.CLIENT_INVALID], out[M.WORKLOAD_INVALID], out[M.MACHINE_INVALID])
     return PointVerdict(out, client, workload, machine)
 
 
@@ -151,12 +158,12 @@ def roofline_metrics(
     the point's window), else the point's concurrency, else the most requests the server ran at
     once (``server_requests_running_max``), else 1. Context: the mean prompt plus half the mean
     output (the middle of a decode)."""
-    requests = metrics.get("completed") or metrics.get("requests") or 0.0
+    requests = metrics.get(M.COMPLETED) or metrics.get(M.REQUESTS) or 0.0
     if not requests:
         return {}
     if batch is None or batch <= 0:
-        batch = point.concurrency or metrics.get("server_requests_running_max", 1.0) or 1.0
-    context = metrics.get("input_tokens", 0.0) / requests + metrics.get("output_tokens", 0.0) / requests / 2
+        batch = point.concurrency or metrics.get(M.SERVER_REQUESTS_RUNNING_MAX, 1.0) or 1.0
+    context = metrics.get(M.INPUT_TOKENS, 0.0) / requests + metrics.get(M.OUTPUT_TOKENS, 0.0) / requests / 2
     try:
         floor = trial_decode_floor(spec, max(1, int(round(batch))), int(context))
     except Exception as exc:  # a missing roof is not a trial failure
@@ -165,14 +172,14 @@ def roofline_metrics(
     if floor is None:
         return {}
     out = {
-        "decode_floor_ms": floor.floor_ms,
-        "decode_floor_batch": float(floor.batch),
-        "decode_floor_memory_ms": floor.memory_floor_ms,
-        "decode_floor_compute_ms": floor.compute_floor_ms,
+        M.DECODE_FLOOR_MS: floor.floor_ms,
+        M.DECODE_FLOOR_BATCH: float(floor.batch),
+        M.DECODE_FLOOR_MEMORY_MS: floor.memory_floor_ms,
+        M.DECODE_FLOOR_COMPUTE_MS: floor.compute_floor_ms,
     }
-    tpot = metrics.get("tpot_ms_p50")
+    tpot = metrics.get(M.TPOT_MS_P50)
     if tpot:
-        out["decode_floor_ratio"] = tpot / floor.floor_ms
+        out[M.DECODE_FLOOR_RATIO] = tpot / floor.floor_ms
     return out
 
 
@@ -196,6 +203,7 @@ class PointMeasurer:
         self.monitor, self.progress, self.cache_reset = monitor, progress, cache_reset
         self.timeline, self.api_key = timeline, api_key
         self.window: ProfileWindow | None = None
+        self.label = ""  # the point being measured (start)
         self.census = Census(group)  # who used the machine's CPU over each point
         self.launch = group.metrics_launch()
         self._before: prometheus.Sample = {}
@@ -222,13 +230,15 @@ class PointMeasurer:
         n = len(self.spec.workload.load_points)
         return f"point {index + 1}/{n}" if index < n else f"probe {index - n + 1}"
 
-    def start(self, index: int, point: LoadPointSpec) -> None:
-        """Raises :class:`ServerCrashedError` for a server that died during warm-up or since the
-        last point: it is not measured."""
+    def start(self, index: int, point: LoadPointSpec, label: str | None = None) -> None:
+        """Measure a point from now (``label``: its name when not ``point.label``, a capacity
+        probe's second run ``c4#2``). Raises :class:`ServerCrashedError` for a server that died
+        during warm-up or since the last point: it is not measured."""
         self.group.check_alive()
         if self.cache_reset is not None:
             reset_caches(self.group, self.cache_reset)
-        self.progress(f"{self.which(index)} {point.label}: running")
+        self.label = label or point.label
+        self.progress(f"{self.which(index)} {self.label}: running")
         self._before = self._scrape()
         self.monitor.reset()
         self.monitor.start()
@@ -248,8 +258,8 @@ class PointMeasurer:
         metrics = point_metrics(self.spec, point, raw, self.engine_metrics, self.group.disaggregated())
         metrics.update(profiled)
         if foreign is not None:
-            metrics["foreign_cpu_cores"] = float(foreign["cores"])
-            metrics["sweep_cpu_cores"] = float(foreign["sweep_cores"])
+            metrics[M.FOREIGN_CPU_CORES] = float(foreign["cores"])
+            metrics[M.SWEEP_CPU_CORES] = float(foreign["sweep_cores"])
         rows = self.timeline.snapshot() if self.timeline is not None else []
         if self.timeline is not None:
             metrics.update(hardware_metrics(self.spec, rows, (self._t0, t1), metrics))
@@ -275,7 +285,7 @@ class PointMeasurer:
             classes.setdefault(cls, {}).update(extra)
         result = PointResult(
             index=index,
-            label=point.label,
+            label=self.label,
             setting=point.model_dump(exclude_none=True),
             metrics=metrics,
             class_metrics=classes,
@@ -284,14 +294,14 @@ class PointMeasurer:
             diagnosis=diagnosis.as_json(STALLS_KEPT),
         )
         self.progress(
-            f"{self.which(index)} {point.label}: "
-            f"{int(metrics.get('completed', 0))}/{len(records)} ok in {t1 - self._t0:.1f}s, "
-            f"ttft p50 {metrics.get('ttft_ms_p50', float('nan')):.1f} ms, "
-            f"itl p99 {metrics.get('itl_ms_p99', float('nan')):.1f} ms, "
-            f"{metrics.get('tokens_per_second', 0):.0f} tok/s, "
-            f"client processes {metrics.get('client_processes', 1.0):.0f}"
+            f"{self.which(index)} {self.label}: "
+            f"{int(metrics.get(M.COMPLETED, 0))}/{len(records)} ok in {t1 - self._t0:.1f}s, "
+            f"ttft p50 {metrics.get(M.TTFT_MS_P50, float('nan')):.1f} ms, "
+            f"itl p99 {metrics.get(M.ITL_MS_P99, float('nan')):.1f} ms, "
+            f"{metrics.get(M.TOKENS_PER_SECOND, 0):.0f} tok/s, "
+            f"client processes {metrics.get(M.CLIENT_PROCESSES, 1.0):.0f}"
         )
-        self.progress(f"{self.which(index)} {point.label}: {diagnosis.headline}")
+        self.progress(f"{self.which(index)} {self.label}: {diagnosis.headline}")
         return result, crash
 
     def _judge(
@@ -299,14 +309,14 @@ class PointMeasurer:
     ) -> tuple[list[str], list[str]]:
         """The point's INVALID reasons (all) and the client's among them; said on the console."""
         if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
-            metrics["invalid"], metrics["server_failed"] = 1.0, 1.0
+            metrics[M.INVALID], metrics[M.SERVER_FAILED] = 1.0, 1.0
             reason = f"the server failed: {str(crash).splitlines()[0]}"
-            self.progress(f"point {point.label}: {reason}")
+            self.progress(f"point {self.label}: {reason}")
             return [reason], []
         verdict = judge_point(self.spec, point, records, metrics, self.group.front())
         metrics.update(verdict.metrics)
         if verdict.client:
-            used, needed = metrics.get("client_processes", 1.0), metrics.get("client_processes_needed", 0.0)
+            used, needed = metrics.get(M.CLIENT_PROCESSES, 1.0), metrics.get(M.CLIENT_PROCESSES_NEEDED, 0.0)
             advice = (
                 f" (client_processes: auto wanted {needed:.0f} processes; the trial's CPUs allow {used:.0f}: "
                 "raise platform.cpus_per_trial)"
@@ -314,15 +324,15 @@ class PointMeasurer:
                 else ""
             )
             self.progress(
-                f"point {point.label} INVALID (the client was the bottleneck): " + "; ".join(verdict.client) + advice
+                f"point {self.label} INVALID (the client was the bottleneck): " + "; ".join(verdict.client) + advice
             )
         if verdict.workload:
             self.progress(
-                f"point {point.label} INVALID (the server got another workload than planned): "
+                f"point {self.label} INVALID (the server got another workload than planned): "
                 + "; ".join(verdict.workload)
             )
         if verdict.machine:
-            self.progress(f"point {point.label} INVALID: " + "; ".join(verdict.machine))
+            self.progress(f"point {self.label} INVALID: " + "; ".join(verdict.machine))
         return verdict.reasons, verdict.client
 
     def _profile_window(self, index: int, point: LoadPointSpec) -> ProfileWindow | None:
@@ -356,13 +366,13 @@ def trial_metrics(points: list[PointResult], startup_s: float | None) -> dict[st
     """The trial's own numbers over its points: start-up, peak memory, totals."""
     out: dict[str, float] = {}
     if startup_s is not None:
-        out["startup_s"] = startup_s
-    peaks = [p.metrics["memory_peak_gb"] for p in points if "memory_peak_gb" in p.metrics]
+        out[M.STARTUP_S] = startup_s
+    peaks = [p.metrics[M.MEMORY_PEAK_GB] for p in points if M.MEMORY_PEAK_GB in p.metrics]
     if peaks:
-        out["memory_peak_gb_max"] = max(peaks)
-    out["requests_total"] = sum(p.metrics.get("requests", 0.0) for p in points)
-    out["errors_total"] = sum(p.metrics.get("errors", 0.0) for p in points)
-    out["num_points"] = float(len(points))
+        out[M.MEMORY_PEAK_GB_MAX] = max(peaks)
+    out[M.REQUESTS_TOTAL] = sum(p.metrics.get(M.REQUESTS, 0.0) for p in points)
+    out[M.ERRORS_TOTAL] = sum(p.metrics.get(M.ERRORS, 0.0) for p in points)
+    out[M.NUM_POINTS] = float(len(points))
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.logs import Progress
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LaunchedEngineSpec, ProfileSpec, TrialSpec
 from orchestrator.engines import EngineAdapter, ServerLaunch
 from orchestrator.engines.base import Profiler
@@ -38,7 +39,7 @@ def profiled_launches(
     profiler = adapter.profiler(spec, trace_dir)
     if profiler is None:
         raise ConfigError(f"profile: engine '{spec.engine.name}' cannot be profiled by us")
-    return [_profiled(x, profiler, spec) if x.metrics_path and x.argv else x for x in launches], profiler
+    return [_profiled(x, profiler, spec) if x.argv and not x.in_front else x for x in launches], profiler
 
 
 def with_profiler(
@@ -131,11 +132,11 @@ class ProfileWindow:
         self._cancel.set()
         self._thread.join(timeout=600)
         self._stop()
-        out = {"profiled": 1.0}
+        out = {M.PROFILED: 1.0}
         if not self.spec.in_verdict:
-            out["profiled_excluded"] = 1.0  # the profiler slowed it: the verdict does not read it
+            out[M.PROFILED_EXCLUDED] = 1.0  # the profiler slowed it: the verdict does not read it
         if self.started_s is not None and self.stopped_s is not None:
-            out["profile_window_s"] = self.stopped_s - self.started_s
+            out[M.PROFILE_WINDOW_S] = self.stopped_s - self.started_s
         return out
 
 

@@ -1,28 +1,30 @@
-"""A trial from start to end: check it can run, start its servers, run its load points (fed
-forward: each point's result is sent to the schedule that chose it, which is how the SLO
-capacity search picks its next probe), score accuracy, stop the servers, and return the
-result. ``run_trial`` never raises for a trial-level failure and never talks to MLflow."""
+"""A trial from start to end: check it can run, start its servers, run its load points (the
+trial's own loop: each point prepared by the load session, measured around its run; then the
+probes of an SLO capacity search, each chosen from the ones before), score accuracy, stop the
+servers, and return the result. ``run_trial`` never raises for a trial-level failure and never
+talks to MLflow."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import ConfigError, InfeasibleConfigError, ServerCrashedError, TrialError
-from orchestrator.config.hashing import trial_hash
+from orchestrator.config.hashing import first_run_hash, trial_hash
 from orchestrator.config.logs import Progress, mark, print_progress
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialSpec
 from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
 from orchestrator.engines import ServerLaunch, adapter_for
 from orchestrator.evaluation import run_eval
 from orchestrator.feasibility import trial_decode_floor
-from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.loadgen import Endpoint, LoadSession, PromptFactory
 from orchestrator.loadgen.preflight import preflight
 from orchestrator.loadgen.prompts import prompt_factory
 from orchestrator.metrics import hardware
@@ -32,20 +34,36 @@ from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, save_result
 from orchestrator.metrics.telemetry import Timeline
 from orchestrator.models import resolve_model, resolve_tokenizer
-from orchestrator.trial.capacity import CapacityProbes, Schedule, unmeasured
+from orchestrator.trial.capacity import CapacityProbes, unmeasured
 from orchestrator.trial.plan import check_feasible, client_cores
 from orchestrator.trial.points import PointMeasurer, trial_metrics
 from orchestrator.trial.profile import collect_traces
 from orchestrator.trial.servers import (
     ServerGroup,
     describe_servers,
-    reset_caches,
     shared_server_spec,
     start_servers,
 )
 from orchestrator.trial.slate import wait_for_clean_slate
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrialHeader:
+    """What a trial's result says of it however it ends: which trial, where, on what servers."""
+
+    trial_hash: str
+    experiment: str
+    variant: str | None
+    overrides: list[str]
+    spec: dict[str, Any]
+    started_at: float
+    hardware: dict[str, Any]
+    engine_version: str | None
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    slate: dict[str, Any] | None = None  # the first server start's reading of the machine
+    repeat_of: str | None = None  # a race's later run: its configuration's first run
 
 
 class TrialRun:
@@ -79,7 +97,7 @@ class TrialRun:
         self.model_path = ""
         self.timeline = Timeline()  # telemetry and the engine's gauges, on the records' clock
         self.telemetry_notes: dict[str, str] = {}
-        self.base: dict[str, Any] = dict(
+        self.base = TrialHeader(
             trial_hash=self.hash,
             experiment=spec.experiment,
             variant=spec.variant,
@@ -88,6 +106,7 @@ class TrialRun:
             started_at=time.time(),
             hardware={**hardware.describe(gpu_ids), "gpu_ids": gpu_ids},
             engine_version=self.adapter.version(spec),
+            repeat_of=first_run_hash(spec),
         )
 
     # ------------------------------------------------------------------ servers
@@ -141,10 +160,11 @@ class TrialRun:
             return path
 
         def described(launches: list[ServerLaunch]) -> None:
-            self.base["servers"] = describe_servers(launches, self.gpu_ids)
+            self.base.servers = describe_servers(launches, self.gpu_ids)
 
         slate = wait_for_clean_slate(spec, self.gpu_ids, self.say)  # nothing of an earlier trial left
-        self.base.setdefault("slate", slate)  # the first start's reading (later starts are checked too)
+        if self.base.slate is None:  # the first start's reading (later starts are checked too)
+            self.base.slate = slate
         group, startup = start_servers(
             stack, self.adapter, spec, model_path, self.workdir, self.gpu_ids, log_name, self.say, described
         )
@@ -174,17 +194,11 @@ class TrialRun:
             sampler, self.telemetry_notes = start_telemetry(spec.platform, group.pids(), self.gpu_ids, self.timeline)
             if sampler is not None:
                 measurer.clock = sampler.edge
-            run_points(
-                endpoint,
-                workload,
-                factory,
-                (spec.seed, spec.workload.seed),
-                lambda i, p: self._point_start(measurer, i, p),
-                lambda i, p, recs, client: self._point_end(measurer, i, p, recs, client),
-                first_index=first,
-                points=self._schedule(workload.load_points, everything),
-                client_cores=client_cores(spec),
-            )
+            # a race's later runs draw fresh requests, the same for every trial of the round
+            seed = (spec.seed, spec.workload.seed) + ((100_000 + spec.run,) if spec.run else ())
+            with LoadSession(endpoint, workload, factory, seed, client_cores(spec)) as load:
+                load.warm_up()
+                self._run_points(load, measurer, workload.load_points, first, everything)
         finally:
             measurer.monitor.stop()  # idempotent; a point that raised must not leave the sampler running
             if sampler is not None:
@@ -243,41 +257,48 @@ class TrialRun:
             )
             self.say(f"pre-flight of {launch.name}: {check.describe()}")
 
-    def _point_start(self, measurer: PointMeasurer, index: int, point: LoadPointSpec) -> None:
+    def _run_points(
+        self, load: LoadSession, measurer: PointMeasurer, fixed: Sequence[LoadPointSpec], first: int, last: bool
+    ) -> None:
+        """The ``fixed`` points (numbered from ``first``), then, when they are the ``last`` of the
+        trial, the probes of its SLO capacity search. A point whose servers failed ends them."""
+        index = first
+        for point in fixed:
+            if unmeasured(self._point(load, measurer, point, index)):
+                return
+            index += 1
+        cap = self.spec.workload.capacity
+        if not last or cap is None:
+            return
+        self.capacity = probes = CapacityProbes(cap, list(self.spec.workload.classes), self.say)
+        while (probe := probes.next()) is not None:
+            point, label = probe
+            result = self._point(load, measurer, point, index, label)
+            if unmeasured(result):
+                return
+            probes.observe(result, [r for r in self.records if r.point == index])
+            index += 1
+        self.checkpoint()  # the last verdict and the stop reason reach the disk too
+
+    def _point(
+        self, load: LoadSession, measurer: PointMeasurer, point: LoadPointSpec, index: int, label: str | None = None
+    ) -> PointResult:
+        """One load point (``label``: its name when not the point's own): its requests drawn and
+        senders ready, its measurement started (a server that died since the last point is not
+        measured), sent, measured and saved to disk."""
+        load.prepare(point, index)
         try:
-            measurer.start(index, point)
+            measurer.start(index, point, label)
         except ServerCrashedError as exc:
             self.crash = exc
             raise
-
-    def _point_end(
-        self,
-        measurer: PointMeasurer,
-        index: int,
-        point: LoadPointSpec,
-        records: list[RequestRecord],
-        client: dict[str, float],
-    ) -> PointResult:
-        result, crash = measurer.finish(index, point, records, client)
-        self.records.extend(records)
+        run = load.go()
+        result, crash = measurer.finish(index, point, run.records, run.client)
+        self.records.extend(run.records)
         self.points.append(result)
         self.crash = crash or self.crash
         self.checkpoint()  # measured points reach the disk now, whatever happens next
         return result
-
-    def _schedule(self, fixed: Sequence[LoadPointSpec], last: bool) -> Schedule:
-        """The fixed points, then (when they are the ``last`` of the trial) the probes of its SLO
-        capacity search. Each point's result is sent back here; a server that failed ends it."""
-        for point in fixed:
-            if unmeasured((yield point)):
-                return False
-        cap = self.spec.workload.capacity
-        if last and cap is not None:
-            self.capacity = CapacityProbes(cap, list(self.spec.workload.classes), self.say)
-            if not (yield from self.capacity.probes()):
-                return False
-            self.checkpoint()  # the last verdict and the stop reason reach the disk too
-        return True
 
     # ------------------------------------------------------------------ the result
 
@@ -295,7 +316,7 @@ class TrialRun:
         except Exception as exc:  # unknown roofs: no floor, not a failure
             log.warning("decode floor: %s", exc)
             return {}
-        return {"decode_floor_ms_batch1": floor.floor_ms} if floor else {}
+        return {M.DECODE_FLOOR_MS_BATCH1: floor.floor_ms} if floor else {}
 
     def checkpoint(self) -> None:
         done, total = len(self.points), len(self.spec.workload.load_points)
@@ -309,14 +330,16 @@ class TrialRun:
         if self.measuring:
             metrics = {
                 **trial_metrics(self.points, self.starts[0] if self.starts else None),
-                "server_starts": float(len(self.starts)),
-                "server_reused": float(not self.starts),
+                M.SERVER_STARTS: float(len(self.starts)),
+                M.SERVER_REUSED: float(not self.starts),
                 **self.floor_at_batch1(),
                 **self.scores,
                 **capacity_metrics,
             }
+        header = asdict(self.base)
+        header["slate"] = header["slate"] or {}
         return TrialResult(
-            **self.base,
+            **header,
             status=status,
             error=error,
             ended_at=time.time(),
@@ -363,44 +386,3 @@ def outcome(run: TrialRun, body: Callable[[], None]) -> TrialResult:
         status, error = "FAILED", f"{type(exc).__name__}: {exc}"
     run.say(status + (f": {error.splitlines()[0]}" if error else ""))
     return run.result(status, error)
-
-
-def run_trial_group(
-    items: Sequence[tuple[TrialSpec, str | os.PathLike[str], list[str]]],
-    gpu_ids: list[int] | None = None,
-    progress: Progress = print_progress,
-) -> list[TrialResult]:
-    """Trials with one :func:`server_key` run one after the other on one server start (the
-    first trial's); each keeps its own result. Prefix caches are emptied between trials. If
-    the shared server dies, the trials after it run on fresh servers of their own."""
-    gpus = list(gpu_ids or [])
-    runs = [TrialRun(spec, wd, ov, gpus, progress) for spec, wd, ov in items]
-    lead = runs[0]
-    between_trials = lead.adapter.cache_reset(shared_server_spec(lead.spec))
-    results: list[TrialResult] = []
-    started = False
-    try:
-        with contextlib.ExitStack() as stack:
-            group = lead.start_shared(stack)
-            started = True
-            for run in runs:
-                if results:
-                    run.say(f"on the running server of [{lead.label}] (server start saved)")
-                    reset_caches(group, between_trials)
-                    run.base["servers"] = lead.base.get("servers", [])
-                    run.base["slate"] = {"checked": False, "note": f"on the running server of [{lead.label}]"}
-                results.append(outcome(run, functools.partial(run.measure, group)))
-                save_result(results[-1], run.workdir)  # final on disk now, not when the whole group ends
-                if run.crash is not None:
-                    break
-    except (TrialError, ConfigError, InfeasibleConfigError) as exc:
-        if started:
-            raise
-        # the shared server never came up: the same happens to every trial of the group
-        error = f"{type(exc).__name__}: {exc}"
-        status: TrialStatus = "SKIPPED" if isinstance(exc, InfeasibleConfigError) else "FAILED"
-        lead.say(f"{status} (and the {len(runs) - 1} trial(s) sharing its server): {error.splitlines()[0]}")
-        return [run.result(status, error) for run in runs]
-    for run in runs[len(results) :]:
-        results.append(run_trial(run.spec, run.workdir, run.overrides, gpus, progress))
-    return results

@@ -120,12 +120,12 @@ class ServerGroup:
 
     def metrics_launch(self) -> ServerLaunch | None:
         """Whose Prometheus endpoint is sampled for gauges: the last engine server (decode under P/D)."""
-        return next((x for x in reversed(self.launches) if x.metrics_path), None)
+        return next((x for x in reversed(self.launches) if x.metrics_path and not x.in_front), None)
 
     def counter_urls(self) -> list[str]:
         """Whose counters make a point's server deltas: every replica behind a router (summed),
         else the sampled server."""
-        replicas = [x.metrics_url for x in self.launches if x.metrics_path and x.name.startswith("replica")]
+        replicas = [x.metrics_url for x in self.launches if x.metrics_path and x.role == "replica"]
         if replicas:
             return replicas
         launch = self.metrics_launch()
@@ -133,22 +133,43 @@ class ServerGroup:
 
     def disaggregated(self) -> bool:
         """Prefill and decode on separate servers (P/D): the sampled server is the decode one."""
-        return any(x.name == "prefill" for x in self.launches)
+        return any(x.role == "prefill" for x in self.launches)
 
     def engine_launches(self) -> list[ServerLaunch]:
         """The servers that run the model (replicas, prefill and decode): a router or a P/D proxy
         in front lists no real model (SGLang's router answers 'unknown') and tokenizes nothing.
-        The front alone when nothing says it is an engine (``engine=external`` without metrics)."""
-        return [x for x in self.launches if x.metrics_path] or [self.launches[-1]]
+        An external server is one too, with or without metrics."""
+        return [x for x in self.launches if not x.in_front]
 
     def front(self) -> str | None:
         """The name of the router or proxy the client talks to, None when it talks to an engine."""
         front = self.launches[-1]
-        return None if front.metrics_path or len(self.launches) == 1 else front.name
+        return front.name if front.in_front else None
 
     def check_alive(self) -> None:
         for s in self.servers:
             s.check_alive()
+
+
+def start_waves(launches: list[ServerLaunch], gpu_ids: list[int]) -> list[list[ServerLaunch]]:
+    """The launches in the groups that start together, in order: engine servers (replicas,
+    prefill and decode) start at once unless they share a GPU (vLLM sizes its KV cache from the
+    memory it finds free, so a second engine on the same GPU waits for the first to be up); a
+    router or proxy starts after every engine before it is healthy. On the CPU each engine has
+    its own cores: two replicas start in the time of one."""
+    waves: list[list[ServerLaunch]] = []
+    current: list[ServerLaunch] = []
+    taken: set[int] = set()
+    for launch in launches:
+        mine = set(server_gpus(launch, gpu_ids))
+        if current and (launch.in_front or current[-1].in_front or mine & taken):
+            waves.append(current)
+            current, taken = [], set()
+        current.append(launch)
+        taken |= mine
+    if current:
+        waves.append(current)
+    return waves
 
 
 def start_servers(
@@ -162,10 +183,10 @@ def start_servers(
     progress: Progress,
     planned: Callable[[list[ServerLaunch]], None] = lambda launches: None,
 ) -> tuple[ServerGroup, float]:
-    """Start the servers of ``spec`` one after the other, each healthy before the next; they are
-    stopped when ``stack`` closes (their scratch folders removed after). ``log_name(server,
-    several)`` is where each server logs. Returns the group and its start-up seconds: one
-    server's own (0 for an external one), several: until all are up."""
+    """Start the servers of ``spec`` wave by wave (:func:`start_waves`), each wave healthy before
+    the next; they are stopped when ``stack`` closes (their scratch folders removed after).
+    ``log_name(server, several)`` is where each server logs. Returns the group and its start-up
+    seconds: one server's own (0 for an external one), several: until all are up."""
     port = port_for(spec)
     launches = adapter.launches(spec, model_path, port, port_picker(spec, {port}), str(workdir))
     launches, profiler = with_profiler(adapter, spec, workdir, launches)
@@ -173,17 +194,21 @@ def start_servers(
     servers: list[ServerProcess | ExternalServer] = []
     t0 = time.monotonic()
     healthy_after = 0.0
-    for launch in launches:
-        for path, content in launch.files.items():
-            Path(path).write_text(content)
-        for folder in launch.scratch:  # registered first: removed after the server has stopped
-            stack.callback(shutil.rmtree, folder, True)
-        log_path = log_name(launch.name, len(launches) > 1)
-        progress(f"starting {spec.engine.name} {launch.name} on {launch.base_url}")
-        server = server_for(launch, server_env(launch, gpu_ids), log_path)
-        stack.enter_context(server)
-        healthy_after = server.wait_healthy(launch.startup_timeout_s)
-        servers.append(server)
+    for wave in start_waves(launches, gpu_ids):
+        started = []
+        for launch in wave:
+            for path, content in launch.files.items():
+                Path(path).write_text(content)
+            for folder in launch.scratch:  # registered first: removed after the server has stopped
+                stack.callback(shutil.rmtree, folder, True)
+            log_path = log_name(launch.name, len(launches) > 1)
+            progress(f"starting {spec.engine.name} {launch.name} on {launch.base_url}")
+            server = server_for(launch, server_env(launch, gpu_ids), log_path)
+            stack.enter_context(server)
+            started.append((launch, server))
+        for launch, server in started:
+            healthy_after = server.wait_healthy(launch.startup_timeout_s)
+            servers.append(server)
     return ServerGroup(launches, servers, profiler), healthy_after if len(launches) == 1 else time.monotonic() - t0
 
 
@@ -193,7 +218,7 @@ def reset_caches(group: ServerGroup, how: tuple[str, str] | None) -> None:
         return
     method, path = how
     for launch in group.launches:
-        if not launch.metrics_path:  # a proxy or router has no cache
+        if launch.in_front:  # a proxy or router has no cache
             continue
         for attempt in range(20):
             try:

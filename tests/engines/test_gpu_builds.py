@@ -87,7 +87,7 @@ def test_every_gpu_command_is_accepted_by_the_engines_gpu_builds(compose, tiny_m
 def test_what_the_engines_understood_is_what_we_asked(compose, tiny_model_dir):
     """Values survive the round trip through the engines' own parsers (not just 'no error')."""
     spec, _ = to_specs(compose(["+experiment=gpu_smoke", "platform=gpu", "variant=vllm_lmcache"]))
-    (launch,) = vllm_adapter.launches(spec, str(tiny_model_dir), 8000, lambda: 0, "/tmp/trial")
+    (launch,) = adapter_for("vllm").launches(spec, str(tiny_model_dir), 8000, lambda: 0, "/tmp/trial")
     argv_check, lmcache_check = checks_for(launch)
     a, lm = run_checks([argv_check, lmcache_check])
     assert a["ok"] and lm["ok"], (a, lm)

@@ -27,7 +27,7 @@ def test_capacity_of_two_chunked_prefill_budgets_and_the_verdict(tmp_path):
         "per_platform.cpu.workload.num_requests=8",
         "+workload.capacity={knob:concurrency,start:2,high:8,max_probes:3,slo:{short/itl_ms_p99:450}}",
         "~objective",
-        "+objective={maximize:slo_capacity_concurrency,show:[short/itl_ms_p99]}",
+        "+objective={maximize:slo_capacity_concurrency,show:[short/itl_ms_p99],max_repeats:1}",  # no race here
         f"tracking.uri={store}",
         f"hydra.sweep.dir={tmp_path}/multirun",
         "-m",

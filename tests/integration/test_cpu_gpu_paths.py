@@ -25,6 +25,7 @@ def _sweep(tmp_path, experiment, variants, *extra):
         "orchestrator",
         f"+experiment={experiment}",
         f"variant={variants}",
+        "++objective.max_repeats=1",  # one run each: these check the paths; the race has its own tests
         *extra,
         f"tracking.uri={store}",
         f"hydra.sweep.dir={tmp_path}/multirun",

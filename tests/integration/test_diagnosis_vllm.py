@@ -19,7 +19,7 @@ def test_real_vllm_headroom_then_batch_slots(compose, tmp_path, tiny_model_dir):
             [
                 "workload.classes={main:{input_tokens:64,output_tokens:32}}",
                 "workload.load_points=[{concurrency:1},{concurrency:6}]",
-                "workload.num_requests=18",
+                "workload.num_requests=30",  # enough gauge samples at c6: batch slots needs 3
                 "engine.max_model_len=512",
                 "engine.max_num_seqs=2",
             ]

@@ -30,7 +30,7 @@ def test_each_trial_run_has_accuracy_scored_from_the_servers_answers(tmp_path):
         "orchestrator",
         "model=tiny_adder",
         "eval=addition",
-        "engine.max_num_seqs=4,8",
+        "engine.max_num_seqs=4",  # one trial (the quantization lab's test scores three, each its own)
         "engine.max_model_len=512",
         "workload.classes={main:{input_tokens:32,output_tokens:8}}",
         "workload.load_points=[{concurrency:2}]",
@@ -43,13 +43,13 @@ def test_each_trial_run_has_accuracy_scored_from_the_servers_answers(tmp_path):
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1700)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        assert "2 FINISHED" in p.stdout and "evaluating accuracy: lm-eval addition" in p.stdout, p.stdout[-3000:]
+        assert "1 FINISHED" in p.stdout and "evaluating accuracy: lm-eval addition" in p.stdout, p.stdout[-3000:]
         where = re.search(r"results in (\S+)", p.stdout)
         assert where, p.stdout[-3000:]
         sweep_dir = Path(where.group(1))
         assert sweep_dir.is_absolute() and sweep_dir.parent == ROOT / "multirun" / "default", sweep_dir
         trials = [r for r in search_runs(store, name) if r.data.tags.get("run_kind") == "trial"]
-        assert len(trials) == 2
+        assert len(trials) == 1
         for t in trials:
             m = t.data.metrics
             # chance is ~1/100 for a 2-3 digit answer; the trained model gets most right
@@ -57,7 +57,7 @@ def test_each_trial_run_has_accuracy_scored_from_the_servers_answers(tmp_path):
             assert 0 < m["accuracy_stderr"] < 0.1 and m["eval_addition_exact_match"] == m["accuracy"]
         # the score comes from the server's real answers: lm-eval's per-question samples
         samples = list(sweep_dir.glob("trials/*/eval/**/samples_addition_*.jsonl"))
-        assert len(samples) == 2
+        assert len(samples) == 1
         rows = [json.loads(line) for line in samples[0].read_text().splitlines()]
         assert len(rows) == 100
         right = [r for r in rows if r["exact_match"] == 1.0]

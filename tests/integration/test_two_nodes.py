@@ -134,7 +134,7 @@ def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir, nodes, stre
     import numpy as np
 
     from orchestrator.config.schema import WorkloadSpec
-    from orchestrator.loadgen import Endpoint, run_points
+    from orchestrator.loadgen import Endpoint, run_each
     from orchestrator.loadgen.prompts import prompt_factory
     from tests.fake_openai_server import IsolatedFakeServer, Script
 
@@ -149,17 +149,10 @@ def test_a_point_is_sent_from_two_nodes_on_one_clock(tiny_model_dir, nodes, stre
                 "num_requests": 4 * streams,
             }
         )
-        stats = {}
         with IsolatedFakeServer(Script(ttft_s=0.02, itl_s=0.01)) as srv:
-            records = run_points(
-                Endpoint(srv.base_url, "m"),
-                w,
-                prompt_factory(str(tiny_model_dir)),
-                seed=0,
-                on_point_end=lambda i, p, recs, st: stats.setdefault(i, st) and None,
-                client_cores=cores,
-            )
+            runs = run_each(Endpoint(srv.base_url, "m"), w, prompt_factory(str(tiny_model_dir)), 0, client_cores=cores)
             truth = srv.truth.by_request
+        records, stats = [r for run in runs for r in run.records], {i: run.client for i, run in enumerate(runs)}
         assert len(records) == 4 * streams and all(r.ok for r in records)
         assert len({r.request_id for r in records}) == 4 * streams
         st = stats[0]
@@ -180,7 +173,7 @@ def test_shards_of_a_closed_loop_that_outruns_its_plan_get_more_requests(tiny_mo
     trial's pool, made by the trial's one planner; no stream ends early, ids stay unique."""
 
     from orchestrator.config.schema import WorkloadSpec
-    from orchestrator.loadgen import Endpoint, run_points
+    from orchestrator.loadgen import Endpoint, run_each
     from orchestrator.loadgen.prompts import prompt_factory
     from tests.fake_openai_server import IsolatedFakeServer, Script
 
@@ -194,16 +187,9 @@ def test_shards_of_a_closed_loop_that_outruns_its_plan_get_more_requests(tiny_mo
                 "load_points": [{"concurrency": 4, "duration_s": 3.0}],
             }
         )
-        stats = {}
         with IsolatedFakeServer(Script(ttft_s=0.001, itl_s=0.0)) as srv:
-            records = run_points(
-                Endpoint(srv.base_url, "m"),
-                w,
-                prompt_factory(str(tiny_model_dir)),
-                seed=0,
-                on_point_end=lambda i, p, recs, st: stats.update(st),
-                client_cores=1,
-            )
+            (run,) = run_each(Endpoint(srv.base_url, "m"), w, prompt_factory(str(tiny_model_dir)), 0, client_cores=1)
+        records, stats = run.records, run.client
         planned = 32 * 4
         assert stats["client_requests_past_plan"] > 0, f"{len(records)} requests: the plan did not run out"
         assert len(records) == planned + stats["client_requests_past_plan"]

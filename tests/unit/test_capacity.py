@@ -111,3 +111,100 @@ def test_judge_reads_class_metrics_saturation_and_goodput():
     assert "long/ttft_ms_p99 3000 > 2000" in text and "itl_ms_p99 not measured" in text
     assert "1 request(s) failed" in text and "goodput 0.5 < 0.9" in text and "saturated" in text
     assert judge(base, {}, {}, "concurrency").reasons == ("1 request(s) failed",)  # no schedule in a closed loop
+
+
+# ---------------------------------------------------------------- a probe too close to tell
+
+
+def probe_records(index: int, ttft_ms, cls="main"):
+    """One request per TTFT (ms), each with four tokens 20 ms apart."""
+    from orchestrator.metrics.records import RequestRecord
+
+    out = []
+    for i, t in enumerate(ttft_ms):
+        first = i * 0.5 + t / 1e3
+        times = [first + 0.02 * k for k in range(4)]
+        out.append(
+            RequestRecord(
+                request_id=1000 * index + i,
+                point=index,
+                request_class=cls,
+                intended_send_s=i * 0.5,
+                sent_s=i * 0.5,
+                input_tokens_target=16,
+                output_tokens_target=4,
+                chunk_times_s=times,
+                chunk_tokens=[1] * 4,
+                done_s=times[-1],
+                prompt_tokens=16,
+                output_tokens=4,
+            )
+        )
+    return out
+
+
+def drive(probes, ttfts_of_run, invalid_reasons=()):
+    """Run the probes the search asks for: run k of the search gets ``ttfts_of_run(k)``."""
+    from orchestrator.metrics.result import PointResult
+    from orchestrator.metrics.summary import summarize_point
+
+    labels = []
+    while (probe := probes.next()) is not None:
+        point, label = probe
+        k = len(labels)
+        records = probe_records(k, ttfts_of_run(k))
+        metrics = summarize_point(records)
+        if invalid_reasons:
+            metrics.update({"invalid": 1.0, "workload_invalid": 1.0})
+        labels.append(label)
+        result = PointResult(
+            index=k,
+            label=label,
+            setting=point.model_dump(exclude_none=True),
+            metrics=metrics,
+            invalid_reasons=list(invalid_reasons),
+        )
+        probes.observe(result, records)
+    return labels
+
+
+def test_a_probe_whose_interval_holds_the_limit_runs_again_then_decides_on_all_its_runs():
+    import numpy as np
+
+    from orchestrator.config.schema import CapacitySpec
+    from orchestrator.trial.capacity import CapacityProbes
+
+    rng = np.random.default_rng(0)
+    said: list[str] = []
+    cap = CapacitySpec(knob="concurrency", slo={"ttft_ms_p50": 100.0}, start=4, high=4, max_probes=1)
+    # a TTFT median right at the limit, 40 requests a run: each run's interval holds 100 ms
+    probes = CapacityProbes(cap, ["main"], said.append)
+    labels = drive(probes, lambda k: rng.normal(100.0, 20.0, 40))
+    assert labels == ["c4", "c4#2", "c4#3"]
+    assert sum("indeterminate (ttft_ms_p50" in s for s in said) == 2 and "holds its limit 100" in said[0]
+    metrics, account = probes.outcome()
+    (probe,) = account["probes"]
+    assert probe["runs"] == 3 and probe["label"] == "c4#3" and "still too close to tell after 3 run(s)" in probe["note"]
+    assert metrics["slo_capacity_concurrency_runs"] == 3.0 and metrics["slo_capacity_concurrency_probes"] == 1.0
+
+    # far from the limit: one run decides
+    probes = CapacityProbes(cap, ["main"], said.append)
+    assert drive(probes, lambda k: rng.normal(40.0, 5.0, 40)) == ["c4"]
+    assert probes.outcome()[1]["probes"][0]["verdict"] == "pass"
+
+    # capacity.runs=1: the first run decides, whatever its interval
+    once = CapacityProbes(cap.model_copy(update={"runs": 1}), ["main"], said.append)
+    assert drive(once, lambda k: rng.normal(100.0, 20.0, 40)) == ["c4"]
+
+
+def test_an_invalid_probe_stops_the_search_in_the_points_own_reasons():
+    from orchestrator.config.schema import CapacitySpec
+    from orchestrator.trial.capacity import CapacityProbes
+
+    said: list[str] = []
+    cap = CapacitySpec(knob="concurrency", slo={"ttft_ms_p50": 100.0}, start=2, high=8)
+    probes = CapacityProbes(cap, ["main"], said.append)
+    why = "the server counted 31 prompt tokens where 16 were planned"
+    assert drive(probes, lambda k: [50.0] * 20, invalid_reasons=[why]) == ["c2"]
+    assert f"probe c2 decides nothing ({why})" in probes.search.stop_reason
+    assert any(f"probe c2: not counted: {why}" in s for s in said)

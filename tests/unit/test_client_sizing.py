@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.loadgen import Endpoint, PromptFactory, run_each
 from orchestrator.loadgen.plan import RequestPlanner, plan_point
 from orchestrator.loadgen.sizing import (
     DEFAULT_CHUNK_COST_S,
@@ -95,14 +95,8 @@ def test_auto_runs_a_heavy_point_over_the_processes_it_needs(factory):
     for cores, used in ((2, 2.0), (1, 1.0)):
         stats = {}
         with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.01)) as srv:
-            records = run_points(
-                Endpoint(srv.base_url, "m"),
-                w,
-                factory,
-                seed=0,
-                on_point_end=lambda i, p, recs, st, into=stats: into.setdefault(i, st) and None,
-                client_cores=cores,
-            )
+            runs = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=0, client_cores=cores)
+        records, stats = runs[0].records, {i: run.client for i, run in enumerate(runs)}
         assert len(records) == 256 and len({r.request_id for r in records}) == 256
         assert all(r.ok for r in records)
         st = stats[0]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from orchestrator.config import ConfigError
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen import PromptFactory
-from orchestrator.loadgen.datasets import load_sharegpt, load_trace
+from orchestrator.loadgen.datasets import load_sharegpt
 from orchestrator.loadgen.plan import RequestPlanner, ramp
 from tests.conftest import ROOT
 
@@ -45,23 +43,6 @@ def test_sharegpt_bad_file_rejected(tmp_path, content, reason):
 def test_sharegpt_missing_file():
     with pytest.raises(ConfigError, match="does not exist"):
         load_sharegpt("/nonexistent/sharegpt.json")
-
-
-def test_trace_jsonl_and_csv():
-    rows = load_trace(str(DATA / "trace_sample.jsonl"))
-    assert len(rows) == 12 and rows[0].timestamp_s == 0.0 and rows[-1].timestamp_s == pytest.approx(2.75)
-    rows = load_trace(str(DATA / "trace_sample.csv"))
-    assert [(r.timestamp_s, r.input_tokens) for r in rows] == [(0.0, 10), (0.5, 20)]  # sorted by time
-
-
-def test_trace_bad_rows(tmp_path):
-    f = tmp_path / "t.jsonl"
-    f.write_text(json.dumps({"timestamp": 0, "input_tokens": 5}) + "\n")
-    with pytest.raises(ConfigError, match="output_tokens"):
-        load_trace(str(f))
-    f.write_text(json.dumps({"timestamp": 0, "input_tokens": 0, "output_tokens": 1}) + "\n")
-    with pytest.raises(ConfigError, match="lengths must be >= 1"):
-        load_trace(str(f))
 
 
 def workload(classes):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.metrics.diagnosis import PointEvidence, diagnose, ttft_parts
+from orchestrator.metrics.diagnosis import PointEvidence, diagnose, engine_batch, ttft_parts
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.stalls import find_stalls, stall_metrics
 
@@ -359,3 +359,41 @@ def test_sglang_pd_says_its_kv_transfer_is_not_measurable():
     m = {"ttft_ms_mean": 300.0, "server_decode_ttft_s_mean": 0.25}
     _, _, _, missing = ttft_parts(evidence(metrics=m, disaggregated=True, engine="sglang"))
     assert any("both servers at once" in u for u in missing)
+
+
+def test_too_few_gauge_samples_judge_no_slots_and_no_batch():
+    """One or two gauge samples (a short point, a starved monitor) can read an idle engine: batch
+    slots and the decode batch are then not measurable, and busy cores with a queue are only a weak
+    compute finding, since the wait's own cause could not be checked (a CI run named compute
+    strong at a point whose max_num_seqs held 4 requests waiting, from a batch of 0.0)."""
+    queued = {
+        "ttft_ms_mean": 700.0,
+        "tpot_ms_p50": 13.0,
+        "telemetry_server_cpu_cores_mean": 1.92,
+        "client_cpu_util": 0.02,
+        "server_queue_time_s_mean": 0.69,
+        "server_ttft_s_mean": 0.75,
+    }
+    thin = diagnose(evidence(metrics=queued, cores=2.0, rows=gauges(0, 0, n=2), slots=2))
+    assert any(u.startswith("batch slots: 2 gauge sample(s)") for u in thin.unmeasured), thin.unmeasured
+    assert (thin.limiter, thin.confidence) == ("compute", "weak") and "could not be checked" in thin.headline
+    assert "decode_batch_mean" not in thin.metrics
+    enough = diagnose(evidence(metrics=queued, cores=2.0, rows=gauges(2, 4, n=3), slots=2))
+    assert (enough.limiter, enough.confidence) == ("batch_slots", "strong") and enough.metrics[
+        "decode_batch_mean"
+    ] == 2.0
+
+
+def test_the_batch_the_engine_ran_leaves_out_the_gauges_zero_reads():
+    """vLLM sets its running gauge after a step whose requests all finished and before the next
+    step (the prefill of those waiting) ends: that zero is no batch, so a full batch of 2 reads 2."""
+    rows = engine(
+        {
+            "requests_running": [(1.0 + i, 0.0 if i % 4 == 0 else 2.0) for i in range(12)],
+            "requests_waiting": [(1.0 + i, 4.0) for i in range(12)],
+        }
+    )
+    assert engine_batch(rows, (0.0, 14.0)) == pytest.approx(2.0)
+    m = {"ttft_ms_mean": 100.0, "tpot_ms_p50": 20.0, "decode_floor_ms": 5.0}
+    assert diagnose(evidence(metrics=m, rows=rows)).metrics["decode_batch_mean"] == pytest.approx(2.0)
+    assert engine_batch(engine({"requests_running": [(1.0 + i, 0.0) for i in range(5)]}), (0.0, 10.0)) is None

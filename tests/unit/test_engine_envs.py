@@ -131,7 +131,7 @@ def test_trial_hash_ignores_where_the_engine_comes_from(compose, tmp_path):
 
 def test_status_table_says_what_worked():
     from orchestrator.metrics.result import PointResult, TrialResult
-    from orchestrator.scheduling.sweep import status_table
+    from orchestrator.scheduling.sweep_report import status_table
 
     ok = TrialResult(
         trial_hash="a" * 16,

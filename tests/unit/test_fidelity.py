@@ -268,7 +268,7 @@ def test_model_path_with_a_tiny_source_is_an_error(compose):
             r"load_points.0.*'arrival' applies to 'rate' points",
         ),
         ("workload.load_points=[{rate:2,burstiness:0.5}]", r"load_points.0.*'burstiness' shapes gamma arrivals only"),
-        ("workload.load_points=[{rate:2,time_scale:2}]", r"load_points.0.*'time_scale' applies to 'trace'"),
+        ("workload.load_points=[{rate:2,time_scale:2}]", r"load_points.0.*'time_scale': apply to 'trace'"),
     ],
 )
 def test_a_key_the_chosen_config_makes_dead_is_an_error(compose, override, message):
@@ -386,16 +386,64 @@ def test_preflight_asks_the_engines_not_the_router_or_proxy_in_front():
     from orchestrator.engines.base import ServerLaunch
     from orchestrator.trial import ServerGroup
 
-    def launch(name, port, metrics="/metrics"):
-        return ServerLaunch(name=name, argv=["x"], env={}, host="127.0.0.1", port=port, metrics_path=metrics)
+    def launch(name, role, port, metrics="/metrics"):
+        return ServerLaunch(name=name, role=role, argv=["x"], env={}, host="127.0.0.1", port=port, metrics_path=metrics)
 
-    routed = ServerGroup([launch("replica0", 1), launch("replica1", 2), launch("router", 3, "")], [])
+    routed = ServerGroup(
+        [launch("replica0", "replica", 1), launch("replica1", "replica", 2), launch("router", "router", 3, "")], []
+    )
     assert [x.name for x in routed.engine_launches()] == ["replica0", "replica1"]
-    pd = ServerGroup([launch("prefill", 1), launch("decode", 2), launch("proxy", 3, "")], [])
+    assert routed.counter_urls() == ["http://127.0.0.1:1/metrics", "http://127.0.0.1:2/metrics"]  # summed
+    pd = ServerGroup(
+        [launch("prefill", "prefill", 1), launch("decode", "decode", 2), launch("proxy", "proxy", 3, "")], []
+    )
     assert [x.name for x in pd.engine_launches()] == ["prefill", "decode"]
+    assert pd.metrics_launch() is not None and pd.metrics_launch().name == "decode"
     assert pd.disaggregated() and not routed.disaggregated()  # P/D: the decode server's TTFT is not ours
-    external = ServerGroup([launch("server", 1, "")], [])  # engine=external without a metrics path
+    external = ServerGroup([launch("server", "server", 1, "")], [])  # engine=external without a metrics path
     assert [x.name for x in external.engine_launches()] == ["server"]
     # what the client talks to when it is not an engine: the clock gap then holds its hop
     assert routed.front() == "router" and pd.front() == "proxy" and external.front() is None
-    assert ServerGroup([launch("server", 1)], []).front() is None
+    assert ServerGroup([launch("server", "server", 1)], []).front() is None
+
+
+def test_a_tokenize_answer_without_a_count_means_the_check_cannot_be_made():
+    """A server whose POST /tokenize answered 200 with a body that was not a count was read as 0
+    tokens and failed the trial; such an answer says nothing, and the pre-flight says so."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from orchestrator.loadgen.preflight import Preflight, server_counts
+
+    answers = {"/a/tokenize": {"ok": True}, "/b/tokenize": {"count": 7}, "/c/tokenize": {"tokens": [1, 2, 3]}}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if self.path not in answers:
+                self.send_response(404)
+                self.end_headers()
+                return
+            body = json.dumps(answers[self.path]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        counted, why = server_counts(f"{url}/a", "m", None, ["one prompt"])
+        assert counted is None and "answered without a token count" in why and '{"ok": true}' in why
+        assert "prompt lengths are checked per point" in Preflight(["m"], [2], None, why).describe()
+        assert server_counts(f"{url}/b", "m", None, ["x"]) == ([7], "")
+        assert server_counts(f"{url}/c", "m", None, ["x"]) == ([3], "")
+        assert server_counts(f"{url}/d", "m", None, ["x"]) == (None, "no tokenize endpoint")
+    finally:
+        srv.shutdown()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.loadgen import Endpoint, PromptFactory, run_each, run_points
 from orchestrator.metrics.summary import latency_of, summarize_point
 from tests.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
 
@@ -242,9 +242,8 @@ def test_the_event_loop_is_watched_until_every_stream_is_read(factory):
         num_requests=4,
         warmup_requests=0,
     )
-    stats = {}
     with IsolatedFakeServer(Script(ttft_s=0.05, itl_s=0.02)) as srv:
-        run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0, on_point_end=lambda i, p, r, st: stats.update(st))
+        stats = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=0)[0].client
     assert "loop_lag_ms_p95" in stats and stats["loop_lag_ms_p95"] < 50
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from orchestrator.config.schema import WorkloadSpec
-from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.loadgen import Endpoint, PromptFactory, run_each, run_points
 from orchestrator.loadgen.plan import RequestPlanner, plan_point
 from orchestrator.metrics.records import records_to_table, table_to_records
 from orchestrator.metrics.summary import summarize_point
@@ -117,16 +117,10 @@ def test_fleet_merges_records_on_one_clock(factory):
             "num_requests": 40,
         }
     )
-    stats = {}
     with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
-        records = run_points(
-            Endpoint(srv.base_url, "m"),
-            w,
-            factory,
-            seed=0,
-            on_point_end=lambda i, p, recs, st: stats.setdefault(i, st) and None,
-        )
+        runs = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=0)
         truth = srv.truth
+    records, stats = [r for run in runs for r in run.records], {i: run.client for i, run in enumerate(runs)}
     assert len(records) == 80 and all(r.ok for r in records)
     assert len({r.request_id for r in records}) == 80
     assert truth.max_in_flight <= 4
@@ -172,11 +166,9 @@ def test_a_closed_loop_that_outruns_its_plan_gets_more_requests(factory, process
     """Requests past the plan come from the one planner (the driver's, over each process's pipe):
     no stream ends before the duration, request ids stay unique."""
     w = _outrunning_workload(client_processes=processes)
-    stats = {}
     with IsolatedFakeServer(Script(ttft_s=0.001, itl_s=0.0)) as srv:
-        records = run_points(
-            Endpoint(srv.base_url, "m"), w, factory, seed=0, on_point_end=lambda i, p, recs, st: stats.update(st)
-        )
+        (run,) = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+    records, stats = run.records, run.client
     planned = 32 * 2
     assert stats["client_requests_past_plan"] > 0, f"{len(records)} requests: the plan did not run out"
     assert len(records) == planned + stats["client_requests_past_plan"]
@@ -190,7 +182,7 @@ def test_a_closed_loop_that_outruns_its_plan_gets_more_requests(factory, process
 
 def test_streams_that_run_out_of_requests_make_the_point_invalid(factory, monkeypatch):
     """Without a refill (it failed) the streams end early; the point says so and is invalid."""
-    from orchestrator.loadgen import runner
+    from orchestrator.loadgen import shares
     from orchestrator.metrics.summary import client_validity
 
     def broken(make, lock=None):
@@ -199,13 +191,11 @@ def test_streams_that_run_out_of_requests_make_the_point_invalid(factory, monkey
 
         return refill
 
-    monkeypatch.setattr(runner, "_refill", broken)
+    monkeypatch.setattr(shares, "thread_refill", broken)
     w = _outrunning_workload(duration_s=60.0)  # the streams end long before
-    stats = {}
     with IsolatedFakeServer(Script(ttft_s=0.001, itl_s=0.0)) as srv:
-        records = run_points(
-            Endpoint(srv.base_url, "m"), w, factory, seed=0, on_point_end=lambda i, p, recs, st: stats.update(st)
-        )
+        (run,) = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+    records, stats = run.records, run.client
     assert len(records) == 64  # the plan, then nothing
     assert stats["client_streams_ended_early"] == 2
     valid, reasons = client_validity(stats, w.validity)
@@ -236,9 +226,8 @@ def test_a_fleet_stopped_mid_point_stops_sending_at_once(factory):
     with IsolatedFakeServer(Script(ttft_s=0.001, itl_s=0.0)) as srv:
         fleet = ClientFleet(2, Endpoint(srv.base_url, "m"), w)
         procs = list(fleet.procs)
-        fleet.prepare(plan, 2)
-        for tx in fleet.tx:
-            tx.send(("go", now()))
+        fleet.prepare(plan.split(2), None)
+        fleet.start(now())
         time.sleep(1.0)  # past the plan: they ask for more, and get no answer
         t0 = time.monotonic()
         fleet.close()

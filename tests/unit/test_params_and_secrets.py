@@ -40,7 +40,9 @@ def test_redact_argv_and_env():
         "256",
     ]
     assert redact_argv(argv) == ["python", "--api-key", "***", "--hf-token=***", "--max-num-batched-tokens", "256"]
-    launch = ServerLaunch("server", argv, {"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "2"}, "127.0.0.1", 1)
+    launch = ServerLaunch(
+        "server", argv, {"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "2"}, "127.0.0.1", 1, role="server"
+    )
     shown = launch.redacted()
     assert shown["env"] == {"HF_TOKEN": "***", "VLLM_CPU_KVCACHE_SPACE": "2"}
     assert "sk-supersecretvalue" not in str(shown)

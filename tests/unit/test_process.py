@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -336,3 +337,17 @@ def test_the_watchdog_removes_what_the_group_it_killed_left(tmp_path):
     finally:
         owner.kill()
         owner.wait(10)
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_are_bindable():
+    """A port we hand a server is one the kernel never gives a bind(0) or an outgoing connection,
+    so a server started a minute later (a router behind its replicas) still finds it free."""
+    from orchestrator.engines.process import _ephemeral_range
+
+    low = _ephemeral_range()[0]
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= p < low for p in ports), ports
+    assert all(port_is_free("127.0.0.1", p) for p in ports)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        assert held.getsockname()[1] >= low  # what bind(0) gives: the range we stay out of

@@ -376,3 +376,122 @@ def test_the_labs_claims_are_checked_in_the_report_and_read_back_from_mlflow(chu
     tracker.log_sweep_files(files, "report", root=out)
     back = from_mlflow(uri, "chunked_prefill")
     assert [e.claim for e in back.expect] == [e.claim for e in claims] and back.expect[1].in_ == ["chunking_off"]
+
+
+def test_the_frontier_leaves_out_invalid_points_and_draws_intervals(tmp_path):
+    """A value read at an INVALID point is drawn hollow and is not on the Pareto frontier; a
+    race's interval between runs is drawn as error bars."""
+    from orchestrator.objective import Value
+    from orchestrator.report.figures import frontier, frontier_set
+    from orchestrator.tracking.runs import SweepData
+
+    good, bad, slow = Value(100.0, 5.0, "c4", 3), Value(50.0, None, "c4"), Value(300.0, None, "c4")
+    pts = [(good, Value(200.0, 10.0, "c4", 3), "a", False), (bad, Value(400.0, None, "c4"), "b", True)]
+    assert [name for *_, name in frontier_set(pts)] == ["a"]  # b would dominate, but it was INVALID
+    pts.append((slow, Value(250.0, None, "c4"), "c", False))
+    assert [name for *_, name in frontier_set(pts)] == ["a", "c"]
+    ok = Point(0, "c4", {"concurrency": 4}, {})
+    invalid = Point(0, "c4", {"concurrency": 4}, {"invalid": 1.0})
+    trials = [_trial("a", 1, [ok]), _trial("b", 2, [invalid]), _trial("c", 3, [ok])]
+    values = {("a", "x"): pts[0][0], ("a", "y"): pts[0][1], ("b", "x"): bad, ("b", "y"): pts[1][1]}
+    values |= {("c", "x"): slow, ("c", "y"): pts[2][1]}
+    files = frontier(SweepData("e", trials, "results"), tmp_path, "x", "y", lambda t, k: values[(t.name, k)])
+    assert [f.name for f in files] == ["frontier.png"] and files[0].stat().st_size > 1000
+
+
+def test_a_constraint_judged_at_an_invalid_point_is_flagged_whatever_the_objective():
+    from orchestrator.config.schema import ObjectiveSpec
+    from orchestrator.report.verdict import decide
+
+    objective = ObjectiveSpec(minimize="engine.max_num_batched_tokens", subject_to={"long/ttft_ms_p99": 2000})
+    ok = Point(0, "c4", {"concurrency": 4}, {"long/ttft_ms_p99": 900.0})
+    bad = Point(0, "c4", {"concurrency": 4}, {"long/ttft_ms_p99": 800.0, "invalid": 1.0})
+    v = decide([_trial("b256", 256, [bad]), _trial("b512", 512, [ok])], objective)
+    assert v.best.name == "b256"  # a knob objective: its own value is never read at a point
+    assert any("constraint of b256 (long/ttft_ms_p99) was judged at a load point flagged INVALID" in x for x in v.lines)
+
+
+def test_the_chunked_prefill_plot_draws_the_race_between_runs(tmp_path):
+    from orchestrator.report.figures import point_between_runs
+    from orchestrator.report.plots import chunked_prefill
+    from orchestrator.tracking.runs import SweepData
+
+    def run(name, itl):
+        return _trial(name, 256, [Point(0, "c4", {"concurrency": 4}, {"short/itl_ms_p99": itl})])
+
+    t = run("b256", 100.0)
+    t.runs = [run("b256-1", 120.0), run("b256-2", 110.0)]
+    mean, half = point_between_runs(t, "c4", "short/itl_ms_p99")
+    assert mean == 110.0 and 24.0 < half < 26.0  # t(2) 4.30 x sd 10 / sqrt 3
+    assert point_between_runs(run("x", 5.0), "c4", "short/itl_ms_p99") == (5.0, 0.0)
+    files = chunked_prefill(SweepData("chunked_prefill", [t, run("b512", 90.0)], "results"), tmp_path)
+    assert files and files[0].name == "chunked_prefill_budget.png"
+
+
+def test_every_lab_plot_draws_a_races_intervals_between_runs(tmp_path, monkeypatch):
+    """Each lab's figure (and the overview of any sweep) draws a raced trial's values as means
+    with error bars from the spread between its runs, and says so under the figure."""
+    import matplotlib.axes
+    import matplotlib.figure
+
+    from orchestrator.report.figures import generic
+    from orchestrator.report.plots import LAB_PLOTS
+    from orchestrator.tracking.runs import SweepData
+
+    def run(name, k, scale):
+        params = {
+            "engine.max_num_batched_tokens": str(256 * k),
+            "engine.enable_chunked_prefill": "True",
+            "engine.enable_prefix_caching": "True",
+            "workload.classes.main.prefix_tokens": str(128 * k),
+            "engine.speculative_config.num_speculative_tokens": str(k),
+            "engine.tensor_parallel_size": str(k),
+            "workload.classes.main.input_tokens": str(64 * k),
+        }
+        keys = ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "tpot_ms_p50", "tokens_per_second", "qps")
+        points = [
+            Point(
+                i,
+                f"c{c}",
+                {"concurrency": c},
+                {
+                    **{key: scale * c * (j + 1) for j, key in enumerate(keys)},
+                    "short/itl_ms_p99": 30.0 * scale * c,
+                    "long/ttft_ms_p99": 200.0 * scale * c,
+                    "server_spec_decode_acceptance_rate": 0.5 * scale,
+                    "server_prefix_cache_hit_rate": 0.5 * scale,
+                },
+            )
+            for i, c in enumerate((1, 4))
+        ]
+        return TrialData(name, "FINISHED", params, {"memory_peak_gb_max": 1.0 * k}, points)
+
+    trials = []
+    for k in (1, 2):
+        t = run(f"k{k}", k, 1.0)
+        t.runs = [run(f"k{k}-1", k, 1.1), run(f"k{k}-2", k, 0.95)]
+        trials.append(t)
+    bars, words = [], []
+    real_errorbar, real_text = matplotlib.axes.Axes.errorbar, matplotlib.figure.Figure.text
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "errorbar",
+        lambda self, *a, **kw: (bars.append(kw.get("yerr")), real_errorbar(self, *a, **kw))[1],
+    )
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "text",
+        lambda self, x, y, s, **kw: (words.append(s), real_text(self, x, y, s, **kw))[1],
+    )
+    for name, builder in [*LAB_PLOTS.items(), ("overview", generic)]:
+        bars.clear()
+        words.clear()
+        files = builder(SweepData(name, trials, "results"), tmp_path)
+        assert files, name
+        drawn = [b for b in bars if b is not None]
+        assert drawn and all(h > 0 for b in drawn for h in b if math.isfinite(h)), (name, bars)
+        assert any("95% interval between runs" in w for w in words), (name, words)
+    one = [run("a", 1, 1.0), run("b", 2, 1.0)]
+    words.clear()
+    generic(SweepData("x", one, "results"), tmp_path)
+    assert any("one run each: no error bars" in w for w in words)

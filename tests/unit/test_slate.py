@@ -16,9 +16,11 @@ import pytest
 from orchestrator.config import to_specs
 from orchestrator.config.schema import SlateSpec
 from orchestrator.engines.process import SERVER_OWNER_ENV, ServerProcess, free_port, owner_mark, port_is_free
+from orchestrator.trial import machine as machine_mod
 from orchestrator.trial import run_trial
 from orchestrator.trial import slate as slate_mod
-from orchestrator.trial.slate import DirtySlateError, Leftover, Reading, engine_processes, port_holders
+from orchestrator.trial.machine import Leftover, engine_processes, port_holders
+from orchestrator.trial.slate import DirtySlateError, Reading
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fake_engine.py")
 
@@ -222,7 +224,7 @@ def test_gpu_memory_above_its_idle_reading_is_dirty():
 
 
 def test_no_nvml_is_a_note_not_a_failure():
-    used, leftovers, note = slate_mod.gpu_reading(["0"])
+    used, leftovers, note = machine_mod.gpu_reading(["0"])
     assert (used, leftovers) == ({}, []) and note and note.startswith("not checked: NVML unavailable")
 
 
@@ -281,10 +283,10 @@ def test_an_engine_server_somebody_else_started_is_named_with_its_port_memory_an
     port = free_port()
     other = start_unmarked_engine(port)
     try:
-        found = [x for x in slate_mod.unmarked_engines() if x.pid == other.pid]
+        found = [x for x in machine_mod.unmarked_engines() if x.pid == other.pid]
         ours = start_unmarked_engine(free_port(), mark=owner_mark())  # a server of ours: not "somebody else's"
         try:
-            mine = [x for x in slate_mod.unmarked_engines() if x.pid == ours.pid]
+            mine = [x for x in machine_mod.unmarked_engines() if x.pid == ours.pid]
         finally:
             stop(ours)
     finally:

@@ -162,12 +162,12 @@ def test_an_interrupt_before_mlflow_opens_leaves_no_sweep_run(tmp_path):
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchestrator.scheduling.sweep import _Recorder
+    from orchestrator.scheduling.recorder import Recorder
 
     opening, made, lines = threading.Event(), [], []
     pool = ThreadPoolExecutor(1)
     pool.submit(opening.wait, 10)  # the store still opening
-    record = _Recorder(tmp_path, pool.submit(lambda: made.append(1)), "commit", 1, lines.append)
+    record = Recorder(tmp_path, pool.submit(lambda: made.append(1)), "commit", 1, lines.append)
     assert record.tracker_if_open() is None and record.tracker is None
     opening.set()
     pool.shutdown(wait=True)
@@ -177,6 +177,6 @@ def test_an_interrupt_before_mlflow_opens_leaves_no_sweep_run(tmp_path):
         raise RuntimeError("store gone")
 
     with ThreadPoolExecutor(1) as pool:
-        record = _Recorder(tmp_path, pool.submit(fails), "commit", 1, lines.append)
+        record = Recorder(tmp_path, pool.submit(fails), "commit", 1, lines.append)
         assert record.tracker is None and record.tracker is None
     assert lines[1:] == ["warning: no MLflow sweep run (store gone); results are kept on disk only"]

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.config import to_specs
 from orchestrator.engines.vllm import METRICS
-from orchestrator.loadgen import Endpoint, PromptFactory, run_points
+from orchestrator.loadgen import Endpoint, PromptFactory
 from orchestrator.metrics import prometheus
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.trial import RawPoint, judge_point, point_metrics
@@ -88,10 +88,12 @@ def test_judge_point_a_valid_point_and_two_kinds_of_invalid(spec):
     assert v.reasons == [] and v.metrics["ttft_gap_ms_p50"] == pytest.approx(600.0 - 175.0)
 
 
-def test_points_are_fed_forward_to_a_generator(tiny_model_dir):
-    """run_points sends each point's result (what on_point_end returned) to the schedule,
-    which picks the next point from it, and stops the run by returning."""
+def test_the_caller_drives_the_points(tiny_model_dir):
+    """A load session runs the points its caller chooses, one at a time (prepare, then go): the
+    next can be chosen from what the last gave, as the trial chooses its capacity probes."""
+    from orchestrator.config.errors import LoadError
     from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
+    from orchestrator.loadgen import LoadSession
 
     w = WorkloadSpec.model_validate(
         {
@@ -102,22 +104,15 @@ def test_points_are_fed_forward_to_a_generator(tiny_model_dir):
             "load_points": [{"concurrency": 1}],
         }
     )
-    seen = []
-
-    def schedule():
-        result = yield LoadPointSpec(concurrency=1)
-        seen.append(result)
-        result = yield LoadPointSpec(concurrency=result // 10 + 1)  # chosen from what the first point gave
-        seen.append(result)  # then stop: no third point
-
     with FakeOpenAIServer(Script(ttft_s=0.005, itl_s=0.001)) as srv:
-        records = run_points(
-            Endpoint(srv.base_url, "m"),
-            w,
-            PromptFactory(str(tiny_model_dir)),
-            seed=0,
-            on_point_end=lambda i, p, recs, st: p.concurrency * 10 + len(recs),
-            points=schedule(),
-        )
-    assert seen == [13, 23]  # c1 with 3 requests, then c2 with 3
-    assert sorted({r.point for r in records}) == [0, 1] and len(records) == 6
+        with LoadSession(Endpoint(srv.base_url, "m"), w, PromptFactory(str(tiny_model_dir)), 0) as load:
+            load.warm_up()
+            with pytest.raises(LoadError, match="without prepare"):
+                load.go()
+            load.prepare(LoadPointSpec(concurrency=1), 0)
+            first = load.go()
+            load.prepare(LoadPointSpec(concurrency=len(first.records) - 1), 1)  # chosen from the first
+            second = load.go()
+    assert [r.point for r in first.records] == [0, 0, 0] and [r.point for r in second.records] == [1, 1, 1]
+    assert all(r.ok for r in first.records + second.records)
+    assert first.client["client_processes"] == 1.0 and "client_cpu_s" in second.client

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import to_specs
+from orchestrator.engines import adapter_for
 from orchestrator.engines import vllm as vllm_adapter
+
+VLLM = adapter_for("vllm")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,7 @@ CASES = [
 @pytest.mark.parametrize("overrides", CASES, ids=lambda o: " ".join(o) or "defaults")
 def test_generated_argv_parses(vllm_parser, compose, overrides):
     spec, _ = to_specs(compose(overrides))
-    launch = vllm_adapter.launch(spec, "/models/x", 8123)
+    launch = VLLM.launch(spec, "/models/x", 8123)
     ns = parse(vllm_parser, launch.argv)
     e = spec.engine
     assert ns.model == "/models/x" and ns.port == 8123 and ns.host == "127.0.0.1"
@@ -65,7 +68,7 @@ def test_generated_argv_parses(vllm_parser, compose, overrides):
 
 def test_cpu_env_and_unset_omp(compose):
     spec, _ = to_specs(compose(["engine.cpu_omp_threads_bind=0|1"]))
-    launch = vllm_adapter.launch(spec, "/m", 1)
+    launch = VLLM.launch(spec, "/m", 1)
     assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert launch.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     assert "OMP_NUM_THREADS" in launch.unset_env

@@ -7,8 +7,7 @@ import asyncio
 
 import pytest
 
-from orchestrator.loadgen.client import Endpoint, PlannedRequest, close_session, stream_request, wire_of
-from orchestrator.loadgen.sender import open_session_async
+from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest
 from orchestrator.metrics.records import RequestRecord
 
 
@@ -70,16 +69,14 @@ async def serve(answers, pieces: int = 1, gap_s: float = 0.0):
 
 async def one(port: int, session=None, req_id: int = 1) -> RequestRecord:
     own = session is None
-    session = session or await open_session_async()
+    session = session or await HttpSession.open()
     try:
         req = PlannedRequest(req_id, "a", "hello", 1, 3)
         rec = RequestRecord(req_id, 0, "a", 0.0, 0.0, 1, 3)
-        return await stream_request(
-            session, Endpoint(f"http://127.0.0.1:{port}", "m", api_key="k"), req, rec, timeout_s=5
-        )
+        return await session.stream(Endpoint(f"http://127.0.0.1:{port}", "m", api_key="k"), req, rec, timeout_s=5)
     finally:
         if own:
-            await close_session(session)
+            await session.close()
 
 
 OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -107,12 +104,12 @@ def test_body_with_the_headers_and_length_bodies_and_errors():
         error = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 7\r\n\r\nno room"
         server, port, _ = await serve([whole, error])
         async with server:
-            session = await open_session_async()
+            session = await HttpSession.open()
             try:
                 first = await one(port, session, 1)
                 second = await one(port, session, 2)  # the same kept-alive connection
             finally:
-                await close_session(session)
+                await session.close()
         return first, second
 
     first, second = asyncio.run(main())
@@ -124,12 +121,12 @@ def test_a_pooled_connection_the_server_closed_is_retried_once_on_a_new_one():
     async def main():
         server, port, seen = await serve([None, OK_HEAD + chunked(sse("a"), [])])
         async with server:
-            session = await open_session_async()
+            session = await HttpSession.open()
             try:
-                await wire_of(session).open("127.0.0.1", port, 1)  # pooled, then closed by the server on use
+                await session.wire.open("127.0.0.1", port, 1)  # pooled, then closed by the server on use
                 rec = await one(port, session)
             finally:
-                await close_session(session)
+                await session.close()
         return rec, seen
 
     rec, seen = asyncio.run(main())
@@ -161,15 +158,15 @@ def test_what_the_review_found(caplog):
         cont = b"HTTP/1.1 100 Continue\r\n\r\n" + OK_HEAD + chunked(sse("a"), [])
         server, port, seen = await serve([bad, cont])
         async with server:
-            session = await open_session_async()
+            session = await HttpSession.open()
             try:
-                await wire_of(session).open("127.0.0.1", port, 3)  # two of them never used
+                await session.wire.open("127.0.0.1", port, 3)  # two of them never used
                 req = PlannedRequest(1, "a", "hello", 1, 3)
                 endpoint = Endpoint(f"http://user:secret@127.0.0.1:{port}", "m")
-                first = await stream_request(session, endpoint, req, RequestRecord(1, 0, "a", 0.0, 0.0, 1, 3))
+                first = await session.stream(endpoint, req, RequestRecord(1, 0, "a", 0.0, 0.0, 1, 3))
                 second = await one(port, session, 2)
             finally:
-                await close_session(session)
+                await session.close()
             await asyncio.sleep(0.05)
         return first, second, seen
 
@@ -186,14 +183,14 @@ def test_the_request_timeout_covers_the_connection():
     async def main():
         req = PlannedRequest(1, "a", "hello", 1, 3)
         rec = RequestRecord(1, 0, "a", 0.0, 0.0, 1, 3)
-        session = await open_session_async()
+        session = await HttpSession.open()
         try:
             # an address that drops packets (or is unreachable here): never a hang past the timeout
             return await asyncio.wait_for(
-                stream_request(session, Endpoint("http://10.255.255.1:81", "m"), req, rec, timeout_s=0.5), 5
+                session.stream(Endpoint("http://10.255.255.1:81", "m"), req, rec, timeout_s=0.5), 5
             )
         finally:
-            await close_session(session)
+            await session.close()
 
     rec = asyncio.run(main())
     assert rec.status == "error" and rec.done_s - rec.sent_s < 2
@@ -201,32 +198,49 @@ def test_the_request_timeout_covers_the_connection():
 
 def test_the_aiohttp_path_reads_what_the_wire_reads():
     """HTTPS endpoints go through aiohttp (_stream_aiohttp): the same answer reads the same."""
-    from orchestrator.loadgen.client import API_PATHS, DELTAS, _Stream, _stream_aiohttp
+    from orchestrator.loadgen.api import API_PATHS, DELTAS
+    from orchestrator.loadgen.client import _stream_aiohttp
+    from orchestrator.loadgen.sse import SseStream
 
     async def main():
         answer = OK_HEAD + chunked(sse("a", "b", "c"), [5, 40, 1])
         server, port, _ = await serve([answer, answer], pieces=7, gap_s=0.001)
         async with server:
-            session = await open_session_async()
+            session = await HttpSession.open()
             try:
                 by_wire = await one(port, session, 1)
                 rec = RequestRecord(2, 0, "a", 0.0, 0.0, 1, 3)
                 endpoint = Endpoint(f"http://127.0.0.1:{port}", "m")
                 url = endpoint.base_url + API_PATHS["completions"]
                 await _stream_aiohttp(
-                    session,
+                    session.http,
                     url,
                     endpoint,
                     PlannedRequest(2, "a", "hello", 1, 3),
                     rec,
                     b"{}",
-                    _Stream(rec, DELTAS["completions"], None),
+                    SseStream(rec, DELTAS["completions"], None),
                     5,
                 )
             finally:
-                await close_session(session)
+                await session.close()
         return by_wire, rec
 
     by_wire, by_aiohttp = asyncio.run(main())
     assert by_wire.ok and by_aiohttp.status == by_wire.status and by_aiohttp.http_status == 200
     assert by_aiohttp.chunk_tokens == by_wire.chunk_tokens == [1, 1, 1]
+
+
+def test_an_answer_that_is_not_http_fails_its_request_by_the_parser():
+    """The framing is llhttp's (httptools): a bad status line or chunk size is the request's error."""
+
+    async def main():
+        server, port, _ = await serve([b"SPDY/9 200 OK\r\n\r\n", OK_HEAD + b"zz\r\nabc\r\n"])
+        async with server:
+            first = await asyncio.wait_for(one(port), 10)
+            second = await asyncio.wait_for(one(port, req_id=2), 10)
+        return first, second
+
+    first, second = asyncio.run(main())
+    for rec in (first, second):
+        assert rec.status == "error" and "bad HTTP answer" in (rec.error or ""), rec.error

@@ -2,8 +2,9 @@
 
 The Hydra ``DictConfig`` is turned into these models once, in :mod:`orchestrator.config.convert`;
 everything downstream sees typed objects only. One module per part of a trial: ``engines``,
-``model``, ``workload``, ``platform`` (platform, cluster, tracking) and ``trial`` (the trial, the
-objective, a sweep's settings); every name is importable from here.
+``model``, ``workload`` (its point checks in ``validity``), ``platform`` (platform, cluster,
+tracking) and ``trial`` (the trial, the objective, a sweep's settings); every name is importable
+from here.
 """
 
 from .base import ArrivalKind, StrictModel
@@ -24,14 +25,13 @@ from .engines import (
 from .model import ModelArch, ModelSpec, TinyModelSpec, TinyTrainSpec
 from .platform import ClusterSpec, PlatformSpec, SlateSpec, TrackingSpec
 from .trial import EvalSpec, ExpectationSpec, NsysSpec, ObjectiveSpec, ProfileSpec, SweepSettings, TrialSpec
+from .validity import FidelitySpec, ValiditySpec
 from .workload import (
     SLO_METRIC,
     CapacitySpec,
-    FidelitySpec,
     LoadPointSpec,
     RequestClass,
     SLOSpec,
-    ValiditySpec,
     WorkloadSpec,
 )
 

@@ -58,7 +58,8 @@ class PlatformSpec(StrictModel):
         description=(
             "share of wall time each kind of sample (memory, engine gauges, telemetry) may cost: a "
             "sample that cost c seconds waits max(its interval, c / monitor_budget) before the next; "
-            "the cost of a gauge scrape is its wall time (the server answers it), that of a local "
+            "the cost of a gauge scrape is the fastest wall time a scrape has taken (the server answers "
+            "it; a later, slower answer waited behind the server's load), that of a local "
             "sample (memory, telemetry) the CPU time it used"
         ),
     )

@@ -14,6 +14,8 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.config.metric_keys import check_cause, check_name
+
 from .base import StrictModel
 from .engines import EngineSpec, LaunchedEngineSpec
 from .model import ModelSpec
@@ -89,6 +91,12 @@ class TrialSpec(StrictModel):
     experiment: str
     variant: str | None = None
     seed: int = 0
+    run: int = Field(
+        default=0,
+        ge=0,
+        description="which run of this configuration: 0 the first; a race's repeats 1, 2, ... (fresh requests, "
+        "the same ones for every trial of a round)",
+    )
     engine: EngineSpec
     model: ModelSpec
     workload: WorkloadSpec
@@ -174,6 +182,29 @@ class ObjectiveSpec(StrictModel):
     subject_to: dict[str, float | str | dict[Literal["min", "max"], float]] = Field(default_factory=dict)
     show: list[str] = Field(default_factory=list)
     frontier: dict[Literal["maximize", "minimize"], str] | None = None
+    # The race (docs/statistics.md): after the first pass, the trials that cannot be told apart
+    # from the leader run again (fresh requests) until it is separated, they are equivalent
+    # within ``margin``, a trial has run ``max_repeats`` times, or ``budget`` is spent.
+    confidence: float = Field(
+        default=0.95,
+        gt=0.5,
+        lt=1.0,
+        description="chance that every statement of the verdict (X better than Y, X and Y equivalent) is right, "
+        "over all its comparisons and rounds together",
+    )
+    max_repeats: PositiveInt = Field(
+        default=3, description="runs of a trial at most, the first included; 1: no race (one run each)"
+    )
+    margin: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="relative difference too small to matter: contenders whose interval lies within it tie",
+    )
+    budget: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="time the race may add, in multiples of the first pass's wall time (1.0: about twice as long)",
+    )
 
     @model_validator(mode="after")
     def _one_direction(self) -> ObjectiveSpec:
@@ -192,6 +223,17 @@ class ObjectiveSpec(StrictModel):
     @property
     def key(self) -> str:
         return self.maximize or self.minimize  # type: ignore[return-value]
+
+    def check_names(self) -> None:
+        """Raise ``ValueError`` at the first name that is neither a metric a trial can carry nor a
+        knob (a typo would read "not measured" in every trial); the sweep's config is checked."""
+        named = [("maximize", self.maximize), ("minimize", self.minimize)]
+        named += [(f"subject_to.{k}", k) for k in self.subject_to]
+        named += [(f"show[{i}]", k) for i, k in enumerate(self.show)]
+        named += [(f"frontier.{d}", k) for d, k in (self.frontier or {}).items()]
+        for where, name in named:
+            if name is not None:
+                check_name(f"objective.{where}", name)
 
 
 class ExpectationSpec(StrictModel):
@@ -272,6 +314,13 @@ class ExpectationSpec(StrictModel):
             raise ValueError(f"expect: this claim needs a 'metric': {self.claim!r}")
         return self
 
+    def check_names(self, where: str = "expect") -> None:
+        """Raise ``ValueError`` at an unknown metric (each side of ``a / b``) or limiter."""
+        for part in self.metric.split(" / ") if self.metric else []:
+            check_name(f"{where}.metric ({self.claim[:60]!r})", part)
+        for cause in self.limiter or []:
+            check_cause(f"{where}.limiter ({self.claim[:60]!r})", cause)
+
 
 class SweepSettings(StrictModel):
     """Settings of a sweep that do not change a trial's measurement (not in the trial hash)."""
@@ -285,3 +334,17 @@ class SweepSettings(StrictModel):
     expect: list[ExpectationSpec] = Field(
         default_factory=list, description="what the lab expects to observe (see ExpectationSpec), checked in the report"
     )
+
+    @field_validator("objective")
+    @classmethod
+    def _objective_names(cls, v: ObjectiveSpec | None) -> ObjectiveSpec | None:
+        if v is not None:
+            v.check_names()
+        return v
+
+    @field_validator("expect")
+    @classmethod
+    def _expected_names(cls, v: list[ExpectationSpec]) -> list[ExpectationSpec]:
+        for i, claim in enumerate(v):
+            claim.check_names(f"expect[{i}]")
+        return v

@@ -1,4 +1,5 @@
-"""The workload: request classes, load points, SLOs, validity and fidelity checks, capacity search."""
+"""The workload: request classes, load points, SLOs, capacity search; its validity and fidelity
+checks are in :mod:`.validity`."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from typing import Any, Literal
 
 from pydantic import (
     Field,
-    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     model_validator,
 )
 
 from .base import ArrivalKind, StrictModel
+from .validity import FidelitySpec, ValiditySpec
 
 
 class RequestClass(StrictModel):
@@ -127,9 +128,13 @@ class LoadPointSpec(StrictModel):
 
     ``rate`` may be ``inf`` (everything at once). With ``rate``: ``arrival`` picks the process,
     ``max_concurrency`` caps requests in flight without ever sending faster than the rate,
-    ``ramp_up_s`` raises the rate linearly from 0 over that time. A ``trace`` (JSONL/CSV of
-    timestamp, input_tokens, output_tokens) replays its own arrivals and lengths, its clock
-    stretched by ``time_scale``.
+    ``ramp_up_s`` raises the rate linearly from 0 over that time. A ``trace`` (a file:
+    ``trace_format`` plain, mooncake, azure or bailian; auto tells them apart) replays its own arrivals
+    and lengths, its clock stretched by ``time_scale``, from ``trace_start_s`` of its own clock;
+    ``length_scale`` divides every length and the prefix block size together (the sharing
+    structure is kept); a request longer than ``max_context_tokens`` (prompt + output) is cut
+    to fit or dropped (``over_context``). ``num_requests`` / ``duration_s`` end the slice. A
+    bailian trace's follower is sent after its parent's reply, its prompt the conversation so far.
     """
 
     concurrency: PositiveInt | None = None
@@ -140,6 +145,16 @@ class LoadPointSpec(StrictModel):
     max_concurrency: PositiveInt | None = None
     ramp_up_s: float = Field(default=0.0, ge=0.0)
     time_scale: PositiveFloat = 1.0
+    trace_format: Literal["auto", "plain", "mooncake", "azure", "bailian"] = "auto"
+    trace_block_tokens: PositiveInt | None = Field(
+        default=None, description="tokens per hash_ids block (default: mooncake 512, bailian 16)"
+    )
+    trace_start_s: float = Field(default=0.0, ge=0.0, description="where the slice starts, on the trace's own clock")
+    length_scale: float = Field(default=1.0, ge=1.0, description="divides lengths and the prefix block size")
+    max_context_tokens: PositiveInt | None = Field(
+        default=None, description="prompt + output cap of a replayed request"
+    )
+    over_context: Literal["truncate", "drop"] = "truncate"
     num_requests: PositiveInt | None = None
     duration_s: PositiveFloat | None = None
 
@@ -154,8 +169,18 @@ class LoadPointSpec(StrictModel):
                 "'arrival' applies to 'rate' points only (a concurrency point is a closed loop, "
                 "a trace replays its own timestamps)"
             )
-        if self.trace is None and self.time_scale != 1:
-            raise ValueError("'time_scale' applies to 'trace' points only")
+        if self.trace is None:
+            replay = {
+                "time_scale": self.time_scale != 1,
+                "trace_format": self.trace_format != "auto",
+                "trace_block_tokens": self.trace_block_tokens is not None,
+                "trace_start_s": self.trace_start_s != 0,
+                "length_scale": self.length_scale != 1,
+                "max_context_tokens": self.max_context_tokens is not None,
+                "over_context": self.over_context != "truncate",
+            }
+            if any(replay.values()):
+                raise ValueError(f"{', '.join(repr(k) for k, v in replay.items() if v)}: apply to 'trace' points only")
         return self
 
     @model_validator(mode="after")
@@ -183,80 +208,6 @@ class SLOSpec(StrictModel):
     e2e_ms: PositiveFloat | None = None
 
 
-class ValiditySpec(StrictModel):
-    """When a load point's numbers describe the client rather than the server (point invalid).
-
-    Lags are judged at p95: with a few dozen requests p99 is the single worst one, and one
-    late send (e.g. the machine's other processes taking the core for a moment) is a blip,
-    not a client that cannot keep up. p99 and max stay in the point's metrics.
-    """
-
-    max_send_lag_ms_p95: PositiveFloat = 10.0
-    max_loop_lag_ms_p95: PositiveFloat = 10.0
-    max_client_cpu_util: PositiveFloat = 0.9
-    max_coalesced_share: float = Field(
-        default=0.2,
-        ge=0,
-        le=1,
-        description="share of token chunks read in one read with an earlier one (one instant for both) "
-        "above which ITL describes the client's reads, not the server",
-    )
-    min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / scheduled rate")
-    max_stream_wait_share: float = Field(
-        default=0.01,
-        ge=0,
-        le=1,
-        description="share of a closed loop's stream time spent waiting for requests past the plan "
-        "(no request in flight) above which the point held fewer streams than asked",
-    )
-    max_foreign_cpu_cores: PositiveFloat | Literal["auto"] | None = Field(
-        default="auto",
-        description="CPU cores busy outside the trial (neither its servers nor its client nor the sweep's own "
-        "Ray and driver processes) above which the machine was shared and the point is INVALID; 'auto' = an "
-        "eighth of the machine's cores, at least 0.25 (0.25 on 2 cores, 8 on 64); null = not judged",
-    )
-
-
-class FidelitySpec(StrictModel):
-    """When a load point's numbers describe another workload than the planned one (point
-    invalid; :mod:`orchestrator.metrics.fidelity`). Defaults: a tokenizer mismatch (tens of
-    percent) or a server ignoring ``ignore_eos`` is caught, a BOS token or a chat template's
-    few tokens are not."""
-
-    prompt_tokens_slack: NonNegativeInt = Field(
-        default=16,
-        description="tokens the server may count beyond the plan (BOS, chat template) before the "
-        "relative limit applies",
-    )
-    max_prompt_tokens_error: PositiveFloat = Field(
-        default=0.1, description="median |server - plan| prompt tokens as a fraction of the plan"
-    )
-    max_output_tokens_off: float = Field(
-        default=0.05,
-        ge=0,
-        le=1,
-        description="fraction of requests whose completion tokens differ from the plan "
-        "(with ignore_eos; without it, only longer ones count)",
-    )
-    max_unexpected_hit_rate: float = Field(
-        default=0.1, ge=0, le=1, description="prefix-cache hit rate allowed on prompts that share no prefix"
-    )
-    min_hit_fraction: float = Field(
-        default=0.5,
-        ge=0,
-        le=1,
-        description="shared-prefix / multi-turn prompts with caching on: hit rate at least "
-        "this fraction of what the workload implies",
-    )
-    max_preemptions_per_request: float = Field(default=0.1, ge=0)
-    max_rejected_fraction: float = Field(default=0.0, ge=0, le=1, description="requests refused with HTTP 4xx")
-    max_gap_ms: PositiveFloat | None = Field(
-        default=50.0,
-        description="client TTFT/ITL median above the top of the server histogram's bucket by "
-        "more than this: the client or the network (null: report only)",
-    )
-
-
 SLO_METRIC = re.compile(
     r"^(?:(?P<cls>[A-Za-z0-9_.-]+)/)?(?:ttft|tpot|itl|e2e|itl_worst)_ms_(?:mean|p50|p90|p95|p99|max)$"
 )
@@ -271,6 +222,9 @@ class CapacitySpec(StrictModel):
     then bisected until the bracket is narrower than ``precision`` of its top, or
     ``max_probes`` or ``time_budget_s`` are spent. A rate probe also fails when the server
     completes fewer than ``min_sustained`` of the offered requests per second (its queue grows).
+    A probe whose SLO metric's 95% interval within the run straddles its limit is indeterminate:
+    it runs again with fresh requests, up to ``runs`` times, judged on the requests of all its
+    runs together, before it decides the bracket.
     """
 
     knob: Literal["rate", "concurrency"] = "rate"
@@ -290,6 +244,9 @@ class CapacitySpec(StrictModel):
     max_probes: PositiveInt = 8
     time_budget_s: PositiveFloat | None = None
     min_sustained: float = Field(default=0.9, gt=0.0, le=1.0)
+    runs: PositiveInt = Field(
+        default=3, description="the most runs of a probe too close to an SLO to tell (1: every probe decides at once)"
+    )
     point: dict[str, Any] = Field(default_factory=dict, description="other LoadPointSpec fields of every probe")
 
     @model_validator(mode="after")
@@ -333,6 +290,11 @@ class WorkloadSpec(StrictModel):
     api: Literal["completions", "chat"] = "completions"
     classes: dict[str, RequestClass] = Field(min_length=1)
     load_points: list[LoadPointSpec] = Field(default_factory=list, description="fixed points, run first")
+    replay: LoadPointSpec | None = Field(
+        default=None,
+        description="a trace replayed as the only load point (a trace load point's fields): set by a "
+        "trace workload (workload=mooncake), it wins over load_points an experiment sets for its own workload",
+    )
     capacity: CapacitySpec | None = Field(default=None, description="then an SLO capacity search (probes)")
     num_requests: PositiveInt | None = Field(default=None, description="default per load point")
     duration_s: PositiveFloat | None = Field(default=None, description="default per load point")
@@ -366,6 +328,16 @@ class WorkloadSpec(StrictModel):
     max_ci_rel_width: PositiveFloat = Field(
         default=0.2, description="flag a repeated point whose 95% CI half-width exceeds this fraction of the mean"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replay_is_the_load_point(cls, data: Any) -> Any:
+        replay = data.get("replay") if isinstance(data, dict) else None
+        if replay is None:
+            return data
+        if not isinstance(replay, dict) or replay.get("trace") is None:
+            raise ValueError("replay: a trace load point (set replay.trace to the trace file)")
+        return {**data, "load_points": [replay]}
 
     @model_validator(mode="after")
     def _stops_and_classes(self) -> WorkloadSpec:

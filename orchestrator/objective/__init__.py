@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestrator.config.metric_keys import WITHIN95, M, is_knob
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.tracking.runs import Point, TrialData
 
@@ -15,16 +16,49 @@ from orchestrator.tracking.runs import Point, TrialData
 @dataclass
 class Value:
     value: float
-    ci95: float | None
+    ci95: float | None  # a 95% half-width between runs (a race's runs, or the point's repeats)
     where: str  # "trial", "knob" or a point label
+    runs: int = 1  # a race's runs of the trial the value is the mean of
+    within: tuple[float, float] | None = None  # its 95% interval within one run (over the point's requests)
 
 
 def fixed_points(t: TrialData) -> list[Point]:
-    return [p for p in t.points if "slo_met" not in p.metrics]
+    return [p for p in t.points if M.SLO_MET not in p.metrics]
 
 
 def value_of(t: TrialData, key: str, at: str | None = None) -> Value | None:
-    """A trial's value of ``key``: its own metric, else a knob, else the metric at a point."""
+    """A trial's value of ``key``: its own metric, else a knob, else the metric at a point; over
+    a race's runs, their mean with the 95% t-interval of it (the runs' own spread)."""
+    if not t.runs or is_knob(key):  # a knob is the same in every run
+        return _one_value(t, key, at)
+    values = run_values(t, key, at)
+    first = _one_value(t, key, at)
+    if not values or first is None:
+        return first
+    mean, half = between_runs(values)
+    return Value(mean, half or None, first.where, len(values))
+
+
+def between_runs(values: list[float]) -> tuple[float, float]:
+    """The mean of one value over several runs and the half-width of its 95% t-interval (0 from
+    a single run)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    from scipy import stats
+
+    sd = math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+
+
+def run_values(t: TrialData, key: str, at: str | None = None) -> list[float]:
+    """The value of ``key`` in each run of the trial (its first, then a race's later runs)."""
+    return [v.value for run in (t, *t.runs) if run.status == "FINISHED" and (v := _one_value(run, key, at))]
+
+
+def _one_value(t: TrialData, key: str, at: str | None = None) -> Value | None:
+    """One run's value of ``key`` (see :func:`value_of`)."""
     if at is None and key in t.metrics and math.isfinite(t.metrics[key]):
         return Value(t.metrics[key], t.metrics.get(f"{key}_ci95"), "trial")
     if "." in key and "/" not in key:
@@ -34,7 +68,9 @@ def value_of(t: TrialData, key: str, at: str | None = None) -> Value | None:
     point = next((p for p in points if p.label == at), None) if at else (points[-1] if points else None)
     if point is None or key not in point.metrics or not math.isfinite(point.metrics[key]):
         return None
-    return Value(point.metrics[key], point.metrics.get(f"{key}_ci95"), point.label)
+    lo, hi = (point.metrics.get(key + s) for s in WITHIN95)
+    within = (lo, hi) if lo is not None and hi is not None else None
+    return Value(point.metrics[key], point.metrics.get(f"{key}_ci95"), point.label, within=within)
 
 
 def fmt(v: float) -> str:
@@ -47,7 +83,7 @@ def short(v: float) -> str:
 
 
 def show(v: Value) -> str:
-    return fmt(v.value) + (f" ± {fmt(v.ci95)}" if v.ci95 else "")
+    return fmt(v.value) + (f" ± {fmt(v.ci95)}" if v.ci95 else "") + (f" ({v.runs} runs)" if v.runs > 1 else "")
 
 
 def check_constraint(
@@ -68,6 +104,11 @@ def check_constraint(
     v = value_of(t, key, objective.at)
     if v is None:
         return False, f"{key} not measured"
+    runs = run_values(t, key, objective.at)
+    met = [x for x in runs if (lo is None or x >= lo) and (hi is None or x <= hi)]
+    if t.runs and 0 < len(met) < len(runs):  # met sometimes: not "meeting"
+        limit = " and ".join(s for s in (lo is not None and f">= {fmt(lo)}", hi is not None and f"<= {fmt(hi)}") if s)
+        return False, f"{key} {show(v)}: uncertain, {limit} in {len(met)} of {len(runs)} runs"
     if lo is not None and v.value < lo:
         return False, f"{key} {show(v)}, needs >= {fmt(lo)}"
     if hi is not None and v.value > hi:
@@ -92,3 +133,9 @@ def constraint_text(objective: ObjectiveSpec) -> str:
         else:
             parts.append(f"{key} <= {fmt(float(bound))}")
     return ", ".join(parts)
+
+
+def read_at(t: TrialData, v: Value, flag: str) -> bool:
+    """The value was read at a fixed point that carries ``flag`` (invalid, profiled_excluded)."""
+    point = next((p for p in fixed_points(t) if p.label == v.where), None)
+    return point is not None and point.metrics.get(flag, 0.0) >= 1.0

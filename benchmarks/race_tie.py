@@ -1,0 +1,87 @@
+"""Two names for one configuration must never get a winner: N whole sweeps, each racing them.
+
+    python -m benchmarks.race_tie [--sweeps 20] [--drift 0.1] [--jitter 0.1]
+
+Each sweep is the CLI a user runs (``python -m orchestrator``, Ray, MLflow in a throw-away sqlite
+file) over two trials that differ only in a knob that cannot matter (``workload.warmup_requests``
+0 or 1), against a fake server in its own process (tests/fake_openai_server.py) whose pace
+drifts: every ``--drift-every`` seconds the whole server's speed is redrawn (log-normal of
+sigma ``--drift``, the between-run noise a race meets on a real machine), and each request's
+pace varies by ``--jitter`` on top. The race runs with its defaults (confidence 0.95, margin
+10%, 3 runs at most) and a budget that never stops it early. Prints one line per sweep (its
+verdict's decision, runs, exit status, wall time) and a table of decisions: "win" is the
+failure this benchmark looks for. docs/benchmarks.md keeps the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from tests.fake_openai_server import IsolatedFakeServer, Script
+
+
+def one_sweep(url: str, folder: Path) -> tuple[str, str, int, float]:
+    """(decision, the verdict line, exit status, seconds) of one sweep against ``url``."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "engine=external",
+        f"engine.url={url}",
+        "engine.metrics=none",
+        "workload.load_points=[{concurrency:4}]",
+        "workload.num_requests=40",
+        "workload.warmup_requests=0,1",
+        "objective={maximize:tokens_per_second,budget:100}",
+        f"tracking.uri=sqlite:///{folder}/mlflow.db",
+        f"hydra.sweep.dir={folder}/multirun",
+        "-m",
+    ]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
+    took = time.monotonic() - t0
+    verdict = next((line for line in p.stdout.splitlines() if line.startswith("Verdict:")), "(no verdict)")
+    if " wins" in verdict:
+        decision = "win"
+    elif " tie within the margin" in verdict:
+        decision = "tie"
+    elif "undecided" in verdict:
+        decision = "undecided"
+    else:
+        decision = "other"
+    return decision, verdict, p.returncode, took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweeps", type=int, default=20)
+    ap.add_argument(
+        "--drift", type=float, default=0.1, help="sigma of the server's pace, redrawn every --drift-every s"
+    )
+    ap.add_argument("--drift-every", type=float, default=2.0)
+    ap.add_argument("--jitter", type=float, default=0.1, help="sigma of each request's own pace")
+    args = ap.parse_args()
+    script = Script(ttft_s=0.01, itl_s=0.004, jitter=args.jitter, drift=args.drift, drift_every_s=args.drift_every)
+    decisions: Counter[str] = Counter()
+    with IsolatedFakeServer(script) as srv, tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.sweeps):
+            decision, verdict, rc, took = one_sweep(srv.base_url, Path(tmp) / f"sweep{i}")
+            decisions[decision] += 1
+            print(f"sweep {i + 1}/{args.sweeps}: {decision} (exit {rc}, {took:.0f}s): {verdict[:220]}", flush=True)
+    print()
+    print("| sweeps | tie | undecided | win (false) | other | drift | jitter |")
+    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| {args.sweeps} | {decisions['tie']} | {decisions['undecided']} | {decisions['win']} | "
+        f"{decisions['other']} | {args.drift:g} every {args.drift_every:g}s | {args.jitter:g} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""What limited a load point, named with its evidence: pure rules over what the point measured.
+
+A diagnosis reads the point's metrics (client, server counters and histograms, telemetry,
+roofline), its records (stalls: :mod:`orchestrator.metrics.stalls`) and the engine's gauges
+sampled over its window, and says:
+
+* the **TTFT decomposed** (pooled over the point: the engine's histograms carry no request
+  class): client overhead (client TTFT - server TTFT), the API server's share (server TTFT -
+  queue - prefill: tokenizing, the hop to the engine core), queue wait, prefill compute; under
+  P/D the decode server's TTFT (KV transfer and its first step) and the prefill leg before it;
+* **decode efficiency**: TPOT against the roofline floor at the batch the engine actually ran
+  (its running-requests gauge over the window);
+* **stalls**: gaps far above their stream's median, by cause;
+* the **limiting resource**, one of :data:`VOCABULARY`, with the numbers that triggered it and a
+  confidence (strong / weak), and the other findings beside it. A rule that cannot decide says
+  so (:attr:`Diagnosis.unmeasured`) instead of guessing.
+
+Every rule, its thresholds (:class:`Thresholds`), the metrics it reads and what would confirm it
+are in docs/diagnosis.md. The package: ``findings`` (the vocabulary and the types), ``parts``
+(the engine's gauges, the TTFT's parts, decode efficiency), ``rules`` and ``over_capacity`` (one
+rule per cause); :func:`diagnose` here runs them. Every public name is importable from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from orchestrator.config.metric_keys import M
+from orchestrator.metrics.diagnosis.findings import (
+    PRIORITY,
+    STRONG,
+    VOCABULARY,
+    WEAK,
+    Cause,
+    Diagnosis,
+    Finding,
+    PointEvidence,
+    Thresholds,
+)
+from orchestrator.metrics.diagnosis.parts import (
+    batch_values,
+    decode_efficiency,
+    engine_batch,
+    engine_samples,
+    gauge_values,
+    ttft_parts,
+)
+from orchestrator.metrics.diagnosis.rules import RULES
+from orchestrator.metrics.stalls import find_stalls, stall_metrics
+
+__all__ = [
+    "PRIORITY",
+    "RULES",
+    "STRONG",
+    "VOCABULARY",
+    "WEAK",
+    "Cause",
+    "Diagnosis",
+    "Finding",
+    "PointEvidence",
+    "Thresholds",
+    "decode_efficiency",
+    "diagnose",
+    "engine_batch",
+    "engine_samples",
+    "ttft_parts",
+]
+
+
+def _headroom(x: PointEvidence, s: dict[str, Any]) -> str:
+    """Why "none": what was far from its limit."""
+    m, samples = x.metrics, s["samples"]
+    bits = []
+    running = batch_values(samples)
+    if running:
+        bits.append(f"a batch of {np.mean(running):.1f}" + (f" of {x.slots} slots" if x.slots else ""))
+    waiting = gauge_values(samples, "requests_waiting")
+    if waiting:
+        bits.append(f"at most {max(waiting):.0f} waiting")
+    kv = gauge_values(samples, "kv_cache_usage")
+    if kv:
+        bits.append(f"KV cache up to {max(kv):.0%}")
+    if M.SERVER_PREEMPTIONS in m:
+        bits.append(f"{m[M.SERVER_PREEMPTIONS]:.0f} preemptions")
+    stalls = s["stall_metrics"].get(M.STALLS, 0.0)
+    bits.append(f"{stalls:.0f} stalls")
+    return ", ".join(bits)
+
+
+def diagnose(x: PointEvidence, th: Thresholds | None = None, factor: float | None = None) -> Diagnosis:
+    """The point's diagnosis (see the module's docstring)."""
+    th = th or Thresholds()
+    samples = engine_samples(x.rows, x.window)
+    if x.server_failed:
+        return Diagnosis("", "", [], [], ["the server failed during the point"], {}, {}, [])
+    per_token = None
+    m = x.metrics
+    ok = sum(1 for r in x.records if r.ok)  # every repeat's (the point's metrics are means over repeats)
+    if not ok:
+        return Diagnosis("", "", [], [], ["no request of the point completed"], {}, {}, [])
+    if m.get(M.SERVER_PREFILL_TIME_S_MEAN) and m.get(M.SERVER_PROMPT_TOKENS):
+        per_token = m[M.SERVER_PREFILL_TIME_S_MEAN] * 1e3 / (m[M.SERVER_PROMPT_TOKENS] / ok)
+    kwargs = {"factor": factor} if factor else {}
+    stalls = find_stalls(x.records, samples.get("preemptions", []), per_token, **kwargs)
+    sm = stall_metrics(stalls, x.records)
+    gap_total = sum((r.chunk_times_s[-1] - r.chunk_times_s[0]) * 1e3 for r in x.records if r.ok)
+    state: dict[str, Any] = {
+        "samples": samples,
+        "stalls": stalls,
+        "stall_metrics": sm,
+        "gap_total_ms": gap_total,
+        "factor": factor or 5.0,
+        "unmeasured": [],
+        "notes": [],
+        "found": [],
+    }
+    for rule in RULES:
+        finding = rule(x, th, state)
+        if finding is not None:
+            state["found"].append(finding)
+    found: list[Finding] = state["found"]
+    found.sort(key=lambda f: (f.confidence != STRONG, PRIORITY.index(f.cause)))
+    metrics, classes, ttft_words, ttft_missing = ttft_parts(x)
+    decode, decode_words = decode_efficiency(x, samples, th.gauge_samples)
+    metrics.update(decode)
+    metrics.update(sm)
+    if x.foreign is not None:
+        metrics[M.FOREIGN_CPU_CORES] = float(x.foreign.get("cores", 0.0))
+    unattributed = [st for st in stalls if st.cause == "unattributed"]
+    if unattributed:
+        state["notes"].append(
+            f"{len(unattributed)} stall(s) matched no cause (worst {max(st.gap_ms for st in unattributed):.0f} ms): "
+            "not a prefill, a preemption or a late read; the timeline shows when"
+        )
+    notes = ttft_words + decode_words + state["notes"]
+    if found:
+        limiter, confidence = found[0].cause, found[0].confidence
+    else:
+        limiter, confidence = "none", STRONG if not state["unmeasured"] else WEAK
+        found = [Finding("none", confidence, _headroom(x, state))]
+    for cause in PRIORITY:
+        metrics[f"limited_by_{cause}"] = 1.0 if cause == limiter else 0.0
+    metrics[M.LIMITED_BY_NONE] = 1.0 if limiter == "none" else 0.0
+    return Diagnosis(limiter, confidence, found, ttft_missing + state["unmeasured"], notes, metrics, classes, stalls)

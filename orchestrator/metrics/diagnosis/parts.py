@@ -1,0 +1,143 @@
+"""The parts of a point the diagnosis reports beside its limiter: the engine's gauges over the
+point's window, the TTFT decomposed (:func:`ttft_parts`) and the decode efficiency against the
+roofline floor (:func:`decode_efficiency`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from orchestrator.config.metric_keys import TTFT_PARTS, M
+from orchestrator.metrics.diagnosis.findings import PointEvidence
+from orchestrator.metrics.telemetry import Row
+
+
+def engine_samples(rows: Sequence[Row], window: tuple[float, float]) -> dict[str, list[tuple[float, float]]]:
+    """The engine's gauge samples inside the window (its first 5% left out: the state before the
+    load), and its cumulative preemption counter over the whole window, by name."""
+    t0, t1 = window
+    settle = t0 + 0.05 * (t1 - t0)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for t, source, name, value in rows:
+        if source != "engine":
+            continue
+        if name == "preemptions" and t0 <= t <= t1:
+            out.setdefault(name, []).append((t, value))
+        elif settle < t <= t1:
+            out.setdefault(name, []).append((t, value))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def engine_batch(rows: Sequence[Row], window: tuple[float, float], least: int = 3) -> float | None:
+    """The batch the engine ran over the window: :func:`batch_values` averaged; None from fewer
+    than ``least`` samples (one sample at a point's edge can read an idle engine)."""
+    running = batch_values(engine_samples(rows, window))
+    return float(np.mean(running)) if len(running) >= least else None
+
+
+def batch_values(samples: dict[str, list[tuple[float, float]]]) -> list[float]:
+    """The running-requests gauge where the engine ran a batch: its reads above zero. A zero is no
+    batch: the engine idle, or (vLLM) the gauge set after a step whose requests all finished and
+    read until the next step, the one that prefills those waiting, ends; on two cores that step is
+    a tenth of a point, and counting its zeros made a full batch of 2 read 1.6 (a CI run)."""
+    return [v for v in gauge_values(samples, "requests_running") if v > 0]
+
+
+def gauge_values(samples: dict[str, list[tuple[float, float]]], name: str) -> list[float]:
+    """One gauge's values from :func:`engine_samples`, in time order (empty when not sampled)."""
+    return [v for _, v in samples.get(name, [])]
+
+
+# --------------------------------------------------------------------------- the parts
+
+
+def ttft_parts(x: PointEvidence) -> tuple[dict[str, float], dict[str, dict[str, float]], list[str], list[str]]:
+    """The point's mean TTFT in parts (ms and shares of the client's TTFT), per class the client's
+    TTFT and its server side (the client's less the pooled client overhead); words; unmeasured."""
+    m = x.metrics
+    client = m.get(M.TTFT_MS_MEAN)
+    out: dict[str, float] = {}
+    unmeasured: list[str] = []
+    if client is None:
+        return out, {}, [], ["TTFT: no request produced a token"]
+    out[M.TTFT_PARTS_CLIENT_TOTAL_MS] = client
+    server_key = M.SERVER_DECODE_TTFT_S_MEAN if x.disaggregated else M.SERVER_TTFT_S_MEAN
+    server = m.get(server_key)
+    parts: dict[str, float] = {}
+    if x.disaggregated and x.engine == "sglang":
+        unmeasured.append(
+            "KV transfer: SGLang's P/D router sends each request to both servers at once, so the decode "
+            "server's TTFT holds the prefill too"
+        )
+    elif x.disaggregated:
+        if server is None:
+            unmeasured.append("KV transfer: the decode server exports no TTFT histogram")
+        else:
+            parts["prefill_leg"] = max(client - server * 1e3, 0.0)  # proxy + prefill server
+            parts["kv_transfer"] = server * 1e3  # the decode server's TTFT: KV pulled, first step
+    else:
+        queue, prefill = m.get(M.SERVER_QUEUE_TIME_S_MEAN), m.get(M.SERVER_PREFILL_TIME_S_MEAN)
+        if server is None:
+            unmeasured.append("client overhead: the engine exports no TTFT histogram")
+        else:
+            parts["client"] = max(client - server * 1e3, 0.0)
+        if queue is None:
+            unmeasured.append("queue wait: the engine exports no queue-time histogram")
+        else:
+            parts["queue"] = queue * 1e3
+        if prefill is None:
+            unmeasured.append("prefill time: the engine exports no prefill-time histogram")
+        else:
+            parts["prefill"] = prefill * 1e3
+        if server is not None and queue is not None and prefill is not None:
+            parts["api"] = max(server * 1e3 - queue * 1e3 - prefill * 1e3, 0.0)
+    for k, v in parts.items():
+        out[f"ttft_parts_{k}_ms"] = v
+        out[f"ttft_parts_{k}_share"] = v / client if client > 0 else 0.0
+    classes: dict[str, dict[str, float]] = {}
+    overhead = parts.get("client")
+    for cls, cm in x.class_metrics.items():
+        if M.TTFT_MS_MEAN in cm and overhead is not None:
+            classes[cls] = {M.TTFT_PARTS_SERVER_MS: max(cm[M.TTFT_MS_MEAN] - overhead, 0.0)}
+    return out, classes, _ttft_words(client, parts, len(x.class_metrics) > 1), unmeasured
+
+
+def _ttft_words(client: float, parts: dict[str, float], pooled: bool) -> list[str]:
+    """The TTFT's parts in words (none when it has no parts); ``pooled``: the engine's
+    histograms hold more than one request class."""
+    if not parts:
+        return []
+    names = {
+        "prefill_leg": "prefill leg (proxy + prefill server)",
+        "kv_transfer": "KV transfer + decode's first step",
+    }
+    return [
+        f"TTFT mean {client:.0f} ms = "
+        + " + ".join(f"{names.get(k, k)} {parts[k]:.0f}" for k in TTFT_PARTS if k in parts)
+        + (" (the engine's histograms pooled over classes)" if pooled else "")
+    ]
+
+
+def decode_efficiency(
+    x: PointEvidence, samples: dict[str, list[tuple[float, float]]], least: int = 3
+) -> tuple[dict[str, float], list[str]]:
+    """The batch the engine actually ran (its running gauge over the window, from at least
+    ``least`` samples) and TPOT against the roofline floor at that batch (``decode_floor_*`` from
+    the trial, computed at this batch; the point's planned batch when the gauge is too thin)."""
+    m = x.metrics
+    out: dict[str, float] = {}
+    running = batch_values(samples)
+    if len(running) >= least:
+        out[M.DECODE_BATCH_MEAN] = float(np.mean(running))
+    words = []
+    tpot, floor = m.get(M.TPOT_MS_P50), m.get(M.DECODE_FLOOR_MS)
+    if tpot is not None and floor:
+        bound = "compute" if m.get(M.DECODE_FLOOR_COMPUTE_MS, 0.0) > m.get(M.DECODE_FLOOR_MEMORY_MS, 0.0) else "memory"
+        batch = out.get(M.DECODE_BATCH_MEAN, m.get(M.DECODE_FLOOR_BATCH, 1.0))
+        which = "the engine's mean" if M.DECODE_BATCH_MEAN in out else "planned: too few gauge samples"
+        words.append(
+            f"decode: TPOT p50 {tpot:.1f} ms at a batch of {batch:.1f} ({which}), "
+            f"{tpot / floor:.1f}x its roofline floor {floor:.2f} ms ({bound}-bound)"
+        )
+    return out, words

@@ -1,0 +1,103 @@
+"""The race after a sweep's first pass: the trials that cannot yet be told apart from the leader
+run again (fresh requests, the same for every trial of a round) until the verdict is decided,
+a trial has run ``objective.max_repeats`` times, or the next round would pass the budget
+(``objective.budget`` first passes). The statistics are ``objective.race``'s; the verdict reads
+the same runs (docs/statistics.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from orchestrator.config.metric_keys import is_knob
+from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.metrics.result import TrialResult
+from orchestrator.objective import value_of
+from orchestrator.objective.race import OPEN, UNDECIDED, WIN, Comparison, RaceState
+from orchestrator.scheduling.jobs import TrialJob
+from orchestrator.scheduling.recorder import Recorder
+
+
+def races(objective: ObjectiveSpec | None) -> bool:
+    """Whether a sweep with this objective races: a metric, or a knob under constraints (a knob
+    does not vary between runs; whether a trial meets the constraints does)."""
+    if objective is None or objective.max_repeats <= 1:
+        return False
+    return not is_knob(objective.key) or bool(objective.subject_to)
+
+
+def standing(results: list[TrialResult], objective: ObjectiveSpec) -> RaceState | None:
+    """The race over every run recorded so far (None: nothing left to compare)."""
+    from orchestrator.report.verdict import decide, knob_doubts, race_over
+    from orchestrator.tracking.runs import from_results
+
+    data = from_results(results, "race", objective=objective)
+    verdict = decide(data.finished, objective)  # who meets the constraints
+    if is_knob(objective.key):  # every trial with its knob set: its constraints measured
+        measured = [t for t in data.finished if value_of(t, objective.key, objective.at) is not None]
+        doubts = [t.name for t in knob_doubts(data.finished, objective, verdict)]
+        leader = verdict.best.name if verdict.best is not None else None
+        state = RaceState(leader, runs={t.name: 1 + len(t.runs) for t in measured}, answer=OPEN if doubts else WIN)
+        state.comparisons = [Comparison(n, UNDECIDED, 1.0, 1.0, 1.0, False) for n in doubts]
+        return state if len(measured) > 1 else None
+    if len(verdict.feasible) < 2:
+        return None
+    return race_over(verdict.feasible, objective)
+
+
+def run_race(
+    jobs: list[TrialJob],
+    record: Recorder,
+    first_pass_s: float,
+    run_round: Callable[[list[TrialJob]], None],
+) -> None:
+    """Rounds of repeats after the first pass (``run_round`` runs and records a round's jobs)."""
+    objective = jobs[0].settings.objective
+    if objective is None or not races(objective):
+        return
+    progress = record.progress
+    deadline = time.monotonic() + objective.budget * first_pass_s
+    by_hash = {job.trial_hash: job for job in jobs}
+    concurrent = jobs[0].spec.platform.max_concurrent_trials or 1
+    for run in range(1, objective.max_repeats):
+        state = standing(record.results, objective)
+        if state is None:
+            return
+        if run > 1 and state.answer != OPEN:
+            progress(f"race: decided after {run} runs ({state.answer})")
+            return
+        names = state.to_repeat() if run > 1 else list(state.runs)  # run 2: noise is not known yet
+        chosen = [j for j in jobs if _name(j) in names and j.trial_hash in by_hash]
+        if not chosen:
+            return
+        took = [_duration(record.results, j.trial_hash) for j in chosen]
+        round_s = max(max(took), sum(took) / concurrent)
+        left = deadline - time.monotonic()
+        if round_s > left:
+            progress(
+                f"race: stopping before run {run + 1}: a round of {len(chosen)} trial(s) takes ~{round_s:.0f}s, "
+                f"the budget has {max(left, 0):.0f}s left (objective.budget={objective.budget:g} first passes)"
+            )
+            return
+        who = ", ".join(_name(j) for j in chosen)
+        why = (
+            "every trial's run-to-run noise is not known yet" if run == 1 else f"not yet told apart from {state.leader}"
+        )
+        progress(f"race: run {run + 1} of {who} ({why}; fresh requests, the same for each)")
+        run_round([repeat_job(j, run) for j in chosen])
+
+
+def repeat_job(job: TrialJob, run: int) -> TrialJob:
+    """The job's ``run``-th repeat: the same configuration, fresh requests (its own trial hash)."""
+    return TrialJob(job.index, [*job.overrides, f"run={run}"], job.spec.model_copy(update={"run": run}), job.settings)
+
+
+def _name(job: TrialJob) -> str:
+    """The job's name as the report's data calls it (``TrialData.name``)."""
+    return job.spec.variant or f"trial-{job.trial_hash[:8]}"
+
+
+def _duration(results: list[TrialResult], trial_hash: str) -> float:
+    """How long the trial's latest run took."""
+    runs = [r for r in results if trial_hash in (r.trial_hash, r.repeat_of)]
+    return max(0.0, runs[-1].ended_at - runs[-1].started_at) if runs else 0.0
