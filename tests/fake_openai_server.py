@@ -349,31 +349,39 @@ class FakeServerProcess:
     ``command``: another server with the same interface (``--port N``, ``/health``, ``/truth``),
     e.g. ``benchmarks/truth_server.js`` under node."""
 
+    START_TIMEOUT_S = 90.0
+
     def __init__(self, *args: str, command: Sequence[str] = ()) -> None:
-        import socket
         import subprocess
         import sys
+        import tempfile
         import urllib.request
         from pathlib import Path
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        from orchestrator.engines.process import free_port
+
+        self.port = free_port()  # below the ephemeral range: nothing takes it while the server imports
+        self._err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [*(command or (sys.executable, "-m", "tests.fake_openai_server")), "--port", str(self.port), *args],
             cwd=Path(__file__).resolve().parents[1],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=self._err,
         )
         self.url = f"http://127.0.0.1:{self.port}"
-        for _ in range(100):
+        # A scripted tokenizer imports transformers: 7.5 s alone here, more beside a busy test run
+        # (a 10 s bound failed 4 diagnosis cases in one fresh-clone run). Wait for it, or its exit.
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=1)
                 return
             except OSError:
                 time.sleep(0.1)
+        self._err.seek(0)
+        tail = self._err.read()[-2000:].decode(errors="replace")
         self.stop()
-        raise RuntimeError("fake server did not start")
+        raise RuntimeError(f"fake server did not start (exit {self.proc.returncode}): {tail}")
 
     def reset(self) -> None:
         import urllib.request
@@ -389,6 +397,7 @@ class FakeServerProcess:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+        self._err.close()
 
     def __enter__(self) -> FakeServerProcess:
         return self

@@ -103,10 +103,10 @@ class CapacityProbes:
         and not ``final``."""
         cap, runs = self.cap, self._runs
         last = runs[-1][0]
+        pooled = [r for _, rs in runs for r in rs]
         if len(runs) == 1:
             metrics, per_class = last.metrics, last.class_metrics or {self.classes[0]: last.metrics}
         else:
-            pooled = [r for _, rs in runs for r in rs]
             metrics = latency_metrics([x for x in (latency_of(r) for r in pooled) if x is not None])
             per_class = summarize_by_class(pooled) if len(self.classes) > 1 else {self.classes[0]: metrics}
         misses = slo_misses(metrics, per_class, cap.slo)
@@ -117,7 +117,7 @@ class CapacityProbes:
                 for m in load_misses(p.metrics, cap.knob, cap.min_goodput_fraction, cap.min_sustained)
             )
         )
-        close = [] if load else self._straddling(metrics, per_class)
+        close = [] if load else self._straddling(pooled, metrics, per_class)
         n = len(runs)
         if close and not final:
             self.say(f"probe {last.label}: indeterminate ({'; '.join(close)}): runs again with fresh requests")
@@ -132,9 +132,11 @@ class CapacityProbes:
             note = f"decided{over}"
         return Judgement("fail" if misses or load else "pass", tuple(misses + load), note)
 
-    def _straddling(self, metrics: dict[str, float], per_class: dict[str, dict[str, float]]) -> list[str]:
-        """The SLO metrics whose 95% interval within the runs holds their limit, in words."""
-        pooled = [r for _, rs in self._runs for r in rs]
+    def _straddling(
+        self, pooled: list[RequestRecord], metrics: dict[str, float], per_class: dict[str, dict[str, float]]
+    ) -> list[str]:
+        """The SLO metrics whose 95% interval within the runs' requests (``pooled``) holds their
+        limit, in words."""
         bounds = within_run(pooled, self.cap.slo)
         out = []
         for key, limit in self.cap.slo.items():

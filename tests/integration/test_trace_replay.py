@@ -1,12 +1,17 @@
 """A slice of Mooncake's conversation trace replayed against the real vLLM CPU server with
 prefix caching on: its timing followed, its prefix blocks made into prompts the server's cache
-can reuse, the ideal reuse beside the server's hits."""
+can reuse, the ideal reuse beside the server's hits. Then, on the same server, a Bailian-style
+multi-turn file: every follower after its parent's reply, the reply in its prompt."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from orchestrator.config import to_specs
+from orchestrator.config.schema import LoadPointSpec
+from orchestrator.metrics.records import parquet_bytes_to_table, table_to_records
 from orchestrator.trial import run_trial
 from tests.conftest import engine_processes
 
@@ -25,10 +30,13 @@ def test_a_mooncake_slice_replays_on_time_with_its_prefix_reuse(compose, tmp_pat
             ]
         )
     )
+    bailian = LoadPointSpec(trace=str(Path(__file__).parents[1] / "data" / "bailian_sample.jsonl"))
+    workload = spec.workload.model_copy(update={"load_points": [*spec.workload.load_points, bailian]})
+    spec = spec.model_copy(update={"workload": workload})
     lines: list[str] = []
     result = run_trial(spec, tmp_path, ["test"], progress=lines.append)
     assert result.status == "FINISHED", result.error
-    (point,) = result.points
+    point, chats = result.points
     m = point.metrics
     assert point.label == "trace_x3" and m["completed"] == 20 and m["errors"] == 0
     assert 0 < m["trace_ideal_prefix_share"] < 0.5 and m["trace_block_tokens"] == 128
@@ -37,4 +45,16 @@ def test_a_mooncake_slice_replays_on_time_with_its_prefix_reuse(compose, tmp_pat
     assert m["server_prefix_cache_hit_rate"] > 0 and 0 < m["prefix_reuse_efficiency"] <= 1.6
     # the replay kept to the scaled schedule: its send lag is reported, and the point is valid
     assert "send_lag_ms_p99" in m and not point.invalid_reasons, point.invalid_reasons
+    assert m["ttft_from_schedule_ms_p50"] >= m["ttft_ms_p50"]
+    # the multi-turn file: 2 conversations, 6 requests; a follower after its parent's reply
+    assert chats.metrics["completed"] == 6 and chats.metrics["trace_conversations"] == 2
+    recs = [r for r in table_to_records(parquet_bytes_to_table(result.records_parquet)) if r.point == 1]
+    by_turn = {(r.conversation_id, r.turn): r for r in recs}
+    for r in recs:
+        if r.turn:
+            parents = [p for p in recs if p.conversation_id == r.conversation_id and p.turn == r.turn - 1]
+            assert any(p.done_s <= r.sent_s for p in parents)
+            # its prompt (server-counted) holds the parent's prompt and reply
+            assert r.prompt_tokens > min(p.prompt_tokens + p.output_tokens for p in parents)
+    assert len(by_turn) == 5  # (conv 1: turns 0, 1, 2; conv 4: turns 0, 1), one turn-1 branch twice
     assert not engine_processes()

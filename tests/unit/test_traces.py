@@ -211,3 +211,18 @@ def test_a_bailian_replay_sends_every_follower_after_its_parents_reply_with_that
     assert run.client["trace_conversations"] == 2 and run.client["trace_followers_rooted"] == 0
     m = summarize_point(recs, arrival_classes=["trace"], scheduled=True)
     assert m["ttft_from_schedule_ms_p50"] >= m["ttft_ms_p50"] and m["e2e_from_schedule_ms_max"] >= m["e2e_ms_max"]
+
+
+@pytest.mark.parametrize("experiment", ["prefix_caching", "lmcache", "scheduling_policies"])
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_the_labs_on_real_traffic_replay_the_trace_in_every_variant(compose, experiment, platform):
+    """workload=mooncake gives prefix_caching, lmcache and scheduling_policies a trace variant:
+    every variant of their sweeps composes, validates and replays the trace as its one point."""
+    from omegaconf import OmegaConf
+
+    over = [f"+experiment={experiment}", "workload=mooncake", f"platform={platform}"]
+    variants = str(OmegaConf.select(compose(over), f"sweeps.{platform}")).split(",")
+    for v in variants:
+        spec, _ = to_specs(compose([*over, f"variant={v}"]))
+        (point,) = spec.workload.load_points
+        assert point.trace and point.trace.endswith("mooncake_conversation_5min.jsonl"), v
