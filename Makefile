@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo labs test test-unit test-slurm slurm-deps test-ui ui-deps test-faults stress-faults engines-gpu install-gpu test-engines lint ui clean
+.PHONY: gpu-check gpu-check-wheels install demo labs test test-unit test-slurm slurm-deps test-ui ui-deps test-faults stress-faults engines-gpu install-gpu test-engines lint ui clean
 
 install: $(STAMP)
 
@@ -36,6 +36,23 @@ demo: install
 # wall time (docs/labs.md). Long (see the README); not part of `make test`. LABS=name... for some.
 labs: install
 	$(PY) -m orchestrator.labs.labs $(LABS) $(if $(LABS_ARGS),-- $(LABS_ARGS))
+
+# The GPU self-check (docs/gpu.md): run on a GPU machine with Python 3.12, torch and
+# nvidia-ml-py, no engine and no network. The project's own imports travel as wheels
+# (`make gpu-check-wheels`, here, downloads them for Python 3.12 into .whl/); ends in a table.
+GPU_PY     ?= python3
+GPU_WHEELS ?= .whl
+GPU_SITE   ?= /tmp/gpu-check-site
+gpu-check:
+	@if ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) $(GPU_WHEELS)/*.whl; fi
+	PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PY) -m orchestrator.gpu_check --out gpu-check.md
+
+gpu-check-wheels: install
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d $(GPU_WHEELS) \
+	  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	  typing-extensions==4.16.0 httptools==0.9.0 orjson==3.13.0
 
 test: install lint
 	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines and not stress" --durations=25

@@ -13,13 +13,18 @@ A trial is SKIPPED (never started, never a crash) with the reason when:
 
 from __future__ import annotations
 
+import functools
 import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec
 from orchestrator.engines import adapter_for, nsys
 from orchestrator.models.capacity import Capacity, arch_of, kv_capacity
-from orchestrator.models.gpus import gpu_spec
+from orchestrator.models.gpus import GPUS, gpu_spec
+from orchestrator.models.hardware import DetectedGPU, Roofs, cached_roofs, calibrate, detect_gpus
 from orchestrator.models.roofline import DecodeFloor, decode_floor, measured_bandwidth_gb_s
 
 
@@ -43,11 +48,73 @@ def _tp_sizes(spec: TrialSpec) -> list[int]:
     return []
 
 
+# What ``platform.gpu_name: auto`` plans for where no GPU can be read (a laptop planning a
+# GPU sweep, a Ray head without GPUs): the course's GPU, said so in the plan.
+AUTO_FALLBACK = "A100-80GB"
+
+
+@functools.lru_cache(maxsize=4)
+def node_gpus(devices: tuple[str, ...] | None = None) -> tuple[tuple[DetectedGPU, ...], str | None]:
+    """The GPUs of this node (``devices`` as CUDA_VISIBLE_DEVICES gives them; None: those of
+    this process's CUDA_VISIBLE_DEVICES, else all), read once per process."""
+    if devices is None:
+        given = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+        devices = tuple(given) if given else None
+    gpus, why = detect_gpus(list(devices) if devices is not None else None)
+    return tuple(gpus), why
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """The GPU a trial is planned for: a GPU table key (None: a GPU the table lacks), its
+    memory, and where that came from, in words."""
+
+    name: str | None
+    memory_gb: float
+    source: str
+    detected: DetectedGPU | None = None
+
+
+def gpu_model(spec: TrialSpec) -> GpuModel | None:
+    """The GPU the trial is planned for: the configured table name, else (``auto``) the one
+    NVML reports on this node, else the course's A100-80GB (said so). None off GPUs."""
+    p = spec.platform
+    if p.device != "cuda" or not p.gpu_name:
+        return None
+    if p.gpu_name != "auto":
+        return GpuModel(p.gpu_name, gpu_spec(p.gpu_name).memory_gb, "platform.gpu_name")
+    gpus, why = node_gpus()
+    if gpus:
+        g = gpus[0]
+        return GpuModel(g.table_name, g.memory_gb, f"detected here: {g.name}", g)
+    return GpuModel(AUTO_FALLBACK, gpu_spec(AUTO_FALLBACK).memory_gb, f"{why}; planned for {AUTO_FALLBACK}")
+
+
+def gpu_mismatch(spec: TrialSpec, devices: Sequence[str] | None = None) -> str | None:
+    """Why the configured ``platform.gpu_name`` is not the GPU this node has (None: it is, it is
+    ``auto``, or no GPU can be read here)."""
+    p = spec.platform
+    if p.device != "cuda" or not p.gpu_name or p.gpu_name == "auto":
+        return None
+    gpus, _ = node_gpus(tuple(devices) if devices is not None else None)
+    for g in gpus:
+        if g.table_name != p.gpu_name:
+            known = g.table_name or "not in the GPU table"
+            return (
+                f"platform.gpu_name is {p.gpu_name} but GPU {g.index} here is {g.name} ({known}, "
+                f"{g.memory_gb:.0f} GB): feasibility and the roofline floors would be the {p.gpu_name}'s. "
+                "Set platform.gpu_name=auto to use this GPU, or platform.gpu_name_check=warn to plan for "
+                "another GPU on purpose"
+            )
+    return None
+
+
 def gpu_memory_gb(spec: TrialSpec) -> float | None:
     p = spec.platform
     if p.gpu_memory_gb is not None:
         return p.gpu_memory_gb
-    return gpu_spec(p.gpu_name).memory_gb if p.gpu_name else None
+    model = gpu_model(spec)
+    return model.memory_gb if model else None
 
 
 def capacity(spec: TrialSpec) -> Capacity | None:
@@ -104,6 +171,13 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
 def describe(spec: TrialSpec) -> dict[str, Any]:
     """Numbers behind the decision, for dry runs."""
     out: dict[str, Any] = {"gpus": gpus_needed(spec)}
+    model = gpu_model(spec)
+    if model is not None:
+        out["gpu_model"] = model.name or (model.detected.name if model.detected else "unknown")
+        out["gpu_model_from"] = model.source
+    r = roofs_used(spec)
+    if r is not None:
+        out["roofs"] = f"{r.bandwidth_gb_s:.0f} GB/s, {r.peak_tflops:g} TFLOP/s: {r.source}"
     cap = capacity(spec)
     if cap is not None:
         out["kv_capacity_tokens"] = cap.tokens
@@ -141,18 +215,60 @@ def estimate_seconds(spec: TrialSpec) -> float:
     return total
 
 
-def roof(spec: TrialSpec) -> tuple[float, float] | None:
-    """(memory bandwidth GB/s, peak TFLOP/s) of the trial's hardware, for the decode roofline."""
+@dataclass(frozen=True)
+class Roof:
+    """The roofs a trial's decode floor uses, and where each came from (for the plan and the report)."""
+
+    bandwidth_gb_s: float
+    peak_tflops: float
+    source: str
+
+
+def roofs_used(spec: TrialSpec) -> Roof | None:
+    """The trial's roofs: ``platform.memory_bandwidth_gb_s`` / ``peak_tflops`` when set, else this
+    node's calibration (``platform.roofs: measured``; GPUs: ``python -m orchestrator.models.hardware``,
+    the CPU's bandwidth: a numpy copy, both cached per node), else the GPU table; None when unknown."""
     p = spec.platform
     bandwidth, peak = p.memory_bandwidth_gb_s, p.peak_tflops
-    if p.device == "cuda" and p.gpu_name and (bandwidth is None or peak is None):
-        gpu = gpu_spec(p.gpu_name)
-        bandwidth, peak = bandwidth or gpu.bandwidth_gb_s, peak or gpu.bf16_tflops
+    source = "platform.memory_bandwidth_gb_s / peak_tflops" if bandwidth and peak else ""
+    if p.device == "cuda" and (bandwidth is None or peak is None):
+        model = gpu_model(spec)
+        device = None
+        if model is not None:
+            device = model.name or (model.detected.name if model.detected else None)
+        measured = cached_roofs(device) if device and p.roofs == "measured" else None
+        table = GPUS.get(model.name) if model and model.name else None
+        if measured is not None:
+            bandwidth, peak = bandwidth or measured.bandwidth_gb_s, peak or measured.bf16_tflops
+            versus = f" (table: {table.bandwidth_gb_s:g} GB/s, {table.bf16_tflops:g} TFLOP/s)" if table else ""
+            source = f"measured on this node, {measured.describe()}{versus}"
+        elif table is not None:
+            bandwidth, peak = bandwidth or table.bandwidth_gb_s, peak or table.bf16_tflops
+            source = f"GPU table ({table.name}: data sheet; not calibrated here)"
     if p.device == "cpu" and bandwidth is None:
-        bandwidth = measured_bandwidth_gb_s()
+        bandwidth = cpu_bandwidth_gb_s()
+        source = f"CPU memory bandwidth measured on this node (numpy copy, cached); peak {peak} TFLOP/s from platform"
     if bandwidth is None or peak is None:
         return None
-    return bandwidth, peak
+    return Roof(bandwidth, peak, source or "platform")
+
+
+def roof(spec: TrialSpec) -> tuple[float, float] | None:
+    """(memory bandwidth GB/s, peak TFLOP/s) of the trial's hardware, for the decode roofline."""
+    r = roofs_used(spec)
+    return (r.bandwidth_gb_s, r.peak_tflops) if r else None
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bandwidth_gb_s() -> float:
+    """This node's CPU memory bandwidth (:func:`measured_bandwidth_gb_s`), measured once per node
+    and kept (every trial of every sweep uses one figure)."""
+
+    def measure() -> Roofs:
+        bw = measured_bandwidth_gb_s()
+        return Roofs("cpu", bw, 0.0, None, time.time(), "numpy copy of 256 MiB, best of 5")
+
+    return calibrate("cpu", measure)[0].bandwidth_gb_s
 
 
 def trial_decode_floor(spec: TrialSpec, batch: int = 1, context_tokens: int = 0) -> DecodeFloor | None:

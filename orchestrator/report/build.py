@@ -237,8 +237,20 @@ def hardware_section(trials: list[TrialData]) -> list[str]:
     for t in measured:
         for p in t.points:
             lines.append(f"| {t.name} | {p.label} | " + " | ".join(_fmt(p.metrics.get(k)) for k, _ in cols) + " |")
-    notes = {key: sorted({t.telemetry[key] for t in measured if key in t.telemetry}) for key in ("energy", "price")}
-    for key, label in (("energy", "Energy"), ("price", "Price")):
+    estimated = [
+        f"{t.name} {p.label}" for t in measured for p in t.points if p.metrics.get(M.ENERGY_FROM_COUNTER) == 0.0
+    ]
+    if estimated:
+        lines += [
+            "",
+            "Energy ESTIMATED from power samples (no energy counter bracketed the window): "
+            + ", ".join(estimated)
+            + ". On an H100 such estimates were off by -4% (steady load) to -18% (a 1.5 s window) and +53% "
+            "(the decay after load) against the counter: compare them with care.",
+        ]
+    keys = ("energy", "price", "roofs")
+    notes = {key: sorted({t.telemetry[key] for t in measured if key in t.telemetry}) for key in keys}
+    for key, label in (("energy", "Energy"), ("price", "Price"), ("roofs", "Roofline roofs")):
         if notes[key]:
             lines += ["", f"{label}: " + " / ".join(notes[key]) + "."]
     return lines

@@ -17,6 +17,7 @@ from orchestrator.objective import (
     Value,
     check_constraint,
     constraint_text,
+    fixed_points,
     fmt,
     read_at,
     run_values,
@@ -99,6 +100,13 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
             "Caution: the value of " + ", ".join(flagged) + " was read at a load point flagged "
             "INVALID (the client could not keep up, or the server failed): compare with care."
         )
+    if key in ENERGY_KEYS:
+        estimated = [t.name for t, v in scored if _energy_estimated(t, v)]
+        if estimated:
+            verdict.lines.append(
+                "Caution: the energy of " + ", ".join(estimated) + " was ESTIMATED from power samples (no energy "
+                "counter bracketed the point): such estimates were off by -18% to +53% on an H100; compare with care."
+            )
     judged = [  # a constraint judged at an INVALID point, whatever the objective's own value
         f"{t.name} ({k})"
         for t in verdict.judged
@@ -113,6 +121,15 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
     if verdict.excluded:
         verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded) + ".")
     return verdict
+
+
+ENERGY_KEYS = (M.ENERGY_J, M.JOULES_PER_OUTPUT_TOKEN, M.OUTPUT_TOKENS_PER_JOULE, M.JOULES_PER_REQUEST)
+
+
+def _energy_estimated(t: TrialData, v: Value) -> bool:
+    """The value's point had its energy integrated from power, not read from a counter."""
+    point = next((p for p in fixed_points(t) if p.label == v.where), None)
+    return point is not None and point.metrics.get(M.ENERGY_FROM_COUNTER) == 0.0
 
 
 def _goal(objective: ObjectiveSpec) -> str:

@@ -55,7 +55,7 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
     if not problems and jobs:
         problems += _shared_settings_problems(jobs)
     if not problems:
-        problems += _input_file_problems(jobs) + _engine_environment_problems(jobs)
+        problems += _input_file_problems(jobs) + _engine_environment_problems(jobs) + _gpu_problems(jobs)
     if problems:
         # Most sweeps share one mistake: show it once when every job reports the same text.
         bodies = {p.split("]: ", 1)[-1] for p in problems}
@@ -78,6 +78,25 @@ def _input_file_problems(jobs: list[TrialJob]) -> list[str]:
                     print(note, flush=True)
         except ConfigError as exc:
             problems.append(f"job {job.index}: {exc}")
+    return problems
+
+
+def _gpu_problems(jobs: list[TrialJob]) -> list[str]:
+    """A configured platform.gpu_name that is not this node's GPU: an error before anything
+    starts (``gpu_name_check: warn``: said once, and planned as configured)."""
+    from orchestrator.feasibility import gpu_mismatch
+
+    problems: list[str] = []
+    said: set[str] = set()
+    for job in jobs:
+        mismatch = gpu_mismatch(job.spec)
+        if mismatch is None or mismatch in said:
+            continue
+        said.add(mismatch)
+        if job.spec.platform.gpu_name_check == "error":
+            problems.append(f"job {job.index}: {mismatch}")
+        else:
+            print(f"warning: {mismatch}", flush=True)
     return problems
 
 

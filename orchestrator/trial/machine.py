@@ -188,7 +188,10 @@ def port_holders(host: str, port: int) -> list[Leftover]:
 
 def gpu_reading(devices: Sequence[str]) -> tuple[dict[str, float], list[Leftover], str | None]:
     """Memory in use (GB) of each GPU as given (index or UUID), the compute processes on them,
-    and why not when NVML cannot say."""
+    and what NVML could not say. This process and its children are not leftovers (a CUDA
+    context of the checking process, seen on an H100); a process NVML lists that this one
+    cannot see (another pid namespace: a container) is counted in the note, its memory left to
+    the memory check."""
     try:
         import pynvml
 
@@ -197,26 +200,49 @@ def gpu_reading(devices: Sequence[str]) -> tuple[dict[str, float], list[Leftover
         return {}, [], f"not checked: NVML unavailable ({type(exc).__name__}: {exc})"
     used: dict[str, float] = {}
     leftovers: list[Leftover] = []
+    unseen: list[float | None] = []
+    ours = own_processes()
     try:
         for d in devices:
             h = nvml_handle(pynvml, d)
             used[d] = float(pynvml.nvmlDeviceGetMemoryInfo(h).used) / GB
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
                 mem = getattr(p, "usedGpuMemory", None)
-                proc = _process(p.pid)  # (NVML gives host pids: in a container, not ours to name)
+                gb = None if mem is None else float(mem) / GB
+                if p.pid in ours:
+                    continue
+                proc = _process(p.pid)
+                if proc is None:
+                    unseen.append(gb)
+                    continue
                 leftovers.append(
-                    Leftover(
-                        p.pid,
-                        _command(proc) if proc else "not visible here (another container?)",
-                        None if mem is None else float(mem) / GB,
-                        f"a compute process on GPU {d}, one of the trial's",
-                    )
+                    Leftover(p.pid, _command(proc), gb, f"a compute process on GPU {d}, one of the trial's")
                 )
     except Exception as exc:
         return used, leftovers, f"not fully checked: {type(exc).__name__}: {exc}"
     finally:
         pynvml.nvmlShutdown()
-    return used, leftovers, None
+    return used, leftovers, unseen_note(unseen)
+
+
+def own_processes() -> set[int]:
+    """This process and its descendants."""
+    me = psutil.Process()
+    try:
+        return {me.pid, *(c.pid for c in me.children(recursive=True))}
+    except psutil.Error:
+        return {me.pid}
+
+
+def unseen_note(unseen: Sequence[float | None]) -> str | None:
+    """What the slate says of compute processes it cannot see (None: there were none)."""
+    if not unseen:
+        return None
+    held = sum(x for x in unseen if x is not None)
+    return (
+        f"NVML lists {len(unseen)} compute process(es) this process cannot see (another pid namespace, "
+        f"e.g. a container), holding {held:.2f} GB: judged by each GPU's memory in use only"
+    )
 
 
 def machine_used_gb(running_gb: float) -> float:

@@ -13,9 +13,10 @@ from orchestrator.config.hashing import trial_hash
 from orchestrator.config.schema import TrialSpec
 from orchestrator.config.secrets import redact_mapping, redact_override
 from orchestrator.engines import adapter_for, envs
-from orchestrator.feasibility import assess, describe
+from orchestrator.feasibility import assess, describe, gpu_mismatch
 from orchestrator.loadgen.datasets import load_sharegpt
 from orchestrator.loadgen.traces import read_trace
+from orchestrator.metrics.probes import visible_devices
 from orchestrator.metrics.result import TrialResult
 from orchestrator.models import resolve_model
 from orchestrator.trial.servers import planned_launches
@@ -32,6 +33,10 @@ def check_feasible(spec: TrialSpec, gpu_ids: list[int]) -> None:
         raise InfeasibleConfigError(
             f"needs {need} GPU(s) (tensor_parallel_size x pipeline_parallel_size) but {len(gpu_ids)} were assigned"
         )
+    if spec.platform.device == "cuda" and gpu_ids and spec.platform.gpu_name_check == "error":
+        mismatch = gpu_mismatch(spec, visible_devices(list(gpu_ids)))  # the GPUs of this trial's node
+        if mismatch:
+            raise ConfigError(mismatch)
 
 
 def plan_trial(spec: TrialSpec, cluster_gpus: int | None = None) -> dict[str, Any]:

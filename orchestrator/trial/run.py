@@ -23,7 +23,7 @@ from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialS
 from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
 from orchestrator.engines import ServerLaunch, adapter_for
 from orchestrator.evaluation import run_eval
-from orchestrator.feasibility import trial_decode_floor
+from orchestrator.feasibility import roofs_used, trial_decode_floor
 from orchestrator.loadgen import Endpoint, LoadSession, PromptFactory
 from orchestrator.loadgen.preflight import preflight
 from orchestrator.loadgen.prompts import prompt_factory
@@ -97,6 +97,7 @@ class TrialRun:
         self.model_path = ""
         self.timeline = Timeline()  # telemetry and the engine's gauges, on the records' clock
         self.telemetry_notes: dict[str, str] = {}
+        self.roof_note = ""  # the decode roofline's roofs and where they came from
         self.base = TrialHeader(
             trial_hash=self.hash,
             experiment=spec.experiment,
@@ -120,6 +121,9 @@ class TrialRun:
         if held is not None:
             self.held = held
             return
+        roof = roofs_used(spec)  # measured (the CPU's bandwidth, once per node) before any server runs
+        if roof is not None:
+            self.roof_note = f"{roof.bandwidth_gb_s:.0f} GB/s, {roof.peak_tflops:g} TFLOP/s ({roof.source})"
         model_path = self.model_path = resolve_model(spec.model)
         mark("trial: model resolved")
         factory = prompt_factory(resolve_tokenizer(spec.model, model_path))
@@ -346,7 +350,7 @@ class TrialRun:
             points=list(self.points),
             metrics=metrics,
             capacity=capacity,
-            telemetry=dict(self.telemetry_notes),
+            telemetry={**self.telemetry_notes, **({"roofs": self.roof_note} if self.roof_note else {})},
             records_parquet=records_to_parquet_bytes(self.records) if self.records else b"",
             telemetry_parquet=self.timeline.to_parquet() if self.timeline.rows else b"",
             artifacts=collect_traces(self.workdir) if traces else {},

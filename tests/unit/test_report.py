@@ -495,3 +495,15 @@ def test_every_lab_plot_draws_a_races_intervals_between_runs(tmp_path, monkeypat
     words.clear()
     generic(SweepData("x", one, "results"), tmp_path)
     assert any("one run each: no error bars" in w for w in words)
+
+
+def test_an_energy_verdict_says_which_energies_were_estimated_from_power():
+    from orchestrator.config.schema import ObjectiveSpec
+    from orchestrator.report.verdict import decide
+
+    objective = ObjectiveSpec.model_validate({"minimize": "joules_per_output_token", "at": "p0"})
+    counted = _point(0, {"concurrency": 4}, joules_per_output_token=0.5, energy_from_counter=1.0)
+    estimated = _point(0, {"concurrency": 4}, joules_per_output_token=0.4, energy_from_counter=0.0)
+    v = decide([_trial("a", None, [counted]), _trial("b", None, [estimated])], objective)
+    assert v.best.name == "b"
+    assert any(line.startswith("Caution: the energy of b was ESTIMATED from power samples") for line in v.lines)

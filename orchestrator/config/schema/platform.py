@@ -78,12 +78,26 @@ class PlatformSpec(StrictModel):
             "the CPU (e.g. 0.42); null = no price set (no cost metrics, never $0)"
         ),
     )
-    gpu_name: str | None = Field(default=None, description="a key of orchestrator/models/gpus.py, e.g. A100-80GB")
+    gpu_name: str | None = Field(
+        default=None,
+        description="auto: the GPU NVML reports on this node, mapped to orchestrator/models/gpus.py; else a key "
+        "of that table (e.g. A100-80GB), checked against the node's GPU when it has one",
+    )
+    gpu_name_check: Literal["error", "warn"] = Field(
+        default="error",
+        description="a gpu_name that disagrees with the node's GPU: an error before anything starts, or a "
+        "warning (planning for another GPU on purpose)",
+    )
     gpu_memory_gb: PositiveFloat | None = Field(default=None, description="None = from gpu_name")
-    # The roofline of a decode step (week 3): None = from gpu_name on GPUs; on CPU the memory
-    # bandwidth is measured once per worker (numpy copy) and the peak is an estimate.
+    # The roofline of a decode step (week 3): set, these win; else this node's measured roofs
+    # (roofs: measured, once calibrated: python -m orchestrator.models.hardware), else the GPU
+    # table's data-sheet figures; on CPU the bandwidth is measured (a numpy copy, cached per node)
+    # and the peak is an estimate.
     memory_bandwidth_gb_s: PositiveFloat | None = None
     peak_tflops: PositiveFloat | None = None
+    roofs: Literal["measured", "table"] = Field(
+        default="measured", description="the roofline's roofs: this node's calibration when it has one, or the table"
+    )
     # Engine defaults that belong to the hardware (engine configs interpolate them).
     dtype: str = "auto"
     enforce_eager: bool = False

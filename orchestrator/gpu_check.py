@@ -1,0 +1,238 @@
+"""``make gpu-check``: every GPU-side path that needs no engine and no network, checked on the
+GPU machine it runs on, in about a minute, ending in a PASS / FAIL / SKIP table.
+
+1. detection: the GPUs NVML reports, mapped to the GPU table (:mod:`orchestrator.models.hardware`);
+2. calibration: this node's memory bandwidth and dense matmul rates, cached for the roofline;
+3. energy: the telemetry sampler's energy over a window of known matmul load against an
+   independent 20 ms reader of the same NVML counter, and the power-integration estimate;
+4. the clean slate: a process holding GPU memory (not this one's child) is named, and this
+   process's own CUDA context is not; clean again once it exits;
+5. the ``gpu_smoke`` plan for the detected GPU (a dry run), where its imports are installed.
+
+It needs Python, torch and nvidia-ml-py, plus the wheels the project's modules import
+(pydantic, pydantic-core, annotated-types, typing-inspection, httptools, orjson; docs/gpu.md).
+Run: ``python -m orchestrator.gpu_check`` (``--out FILE`` also writes the table as markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Row:
+    check: str
+    status: str  # PASS, FAIL, SKIP
+    detail: str
+    seconds: float = 0.0
+
+
+def _run(name: str, fn: Callable[[], tuple[str, str]], rows: list[Row]) -> None:
+    t0 = time.perf_counter()
+    try:
+        status, detail = fn()
+    except Exception as exc:  # a check that breaks is a FAIL with its error, never the end of the table
+        status, detail = "FAIL", f"{type(exc).__name__}: {exc}"
+    rows.append(Row(name, status, detail, time.perf_counter() - t0))
+    print(f"[{status}] {name}: {detail} ({rows[-1].seconds:.1f}s)", flush=True)
+
+
+def check_detection() -> tuple[str, str]:
+    from orchestrator.models.hardware import detect_gpus
+
+    gpus, why = detect_gpus()
+    if not gpus:
+        return "FAIL", why or "no GPU"
+    unknown = [g.name for g in gpus if g.table_name is None]
+    words = "; ".join(g.describe() for g in gpus)
+    return ("PASS" if not unknown else "FAIL"), words
+
+
+def check_calibration() -> tuple[str, str]:
+    import torch
+
+    from orchestrator.models.gpus import GPUS
+    from orchestrator.models.hardware import calibrate, detect_gpus, measure_roofs
+
+    if not torch.cuda.is_available():
+        return "SKIP", f"torch {torch.__version__} sees no CUDA device"
+    gpus, _ = detect_gpus(["0"])
+    key = (gpus[0].table_name or gpus[0].name) if gpus else torch.cuda.get_device_name(0)
+    roofs, fresh = calibrate(key, lambda: measure_roofs("cuda:0"), again=True)
+    table = GPUS.get(key)
+    versus = (
+        f"; table {table.bandwidth_gb_s:g} GB/s, {table.bf16_tflops:g} TFLOP/s "
+        f"(measured {roofs.bandwidth_gb_s / table.bandwidth_gb_s:.0%}, {roofs.bf16_tflops / table.bf16_tflops:.0%})"
+        if table
+        else ""
+    )
+    sane = roofs.bandwidth_gb_s > 100 and roofs.bf16_tflops > 10
+    return ("PASS" if sane and fresh else "FAIL"), f"{key}: {roofs.describe()}{versus}; cached for the roofline"
+
+
+def _matmul_load(seconds: float, stop: threading.Event) -> None:
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t_end = time.monotonic() + seconds
+    while time.monotonic() < t_end and not stop.is_set():
+        for _ in range(20):
+            torch.mm(a, a)
+        torch.cuda.synchronize()
+
+
+def check_energy(load_s: float = 6.0) -> tuple[str, str]:
+    import pynvml
+    import torch
+
+    from orchestrator.metrics.probes import NvmlProbe, TelemetrySampler
+    from orchestrator.metrics.telemetry import Timeline, energy_in_window, now, series
+
+    if not torch.cuda.is_available():
+        return "SKIP", "no CUDA device"
+    timeline = Timeline()
+    sampler = TelemetrySampler([NvmlProbe(["0"])], timeline, interval_s=1.0, budget=0.05)
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    reads: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def reader() -> None:  # the independent reading: the same counter every 20 ms
+        while not stop.is_set():
+            reads.append((now(), pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0))
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    sampler.start()
+    time.sleep(1.5)
+    t0 = sampler.edge()
+    _matmul_load(load_s, stop)
+    t1 = sampler.edge()
+    time.sleep(1.5)
+    stop.set()
+    thread.join()
+    sampler.stop()
+    pynvml.nvmlShutdown()
+    rows = timeline.snapshot()
+    ours, how = energy_in_window(series(rows, "gpu0", "energy_j"), series(rows, "gpu0", "power_w"), t0, t1)
+    ts, vs = zip(*reads)
+    ref = float(_at(ts, vs, t1) - _at(ts, vs, t0))
+    power_only, _ = energy_in_window(([], []), series(rows, "gpu0", "power_w"), t0, t1)
+    if ours is None or ref <= 0:
+        return "FAIL", f"no energy over the window ({how})"
+    err = ours / ref - 1
+    fallback = f"; power integrated instead: {power_only / ref - 1:+.1%}" if power_only else ""
+    detail = (
+        f"{load_s:g} s of bf16 matmul: {ours:.0f} J from the sampler ({how}) vs {ref:.0f} J from a 20 ms reader, "
+        f"{err:+.2%}{fallback}"
+    )
+    return ("PASS" if how == "counter" and abs(err) < 0.02 else "FAIL"), detail
+
+
+def _at(ts: tuple[float, ...], vs: tuple[float, ...], t: float) -> float:
+    for i in range(1, len(ts)):
+        if ts[i] >= t:
+            f = (t - ts[i - 1]) / (ts[i] - ts[i - 1]) if ts[i] > ts[i - 1] else 1.0
+            return vs[i - 1] + f * (vs[i] - vs[i - 1])
+    return vs[-1]
+
+
+HOLDER = "import torch, time; x = torch.empty(int(2e9), dtype=torch.uint8, device='cuda'); print('held', flush=True); time.sleep(120)"
+
+
+def check_slate() -> tuple[str, str]:
+    import torch
+
+    from orchestrator.trial.machine import gpu_reading
+
+    if not torch.cuda.is_available():
+        return "SKIP", "no CUDA device"
+    torch.zeros(1, device="cuda")  # this process's own CUDA context: never a leftover
+    # a holder that is not our child: a shell starts it in the background and exits
+    pid_file = Path(f"/tmp/gpu_check_holder_{os.getpid()}.pid")
+    cmd = f'{sys.executable} -c "{HOLDER}" > /dev/null 2>&1 & echo $! > {pid_file}'
+    subprocess.run(["sh", "-c", cmd], check=True)
+    holder = int(pid_file.read_text().strip())
+    try:
+        deadline = time.monotonic() + 60
+        named = []
+        while time.monotonic() < deadline and not named:
+            time.sleep(1)
+            used, leftovers, note = gpu_reading(["0"])
+            named = [x for x in leftovers if x.pid == holder]
+        ours = [x for x in leftovers if x.pid == os.getpid()]
+        seen = f"named: {named[0].describe()}" if named else f"not named (note: {note})"
+    finally:
+        os.kill(holder, 9)
+        pid_file.unlink(missing_ok=True)
+    time.sleep(2)
+    after_used, after, after_note = gpu_reading(["0"])
+    clean = not [x for x in after if x.pid == holder]
+    ok = bool(named) and not ours and clean
+    detail = (
+        f"a 2 GB holder (pid {holder}) {seen}; own CUDA context listed: {bool(ours)}; clean after it exited: {clean}"
+    )
+    return ("PASS" if ok else "FAIL"), detail + (f"; {after_note}" if after_note else "")
+
+
+def check_plan() -> tuple[str, str]:
+    try:
+        import hydra  # noqa: F401
+        import omegaconf  # noqa: F401
+    except ImportError as exc:
+        return "SKIP", f"the sweep's imports are not installed here ({exc}); carry hydra-core and omegaconf to plan"
+    cmd = [sys.executable, "-m", "orchestrator", "+experiment=gpu_smoke", "platform=gpu", "dry_run=true", "-m"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = [x for x in p.stdout.splitlines() if '"gpu_model"' in x]
+    if p.returncode != 0 or not lines:
+        return "FAIL", (p.stdout + p.stderr)[-400:]
+    import json
+
+    first = json.loads(lines[0][lines[0].index("{") :])
+    return "PASS", f"gpu_model {first.get('gpu_model')} ({first.get('gpu_model_from')}); roofs {first.get('roofs')}"
+
+
+CHECKS: list[tuple[str, Callable[[], tuple[str, str]]]] = [
+    ("GPU detection", check_detection),
+    ("roof calibration", check_calibration),
+    ("energy: sampler vs independent counter", check_energy),
+    ("clean slate with a GPU memory holder", check_slate),
+    ("gpu_smoke plan (dry run)", check_plan),
+]
+
+
+def table(rows: list[Row]) -> str:
+    head = "| check | result | detail | s |\n| --- | --- | --- | --- |\n"
+    return head + "\n".join(f"| {r.check} | {r.status} | {r.detail} | {r.seconds:.1f} |" for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="also write the table (markdown) here")
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    t0 = time.perf_counter()
+    for name, fn in CHECKS:
+        _run(name, fn, rows)
+    text = table(rows)
+    print(f"\n{text}\n\n{time.strftime('%Y-%m-%d')}, {time.perf_counter() - t0:.0f} s")
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    failed = [r for r in rows if r.status == "FAIL"]
+    print("gpu-check: " + ("FAILED: " + ", ".join(r.check for r in failed) if failed else "passed"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
