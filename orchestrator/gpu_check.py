@@ -154,7 +154,7 @@ HOLDER = "import torch, time; x = torch.empty(int(2e9), dtype=torch.uint8, devic
 def check_slate() -> tuple[str, str]:
     import torch
 
-    from orchestrator.trial.machine import gpu_reading
+    from orchestrator.trial.machine import Leftover, gpu_reading
 
     if not torch.cuda.is_available():
         return "SKIP", "no CUDA device"
@@ -166,7 +166,9 @@ def check_slate() -> tuple[str, str]:
     holder = int(pid_file.read_text().strip())
     try:
         deadline = time.monotonic() + 60
-        named = []
+        named: list[Leftover] = []
+        leftovers: list[Leftover] = []
+        note: str | None = None
         while time.monotonic() < deadline and not named:
             time.sleep(1)
             used, leftovers, note = gpu_reading(["0"])

@@ -112,6 +112,7 @@ class M:
     ITL_WORST_MS_P50: Final = "itl_worst_ms_p50"
     SEND_LAG_MS_P95: Final = "send_lag_ms_p95"
     SEND_LAG_MS_P99: Final = "send_lag_ms_p99"
+    TTFT_FROM_SCHEDULE_MS_P50: Final = "ttft_from_schedule_ms_p50"
     # the client's own stats (loadgen)
     LOOP_LAG_MS_P95: Final = "loop_lag_ms_p95"
     CLIENT_CPU_UTIL: Final = "client_cpu_util"

@@ -10,6 +10,7 @@ model (``~/.cache/inference-lab/roofs``); it never runs while a trial's servers 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             if key in done:
                 continue
             done.add(key)
-            roofs, fresh = calibrate(key, lambda g=g: measure_roofs(f"cuda:{g.index}"), again=args.again)
+            roofs, fresh = calibrate(key, functools.partial(measure_roofs, f"cuda:{g.index}"), again=args.again)
             print(f"{key}: {roofs.describe()} ({'measured now' if fresh else 'cached'}: {cache_path(key)})")
     return 0
 

@@ -155,7 +155,7 @@ DATASETS = {
 def load_description(trials: list[TrialData]) -> list[str]:
     """How the load was generated, in words: what each kind of load point means (arrival
     semantics) and where each request class's prompts came from."""
-    closed, trace = set(), False
+    closed, trace = set(), set()
     rates: set[tuple[str, float, object]] = set()
     for t in trials:
         for p in t.points:
@@ -163,7 +163,7 @@ def load_description(trials: list[TrialData]) -> list[str]:
             if s.get("concurrency") is not None:
                 closed.add(int(s["concurrency"]))
             elif s.get("trace"):
-                trace = True
+                trace.add((str(s["trace"]), str(s.get("trace_sha256", "?"))[:12]))
             elif s.get("rate") is not None:
                 rates.add((str(s.get("arrival", "poisson")), float(s.get("burstiness", 1.0)), s.get("max_concurrency")))
     out = []
@@ -180,7 +180,12 @@ def load_description(trials: list[TrialData]) -> list[str]:
             "never waits for a completion" + (f", at most {cap} in flight." if cap else ".")
         )
     if trace:
-        out.append("Trace points replay the trace file's own arrival times and lengths.")
+        files = ", ".join(f"`{Path(path).name}` (sha256 {sha})" for path, sha in sorted(trace))
+        out.append(
+            f"Trace points replay the trace file's own arrival times and lengths ({files}), scaled as their "
+            "setting says (time_scale, length_scale, trace_start_s, max_context_tokens); a follower of a "
+            "multi-turn trace is sent after its parent's reply."
+        )
     classes: dict[str, set[str]] = {}
     for t in trials:
         for key, value in t.params.items():
@@ -262,6 +267,7 @@ REUSE_COLUMNS = (
     (M.PREFIX_REUSE_EFFICIENCY, "hits / ideal"),
     (M.TTFT_MS_P50, "TTFT p50 (ms)"),
     (M.TTFT_MS_P99, "TTFT p99 (ms)"),
+    (M.TTFT_FROM_SCHEDULE_MS_P50, "TTFT from its scheduled send p50 (ms)"),
     (M.SEND_LAG_MS_P99, "send lag p99 (ms)"),
     (M.TRACE_REQUESTS_TRUNCATED, "requests cut to the context cap"),
     (M.TRACE_REQUESTS_DROPPED, "dropped"),

@@ -14,6 +14,7 @@ from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LoadPointSpec, TrialSpec
 from orchestrator.engines import EngineMetric
 from orchestrator.feasibility import trial_decode_floor
+from orchestrator.loadgen.traces import read_trace
 from orchestrator.metrics import prometheus, telemetry
 from orchestrator.metrics.diagnosis import engine_batch
 from orchestrator.metrics.fidelity import clock_gap, server_latency, workload_fidelity
@@ -99,6 +100,15 @@ def point_metrics(
     if ideal and hits is not None:  # how much of the trace's reusable prefix the server reused
         metrics[M.PREFIX_REUSE_EFFICIENCY] = hits / ideal
     return metrics
+
+
+def point_setting(point: LoadPointSpec) -> dict[str, object]:
+    """A point's setting as recorded on its run: its fields, and a trace's content hash (the run
+    says which trace it replayed, not only where it was)."""
+    setting: dict[str, object] = point.model_dump(exclude_none=True)
+    if point.trace is not None:
+        setting["trace_sha256"] = read_trace(point.trace, point.trace_format, point.trace_block_tokens).sha256
+    return setting
 
 
 def judge_point(
@@ -286,7 +296,7 @@ class PointMeasurer:
         result = PointResult(
             index=index,
             label=self.label,
-            setting=point.model_dump(exclude_none=True),
+            setting=point_setting(point),
             metrics=metrics,
             class_metrics=classes,
             invalid_reasons=reasons,

@@ -42,6 +42,7 @@ NOT_METRICS = {
     "trial/plan.py": {"client_processes"},  # the trial plan's field
     "scheduling/preview.py": {"server_starts"},  # the preview's count
     "metrics/probes.py": {"energy_j"},  # a telemetry row's name
+    "gpu_check.py": {"energy_j"},  # a telemetry row's name
     "metrics/telemetry.py": {"energy_j"},  # a telemetry row's name
     "metrics/diagnosis/__init__.py": {"stalls"},  # the rules' state: the list of stalls
     "metrics/diagnosis/rules.py": {"stalls"},  # the rules' state: the list of stalls

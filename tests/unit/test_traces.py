@@ -226,3 +226,16 @@ def test_the_labs_on_real_traffic_replay_the_trace_in_every_variant(compose, exp
         spec, _ = to_specs(compose([*over, f"variant={v}"]))
         (point,) = spec.workload.load_points
         assert point.trace and point.trace.endswith("mooncake_conversation_5min.jsonl"), v
+
+
+def test_a_trace_points_setting_on_its_run_names_the_traces_content():
+    """The run says which trace it replayed, by content: path and sha256 in the point's setting."""
+    import hashlib
+
+    from orchestrator.config.schema import LoadPointSpec
+    from orchestrator.trial.points import point_setting
+
+    setting = point_setting(LoadPointSpec(trace=str(BAILIAN), time_scale=2))
+    assert setting["trace_sha256"] == hashlib.sha256(BAILIAN.read_bytes()).hexdigest()
+    assert setting["trace"] == str(BAILIAN) and setting["time_scale"] == 2
+    assert "trace_sha256" not in point_setting(LoadPointSpec(concurrency=2))
