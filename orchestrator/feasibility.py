@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec
 from orchestrator.engines import adapter_for, nsys
+from orchestrator.metrics.probes import visible_devices
 from orchestrator.models.capacity import Capacity, arch_of, kv_capacity
 from orchestrator.models.gpus import GPUS, gpu_spec
 from orchestrator.models.hardware import DetectedGPU, Roofs, cached_roofs, calibrate, detect_gpus
@@ -58,8 +59,7 @@ def node_gpus(devices: tuple[str, ...] | None = None) -> tuple[tuple[DetectedGPU
     """The GPUs of this node (``devices`` as CUDA_VISIBLE_DEVICES gives them; None: those of
     this process's CUDA_VISIBLE_DEVICES, else all), read once per process."""
     if devices is None:
-        given = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-        devices = tuple(given) if given else None
+        devices = tuple(visible_devices([])) or None
     gpus, why = detect_gpus(list(devices) if devices is not None else None)
     return tuple(gpus), why
 

@@ -96,7 +96,7 @@ def check_energy(load_s: float = 6.0) -> tuple[str, str]:
     import torch
 
     from orchestrator.metrics.probes import NvmlProbe, TelemetrySampler
-    from orchestrator.metrics.telemetry import Timeline, energy_in_window, now, series
+    from orchestrator.metrics.telemetry import Timeline, energy_in_window, interp_at, now, series
 
     if not torch.cuda.is_available():
         return "SKIP", "no CUDA device"
@@ -127,7 +127,7 @@ def check_energy(load_s: float = 6.0) -> tuple[str, str]:
     rows = timeline.snapshot()
     ours, how = energy_in_window(series(rows, "gpu0", "energy_j"), series(rows, "gpu0", "power_w"), t0, t1)
     ts, vs = zip(*reads)
-    ref = float(_at(ts, vs, t1) - _at(ts, vs, t0))
+    ref = interp_at(ts, vs, t1) - interp_at(ts, vs, t0)
     power_only, _ = energy_in_window(([], []), series(rows, "gpu0", "power_w"), t0, t1)
     if ours is None or ref <= 0:
         return "FAIL", f"no energy over the window ({how})"
@@ -138,14 +138,6 @@ def check_energy(load_s: float = 6.0) -> tuple[str, str]:
         f"{err:+.2%}{fallback}"
     )
     return ("PASS" if how == "counter" and abs(err) < 0.02 else "FAIL"), detail
-
-
-def _at(ts: tuple[float, ...], vs: tuple[float, ...], t: float) -> float:
-    for i in range(1, len(ts)):
-        if ts[i] >= t:
-            f = (t - ts[i - 1]) / (ts[i] - ts[i - 1]) if ts[i] > ts[i - 1] else 1.0
-            return vs[i - 1] + f * (vs[i] - vs[i - 1])
-    return vs[-1]
 
 
 HOLDER = "import torch, time; x = torch.empty(int(2e9), dtype=torch.uint8, device='cuda'); print('held', flush=True); time.sleep(120)"

@@ -54,15 +54,6 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
-def _can_bind(host: str, port: int) -> bool:
-    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now, outside the kernel's ephemeral range (so
     nothing binds it by chance before our server does); an ephemeral one when that range
@@ -71,7 +62,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     rng = random.SystemRandom()
     for _ in range(50 if high - low >= 1000 else 0):
         port = rng.randint(low, high)
-        if _can_bind(host, port):
+        if port_is_free(host, port):
             return port
     with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.bind((host, 0))

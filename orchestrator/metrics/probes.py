@@ -143,7 +143,7 @@ class NvmlProbe:
         pynvml.nvmlInit()
         try:
             self.handles = [nvml_handle(pynvml, d) for d in devices]
-            self.uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self.handles]
+            self.uuids = [nvml_text(pynvml.nvmlDeviceGetUUID(h)) for h in self.handles]
         except Exception:
             pynvml.nvmlShutdown()
             raise
@@ -182,7 +182,7 @@ class NvmlProbe:
         self.nv.nvmlShutdown()
 
 
-def _text(x: bytes | str) -> str:
+def nvml_text(x: bytes | str) -> str:
     return x.decode() if isinstance(x, bytes) else x
 
 

@@ -108,7 +108,7 @@ def ratio_of_deltas(
     return out_t, out_v
 
 
-def _interp(ts: Sequence[float], vs: Sequence[float], t: float) -> float:
+def interp_at(ts: Sequence[float], vs: Sequence[float], t: float) -> float:
     """Linear interpolation inside the samples, the nearest sample outside them."""
     if t <= ts[0]:
         return vs[0]
@@ -126,7 +126,7 @@ def mean_rate(rows: Iterable[Row], source: str, counter: str, t0: float, t1: flo
     ts, vs = series(rows, source, counter)
     if not ts or ts[0] > t0 or ts[-1] < t1 or t1 <= t0:
         return None
-    return max(_interp(ts, vs, t1) - _interp(ts, vs, t0), 0.0) / (t1 - t0)
+    return max(interp_at(ts, vs, t1) - interp_at(ts, vs, t0), 0.0) / (t1 - t0)
 
 
 def integrate(ts: Sequence[float], vs: Sequence[float], t0: float, t1: float) -> float:
@@ -134,7 +134,7 @@ def integrate(ts: Sequence[float], vs: Sequence[float], t0: float, t1: float) ->
     if not ts or t1 <= t0:
         return 0.0
     knots = [t0, *(t for t in ts if t0 < t < t1), t1]
-    vals = [_interp(ts, vs, t) for t in knots]
+    vals = [interp_at(ts, vs, t) for t in knots]
     return sum((knots[i + 1] - knots[i]) * (vals[i] + vals[i + 1]) / 2 for i in range(len(knots) - 1))
 
 
@@ -149,7 +149,7 @@ def energy_in_window(
     samples integrated; (None, "none") without either."""
     ct, cv = counter
     if len(ct) >= 2 and ct[0] <= t0 and ct[-1] >= t1:
-        return _interp(ct, cv, t1) - _interp(ct, cv, t0), "counter"
+        return interp_at(ct, cv, t1) - interp_at(ct, cv, t0), "counter"
     pt, pv = power
     if len(pt) >= 2:
         return integrate(pt, pv, t0, t1), "power"

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.metrics.probes import nvml_handle, nvml_text
 from orchestrator.models.gpus import GPUS
 
 CACHE_DIR = Path(os.environ.get("INFERENCE_LAB_CACHE", "~/.cache/inference-lab")).expanduser() / "roofs"
@@ -72,10 +73,6 @@ def table_name(nvml_name: str, memory_gb: float) -> str | None:
     return None
 
 
-def _text(x: bytes | str) -> str:
-    return x.decode() if isinstance(x, bytes) else x
-
-
 def detect_gpus(devices: Sequence[str] | None = None) -> tuple[list[DetectedGPU], str | None]:
     """The GPUs of this node (``devices``: indices or UUIDs as CUDA_VISIBLE_DEVICES gives them;
     None: all of them), and why none were read (no NVML, no driver)."""
@@ -86,20 +83,17 @@ def detect_gpus(devices: Sequence[str] | None = None) -> tuple[list[DetectedGPU]
     except Exception as exc:
         return [], f"no GPU detected: NVML unavailable ({type(exc).__name__}: {exc})"
     try:
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        driver = nvml_text(pynvml.nvmlSystemGetDriverVersion())
         wanted = list(devices) if devices is not None else [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
         out = []
         for d in wanted:
-            if d.startswith(("GPU-", "MIG-")):
-                h = pynvml.nvmlDeviceGetHandleByUUID(d)
-            else:
-                h = pynvml.nvmlDeviceGetHandleByIndex(int(d))
+            h = nvml_handle(pynvml, d)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
             out.append(
                 DetectedGPU(
                     index=int(pynvml.nvmlDeviceGetIndex(h)),
-                    name=_text(pynvml.nvmlDeviceGetName(h)),
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
+                    name=nvml_text(pynvml.nvmlDeviceGetName(h)),
+                    uuid=nvml_text(pynvml.nvmlDeviceGetUUID(h)),
                     memory_gb=float(pynvml.nvmlDeviceGetMemoryInfo(h).total) / 1e9,
                     capability=f"{major}.{minor}",
                     driver=driver,
