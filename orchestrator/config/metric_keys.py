@@ -42,6 +42,7 @@ SERVER_COUNTERS: Final = (
     "prefix_cache_queries",
     "preemptions",
     "generation_tokens",
+    "engine_steps",
     "prompt_tokens",
     "cached_tokens",
     "spec_decode_accepted_tokens",
@@ -149,6 +150,8 @@ class M:
     MEMORY_PEAK_GB: Final = "memory_peak_gb"
     SERVER_PREEMPTIONS: Final = "server_preemptions"
     SERVER_PROMPT_TOKENS: Final = "server_prompt_tokens"
+    SERVER_GENERATION_TOKENS: Final = "server_generation_tokens"
+    SERVER_ENGINE_STEPS: Final = "server_engine_steps"  # steps that produced output (vLLM)
     SERVER_QUEUE_TIME_S_MEAN: Final = "server_queue_time_s_mean"
     SERVER_PREFILL_TIME_S_MEAN: Final = "server_prefill_time_s_mean"
     SERVER_TTFT_S_MEAN: Final = "server_ttft_s_mean"

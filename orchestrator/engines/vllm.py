@@ -41,6 +41,9 @@ METRICS: dict[str, EngineMetric] = {
     "prefix_cache_queries": EngineMetric("vllm:prefix_cache_queries", "counter"),
     "preemptions": EngineMetric("vllm:num_preemptions", "counter"),
     "generation_tokens": EngineMetric("vllm:generation_tokens", "counter"),
+    # the engine's steps: its per-step token histogram's count (one observation per step that
+    # produced output), so generation tokens over steps is the batch it ran, from counters
+    "engine_steps": EngineMetric("vllm:iteration_tokens_total_count", "counter"),
     "prompt_tokens": EngineMetric("vllm:prompt_tokens", "counter"),
     "spec_decode_accepted_tokens": EngineMetric("vllm:spec_decode_num_accepted_tokens", "counter"),
     "spec_decode_draft_tokens": EngineMetric("vllm:spec_decode_num_draft_tokens", "counter"),

@@ -275,7 +275,7 @@ class PointMeasurer:
             metrics.update(hardware_metrics(self.spec, rows, (self._t0, t1), metrics))
         crash = self._server_failure(records)
         reasons, client_reasons = self._judge(point, records, metrics, crash)
-        metrics.update(roofline_metrics(self.spec, point, metrics, engine_batch(rows, (self._t0, t1))))
+        metrics.update(roofline_metrics(self.spec, point, metrics, engine_batch(metrics, rows, (self._t0, t1))))
         classes = summarize_by_class(records) if len(self.spec.workload.classes) > 1 else {}
         diagnosis = point_diagnosis(
             self.spec,

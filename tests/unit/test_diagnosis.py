@@ -393,7 +393,21 @@ def test_the_batch_the_engine_ran_leaves_out_the_gauges_zero_reads():
             "requests_waiting": [(1.0 + i, 4.0) for i in range(12)],
         }
     )
-    assert engine_batch(rows, (0.0, 14.0)) == pytest.approx(2.0)
+    assert engine_batch({}, rows, (0.0, 14.0)) == pytest.approx(2.0)
     m = {"ttft_ms_mean": 100.0, "tpot_ms_p50": 20.0, "decode_floor_ms": 5.0}
     assert diagnose(evidence(metrics=m, rows=rows)).metrics["decode_batch_mean"] == pytest.approx(2.0)
-    assert engine_batch(engine({"requests_running": [(1.0 + i, 0.0) for i in range(5)]}), (0.0, 10.0)) is None
+    assert engine_batch({}, engine({"requests_running": [(1.0 + i, 0.0) for i in range(5)]}), (0.0, 10.0)) is None
+
+
+def test_the_batch_the_engine_ran_comes_from_its_step_counter_before_its_gauge():
+    """With the engine's steps counted (vLLM), the batch is its generation tokens over its steps,
+    whatever its lagging gauge read: a gauge that read 1 after each finish does not pull a full
+    batch of 2 down, and no gauge sample is needed at all."""
+    lagging = engine({"requests_running": [(1.0 + i, 1.0 if i % 3 == 0 else 2.0) for i in range(6)]})
+    counted = {"server_generation_tokens": 950.0, "server_engine_steps": 490.0}
+    assert engine_batch(counted, lagging, (0.0, 8.0)) == pytest.approx(950 / 490)
+    assert engine_batch({}, lagging, (0.0, 8.0)) == pytest.approx(10 / 6)
+    assert engine_batch(counted, [], (0.0, 8.0)) == pytest.approx(950 / 490)
+    assert engine_batch({"server_generation_tokens": 5.0, "server_engine_steps": 0.0}, [], (0.0, 8.0)) is None
+    m = {"ttft_ms_mean": 100.0, "tpot_ms_p50": 20.0, "decode_floor_ms": 5.0, **counted}
+    assert diagnose(evidence(metrics=m, rows=lagging)).metrics["decode_batch_mean"] == pytest.approx(950 / 490)

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from orchestrator.config.metric_keys import M
 from orchestrator.metrics.diagnosis.findings import (
     PRIORITY,
@@ -40,11 +38,11 @@ from orchestrator.metrics.diagnosis.findings import (
     Thresholds,
 )
 from orchestrator.metrics.diagnosis.parts import (
-    batch_values,
     decode_efficiency,
     engine_batch,
     engine_samples,
     gauge_values,
+    ran_batch,
     ttft_parts,
 )
 from orchestrator.metrics.diagnosis.rules import RULES
@@ -73,9 +71,9 @@ def _headroom(x: PointEvidence, s: dict[str, Any]) -> str:
     """Why "none": what was far from its limit."""
     m, samples = x.metrics, s["samples"]
     bits = []
-    running = batch_values(samples)
-    if running:
-        bits.append(f"a batch of {np.mean(running):.1f}" + (f" of {x.slots} slots" if x.slots else ""))
+    batch = ran_batch(m, samples, 1)
+    if batch is not None:
+        bits.append(f"a batch of {batch:.1f}" + (f" of {x.slots} slots" if x.slots else ""))
     waiting = gauge_values(samples, "requests_waiting")
     if waiting:
         bits.append(f"at most {max(waiting):.0f} waiting")

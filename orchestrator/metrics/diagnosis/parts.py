@@ -29,10 +29,25 @@ def engine_samples(rows: Sequence[Row], window: tuple[float, float]) -> dict[str
     return {k: sorted(v) for k, v in out.items()}
 
 
-def engine_batch(rows: Sequence[Row], window: tuple[float, float], least: int = 3) -> float | None:
-    """The batch the engine ran over the window: :func:`batch_values` averaged; None from fewer
-    than ``least`` samples (one sample at a point's edge can read an idle engine)."""
-    running = batch_values(engine_samples(rows, window))
+def engine_batch(
+    metrics: dict[str, float], rows: Sequence[Row], window: tuple[float, float], least: int = 3
+) -> float | None:
+    """The batch the engine ran over the window: :func:`ran_batch` from the point's metrics and
+    the engine's gauge samples in the window."""
+    return ran_batch(metrics, engine_samples(rows, window), least)
+
+
+def ran_batch(metrics: dict[str, float], samples: dict[str, list[tuple[float, float]]], least: int = 3) -> float | None:
+    """The batch the engine ran: its generation tokens over its steps when it counts its steps
+    (vLLM; every request in a step makes one token), exact and step-weighted; else its running
+    gauge averaged (:func:`batch_values`), None from fewer than ``least`` samples (one sample at a
+    point's edge can read an idle engine). The gauge lags a step: read after a step in which one
+    of two requests finished, it says 1 through the next step, which prefills the next request
+    beside the other; with a few samples on two cores a full batch of 2 read 1.67 (a CI run)."""
+    steps, tokens = metrics.get(M.SERVER_ENGINE_STEPS), metrics.get(M.SERVER_GENERATION_TOKENS)
+    if steps and tokens is not None:
+        return tokens / steps
+    running = batch_values(samples)
     return float(np.mean(running)) if len(running) >= least else None
 
 
@@ -122,14 +137,14 @@ def _ttft_words(client: float, parts: dict[str, float], pooled: bool) -> list[st
 def decode_efficiency(
     x: PointEvidence, samples: dict[str, list[tuple[float, float]]], least: int = 3
 ) -> tuple[dict[str, float], list[str]]:
-    """The batch the engine actually ran (its running gauge over the window, from at least
-    ``least`` samples) and TPOT against the roofline floor at that batch (``decode_floor_*`` from
+    """The batch the engine actually ran (:func:`ran_batch`: its counters, else its running gauge
+    from at least ``least`` samples) and TPOT against the roofline floor at that batch (``decode_floor_*`` from
     the trial, computed at this batch; the point's planned batch when the gauge is too thin)."""
     m = x.metrics
     out: dict[str, float] = {}
-    running = batch_values(samples)
-    if len(running) >= least:
-        out[M.DECODE_BATCH_MEAN] = float(np.mean(running))
+    batch = ran_batch(m, samples, least)
+    if batch is not None:
+        out[M.DECODE_BATCH_MEAN] = batch
     words = []
     tpot, floor = m.get(M.TPOT_MS_P50), m.get(M.DECODE_FLOOR_MS)
     if tpot is not None and floor:
