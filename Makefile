@@ -46,13 +46,14 @@ GPU_SITE   ?= /tmp/gpu-check-site
 gpu-check:
 	@if ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1; then \
 	  $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) $(GPU_WHEELS)/*.whl; fi
-	PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PY) -m orchestrator.gpu_check --out gpu-check.md
+	PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PY) -m orchestrator.gpu_check --out gpu-check.md $(GPU_CHECK_ARGS)
 
 gpu-check-wheels: install
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d $(GPU_WHEELS) \
 	  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-	  typing-extensions==4.16.0 httptools==0.9.0 orjson==3.13.0
+	  typing-extensions==4.16.0 httptools==0.9.0 orjson==3.13.0 hydra-core==1.3.8 omegaconf==2.3.1
+	$(PY) -m pip wheel --quiet --no-deps -w $(GPU_WHEELS) antlr4-python3-runtime==4.9.3
 
 test: install lint
 	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines and not stress" --durations=25

@@ -17,6 +17,7 @@ Run: ``python -m orchestrator.gpu_check`` (``--out FILE`` also writes the table 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -91,12 +92,45 @@ def _matmul_load(seconds: float, stop: threading.Event) -> None:
         torch.cuda.synchronize()
 
 
-def check_energy(load_s: float = 6.0) -> tuple[str, str]:
+def _nvml_reader(h: object, reads: list[tuple[float, ...]], stop: threading.Event) -> None:
+    """The independent reading, every 20 ms: NVML's energy counter (J), its power (W, averaged)
+    and, where the driver has them, its instant and average power fields (W; NaN where not)."""
+    import pynvml
+
+    from orchestrator.metrics.telemetry import now
+
+    fields = [pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_POWER_AVERAGE]
+    while not stop.is_set():
+        t = now()
+        energy = pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+        power = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+        extra = [float("nan"), float("nan")]
+        try:
+            for i, f in enumerate(pynvml.nvmlDeviceGetFieldValues(h, fields)):
+                if f.nvmlReturn == pynvml.NVML_SUCCESS:
+                    extra[i] = f.value.uiVal / 1000.0
+        except pynvml.NVMLError:
+            pass
+        reads.append((t, energy, power, *extra))
+        time.sleep(0.02)
+
+
+def check_energy(load_s: float = 6.0, raw: Path | None = None) -> tuple[str, str]:
+    """The telemetry sampler's energy over three windows (a steady matmul load, the decay after
+    it, a 1.5 s burst) against the 20 ms reader, and the power-integration fallback beside it:
+    as NVML's averages (what a trial uses) and as trapezoids (what it used before)."""
     import pynvml
     import torch
 
     from orchestrator.metrics.probes import NvmlProbe, TelemetrySampler
-    from orchestrator.metrics.telemetry import Timeline, energy_in_window, interp_at, now, series
+    from orchestrator.metrics.telemetry import (
+        Timeline,
+        energy_in_window,
+        integrate,
+        integrate_averaged,
+        interp_at,
+        series,
+    )
 
     if not torch.cuda.is_available():
         return "SKIP", "no CUDA device"
@@ -104,40 +138,47 @@ def check_energy(load_s: float = 6.0) -> tuple[str, str]:
     sampler = TelemetrySampler([NvmlProbe(["0"])], timeline, interval_s=1.0, budget=0.05)
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    reads: list[tuple[float, float]] = []
-    stop = threading.Event()
-
-    def reader() -> None:  # the independent reading: the same counter every 20 ms
-        while not stop.is_set():
-            reads.append((now(), pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0))
-            time.sleep(0.02)
-
-    thread = threading.Thread(target=reader, daemon=True)
+    reads: list[tuple[float, ...]] = []
+    stop, load_stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_nvml_reader, args=(h, reads, stop), daemon=True)
     thread.start()
     sampler.start()
     time.sleep(1.5)
-    t0 = sampler.edge()
-    _matmul_load(load_s, stop)
-    t1 = sampler.edge()
-    time.sleep(1.5)
+    edges = [sampler.edge()]
+    _matmul_load(load_s, load_stop)
+    edges.append(sampler.edge())
+    time.sleep(6.0)
+    edges.append(sampler.edge())
+    _matmul_load(1.5, load_stop)
+    edges.append(sampler.edge())
+    time.sleep(2.0)
     stop.set()
     thread.join()
     sampler.stop()
     pynvml.nvmlShutdown()
     rows = timeline.snapshot()
-    ours, how = energy_in_window(series(rows, "gpu0", "energy_j"), series(rows, "gpu0", "power_w"), t0, t1)
-    ts, vs = zip(*reads)
-    ref = interp_at(ts, vs, t1) - interp_at(ts, vs, t0)
-    power_only, _ = energy_in_window(([], []), series(rows, "gpu0", "power_w"), t0, t1)
-    if ours is None or ref <= 0:
-        return "FAIL", f"no energy over the window ({how})"
-    err = ours / ref - 1
-    fallback = f"; power integrated instead: {power_only / ref - 1:+.1%}" if power_only else ""
-    detail = (
-        f"{load_s:g} s of bf16 matmul: {ours:.0f} J from the sampler ({how}) vs {ref:.0f} J from a 20 ms reader, "
-        f"{err:+.2%}{fallback}"
-    )
-    return ("PASS" if how == "counter" and abs(err) < 0.02 else "FAIL"), detail
+    counter, power = series(rows, "gpu0", "energy_j"), series(rows, "gpu0", "power_w")
+    ts, vs = [r[0] for r in reads], [r[1] for r in reads]
+    if raw is not None:
+        raw.write_text(
+            json.dumps({"edges": edges, "reads": reads, "sampler_energy": counter, "sampler_power": power}) + "\n"
+        )
+    windows = {"steady": (edges[0], edges[1]), "decay": (edges[1], edges[2]), "burst": (edges[2], edges[3])}
+    words, ok = [], True
+    for name, (t0, t1) in windows.items():
+        ref = interp_at(ts, vs, t1) - interp_at(ts, vs, t0)
+        ours, how = energy_in_window(counter, power, t0, t1)
+        if ours is None or ref <= 0:
+            return "FAIL", f"{name}: no energy over the window ({how})"
+        err = ours / ref - 1
+        ok = ok and how == "counter" and abs(err) < 0.02
+        avg = integrate_averaged(*power, t0, t1) / ref - 1
+        trap = integrate(*power, t0, t1) / ref - 1
+        words.append(
+            f"{name} {t1 - t0:.1f} s: {ref:.0f} J, sampler {err:+.2%} ({how}); power as averages {avg:+.0%}, "
+            f"as trapezoids {trap:+.0%}"
+        )
+    return ("PASS" if ok else "FAIL"), "bf16 matmul vs a 20 ms reader of NVML's counter: " + "; ".join(words)
 
 
 HOLDER = "import torch, time; x = torch.empty(int(2e9), dtype=torch.uint8, device='cuda'); print('held', flush=True); time.sleep(120)"
@@ -191,8 +232,6 @@ def check_plan() -> tuple[str, str]:
     lines = [x for x in p.stdout.splitlines() if '"gpu_model"' in x]
     if p.returncode != 0 or not lines:
         return "FAIL", (p.stdout + p.stderr)[-400:]
-    import json
-
     first = json.loads(lines[0][lines[0].index("{") :])
     return "PASS", f"gpu_model {first.get('gpu_model')} ({first.get('gpu_model_from')}); roofs {first.get('roofs')}"
 
@@ -214,11 +253,15 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="also write the table (markdown) here")
+    parser.add_argument("--raw", help="also write the energy check's raw NVML reads (JSON) here")
     args = parser.parse_args(argv)
     rows: list[Row] = []
     t0 = time.perf_counter()
     for name, fn in CHECKS:
-        _run(name, fn, rows)
+        if fn is check_energy and args.raw:
+            _run(name, lambda: check_energy(raw=Path(args.raw)), rows)
+        else:
+            _run(name, fn, rows)
     text = table(rows)
     print(f"\n{text}\n\n{time.strftime('%Y-%m-%d')}, {time.perf_counter() - t0:.0f} s")
     if args.out:

@@ -138,6 +138,26 @@ def integrate(ts: Sequence[float], vs: Sequence[float], t0: float, t1: float) ->
     return sum((knots[i + 1] - knots[i]) * (vals[i] + vals[i + 1]) / 2 for i in range(len(knots) - 1))
 
 
+def integrate_averaged(ts: Sequence[float], vs: Sequence[float], t0: float, t1: float) -> float:
+    """The integral over [t0, t1] of a signal sampled as averages over the time before each
+    sample (NVML's power on Ampere and later: the mean over about the last second): each value
+    holds over the interval since the sample before it, the first back to the window's start,
+    the last on to its end. Trapezoids between such samples lag the signal by half the
+    averaging window: after a load, a 6 s window of decay read +53% on an H100."""
+    if not ts or t1 <= t0:
+        return 0.0
+    total, start = 0.0, t0
+    for t, v in zip(ts, vs, strict=True):
+        if t <= start:
+            continue
+        end = min(t, t1)
+        total += (end - start) * v
+        start = end
+        if start >= t1:
+            return total
+    return total + (t1 - start) * vs[-1]
+
+
 def energy_in_window(
     counter: tuple[Sequence[float], Sequence[float]],
     power: tuple[Sequence[float], Sequence[float]],
@@ -146,13 +166,14 @@ def energy_in_window(
 ) -> tuple[float | None, str]:
     """Joules over [t0, t1] and how they were found: the energy counter's delta when two of its
     samples bracket the window (read at the window's edges by interpolation), else the power
-    samples integrated; (None, "none") without either."""
+    samples integrated as the averages they are (:func:`integrate_averaged`); (None, "none")
+    without either."""
     ct, cv = counter
     if len(ct) >= 2 and ct[0] <= t0 and ct[-1] >= t1:
         return interp_at(ct, cv, t1) - interp_at(ct, cv, t0), "counter"
     pt, pv = power
     if len(pt) >= 2:
-        return integrate(pt, pv, t0, t1), "power"
+        return integrate_averaged(pt, pv, t0, t1), "power"
     return None, "none"
 
 

@@ -22,6 +22,7 @@ from orchestrator.metrics.telemetry import (
     energy_in_window,
     energy_metrics,
     integrate,
+    integrate_averaged,
     ratio_of_deltas,
     rows_from_parquet,
     window_metrics,
@@ -42,6 +43,26 @@ def test_integrate_holds_the_edges_and_interpolates_inside():
     assert integrate(ts, vs, 1.5, 2.5) == pytest.approx(175.0)  # 150..200..150 over 1 s
     assert integrate(ts, vs, 0.0, 1.0) == pytest.approx(100.0)  # before the first sample: held flat
     assert integrate([], [], 0.0, 1.0) == 0.0 and integrate(ts, vs, 2.0, 2.0) == 0.0
+
+
+def test_power_read_as_averages_over_the_second_before_each_sample_integrates_exactly():
+    """NVML's power on Ampere and later is the mean over the second before the read: a load of
+    700 W from 2 s to 5 s on 70 W idle, read each second, integrates to its true energy over the
+    decay after it (the trapezoids' half-second lag read +53% there on an H100)."""
+
+    def true_power(t: float) -> float:
+        return 700.0 if 2.0 <= t < 5.0 else 70.0
+
+    ts = [float(i) for i in range(1, 12)]
+    vs = [sum(true_power(t - 1 + k / 1000) for k in range(1000)) / 1000 for t in ts]  # boxcar of 1 s
+    decay = 70.0 * 6.0  # [5, 11]
+    assert integrate_averaged(ts, vs, 5.0, 11.0) == pytest.approx(decay, rel=1e-3)
+    assert integrate(ts, vs, 5.0, 11.0) > 1.5 * decay  # what the trapezoids made of it
+    assert integrate_averaged(ts, vs, 2.0, 5.0) == pytest.approx(2100.0, rel=1e-3)
+    assert integrate_averaged(ts, vs, 2.5, 3.5) == pytest.approx(700.0, rel=1e-3)  # inside: partial intervals
+    assert integrate_averaged(ts, vs, 11.0, 13.0) == pytest.approx(140.0)  # past the last: held
+    assert integrate_averaged(ts, vs, 0.0, 1.0) == pytest.approx(70.0)  # before the first: its value
+    assert integrate_averaged([], [], 0.0, 1.0) == 0.0 and integrate_averaged(ts, vs, 3.0, 3.0) == 0.0
 
 
 def test_energy_prefers_the_counter_when_it_brackets_the_window():
