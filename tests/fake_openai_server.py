@@ -358,7 +358,7 @@ class FakeServerProcess:
         import urllib.request
         from pathlib import Path
 
-        from orchestrator.engines.process import free_port
+        from orchestrator.engines.ports import free_port
 
         self.port = free_port()  # below the ephemeral range: nothing takes it while the server imports
         self._err = tempfile.TemporaryFile()

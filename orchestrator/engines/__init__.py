@@ -10,7 +10,8 @@ from orchestrator.config.errors import ConfigError
 from orchestrator.engines import external, sglang, sleep, vllm  # noqa: F401 (their adapters register)
 from orchestrator.engines.base import ADAPTERS, EngineAdapter, EngineMetric, ServerLaunch
 from orchestrator.engines.external import ExternalServer
-from orchestrator.engines.process import ServerProcess, free_port, port_is_free
+from orchestrator.engines.ports import free_port, port_is_free
+from orchestrator.engines.process import ServerProcess
 
 
 def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> ServerProcess | ExternalServer:

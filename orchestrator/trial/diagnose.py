@@ -20,7 +20,6 @@ from orchestrator.metrics.diagnosis import Diagnosis, PointEvidence, diagnose
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.telemetry import Row
 from orchestrator.trial.machine import is_engine
-from orchestrator.trial.servers import ServerGroup
 
 STALLS_KEPT = 200  # the worst stalls of a point kept in its result (the timeline marks them)
 
@@ -101,8 +100,8 @@ def _listening(url: str) -> set[int]:
 class Census:
     """The machine's CPU over one point, split into the trial's, the sweep's and the rest."""
 
-    def __init__(self, group: ServerGroup) -> None:
-        self.group = group
+    def __init__(self, pids: Sequence[int], urls: Sequence[str]) -> None:
+        self.pids, self.urls = list(pids), list(urls)  # the trial's servers: started, else found listening
         self._before: census.Snapshot | None = None
 
     def start(self) -> None:
@@ -111,12 +110,12 @@ class Census:
     def finish(self, seconds: float) -> dict[str, Any] | None:
         if self._before is None:
             return None
-        servers = set(self.group.pids())
+        servers = set(self.pids)
         if not servers:  # a server we did not start, perhaps on this machine: it is the trial's too
-            for launch in self.group.launches:
-                servers |= _listening(launch.base_url)
+            for url in self.urls:
+                servers |= _listening(url)
         trial = census.tree([os.getpid(), *servers])
-        external = not self.group.pids()
+        external = not self.pids
         out = census.foreign_cpu(self._before, census.snapshot(), seconds, trial, _ours(external))
         self._before = None
         return out
@@ -132,7 +131,7 @@ def point_diagnosis(
     window: tuple[float, float],
     client_reasons: Sequence[str],
     foreign: dict[str, Any] | None,
-    group: ServerGroup,
+    disaggregated: bool,
     server_failed: bool,
 ) -> Diagnosis:
     """The point's diagnosis from what the trial measured around it."""
@@ -151,7 +150,7 @@ def point_diagnosis(
         client_reasons=client_reasons,
         foreign=foreign,
         foreign_limit=foreign_bound(spec),
-        disaggregated=group.disaggregated(),
+        disaggregated=disaggregated,
         engine=spec.engine.name,
         server_failed=server_failed,
     )

@@ -13,7 +13,7 @@ from orchestrator.config.logs import Progress, print_progress
 from orchestrator.config.schema import TrialSpec
 from orchestrator.metrics.result import TrialResult, TrialStatus, save_result
 from orchestrator.trial.run import TrialRun, outcome, run_trial
-from orchestrator.trial.servers import reset_caches, shared_server_spec
+from orchestrator.trial.servers import shared_server_spec
 
 
 def run_trial_group(
@@ -37,7 +37,7 @@ def run_trial_group(
             for run in runs:
                 if results:
                     run.say(f"on the running server of [{lead.label}] (server start saved)")
-                    reset_caches(group, between_trials)
+                    group.ready(between_trials)
                     run.base.servers = lead.base.servers
                     run.base.slate = {"checked": False, "note": f"on the running server of [{lead.label}]"}
                 results.append(outcome(run, functools.partial(run.measure, group)))

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from orchestrator.engines.process import SERVER_OWNER_ENV, owner_alive, port_is_free, running_groups
+from orchestrator.engines.ports import port_is_free
+from orchestrator.engines.process import SERVER_OWNER_ENV, owner_alive, running_groups
 from orchestrator.metrics.probes import nvml_handle
 
 GB = 1e9

@@ -32,7 +32,7 @@ from orchestrator.metrics.telemetry import Timeline
 from orchestrator.metrics.within_run import within_run
 from orchestrator.trial.diagnose import STALLS_KEPT, Census, foreign_bound, point_diagnosis
 from orchestrator.trial.profile import ProfileWindow
-from orchestrator.trial.servers import ServerGroup, reset_caches
+from orchestrator.trial.servers import GroupView
 
 log = logging.getLogger(__name__)
 
@@ -201,21 +201,24 @@ class PointMeasurer:
     def __init__(
         self,
         spec: TrialSpec,
-        group: ServerGroup,
+        view: GroupView,
         engine_metrics: dict[str, EngineMetric],
         monitor: ResourceMonitor,
         progress: Progress,
-        cache_reset: tuple[str, str] | None = None,
+        ready: Callable[[], None],
+        alive: Callable[[], None],
         timeline: Timeline | None = None,
         api_key: str | None = None,
     ) -> None:
-        self.spec, self.group, self.engine_metrics = spec, group, engine_metrics
-        self.monitor, self.progress, self.cache_reset = monitor, progress, cache_reset
+        self.spec, self.view, self.engine_metrics = spec, view, engine_metrics
+        self.monitor, self.progress = monitor, progress
+        # the servers' two live checks: ``ready`` before a point (alive, caches emptied where
+        # asked; raises ServerCrashedError), ``alive`` after it (raises the same)
+        self.ready, self.alive = ready, alive
         self.timeline, self.api_key = timeline, api_key
         self.window: ProfileWindow | None = None
         self.label = ""  # the point being measured (start)
-        self.census = Census(group)  # who used the machine's CPU over each point
-        self.launch = group.metrics_launch()
+        self.census = Census(view.pids, view.urls)  # who used the machine's CPU over each point
         self._before: prometheus.Sample = {}
         self._t0 = 0.0
         # stamps a point's start and end; with telemetry on, the sampler's edge() (a sample of
@@ -223,11 +226,11 @@ class PointMeasurer:
         self.clock: Callable[[], float] = telemetry.now
 
     def _scrape(self) -> prometheus.Sample:
-        if not self.engine_metrics or self.launch is None:
+        if not self.engine_metrics or self.view.metrics_url is None:
             return {}
         total: prometheus.Sample = {}
         try:
-            for url in self.group.counter_urls():
+            for url in self.view.counter_urls:
                 for name, value in prometheus.scrape(url).items():
                     total[name] = total.get(name, 0.0) + value
         except OSError as exc:
@@ -244,9 +247,7 @@ class PointMeasurer:
         """Measure a point from now (``label``: its name when not ``point.label``, a capacity
         probe's second run ``c4#2``). Raises :class:`ServerCrashedError` for a server that died
         during warm-up or since the last point: it is not measured."""
-        self.group.check_alive()
-        if self.cache_reset is not None:
-            reset_caches(self.group, self.cache_reset)
+        self.ready()
         self.label = label or point.label
         self.progress(f"{self.which(index)} {self.label}: running")
         self._before = self._scrape()
@@ -265,7 +266,7 @@ class PointMeasurer:
         profiled = self.window.finish() if self.window is not None else {}
         self.window = None
         raw = RawPoint(records, client, self.monitor.stop(), self._before, self._scrape())
-        metrics = point_metrics(self.spec, point, raw, self.engine_metrics, self.group.disaggregated())
+        metrics = point_metrics(self.spec, point, raw, self.engine_metrics, self.view.disaggregated)
         metrics.update(profiled)
         if foreign is not None:
             metrics[M.FOREIGN_CPU_CORES] = float(foreign["cores"])
@@ -287,7 +288,7 @@ class PointMeasurer:
             (self._t0, t1),
             client_reasons,
             foreign,
-            self.group,
+            self.view.disaggregated,
             crash is not None,
         )
         metrics.update(diagnosis.metrics)
@@ -323,7 +324,7 @@ class PointMeasurer:
             reason = f"the server failed: {str(crash).splitlines()[0]}"
             self.progress(f"point {self.label}: {reason}")
             return [reason], []
-        verdict = judge_point(self.spec, point, records, metrics, self.group.front())
+        verdict = judge_point(self.spec, point, records, metrics, self.view.front)
         metrics.update(verdict.metrics)
         if verdict.client:
             used, needed = metrics.get(M.CLIENT_PROCESSES, 1.0), metrics.get(M.CLIENT_PROCESSES_NEEDED, 0.0)
@@ -347,11 +348,11 @@ class PointMeasurer:
 
     def _profile_window(self, index: int, point: LoadPointSpec) -> ProfileWindow | None:
         """The profiler's window over this point, started, when it is the ``profile.point``."""
-        profile, profiler = self.spec.profile, self.group.profiler
+        profile, profiler = self.spec.profile, self.view.profiler
         fixed = index < len(self.spec.workload.load_points)  # not a capacity probe of the same label
         if profile is None or profiler is None or not fixed or point.label != profile.point:
             return None
-        urls = [x.base_url for x in self.group.engine_launches()]
+        urls = [url for _, url in self.view.engines]
         window = ProfileWindow(profile, profiler, urls, self.api_key, self.progress)
         window.start()
         return window
@@ -360,7 +361,7 @@ class PointMeasurer:
         """The servers' state after a point: a process gone, an engine dead under a live API
         server (its log, its health), or every request failing on the server's side."""
         try:
-            self.group.check_alive()
+            self.alive()
         except ServerCrashedError as exc:
             return exc
         failed = server_failure(records)

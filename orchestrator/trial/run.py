@@ -39,6 +39,7 @@ from orchestrator.trial.plan import check_feasible, client_cores
 from orchestrator.trial.points import PointMeasurer, trial_metrics
 from orchestrator.trial.profile import collect_traces
 from orchestrator.trial.servers import (
+    GroupView,
     ServerGroup,
     describe_servers,
     shared_server_spec,
@@ -181,21 +182,21 @@ class TrialRun:
     def _run_on(self, group: ServerGroup, factory: PromptFactory, first: int, last: int) -> None:
         """Run load points ``first..last-1`` at the group's front server, then lm-eval after the last."""
         spec = self.spec
-        measurer = self._measurer(group)
-        front = group.launches[-1]
-        endpoint = Endpoint(front.base_url, spec.model.name, api_key=self.adapter.api_key(spec))
+        view = group.view()
+        measurer = self._measurer(view, group)
+        endpoint = Endpoint(view.front_url, spec.model.name, api_key=self.adapter.api_key(spec))
         workload = spec.workload
         if (first, last) != (0, len(workload.load_points)):
             workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
         self.measuring = True
         if first == 0 and not self.points:
             mark("trial: server up, pre-flight")
-            self._preflight(group, factory, endpoint.api_key)
+            self._preflight(view, factory, endpoint.api_key)
             mark("trial: pre-flight done")
         everything = last == len(spec.workload.load_points)
         sampler = None
         try:
-            sampler, self.telemetry_notes = start_telemetry(spec.platform, group.pids(), self.gpu_ids, self.timeline)
+            sampler, self.telemetry_notes = start_telemetry(spec.platform, list(view.pids), self.gpu_ids, self.timeline)
             if sampler is not None:
                 measurer.clock = sampler.edge
             # a race's later runs draw fresh requests, the same for every trial of the round
@@ -209,10 +210,10 @@ class TrialRun:
                 sampler.stop()
         if everything and spec.eval.tasks and self.crash is None:
             # accuracy of this very server, after its load points (their caches are its own); never of a dead one
-            group.check_alive()
+            measurer.alive()
             self.scores = run_eval(
                 spec.eval,
-                front.base_url,
+                view.front_url,
                 spec.model.name,
                 resolve_tokenizer(spec.model, self.model_path),
                 self.workdir,
@@ -220,38 +221,40 @@ class TrialRun:
                 self.say,
             )
 
-    def _measurer(self, group: ServerGroup) -> PointMeasurer:
-        """What measures each point on ``group``: its resource monitor (memory, engine gauges onto
-        the trial's timeline), cache resets, the profiler's window."""
+    def _measurer(self, view: GroupView, group: ServerGroup) -> PointMeasurer:
+        """What measures each point on ``group`` (seen as ``view``): its resource monitor (memory,
+        engine gauges onto the trial's timeline), the servers' checks before and after a point
+        (cache resets), the profiler's window."""
         spec = self.spec
         engine_metrics = self.adapter.metrics_for(spec)
-        scraped = group.metrics_launch()
         monitor = ResourceMonitor(
-            group.pids(),
-            scraped.metrics_url if scraped else None,
+            list(view.pids),
+            view.metrics_url,
             engine_metrics,
             spec.platform.monitor_interval_s,
             self.gpu_ids,
             spec.platform.monitor_budget,
             self.timeline,
         )
+        cache_reset = self.adapter.cache_reset(spec)
         return PointMeasurer(
             spec,
-            group,
+            view,
             engine_metrics,
             monitor,
             self.say,
-            self.adapter.cache_reset(spec),
-            self.timeline,
-            self.adapter.api_key(spec),
+            ready=lambda: group.ready(cache_reset),
+            alive=group.check_alive,
+            timeline=self.timeline,
+            api_key=self.adapter.api_key(spec),
         )
 
-    def _preflight(self, group: ServerGroup, factory: PromptFactory, api_key: str | None) -> None:
+    def _preflight(self, view: GroupView, factory: PromptFactory, api_key: str | None) -> None:
         """The servers are the ones the plan was made for (model name, tokenizer): before any load."""
         spec = self.spec
-        for launch in group.engine_launches():
+        for name, url in view.engines:
             check = preflight(
-                launch.base_url,
+                url,
                 spec.model.name,
                 api_key,
                 factory,
@@ -259,7 +262,7 @@ class TrialRun:
                 resolve_tokenizer(spec.model, self.model_path),
                 spec.seed,
             )
-            self.say(f"pre-flight of {launch.name}: {check.describe()}")
+            self.say(f"pre-flight of {name}: {check.describe()}")
 
     def _run_points(
         self, load: LoadSession, measurer: PointMeasurer, fixed: Sequence[LoadPointSpec], first: int, last: bool

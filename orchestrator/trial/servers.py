@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,21 @@ def server_env(launch: ServerLaunch, gpu_ids: list[int]) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class GroupView:
+    """What measuring a point reads of a running server group, read once (:meth:`ServerGroup.view`)."""
+
+    pids: tuple[int, ...]  # the processes this trial started (none for an external server)
+    urls: tuple[str, ...]  # every server's base URL, front last
+    engines: tuple[tuple[str, str], ...]  # (name, base URL) of the servers that run the model
+    metrics_url: str | None  # whose gauges are sampled: the last engine server (decode under P/D)
+    counter_urls: tuple[str, ...]  # whose counters make a point's deltas: every replica, summed
+    disaggregated: bool  # prefill and decode apart (P/D): the sampled server is the decode one
+    front: str | None  # the router or proxy the client talks to; None when it talks to an engine
+    front_url: str  # where the client sends
+    profiler: Profiler | None  # how to trace the engine servers (``profile``), when asked
+
+
 class ServerGroup:
     """The running servers of a trial (one, or prefill + decode + proxy), front last."""
 
@@ -115,40 +131,36 @@ class ServerGroup:
         self.launches, self.servers = launches, servers
         self.profiler = profiler  # how to trace the engine servers (``profile``), when asked
 
-    def pids(self) -> list[int]:
-        return [s.pid for s in self.servers if s.pid]
-
-    def metrics_launch(self) -> ServerLaunch | None:
-        """Whose Prometheus endpoint is sampled for gauges: the last engine server (decode under P/D)."""
-        return next((x for x in reversed(self.launches) if x.metrics_path and not x.in_front), None)
-
-    def counter_urls(self) -> list[str]:
-        """Whose counters make a point's server deltas: every replica behind a router (summed),
-        else the sampled server."""
-        replicas = [x.metrics_url for x in self.launches if x.metrics_path and x.role == "replica"]
-        if replicas:
-            return replicas
-        launch = self.metrics_launch()
-        return [launch.metrics_url] if launch is not None else []
-
-    def disaggregated(self) -> bool:
-        """Prefill and decode on separate servers (P/D): the sampled server is the decode one."""
-        return any(x.role == "prefill" for x in self.launches)
-
-    def engine_launches(self) -> list[ServerLaunch]:
-        """The servers that run the model (replicas, prefill and decode): a router or a P/D proxy
-        in front lists no real model (SGLang's router answers 'unknown') and tokenizes nothing.
-        An external server is one too, with or without metrics."""
-        return [x for x in self.launches if not x.in_front]
-
-    def front(self) -> str | None:
-        """The name of the router or proxy the client talks to, None when it talks to an engine."""
+    def view(self) -> GroupView:
+        """The group as a point's measurement sees it. Engines: the servers that run the model
+        (replicas, prefill and decode; an external server too): a router or a P/D proxy in front
+        lists no real model (SGLang's router answers 'unknown') and tokenizes nothing."""
+        engines = [x for x in self.launches if not x.in_front]
+        sampled = next((x for x in reversed(engines) if x.metrics_path), None)
+        replicas = [x.metrics_url for x in engines if x.metrics_path and x.role == "replica"]
         front = self.launches[-1]
-        return front.name if front.in_front else None
+        return GroupView(
+            pids=tuple(s.pid for s in self.servers if s.pid),
+            urls=tuple(x.base_url for x in self.launches),
+            engines=tuple((x.name, x.base_url) for x in engines),
+            metrics_url=sampled.metrics_url if sampled else None,
+            counter_urls=tuple(replicas or ([sampled.metrics_url] if sampled else [])),
+            disaggregated=any(x.role == "prefill" for x in self.launches),
+            front=front.name if front.in_front else None,
+            front_url=front.base_url,
+            profiler=self.profiler,
+        )
 
     def check_alive(self) -> None:
         for s in self.servers:
             s.check_alive()
+
+    def ready(self, cache_reset: tuple[str, str] | None) -> None:
+        """Before a point: every server alive (:class:`ServerCrashedError` if not), and their
+        prefix caches emptied where ``cache_reset`` says how."""
+        self.check_alive()
+        if cache_reset is not None:
+            reset_caches(self.launches, cache_reset)
 
 
 def start_waves(launches: list[ServerLaunch], gpu_ids: list[int]) -> list[list[ServerLaunch]]:
@@ -212,12 +224,10 @@ def start_servers(
     return ServerGroup(launches, servers, profiler), healthy_after if len(launches) == 1 else time.monotonic() - t0
 
 
-def reset_caches(group: ServerGroup, how: tuple[str, str] | None) -> None:
+def reset_caches(launches: list[ServerLaunch], how: tuple[str, str]) -> None:
     """Empty every engine server's prefix cache (a busy SGLang refuses: retried)."""
-    if how is None:
-        return
     method, path = how
-    for launch in group.launches:
+    for launch in launches:
         if launch.in_front:  # a proxy or router has no cache
             continue
         for attempt in range(20):

@@ -391,20 +391,22 @@ def test_preflight_asks_the_engines_not_the_router_or_proxy_in_front():
 
     routed = ServerGroup(
         [launch("replica0", "replica", 1), launch("replica1", "replica", 2), launch("router", "router", 3, "")], []
-    )
-    assert [x.name for x in routed.engine_launches()] == ["replica0", "replica1"]
-    assert routed.counter_urls() == ["http://127.0.0.1:1/metrics", "http://127.0.0.1:2/metrics"]  # summed
+    ).view()
+    assert [name for name, _ in routed.engines] == ["replica0", "replica1"]
+    assert routed.counter_urls == ("http://127.0.0.1:1/metrics", "http://127.0.0.1:2/metrics")  # summed
+    assert routed.metrics_url == "http://127.0.0.1:2/metrics" and routed.front_url == "http://127.0.0.1:3"
     pd = ServerGroup(
         [launch("prefill", "prefill", 1), launch("decode", "decode", 2), launch("proxy", "proxy", 3, "")], []
-    )
-    assert [x.name for x in pd.engine_launches()] == ["prefill", "decode"]
-    assert pd.metrics_launch() is not None and pd.metrics_launch().name == "decode"
-    assert pd.disaggregated() and not routed.disaggregated()  # P/D: the decode server's TTFT is not ours
-    external = ServerGroup([launch("server", "server", 1, "")], [])  # engine=external without a metrics path
-    assert [x.name for x in external.engine_launches()] == ["server"]
+    ).view()
+    assert [name for name, _ in pd.engines] == ["prefill", "decode"]
+    assert pd.metrics_url == "http://127.0.0.1:2/metrics" and pd.counter_urls == (pd.metrics_url,)  # the decode server
+    assert pd.disaggregated and not routed.disaggregated  # P/D: the decode server's TTFT is not ours
+    external = ServerGroup([launch("server", "server", 1, "")], []).view()  # engine=external without a metrics path
+    assert [name for name, _ in external.engines] == ["server"]
+    assert external.metrics_url is None and external.counter_urls == () and external.pids == ()
     # what the client talks to when it is not an engine: the clock gap then holds its hop
-    assert routed.front() == "router" and pd.front() == "proxy" and external.front() is None
-    assert ServerGroup([launch("server", "server", 1)], []).front() is None
+    assert routed.front == "router" and pd.front == "proxy" and external.front is None
+    assert ServerGroup([launch("server", "server", 1)], []).view().front is None
 
 
 def test_a_tokenize_answer_without_a_count_means_the_check_cannot_be_made():

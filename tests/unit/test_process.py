@@ -16,7 +16,8 @@ import pytest
 
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
 from orchestrator.engines import shm
-from orchestrator.engines.process import ServerProcess, free_port, group_alive, interrupts_stop_servers, port_is_free
+from orchestrator.engines.ports import free_port, port_is_free
+from orchestrator.engines.process import ServerProcess, group_alive, interrupts_stop_servers
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fake_engine.py")
 
@@ -342,7 +343,7 @@ def test_the_watchdog_removes_what_the_group_it_killed_left(tmp_path):
 def test_free_ports_come_from_below_the_ephemeral_range_and_are_bindable():
     """A port we hand a server is one the kernel never gives a bind(0) or an outgoing connection,
     so a server started a minute later (a router behind its replicas) still finds it free."""
-    from orchestrator.engines.process import _ephemeral_range
+    from orchestrator.engines.ports import _ephemeral_range
 
     low = _ephemeral_range()[0]
     ports = {free_port() for _ in range(20)}

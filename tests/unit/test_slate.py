@@ -15,7 +15,8 @@ import pytest
 
 from orchestrator.config import to_specs
 from orchestrator.config.schema import SlateSpec
-from orchestrator.engines.process import SERVER_OWNER_ENV, ServerProcess, free_port, owner_mark, port_is_free
+from orchestrator.engines.ports import free_port, port_is_free
+from orchestrator.engines.process import SERVER_OWNER_ENV, ServerProcess, owner_mark
 from orchestrator.trial import machine as machine_mod
 from orchestrator.trial import run_trial
 from orchestrator.trial import slate as slate_mod

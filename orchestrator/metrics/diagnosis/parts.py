@@ -4,7 +4,7 @@ roofline floor (:func:`decode_efficiency`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -30,14 +30,16 @@ def engine_samples(rows: Sequence[Row], window: tuple[float, float]) -> dict[str
 
 
 def engine_batch(
-    metrics: dict[str, float], rows: Sequence[Row], window: tuple[float, float], least: int = 3
+    metrics: Mapping[str, float], rows: Sequence[Row], window: tuple[float, float], least: int = 3
 ) -> float | None:
     """The batch the engine ran over the window: :func:`ran_batch` from the point's metrics and
     the engine's gauge samples in the window."""
     return ran_batch(metrics, engine_samples(rows, window), least)
 
 
-def ran_batch(metrics: dict[str, float], samples: dict[str, list[tuple[float, float]]], least: int = 3) -> float | None:
+def ran_batch(
+    metrics: Mapping[str, float], samples: dict[str, list[tuple[float, float]]], least: int = 3
+) -> float | None:
     """The batch the engine ran: its generation tokens over its steps when it counts its steps
     (vLLM; every request in a step makes one token), exact and step-weighted; else its running
     gauge averaged (:func:`batch_values`), None from fewer than ``least`` samples (one sample at a
