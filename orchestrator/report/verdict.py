@@ -201,9 +201,9 @@ def _race(scored: list[tuple[TrialData, Value]], objective: ObjectiveSpec) -> Ra
 
 
 def race_over(trials: list[TrialData], objective: ObjectiveSpec) -> RaceState:
-    """The objective's value in each run of ``trials`` compared with the leader's (every
-    interval Bonferroni-divided over the contenders and the ``max_repeats - 1`` rounds at which
-    the race may stop)."""
+    """The objective's value in each run of ``trials`` compared with the leader's (the error
+    spent over the ``max_repeats - 1`` rounds at which the race may stop, then divided over the
+    contenders: objective.race.look_alpha)."""
     values = {t.name: run_values(t, objective.key, objective.at) for t in trials}
     looks = max(1, objective.max_repeats - 1)
     return race_state(values, objective.maximize is not None, objective.confidence, objective.margin, looks)
@@ -225,7 +225,7 @@ def _race_headline(verdict: Verdict, bv: Value) -> str:
         names = " or ".join([best.name, *(t.name for t in verdict.undecided)])
         return (
             f"**Verdict:** undecided after the budget: {names} ({sure}); the leader {best.name}: {value}; "
-            f"run with a larger budget (objective.budget, objective.max_repeats). {goal}"
+            f"{_runs_to_decide(race)}. {goal}"
         )
     if race.answer == TIED:
         names = " and ".join([best.name, *(t.name for t in verdict.ties)])
@@ -233,6 +233,25 @@ def _race_headline(verdict: Verdict, bv: Value) -> str:
     closest = min(race.comparisons, key=lambda c: c.advantage, default=None)
     against = f" {closest.words(objective.maximize is not None)} over {closest.name}," if closest else ""
     return f"**Verdict:** {best.name} wins:{against} {sure}; {value}. {goal}"
+
+
+def _runs_to_decide(race: RaceState) -> str:
+    """What an undecided race would need: the runs each that would decide its hardest comparison
+    (80% of the time) at the spread measured between runs, were the observed difference the true one."""
+    needs = [race.runs_to_decide(name) for name in race.undecided]
+    spread = f"{race.sd:.1%} between runs" if race.comparisons and race.comparisons[0].log_scale else "between runs"
+    if any(n is None for n in needs):
+        return (
+            f"at the noise measured ({spread}) a difference this close to the margin is not told by any "
+            "practical number of runs; widen objective.margin or reduce the noise"
+        )
+    most = max(n for n in needs if n is not None) if needs else None
+    if most is None:
+        return "run with a larger budget (objective.budget, objective.max_repeats)"
+    return (
+        f"at the noise measured ({spread}) deciding it needs about {most} runs each: run with "
+        f"objective.max_repeats={most} and a budget for them (objective.budget)"
+    )
 
 
 def knob_doubts(trials: list[TrialData], objective: ObjectiveSpec, verdict: Verdict) -> list[TrialData]:

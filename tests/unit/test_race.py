@@ -10,7 +10,7 @@ import random
 import subprocess
 import sys
 
-from orchestrator.objective.race import BETTER, OPEN, TIE, TIED, WIN, race_state
+from orchestrator.objective.race import BETTER, OPEN, TIE, TIED, WIN, look_alpha, race_state, runs_needed
 from tests.conftest import ROOT, search_runs
 from tests.fake_openai_server import FakeOpenAIServer, Script
 
@@ -53,10 +53,11 @@ def test_a_real_difference_is_found_and_measured():
     (c,) = state.comparisons
     assert state.leader == "fast" and c.outcome == BETTER and c.low < c.ratio < c.high
     assert 1.5 < c.low and c.high < 2.7  # the leader's advantage as a ratio, about 2x
-    assert c.words(True) == "by 99% (interval +76% to +123%)"  # geometric means: 199.8 / 100.6
+    # geometric means 199.8 / 100.6; at the last of 2 looks, 7/8 of the 5% spent (look_alpha)
+    assert c.words(True) == "by 99% (interval +80% to +119%)"
     # minimize: the lower one leads, and the words say how much lower
     state = race_state({"fast": [200.0, 210.0, 190.0], "slow": [100.0, 98.0, 104.0]}, False, 0.95, 0.1, 2)
-    assert state.leader == "slow" and state.comparisons[0].words(False) == "by 50% (interval +43% to +55%)"
+    assert state.leader == "slow" and state.comparisons[0].words(False) == "by 50% (interval +44% to +54%)"
 
 
 def test_the_rule_is_stricter_with_more_contenders_and_looks():
@@ -65,6 +66,30 @@ def test_the_rule_is_stricter_with_more_contenders_and_looks():
     many = race_state({**runs, "c": [10.0, 11.0, 9.0], "d": [5.0, 6.0, 5.5]}, True, 0.95, 0.0, 4)
     assert one.level < many.level  # 0.975 against 1 - 0.05 / (3 x 4)
     assert one.comparisons[0].outcome == BETTER and many.comparisons[0].outcome != BETTER
+
+
+def test_the_error_is_spent_mostly_at_the_last_look_and_adds_up_to_alpha():
+    for looks in (1, 2, 4, 9):
+        spent = [look_alpha(0.05, k, looks) for k in range(1, looks + 1)]
+        assert math.isclose(sum(spent), 0.05) and spent == sorted(spent)
+    assert look_alpha(0.05, 4, 4) > 0.05 / 2 > 0.05 / 4  # the last of four looks: 58%, not a quarter
+    assert look_alpha(0.05, 7, 4) == look_alpha(0.05, 4, 4)  # past the last look: judged as the last
+    # a race of 3 runs can still decide a 2x difference at the first look
+    assert race_state({"a": [200.0, 205.0], "b": [100.0, 101.0]}, True, 0.95, 0.1, 2).answer == WIN
+
+
+def test_an_undecided_race_says_how_many_runs_would_decide_it():
+    bound = math.log1p(0.1)
+    quiet, noisy = runs_needed(0.03, 0.0, bound, 0.05), runs_needed(0.08, 0.0, bound, 0.05)
+    assert quiet is not None and noisy is not None and 2 <= quiet <= 4 and 15 <= noisy <= 30
+    assert runs_needed(0.08, 0.03, bound, 0.05) > noisy  # a small real difference: harder to call a tie
+    assert runs_needed(0.08, 0.3, bound, 0.05) < 8  # far beyond the margin: a few runs
+    assert runs_needed(0.08, bound, bound, 0.05) is None  # on the margin itself: never
+    # checked against the race itself: with the runs it names, most races at that noise tie
+    ties = [simulate({"a": 100.0, "b": 100.0}, 0.03, seed, max_repeats=quiet) for seed in range(200)]
+    assert ties.count(TIED) >= 150, ties.count(TIED)
+    state = race_state({"a": [100.0, 108.0, 93.0], "b": [101.0, 92.0, 107.0]}, True, 0.95, 0.1, 2)
+    assert state.answer == OPEN and (state.runs_to_decide(state.comparisons[0].name) or 0) > 3
 
 
 def test_one_run_each_is_not_a_race_and_values_that_never_vary_are_exact():
