@@ -73,7 +73,7 @@ def main() -> None:
         for i in range(args.sweeps):
             decision, verdict, rc, took = one_sweep(srv.base_url, Path(tmp) / f"sweep{i}")
             decisions[decision] += 1
-            print(f"sweep {i + 1}/{args.sweeps}: {decision} (exit {rc}, {took:.0f}s): {verdict[:220]}", flush=True)
+            print(f"sweep {i + 1}/{args.sweeps}: {decision} (exit {rc}, {took:.0f}s): {verdict[:600]}", flush=True)
     print()
     print("| sweeps | tie | undecided | win (false) | other | drift | jitter |")
     print("|---|---|---|---|---|---|---|")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.config.schema import ModelArch, ModelSpec
+from orchestrator.models.shape import KNOWN, check_declared, read_arch
 
 GIB = 1024**3
 
@@ -42,8 +43,12 @@ QUANT_BYTES = {
 
 
 def arch_of(model: ModelSpec) -> ModelArch | None:
-    """The model's shape: declared, or derived from the tiny model's config."""
+    """The model's shape: declared (``model.arch``, checked against the model's own config.json
+    when that is at hand), the tiny model's, read from the model's config.json (its folder or
+    the local hub cache: :mod:`orchestrator.models.shape`), or a course hub model's known shape;
+    None when none of these is at hand."""
     if model.arch is not None:
+        check_declared(model)
         return model.arch
     if model.tiny is not None:
         t = model.tiny
@@ -61,7 +66,10 @@ def arch_of(model: ModelSpec) -> ModelArch | None:
             head_dim=head_dim,
             params_b=params / 1e9,
         )
-    return None
+    found = read_arch(model)
+    if found is not None:
+        return found[0]
+    return KNOWN.get(model.path or "") if model.source == "hub" else None
 
 
 def kv_bytes_per_token(arch: ModelArch, kv_dtype: str | None = None) -> float:

@@ -61,7 +61,9 @@ class TinyModelSpec(StrictModel):
 
 
 class ModelArch(StrictModel):
-    """What feasibility needs to know of a model it cannot read here (hub models on GPUs).
+    """A model's shape, for the memory check, the KV capacity and the roofline. Read from the
+    model's own config.json when it is at hand (orchestrator.models.shape); declare it only for
+    a model whose config cannot be read here (a hub model not in the local cache).
 
     ``params_b`` counts every weight (all experts of a MoE); ``active_params_b`` those used
     per token (roofline), when different.
@@ -74,6 +76,10 @@ class ModelArch(StrictModel):
     params_b: PositiveFloat
     active_params_b: PositiveFloat | None = None
     weight_bytes_per_param: PositiveFloat = Field(default=2.0, description="2 bf16/fp16, 1 fp8, 0.5 int4")
+    sliding_window: PositiveInt | None = Field(
+        default=None,
+        description="attention window (tokens), where the model has one; the KV arithmetic counts full attention",
+    )
 
 
 class ModelSpec(StrictModel):

@@ -1,0 +1,118 @@
+"""A model's shape read from the model (its config.json), not assumed from a config group."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.schema import ModelArch, ModelSpec
+from orchestrator.models.capacity import arch_of, kv_bytes_per_token
+from orchestrator.models.shape import KNOWN, arch_from_config, weight_bytes
+from tests.conftest import ROOT
+
+# The published config.json values of these models (the fields the shape needs).
+QWEN2_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+    "sliding_window": 131072,
+    "use_sliding_window": False,
+    "torch_dtype": "bfloat16",
+}
+MIXTRAL = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 32000,
+    "sliding_window": None,
+    "torch_dtype": "bfloat16",
+}
+LLAMA31_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_shapes_and_parameters_come_from_config_json():
+    qwen = arch_from_config(QWEN2_7B)
+    assert (qwen.num_layers, qwen.num_heads, qwen.num_kv_heads, qwen.head_dim) == (28, 28, 4, 128)
+    assert qwen.params_b == pytest.approx(7.62, rel=0.01) and qwen.active_params_b is None
+    assert qwen.sliding_window is None  # declared but switched off
+    mixtral = arch_from_config(MIXTRAL)  # every expert counted, two of eight active per token
+    assert mixtral.params_b == pytest.approx(46.7, rel=0.01) and mixtral.active_params_b == pytest.approx(
+        12.9, rel=0.01
+    )
+    llama = arch_from_config(LLAMA31_8B)
+    assert llama.params_b == pytest.approx(8.03, rel=0.01)
+    known = KNOWN["meta-llama/Llama-3.1-8B-Instruct"]  # the offline table agrees with the file
+    assert (llama.num_layers, llama.num_kv_heads, llama.head_dim) == (
+        known.num_layers,
+        known.num_kv_heads,
+        known.head_dim,
+    )
+    assert arch_from_config({**QWEN2_7B, "use_sliding_window": True, "sliding_window": 4096}).sliding_window == 4096
+    assert arch_from_config({"text_config": LLAMA31_8B}).num_layers == 32  # a multimodal model's text tower
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        arch_from_config({"hidden_size": 8}, "x/config.json")
+
+
+def test_bytes_per_weight_from_the_checkpoints_dtype_or_quantization():
+    assert weight_bytes({"torch_dtype": "bfloat16"}) == 2.0 and weight_bytes({"torch_dtype": "float32"}) == 4.0
+    assert weight_bytes({"quantization_config": {"quant_method": "fp8"}}) == 1.0
+    assert weight_bytes({"quantization_config": {"quant_method": "awq", "bits": 4}}) == 0.5
+    w4 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 4}}}}
+    assert weight_bytes({"quantization_config": w4}) == 0.5
+
+
+def _folder(tmp_path, cfg):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def test_a_local_model_is_planned_with_its_own_shape_and_a_wrong_declaration_is_named(tmp_path):
+    path = _folder(tmp_path, QWEN2_7B)
+    model = ModelSpec(name="my-qwen", source="path", path=path)
+    arch = arch_of(model)
+    assert arch is not None and (arch.num_layers, arch.num_kv_heads) == (28, 4)
+    assert kv_bytes_per_token(arch) == 28 * 2 * 4 * 128 * 2
+    llama = ModelArch(num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, params_b=8.03)
+    with pytest.raises(ConfigError, match=r"config.json\): num_layers 32 \(declared\) vs 28"):
+        arch_of(ModelSpec(name="my-qwen", source="path", path=path, arch=llama))
+    # a hub model with no config at hand: the course's known shape; an unknown one: no shape
+    hub = ModelSpec(name="x", source="hub", path="meta-llama/Llama-3.1-8B-Instruct")
+    assert arch_of(hub) == KNOWN["meta-llama/Llama-3.1-8B-Instruct"]
+    assert arch_of(ModelSpec(name="x", source="hub", path="nobody/unknown-model-xyz")) is None
+
+
+def test_a_gpu_dry_run_of_a_local_qwen_folder_plans_with_its_shape(tmp_path):
+    """On top of the default model group, ``model.source=path model.path=<folder>`` plans with the
+    folder's model: its KV bytes per token and weights, not Llama-3.1-8B's."""
+    path = _folder(tmp_path, QWEN2_7B)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    p = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "model=llama31_8b", "model.source=path", f"model.path={path}",
+         "model.name=my-qwen", "platform=gpu", "dry_run=true"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    (line,) = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{") and "trial_hash" in x]
+    assert line["kv_bytes_per_token"] == 28 * 2 * 4 * 128 * 2
+    assert line["weights_gib_per_gpu"] == pytest.approx(7.62e9 * 2 / 1024**3, rel=0.02)
