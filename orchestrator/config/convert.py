@@ -181,6 +181,12 @@ def _absolute(value: Any, cwd: str, only_if_exists: bool = False) -> Any:
     return full
 
 
+def _hub_like(value: Any) -> bool:
+    """A string that may be a hub id (``org/name``, ``gpt2``), not a path by its spelling
+    (absolute, ``./``, ``../``, ``~``)."""
+    return isinstance(value, str) and not value.startswith(("/", ".", "~")) and value.count("/") <= 1
+
+
 def absolute_paths(data: dict[str, Any], cwd: str | None = None) -> dict[str, Any]:
     """A copy of the config with every local file path absolute (relative to ``cwd``, default
     the current directory: where the sweep was started; Hydra does not change it here)."""
@@ -191,8 +197,8 @@ def absolute_paths(data: dict[str, Any], cwd: str | None = None) -> dict[str, An
         hub = model.get("source") == "hub"
         if "path" in model and not hub:
             model["path"] = _absolute(model["path"], cwd)
-        if "tokenizer" in model:  # a local folder, or with a hub model perhaps a hub id
-            model["tokenizer"] = _absolute(model["tokenizer"], cwd, only_if_exists=hub)
+        if "tokenizer" in model:  # a local folder, or a hub id where no such folder exists
+            model["tokenizer"] = _absolute(model["tokenizer"], cwd, only_if_exists=_hub_like(model["tokenizer"]))
         if "cache_dir" in model:
             model["cache_dir"] = _absolute(model["cache_dir"], cwd)
     workload = out.get("workload")

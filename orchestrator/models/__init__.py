@@ -34,4 +34,39 @@ def resolve_tokenizer(spec: ModelSpec, model_path: str) -> str:
     return spec.tokenizer or model_path
 
 
-__all__ = ["ensure_tiny_model", "resolve_model", "resolve_tokenizer"]
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+def check_hub_tokenizer(name: str) -> None:
+    """``model.tokenizer`` names no local folder: it is a hub id, which must be in the local
+    Hugging Face cache or be fetched now (not offline); else a ConfigError saying which and how
+    to point at a local copy. A path by its spelling (``/``, ``./``, ``~``) must exist."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise ConfigError(f"model.tokenizer: '{name}' does not exist")
+    try:
+        import huggingface_hub
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:  # pragma: no cover - a dependency of transformers
+        raise ConfigError(
+            f"model.tokenizer: '{name}' is no local folder, and huggingface_hub is not installed"
+        ) from None
+    if any(isinstance(try_to_load_from_cache(name, f), str) for f in TOKENIZER_FILES):
+        return
+    local = "point model.tokenizer at a local copy (a folder with tokenizer.json / tokenizer_config.json)"
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(
+            f"model.tokenizer: '{name}' is no local folder, and as a hub id it is not in the local Hugging Face "
+            f"cache ({constants.HF_HUB_CACHE}) while HF_HUB_OFFLINE is set: download it first "
+            f"(`hf download {name}`) or {local}"
+        )
+    try:
+        huggingface_hub.hf_hub_download(name, "tokenizer_config.json")
+    except Exception as exc:  # not found, gated, or no network: say which, with the way out
+        raise ConfigError(
+            f"model.tokenizer: '{name}' is no local folder, and as a hub id it could not be fetched "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): check the id and HF_TOKEN, "
+            f"or {local}"
+        ) from None
+
+
+__all__ = ["check_hub_tokenizer", "ensure_tiny_model", "resolve_model", "resolve_tokenizer"]

@@ -18,7 +18,7 @@ from orchestrator.loadgen.datasets import load_sharegpt
 from orchestrator.loadgen.traces import read_trace
 from orchestrator.metrics.probes import visible_devices
 from orchestrator.metrics.result import TrialResult
-from orchestrator.models import resolve_model
+from orchestrator.models import check_hub_tokenizer, resolve_model
 from orchestrator.trial.servers import planned_launches
 
 
@@ -90,8 +90,8 @@ def check_inputs(spec: TrialSpec) -> list[str]:
     notes = []
     if spec.model.source == "path":
         resolve_model(spec.model)  # a ConfigError naming model.path when it is not a model folder
-    if spec.model.tokenizer and not Path(spec.model.tokenizer).expanduser().exists() and spec.model.source != "hub":
-        raise ConfigError(f"model.tokenizer: '{spec.model.tokenizer}' does not exist")
+    if spec.model.tokenizer and not Path(spec.model.tokenizer).expanduser().exists():
+        check_hub_tokenizer(spec.model.tokenizer)
     adapter_for(spec.engine.name).api_key(spec)  # a ConfigError naming engine.api_key_env when it is not set
     for name, c in spec.workload.classes.items():
         if c.dataset == "sharegpt" and c.path:

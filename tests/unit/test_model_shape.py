@@ -116,3 +116,36 @@ def test_a_gpu_dry_run_of_a_local_qwen_folder_plans_with_its_shape(tmp_path):
     (line,) = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{") and "trial_hash" in x]
     assert line["kv_bytes_per_token"] == 28 * 2 * 4 * 128 * 2
     assert line["weights_gib_per_gpu"] == pytest.approx(7.62e9 * 2 / 1024**3, rel=0.02)
+
+
+def _cache(root, repo: str, files: dict[str, str]) -> None:
+    """A Hugging Face cache holding ``files`` of ``repo`` at ``main``, as the hub's client lays it out."""
+    base = root / ("models--" + repo.replace("/", "--"))
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text("abc123")
+    snap = base / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    for name, text in files.items():
+        (snap / name).write_text(text)
+
+
+def test_a_tokenizer_hub_id_is_a_hub_id_cached_or_a_clear_error_offline(tmp_path, monkeypatch, compose):
+    from huggingface_hub import constants
+
+    from orchestrator.config import to_specs
+    from orchestrator.models import check_hub_tokenizer
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    # as written, not made into '<cwd>/org/name' (no such folder here), whatever the model's source
+    spec, _ = to_specs(compose(["engine=external", "engine.url=http://127.0.0.1:9", "model.tokenizer=org/tok"]))
+    assert spec.model.tokenizer == "org/tok"
+    with pytest.raises(
+        ConfigError, match=r"'org/tok' is no local folder.*not in the local Hugging Face cache.*HF_HUB_OFFLINE"
+    ):
+        check_hub_tokenizer("org/tok")
+    _cache(tmp_path / "hub", "org/tok", {"tokenizer_config.json": "{}"})
+    check_hub_tokenizer("org/tok")  # cached: fine, offline too
+    with pytest.raises(ConfigError, match="'./my/tok' does not exist"):
+        check_hub_tokenizer("./my/tok")  # a path by its spelling is never taken for a hub id
