@@ -78,7 +78,7 @@ def main() -> None:
             t0 = time.monotonic()
             points = ",".join(f"{{rate:{r:g}}}" for r in rates)
             dense = run_trial(
-                spec_for(url, [f"workload.load_points=[{points}]", f"+workload.duration_s={a.probe_s}"]),
+                spec_for(url, [f"workload.load_points=[{points}]", f"workload.duration_s={a.probe_s}"]),
                 Path(tmp) / "dense",
                 progress=lambda _: None,
             )
@@ -95,11 +95,11 @@ def main() -> None:
                 print(f"  dense r{r:<5g} ttft p99 {ttft:8.1f} ms  {v}", flush=True)
             t0 = time.monotonic()
             cap = (
-                "+workload.capacity={knob:rate,start:8,high:128,precision:0.05,max_probes:8,"
+                "workload.capacity={knob:rate,start:8,high:128,precision:0.05,max_probes:8,"
                 f"slo:{{ttft_ms_p99:{a.slo_ttft_p99:g}}},point:{{duration_s:{a.probe_s:g}}}}}"
             )
             found = run_trial(
-                spec_for(url, ["workload.load_points=[]", f"+workload.duration_s={a.probe_s}", cap]),
+                spec_for(url, ["workload.load_points=[]", f"workload.duration_s={a.probe_s}", cap]),
                 Path(tmp) / "search",
                 progress=lambda _: None,
             )

@@ -25,7 +25,7 @@ def test_capacity_of_two_chunked_prefill_budgets_and_the_verdict(tmp_path):
         "variant=budget_256,budget_2048",
         "per_platform.cpu.workload.load_points=[]",
         "per_platform.cpu.workload.num_requests=8",
-        "+workload.capacity={knob:concurrency,start:2,high:8,max_probes:3,slo:{short/itl_ms_p99:450}}",
+        "workload.capacity={knob:concurrency,start:2,high:8,max_probes:3,slo:{short/itl_ms_p99:450}}",
         "~objective",
         "+objective={maximize:slo_capacity_concurrency,show:[short/itl_ms_p99],max_repeats:1}",  # no race here
         f"tracking.uri={store}",

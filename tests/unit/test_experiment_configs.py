@@ -33,7 +33,7 @@ def test_experiment_sweep_validates(compose, experiment, platform):
     assert len(hashes) == len(variants), "two variants of one sweep produce the same trial"
 
 
-WORKLOADS = sorted(p.stem for p in (CONF / "workload").glob("*.yaml"))
+WORKLOADS = sorted(p.stem for p in (CONF / "workload").glob("*.yaml") if not p.stem.startswith("_"))
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -41,6 +41,56 @@ WORKLOADS = sorted(p.stem for p in (CONF / "workload").glob("*.yaml"))
 def test_every_workload_validates(compose, workload, platform):
     spec, _ = to_specs(compose([f"workload={workload}", f"platform={platform}"]))
     assert spec.workload.name == workload
+
+
+def _models(annotation: object) -> list[type]:
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(annotation) for m in _models(a)]
+    return [annotation] if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
+
+
+def _unset(model: type, cfg: object, prefix: str) -> list[str]:
+    """The schema's fields (nested sections too) that the composed config does not hold: each
+    would need a '+' to be overridden."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+        if not OmegaConf.is_dict(cfg) or name not in cfg:  # type: ignore[operator]
+            out.append(prefix + name)
+            continue
+        sub = cfg[name]  # type: ignore[index]
+        for m in _models(field.annotation)[:1]:
+            if OmegaConf.is_dict(sub) and m.__name__ != "LoadPointSpec":  # a point is data, as in load_points
+                out += _unset(m, sub, f"{prefix}{name}.")
+    return out
+
+
+GROUPS = {
+    group: sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_"))
+    for group in ("workload", "platform", "eval", "model", "engine")
+}
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
+def test_every_schema_field_is_overridable_as_written(compose, group, option):
+    """``workload.client_nodes=2`` and ``workload.fidelity.max_prompt_tokens_error=0.2`` work
+    without a '+': every field of a section's schema is in every option of its config group."""
+    from orchestrator.config.schema import TrialSpec
+
+    overrides = [f"{group}={option}"] + (["engine.url=http://127.0.0.1:1"] if option == "external" else [])
+    cfg = compose(overrides)
+    section = cfg[group]
+    models = _models(TrialSpec.model_fields[group].annotation)
+    if group == "engine":  # the engine spec of this option's kind
+        models = [m for m in models if str(section.name) in str(m.model_fields["name"].annotation)]
+    assert models, (group, option)
+    assert _unset(models[0], section, f"{group}.") == []
 
 
 # The 16 labs of the course (../shared/seeds/003_*) and the workload card (000_*).

@@ -125,7 +125,7 @@ def test_a_trace_workload_replaces_the_load_points_and_its_fields_need_a_trace(c
     with pytest.raises(ConfigError, match="'length_scale': apply to 'trace' points only"):
         to_specs(compose(["workload.load_points=[{rate:2,length_scale:4}]"]))
     with pytest.raises(ConfigError, match="replay: a trace load point"):
-        to_specs(compose(["+workload.replay={rate:2}"]))
+        to_specs(compose(["workload.replay={rate:2}"]))
 
 
 BAILIAN = DATA / "bailian_sample.jsonl"

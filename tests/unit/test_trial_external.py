@@ -94,7 +94,7 @@ def test_capacity_search_on_a_scripted_latency_curve(compose, tmp_path, tiny_mod
             "workload.load_points=[{concurrency:1}]",
             "workload.num_requests=12",
             # one run per probe: the bracket is what this checks (reruns of a probe too close to call: test_capacity)
-            "+workload.capacity={knob:concurrency,start:2,high:32,runs:1,slo:{ttft_ms_p99:100}}",
+            "workload.capacity={knob:concurrency,start:2,high:32,runs:1,slo:{ttft_ms_p99:100}}",
         )
         result = run_trial(spec, tmp_path, progress=progress.append)
     assert result.status == "FINISHED", result.error
@@ -116,9 +116,9 @@ def test_capacity_search_on_a_scripted_latency_curve(compose, tmp_path, tiny_mod
 
 def test_capacity_search_config_errors_name_the_key(compose):
     with pytest.raises(ConfigError, match="capacity.slo: ttft_p99: expected"):
-        to_specs(compose(["+workload.capacity={slo:{ttft_p99:100}}"]))
+        to_specs(compose(["workload.capacity={slo:{ttft_p99:100}}"]))
     with pytest.raises(ConfigError, match="no request class 'long'"):
-        to_specs(compose(["+workload.capacity={slo:{long/ttft_ms_p99:100}}"]))
+        to_specs(compose(["workload.capacity={slo:{long/ttft_ms_p99:100}}"]))
     with pytest.raises(ConfigError, match="nothing to measure"):
         to_specs(compose(["workload.load_points=[]"]))
 
