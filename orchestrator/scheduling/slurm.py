@@ -9,7 +9,8 @@
 rejected with the valid list) and the sweep's Hydra overrides; the template is
 ``slurm/sweep.sbatch.tmpl``. Every value that reaches the script is checked against a
 strict pattern or shell-quoted (``shlex.quote``), so a config value can never become shell
-code. ``--submit`` runs ``sbatch`` with an argv list.
+code. ``--submit`` first runs the sweep as a dry run here (:mod:`.precheck`), then ``sbatch``
+with an argv list. CPUs per node default to a trial's CPUs for each GPU, so every GPU runs one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from string import Template
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.scheduling.precheck import local_check, plan_line, reserved_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "slurm" / "sweep.sbatch.tmpl"
@@ -39,7 +41,11 @@ class SlurmParams(BaseModel):
     job_name: str = "inference-lab"
     nodes: PositiveInt = 1
     gpus_per_node: int = Field(default=1, ge=0)
-    cpus_per_node: PositiveInt = 8
+    cpus_per_node: PositiveInt | None = Field(
+        default=None,
+        description="CPUs Ray may hand out per node; default: GPUs per node x the sweep's platform.cpus_per_trial "
+        "(every GPU busy), 8 without GPUs",
+    )
     mem: str = "64G"
     time: str = Field(default="04:00:00", pattern=r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$")
     partition: str | None = None
@@ -82,9 +88,31 @@ def params_from(values: dict[str, object]) -> SlurmParams:
         raise ConfigError(f"slurm: {problems}") from None
 
 
-def reserved_overrides(overrides: list[str]) -> list[str]:
-    """Overrides a submitted sweep's driver command adds itself (``-m``, ``cluster.address``)."""
-    return [o for o in overrides if o in ("-m", "--multirun") or o.startswith("cluster.address")]
+def cpus_per_trial(overrides: list[str]) -> int:
+    """``platform.cpus_per_trial`` of the sweep: as overridden, else its platform file's
+    (``platform=NAME``, default cpu) in ``conf/platform``."""
+    import yaml
+
+    for o in overrides:
+        if o.startswith(("platform.cpus_per_trial=", "++platform.cpus_per_trial=", "+platform.cpus_per_trial=")):
+            return int(o.split("=", 1)[1])
+    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("platform=")), "cpu")
+    path = ROOT / "conf" / "platform" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"slurm: platform={name}: no conf/platform/{name}.yaml")
+    data = yaml.safe_load(path.read_text()) or {}
+    section = data.get("platform", data)  # a global-package file nests it under platform
+    return int(section.get("cpus_per_trial") or 1)
+
+
+def node_cpus(params: SlurmParams, overrides: list[str]) -> int:
+    """The CPUs a node offers Ray: as given, else one trial's CPUs for each of its GPUs (so that
+    every GPU runs a trial: 4 GPUs and 4 CPUs a trial need 16, where a fixed 8 ran two), else 8."""
+    if params.cpus_per_node is not None:
+        return params.cpus_per_node
+    if params.gpus_per_node:
+        return params.gpus_per_node * cpus_per_trial(overrides)
+    return 8
 
 
 def render_sbatch(params: SlurmParams, overrides: list[str], template: str | None = None) -> str:
@@ -105,7 +133,7 @@ def render_sbatch(params: SlurmParams, overrides: list[str], template: str | Non
         job_name=params.job_name,
         nodes=params.nodes,
         gpus_per_node=params.gpus_per_node,
-        cpus_per_node=params.cpus_per_node,
+        cpus_per_node=node_cpus(params, overrides),
         mem=params.mem,
         time=params.time,
         log_dir=params.log_dir,
@@ -124,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, field in SlurmParams.model_fields.items():
         ap.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=field.description)
     ap.add_argument("--out", help="write the script here instead of printing it")
-    ap.add_argument("--submit", action="store_true", help="submit it with sbatch")
+    ap.add_argument("--submit", action="store_true", help="submit it with sbatch (after a local dry run of the sweep)")
+    ap.add_argument("--skip-check", action="store_true", help="submit without validating the sweep here first")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the sweep, after --")
     a = ap.parse_args(argv)
     values = {k: getattr(a, k) for k in SlurmParams.model_fields if getattr(a, k) is not None}
@@ -139,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(script)
         print(f"wrote {out}")
         if a.submit:
+            if not a.skip_check:  # a typo fails here, not after the job waited in the queue
+                check = local_check(a.overrides)
+                if check.returncode != 0:
+                    print("error: the sweep does not validate (nothing was submitted):", file=sys.stderr)
+                    print(check.stderr.strip()[-4000:], file=sys.stderr)
+                    return 2
+                print(f"sweep validated locally: {plan_line(check) or '(no plan line)'}")
             Path(values.get("log_dir", "slurm-logs")).mkdir(parents=True, exist_ok=True)
             return subprocess.run(["sbatch", str(out)], check=False).returncode
         return 0

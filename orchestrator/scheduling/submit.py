@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.scheduling.slurm import reserved_overrides
+from orchestrator.scheduling.precheck import local_check, plan_line, reserved_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 UPLOAD_EXCLUDES = [
@@ -66,12 +65,6 @@ def runtime_env(upload: bool, pip: list[str] | None = None) -> dict[str, Any]:
     if pip:
         env["pip"] = list(pip)
     return env
-
-
-def local_check(overrides: list[str]) -> subprocess.CompletedProcess[str]:
-    """The sweep as a dry run on this machine: config errors surface here, not on the cluster."""
-    cmd = [sys.executable, "-m", "orchestrator", *overrides, "dry_run=true", "-m"]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def follow(client: Any, job_id: str, poll_s: float = 2.0, out: Any = sys.stdout) -> str:
@@ -115,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             print("error: the sweep does not validate (nothing was submitted):", file=sys.stderr)
             print(check.stderr.strip()[-4000:], file=sys.stderr)
             return 2
-        plan = [line for line in check.stdout.splitlines() if line.startswith('{"plan"')]
+        plan = plan_line(check)
         if plan:
-            print(f"sweep validated locally: {plan[-1]}")
+            print(f"sweep validated locally: {plan}")
     if any(o.startswith("tracking.uri=sqlite") for o in a.overrides):
         print("note: a sqlite tracking.uri is a file on the cluster's head node, written by the job there")
 

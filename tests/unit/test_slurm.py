@@ -100,3 +100,24 @@ def test_ray_job_entrypoint_quotes_every_part_and_adds_the_cluster():
     assert env["working_dir"].endswith("main") or env["working_dir"]
     assert ".venv/" in env["excludes"] and "mlflow.db" in env["excludes"]
     assert runtime_env(upload=False) == {}
+
+
+def test_cpus_per_node_let_every_gpu_run_a_trial():
+    """A GPU trial reserves platform.cpus_per_trial CPUs (4 on platform=gpu): four GPUs need 16
+    CPUs on the node, or only two of them run a trial at a time (the old fixed 8)."""
+    gpu = ["+experiment=gpu_smoke", "platform=gpu"]
+    script = render_sbatch(params_from({"gpus_per_node": 4}), gpu)
+    assert "#SBATCH --cpus-per-task=16" in script and script.count("--num-cpus=16 --num-gpus=4") == 2
+    two = render_sbatch(params_from({"gpus_per_node": 4}), [*gpu, "platform.cpus_per_trial=2"])
+    assert "#SBATCH --cpus-per-task=8" in two
+    assert "--cpus-per-task=8" in render_sbatch(params_from({"gpus_per_node": 0}), ["+experiment=first_serving"])
+    assert "--cpus-per-task=40" in render_sbatch(params_from({"gpus_per_node": 4, "cpus_per_node": 40}), gpu)
+    with pytest.raises(ConfigError, match="platform=tpu"):
+        render_sbatch(params_from({"gpus_per_node": 1}), ["platform=tpu"])
+
+
+def test_submit_validates_the_sweep_here_before_sbatch(tmp_path, capsys):
+    """A typo fails now, naming the key, not after the job waited in the queue; nothing is submitted."""
+    rc = main(["--submit", "--log-dir", str(tmp_path), "--", "+experiment=first_serving", "workload.num_requestz=4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nothing was submitted" in err and "num_requestz" in err
