@@ -2,7 +2,7 @@
 
     python -m benchmarks.plan_scale [--sizes 100 1000 10000] [--basic 100] [--repeats 1]
 
-Runs the command a user runs, ``python -m orchestrator dry_run=true <grid> -m``, on a grid that
+Runs the command a user runs, ``python -m orchestrator dry_run=json <grid> -m``, on a grid that
 mixes config-group overrides and value overrides (``workload=short_short,long_short
 engine.block_size=32,64 engine.max_num_seqs=range(..) seed=range(..)``): every job is composed,
 validated, hashed, planned (server commands, feasibility) and printed, and the plan of the whole
@@ -42,7 +42,7 @@ def grid(trials: int) -> list[str]:
 
 
 def run(trials: int, sweeper: str) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "orchestrator", "dry_run=true", f"hydra/sweeper={sweeper}", *grid(trials), "-m"]
+    cmd = [sys.executable, "-m", "orchestrator", "dry_run=json", f"hydra/sweeper={sweeper}", *grid(trials), "-m"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = 0

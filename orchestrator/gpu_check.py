@@ -227,7 +227,7 @@ def check_plan() -> tuple[str, str]:
         import omegaconf  # noqa: F401
     except ImportError as exc:
         return "SKIP", f"the sweep's imports are not installed here ({exc}); carry hydra-core and omegaconf to plan"
-    cmd = [sys.executable, "-m", "orchestrator", "+experiment=gpu_smoke", "platform=gpu", "dry_run=true", "-m"]
+    cmd = [sys.executable, "-m", "orchestrator", "+experiment=gpu_smoke", "platform=gpu", "dry_run=json", "-m"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     lines = [x for x in p.stdout.splitlines() if '"gpu_model"' in x]
     if p.returncode != 0 or not lines:

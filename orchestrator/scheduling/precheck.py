@@ -18,7 +18,7 @@ def reserved_overrides(overrides: list[str]) -> list[str]:
 
 def local_check(overrides: list[str]) -> subprocess.CompletedProcess[str]:
     """The sweep as a dry run on this machine: config errors surface here, not on the cluster."""
-    cmd = [sys.executable, "-m", "orchestrator", *overrides, "dry_run=true", "-m"]
+    cmd = [sys.executable, "-m", "orchestrator", *overrides, "dry_run=json", "-m"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 

@@ -1,6 +1,9 @@
-"""A sweep's plan without running it (``dry_run=true``): per trial its feasibility and every
-server command, and the whole at a glance (trials, GPUs, an estimated duration from MLflow
-history or a rough estimate, GPU-hours, server starts)."""
+"""A sweep's plan without running it: ``dry_run=true`` a table a person reads (per trial its
+status, GPUs and their model, weights and KV capacity against the GPU's memory, load points,
+estimated time, the reason it cannot run), ``dry_run=json`` a JSON line per trial with every
+server command; both end with the whole at a glance (trials, GPUs, an estimated duration from
+MLflow history or a rough estimate, GPU-hours, server starts) and say how many GPUs they
+assumed and why."""
 
 from __future__ import annotations
 
@@ -12,35 +15,122 @@ from typing import Any
 from orchestrator.config.logs import Progress, print_progress
 from orchestrator.config.schema import LaunchedEngineSpec
 from orchestrator.config.secrets import redact_override
-from orchestrator.feasibility import estimate_seconds
+from orchestrator.feasibility import estimate_seconds, gpu_memory_gb
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.tracking import MlflowTracker
 
 log = logging.getLogger(__name__)
 
 
+PORTS_NOTE = "ports in argv and URLs are placeholders (0, 1, 2, ... per trial): free ones are picked at start"
+
+
 def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[dict[str, Any]]:
-    """One JSON line per trial: hash, overrides, ``feasible`` or ``skipped`` with the reason,
-    GPUs, every server command (argv + env). Starts nothing, not even Ray: the cluster's GPUs
-    are ``cluster.num_gpus`` when set (0 on the CPU platform), else unknown. Returns per trial
-    its hash, index, status, ``feasible``, GPUs and reason (the commands are only printed)."""
+    """The sweep's plan (see the module): per trial its hash, overrides, status (``feasible``,
+    ``skipped`` with the reason, ``blocked`` when its engine environment is missing here), GPUs
+    and every server command. Starts nothing, not even Ray: the cluster's GPUs are
+    ``cluster.num_gpus`` when set, 0 on the CPU platform, the GPUs NVML reads on this machine,
+    else unknown. Returns per trial its hash, index, status, ``feasible``, GPUs and reason."""
     from orchestrator.trial import plan_trial  # the trial's stack: imported by dry runs, not by every driver
 
-    lines = []  # what the summary needs: a plan of 10,000 trials keeps no server commands
+    as_json = jobs[0].settings.dry_run == "json" if jobs else True
+    gpus, why = cluster_gpus(jobs[0]) if jobs else (None, "")
+    lines, rows = [], []  # what the summary needs: a plan of 10,000 trials keeps no server commands
+    model_from = ""
     for job in jobs:
-        plan = plan_trial(job.spec, known_gpus(job))
+        plan = plan_trial(job.spec, gpus)
+        status = "feasible" if plan["feasible"] else "skipped"
+        if status == "feasible" and plan.get("engine_environment"):
+            status, plan["reason"] = "blocked", plan["engine_environment"]
         line = {
             "trial_hash": job.trial_hash,
             "index": job.index,
             "variant": job.spec.variant,
             "overrides": [redact_override(o) for o in job.overrides],
-            "status": "feasible" if plan["feasible"] else "skipped",
+            "status": status,
             **plan,
         }
-        progress(json.dumps(line, sort_keys=True))
+        model_from = model_from or str(plan.get("gpu_model_from") or "")
+        if as_json:
+            progress(json.dumps({**line, "ports": PORTS_NOTE} if plan.get("servers") else line, sort_keys=True))
+        else:
+            rows.append(_row(job, line))
         lines.append({k: line[k] for k in ("trial_hash", "index", "status", "feasible", "gpus", "reason")})
-    progress(json.dumps({"plan": plan_summary(jobs, lines, _history(jobs))}, sort_keys=True))
+    summary = plan_summary(jobs, lines, _history(jobs))
+    if as_json:
+        progress(json.dumps({"plan": summary}, sort_keys=True))
+        return lines
+    for text in plan_table(rows, summary, why + (f"; GPU model: {model_from}" if model_from else "")):
+        progress(text)
     return lines
+
+
+def cluster_gpus(job: TrialJob) -> tuple[int | None, str]:
+    """The GPUs the plan assumes the cluster has, and why."""
+    known = known_gpus(job)
+    if job.settings.cluster.num_gpus is not None:
+        return known, f"cluster.num_gpus={known}"
+    if known == 0:
+        return 0, "the CPU platform"
+    if job.settings.cluster.address is None:
+        from orchestrator.models.hardware import detect_gpus
+
+        found, trouble = detect_gpus()
+        if found:
+            return len(found), f"read on this machine through NVML ({found[0].name})"
+        return None, (
+            f"unknown: no GPU readable here ({trouble or 'none'}) and no cluster.num_gpus; "
+            "each trial is planned as if its GPUs exist"
+        )
+    return None, "unknown: a Ray cluster's GPUs are not read by a dry run; set cluster.num_gpus to plan for them"
+
+
+def _row(job: TrialJob, line: dict[str, Any]) -> dict[str, str]:
+    """One trial of the table, in words."""
+    spec = job.spec
+    cuda = spec.platform.device == "cuda"
+    memory = gpu_memory_gb(spec) if cuda else None
+    classes = spec.workload.classes.values()
+    longest = max(((c.input_tokens or 0) + (c.output_tokens or 0) for c in classes), default=0)
+    kv = line.get("kv_capacity_tokens")
+    points = ", ".join(p.label for p in spec.workload.load_points) or "-"
+    if spec.workload.capacity is not None:
+        points += f" + capacity search ({spec.workload.capacity.knob})"
+    return {
+        "trial": spec.variant or job.trial_hash[:8],
+        "status": line["status"].upper() if line["status"] != "feasible" else "feasible",
+        "GPUs": str(line["gpus"]) + (f" x {line['gpu_model']}" if cuda and line.get("gpu_model") else ""),
+        "weights / GPU": f"{line['weights_gib_per_gpu']:.1f} of {memory:.0f} GB"
+        if memory and "weights_gib_per_gpu" in line
+        else "-",
+        "KV capacity": (f"{kv:,} tokens" + (f" ({kv // longest:,} requests)" if longest else "")) if kv else "-",
+        "load points": points,
+        "est.": _duration(estimate_seconds(spec)),
+        "reason": (line.get("reason") or "").replace("\n", " "),
+    }
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def plan_table(rows: list[dict[str, str]], summary: dict[str, Any], why: str) -> list[str]:
+    """The plan as text: the table, the GPUs assumed and why, the sweep at a glance."""
+    out = []
+    if rows:
+        heads = list(rows[0])
+        width = {h: max(len(h), *(len(r[h]) for r in rows)) for h in heads[:-1]}
+        out.append("  ".join(h.ljust(width[h]) for h in heads[:-1]) + "  reason")
+        out += ["  ".join(r[h].ljust(width[h]) for h in heads[:-1]) + "  " + r["reason"] for r in rows]
+    s = summary
+    out.append(f"GPUs assumed: {why}")
+    out.append(
+        f"Plan: {s['trials']} trial(s): {s['feasible']} feasible, {s['blocked']} blocked, {s['skipped']} skipped; "
+        f"{s['server_starts']} server start(s); about {_duration(s['estimated_s'])}"
+        + (f", {s['gpu_hours']} GPU-hours" if s["gpu_hours"] else "")
+        + f" ({s['from_history']} trial(s) timed from MLflow). Nothing was started; dry_run=json prints every command."
+    )
+    return out
 
 
 def plan_summary(jobs: list[TrialJob], lines: list[dict[str, Any]], history: dict[str, float]) -> dict[str, Any]:
@@ -50,7 +140,8 @@ def plan_summary(jobs: list[TrialJob], lines: list[dict[str, Any]], history: dic
     hash), else a rough estimate (``feasibility.estimate_seconds``). Wall time assumes the
     cluster's GPUs (or ``platform.max_concurrent_trials``) are kept busy.
     """
-    feasible = [(job, line) for job, line in zip(jobs, lines) if line["feasible"]]
+    # a blocked trial (its engine environment missing here) runs once that is made: planned for
+    feasible = [(job, line) for job, line in zip(jobs, lines) if line["status"] in ("feasible", "blocked")]
     est = {job.trial_hash: history.get(job.trial_hash, estimate_seconds(job.spec)) for job, _ in feasible}
     serial_s = sum(est.values())
     gpu_s = sum(line["gpus"] * est[job.trial_hash] for job, line in feasible)
@@ -66,8 +157,9 @@ def plan_summary(jobs: list[TrialJob], lines: list[dict[str, Any]], history: dic
     starts = len({k for k in keys if k is not None}) + sum(k is None for k in keys)
     return {
         "trials": len(jobs),
-        "feasible": len(feasible),
-        "skipped": len(jobs) - len(feasible),
+        "feasible": sum(line["status"] == "feasible" for line in lines),
+        "blocked": sum(line["status"] == "blocked" for line in lines),
+        "skipped": sum(line["status"] == "skipped" for line in lines),
         "server_starts": starts,
         "gpus_per_trial": sorted({line["gpus"] for _, line in feasible}),
         "estimated_s": round(wall_s),

@@ -38,7 +38,7 @@ def test_unknown_experiment():
 def test_dry_run_prints_one_line_per_trial_and_starts_nothing():
     import json
 
-    p = run("+experiment=chunked_prefill", "dry_run=true", "-m")
+    p = run("+experiment=chunked_prefill", "dry_run=json", "-m")
     assert p.returncode == 0, p.stderr
     lines = [
         x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x
@@ -51,7 +51,7 @@ def test_dry_run_prints_one_line_per_trial_and_starts_nothing():
 def test_overrides_on_both_sides_of_multirun_flag():
     import json
 
-    p = run("+experiment=chunked_prefill", "-m", "engine.block_size=32", "dry_run=true")
+    p = run("+experiment=chunked_prefill", "-m", "engine.block_size=32", "dry_run=json")
     assert p.returncode == 0, p.stderr
     lines = [
         x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x
@@ -77,19 +77,24 @@ def test_missing_dataset_file_fails_before_launch():
 def test_dry_run_of_a_gpu_lab_shows_every_server_and_skips_on_cpu():
     import json
 
-    p = run("+experiment=disaggregated_pd", "platform=gpu", "dry_run=true", "-m")
+    p = run("+experiment=disaggregated_pd", "platform=gpu", "dry_run=json", "-m")
     assert p.returncode == 0, p.stderr
     lines = [
         x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x
     ]
     pd = next(x for x in lines if x["variant"] == "pd_vllm_in1024")
-    assert pd["status"] == "feasible" and pd["gpus"] == 2 and pd["kv_capacity_tokens"] > 100_000
+    assert (
+        pd["status"] in ("feasible", "blocked")
+        and pd["feasible"]
+        and pd["gpus"] == 2
+        and pd["kv_capacity_tokens"] > 100_000
+    )
     names = [s["name"] for s in pd["servers"]]
     assert names == ["prefill", "decode", "proxy"]
     assert [s["gpu_slots"] for s in pd["servers"]] == [[0], [1], []]
     assert "--kv-transfer-config" in pd["servers"][0]["argv"]
     assert "VLLM_NIXL_SIDE_CHANNEL_PORT" in pd["servers"][1]["env"]
-    p = run("+experiment=disaggregated_pd", "dry_run=true", "-m")  # the CPU platform
+    p = run("+experiment=disaggregated_pd", "dry_run=json", "-m")  # the CPU platform
     lines = [
         x for x in map(json.loads, filter(lambda s: s.startswith("{"), p.stdout.splitlines())) if "trial_hash" in x
     ]
@@ -103,15 +108,16 @@ def test_dry_run_of_a_gpu_lab_shows_every_server_and_skips_on_cpu():
 def test_dry_run_ends_with_a_plan_of_the_whole_sweep():
     import json
 
-    p = run("+experiment=tensor_parallel", "platform=gpu", "cluster.num_gpus=4", "dry_run=true", "-m")
+    p = run("+experiment=tensor_parallel", "platform=gpu", "cluster.num_gpus=4", "dry_run=json", "-m")
     assert p.returncode == 0, p.stderr
     plan = [json.loads(x)["plan"] for x in p.stdout.splitlines() if x.startswith('{"plan"')]
     assert len(plan) == 1
     plan = plan[0]
-    assert plan["trials"] == 3 and plan["feasible"] == 3 and plan["gpus_per_trial"] == [1, 2, 4]
+    # feasible here, or blocked until the GPU engine environment is made (make engines-gpu)
+    assert plan["trials"] == 3 and plan["feasible"] + plan["blocked"] == 3 and plan["gpus_per_trial"] == [1, 2, 4]
     assert plan["estimated_s"] > 0 and plan["gpu_hours"] > 0
     assert plan["estimated_s"] <= plan["estimated_serial_s"]
-    p = run("+experiment=tensor_parallel", "platform=gpu", "cluster.num_gpus=2", "dry_run=true", "-m")
+    p = run("+experiment=tensor_parallel", "platform=gpu", "cluster.num_gpus=2", "dry_run=json", "-m")
     plan = [json.loads(x)["plan"] for x in p.stdout.splitlines() if x.startswith('{"plan"')][0]
     assert plan["skipped"] == 1  # TP 4 on a 2-GPU cluster
 
@@ -120,7 +126,7 @@ def test_plan_counts_shared_server_starts():
     import json
 
     def plan_of(*args):
-        p = run(*args, "dry_run=true", "-m")
+        p = run(*args, "dry_run=json", "-m")
         assert p.returncode == 0, p.stderr
         return [json.loads(x)["plan"] for x in p.stdout.splitlines() if x.startswith('{"plan"')][0]
 
@@ -129,3 +135,22 @@ def test_plan_counts_shared_server_starts():
     assert plan["trials"] == 4 and plan["server_starts"] == 2
     assert plan_of("workload=short_short,long_short")["server_starts"] == 1
     assert plan_of("workload=short_short,long_short", "reuse_servers=false")["server_starts"] == 2
+
+
+def test_a_gpu_dry_run_is_a_table_that_says_what_it_assumed():
+    """dry_run=true on a machine without GPUs: per trial its GPUs and their model, weights
+    against the GPU's memory, the KV capacity in tokens and requests, the load points, the time;
+    BLOCKED with the command that makes a missing engine environment; how many GPUs it assumed
+    and why. The JSON lines stay behind dry_run=json."""
+    p = run("+experiment=gpu_smoke", "platform=gpu", "platform.engine_envs=/nonexistent/engines", "dry_run=true", "-m")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert not any(line.startswith("{") for line in out.splitlines())
+    head = next(line for line in out.splitlines() if line.startswith("trial "))
+    for column in ("status", "GPUs", "weights / GPU", "KV capacity", "load points", "est.", "reason"):
+        assert column in head, head
+    tp1 = next(line for line in out.splitlines() if line.startswith("vllm_tp1 "))
+    assert "BLOCKED" in tp1 and "1 x A100-80GB" in tp1 and "of 80 GB" in tp1 and "tokens (" in tp1, tp1
+    assert "make engines-gpu" in tp1
+    assert "GPUs assumed: unknown: no GPU readable here" in out and "planned as if its GPUs exist" in out
+    assert "Plan: 6 trial(s): 0 feasible, 6 blocked, 0 skipped" in out, out[-600:]

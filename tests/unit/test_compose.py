@@ -124,7 +124,7 @@ def test_interpolation_inputs():
 def test_a_dry_run_of_a_grid_prints_the_same_plan_as_hydra_composing_every_job(tmp_path):
     """The CLI end to end: the default sweeper (grid, composed once per config-group set) and
     Hydra's basic sweeper (every job composed twice) print the same lines."""
-    args = ["dry_run=true", "workload=short_short,long_short", "engine.block_size=32,64", "seed=0,1", "-m"]
+    args = ["dry_run=json", "workload=short_short,long_short", "engine.block_size=32,64", "seed=0,1", "-m"]
 
     def lines(*extra):
         p = subprocess.run(

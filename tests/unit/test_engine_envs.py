@@ -109,7 +109,7 @@ def test_missing_environment_fails_the_sweep_before_launch_but_not_its_dry_run(c
         prepare_jobs([([], cfg)])
     from orchestrator.scheduling.preview import dry_run
 
-    jobs = prepare_jobs([([], compose(["platform=gpu", f"platform.engine_envs={tmp_path}", "dry_run=true"]))])
+    jobs = prepare_jobs([([], compose(["platform=gpu", f"platform.engine_envs={tmp_path}", "dry_run=json"]))])
     lines = []
     dry_run(jobs, lines.append)
     plan = json.loads(lines[0])

@@ -109,7 +109,7 @@ def test_a_gpu_dry_run_of_a_local_qwen_folder_plans_with_its_shape(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{}")
     p = subprocess.run(
         [sys.executable, "-m", "orchestrator", "model=llama31_8b", "model.source=path", f"model.path={path}",
-         "model.name=my-qwen", "platform=gpu", "dry_run=true"],
+         "model.name=my-qwen", "platform=gpu", "dry_run=json"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

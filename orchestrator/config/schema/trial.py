@@ -327,7 +327,10 @@ class SweepSettings(StrictModel):
 
     tracking: TrackingSpec
     cluster: ClusterSpec
-    dry_run: bool = False
+    dry_run: bool | Literal["json"] = Field(
+        default=False,
+        description="plan only, start nothing: true a table to read, json a JSON line per trial with every command",
+    )
     resume: bool = Field(default=True, description="skip trials whose hash already has a FINISHED run")
     reuse_servers: bool = Field(default=True, description="trials with identical servers share one server start")
     objective: ObjectiveSpec | None = Field(default=None, description="the report's verdict (see ObjectiveSpec)")
