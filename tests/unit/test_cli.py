@@ -154,3 +154,10 @@ def test_a_gpu_dry_run_is_a_table_that_says_what_it_assumed():
     assert "make engines-gpu" in tp1
     assert "GPUs assumed: unknown: no GPU readable here" in out and "planned as if its GPUs exist" in out
     assert "Plan: 6 trial(s): 0 feasible, 6 blocked, 0 skipped" in out, out[-600:]
+
+
+def test_help_shows_the_projects_usage_before_hydras_groups():
+    p = run("--help")
+    assert p.returncode == 0, p.stderr
+    usage, groups = p.stdout.index("== Usage =="), p.stdout.index("== Configuration groups ==")
+    assert usage < groups and "+experiment=chunked_prefill -m" in p.stdout and "dry_run=true" in p.stdout
