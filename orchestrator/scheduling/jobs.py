@@ -51,6 +51,11 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
             where = " ".join(overrides) or "(no overrides)"
             problems.append(f"job {first_index + i} [{where}]: {exc}")
             continue
+        try:
+            spec = with_served_name(spec)
+        except ConfigError as exc:
+            problems.append(f"job {first_index + i}: {exc}")
+            continue
         jobs.append(TrialJob(first_index + i, list(overrides), spec, settings))
     if not problems and jobs:
         problems += _shared_settings_problems(jobs)
@@ -63,6 +68,26 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
             raise ConfigError(f"{bodies.pop()}\n(in all {len(problems)} jobs of the sweep)")
         raise ConfigError("\n".join(problems))
     return jobs
+
+
+def with_served_name(spec: TrialSpec) -> TrialSpec:
+    """``model.name=auto`` against a running server (``engine=external``): the name it serves, read
+    from its ``/v1/models`` now, before the trial is hashed; one name, or an error listing them."""
+    if spec.model.name != "auto" or spec.engine.name != "external":
+        return spec
+    from orchestrator.config.errors import TrialError
+    from orchestrator.engines import adapter_for
+    from orchestrator.loadgen.preflight import served_models
+
+    url = getattr(spec.engine, "url", "")
+    try:
+        names = served_models(url, adapter_for("external").api_key(spec))
+    except TrialError as exc:
+        raise ConfigError(f"model.name=auto: {exc}") from None
+    if len(names) != 1:
+        listed = ", ".join(names) if names else "none (no model listing)"
+        raise ConfigError(f"model.name=auto: {url}/v1/models serves {listed}; set model.name to the one to measure")
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"name": names[0]})})
 
 
 def _input_file_problems(jobs: list[TrialJob]) -> list[str]:

@@ -156,3 +156,20 @@ def test_a_server_that_answers_every_request_with_500_fails_the_trial(compose, t
     first = result.error.splitlines()[0]
     assert "answered no request" in first and "every request failed (6 of 6)" in first and "HTTP 500" in first, first
     assert len(result.points) == 1 and result.points[0].metrics["server_failed"] == 1.0
+
+
+def test_model_name_auto_is_the_name_the_running_server_serves(compose):
+    """engine=external model.name=auto: the name is read from the server's /v1/models before the
+    trial is hashed; a server serving several names (or none listed) is an error listing them."""
+    from orchestrator.scheduling import prepare_jobs
+
+    def jobs_for(url: str):
+        over = ["engine=external", f"engine.url={url}", "engine.metrics=none", "model.name=auto"]
+        return prepare_jobs([(over, compose(over))])
+
+    with FakeOpenAIServer(Script(served=("org/served-model",))) as srv:
+        (job,) = jobs_for(srv.base_url)
+        assert job.spec.model.name == "org/served-model"
+    with FakeOpenAIServer(Script(served=("a", "b"))) as srv:
+        with pytest.raises(ConfigError, match=r"model.name=auto: .*/v1/models serves a, b; set model.name"):
+            jobs_for(srv.base_url)
