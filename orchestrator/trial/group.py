@@ -8,7 +8,7 @@ import functools
 import os
 from collections.abc import Sequence
 
-from orchestrator.config.errors import ConfigError, InfeasibleConfigError, TrialError
+from orchestrator.config.errors import ConfigError, InfeasibleConfigError, ServerCrashedError, TrialError
 from orchestrator.config.logs import Progress, print_progress
 from orchestrator.config.schema import TrialSpec
 from orchestrator.metrics.result import TrialResult, TrialStatus, save_result
@@ -36,8 +36,12 @@ def run_trial_group(
             started = True
             for run in runs:
                 if results:
+                    try:  # alive, its prefix cache emptied
+                        group.ready(between_trials)
+                    except ServerCrashedError as exc:  # died between trials: the rest start their own
+                        lead.say(f"the shared server died between trials ({exc}); the rest run on their own servers")
+                        break
                     run.say(f"on the running server of [{lead.label}] (server start saved)")
-                    group.ready(between_trials)
                     run.base.servers = lead.base.servers
                     run.base.slate = {"checked": False, "note": f"on the running server of [{lead.label}]"}
                 results.append(outcome(run, functools.partial(run.measure, group)))

@@ -49,3 +49,31 @@ def test_group_jobs_keeps_order_and_groups_by_key(compose):
     units = group_jobs(jobs, lambda j: keys[j.index])
     assert [[j.index for j in u] for u in units] == [[0, 2], [1, 4], [3]]
     assert [[j.index for j in u] for u in group_jobs(jobs, None)] == [[0], [1], [2], [3], [4]]
+
+
+def test_a_shared_server_that_died_between_trials_leaves_the_rest_to_their_own_servers(compose, tmp_path, monkeypatch):
+    """The check before each later trial of a group (alive, cache emptied) finds the server dead:
+    the trials left run on servers of their own, none fails for it."""
+    from orchestrator.config.errors import ServerCrashedError
+    from orchestrator.metrics.result import TrialResult
+    from orchestrator.trial import group as group_mod
+    from orchestrator.trial.run import TrialRun
+
+    class DeadAfterFirst:
+        def ready(self, how):
+            raise ServerCrashedError("server died (exit code -9)")
+
+    measured, alone = [], []
+    monkeypatch.setattr(TrialRun, "start_shared", lambda self, stack: DeadAfterFirst())
+    monkeypatch.setattr(TrialRun, "measure", lambda self, shared=None: measured.append(self.spec.seed))
+
+    def own_server(spec, workdir, overrides, gpus, progress):
+        alone.append(spec.seed)
+        return TrialResult.model_construct(status="FINISHED")
+
+    monkeypatch.setattr(group_mod, "run_trial", own_server)
+    specs = [to_specs(compose([f"seed={i}"]))[0] for i in range(3)]
+    lines: list[str] = []
+    results = group_mod.run_trial_group([(s, tmp_path / str(s.seed), []) for s in specs], progress=lines.append)
+    assert measured == [0] and alone == [1, 2] and len(results) == 3
+    assert any("died between trials" in line for line in lines), lines
