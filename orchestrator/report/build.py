@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.config.metric_keys import M
@@ -17,7 +18,7 @@ from orchestrator.report.explain import limits_section, why_winner
 from orchestrator.report.figures import frontier, generic
 from orchestrator.report.plots import LAB_PLOTS
 from orchestrator.report.verdict import decide, knob_effects
-from orchestrator.tracking.runs import EXPECT_FILE, SweepData, TrialData
+from orchestrator.tracking.runs import EXPECT_FILE, Point, SweepData, TrialData
 
 log = logging.getLogger(__name__)
 
@@ -236,12 +237,8 @@ def hardware_section(trials: list[TrialData]) -> list[str]:
         "`telemetry.parquet` (rows of t, source, name, value on the records' clock); docs/observability.md "
         "explains each series.",
         "",
-        "| trial | point | " + " | ".join(h for _, h in cols) + " |",
-        "|" + "---|" * (len(cols) + 2),
+        *_point_table([(t, p) for t in measured for p in t.points], cols),
     ]
-    for t in measured:
-        for p in t.points:
-            lines.append(f"| {t.name} | {p.label} | " + " | ".join(_fmt(p.metrics.get(k)) for k, _ in cols) + " |")
     estimated = [
         f"{t.name} {p.label}" for t in measured for p in t.points if p.metrics.get(M.ENERGY_FROM_COUNTER) == 0.0
     ]
@@ -250,8 +247,10 @@ def hardware_section(trials: list[TrialData]) -> list[str]:
             "",
             "Energy ESTIMATED from power samples (no energy counter bracketed the window): "
             + ", ".join(estimated)
-            + ". On an H100 such estimates were off by -4% (steady load) to -18% (a 1.5 s window) and +53% "
-            "(the decay after load) against the counter: compare them with care.",
+            + ". They integrate NVML's power as its averages over the second before each read; integrated as "
+            "trapezoids on an H100 they were off by -4% (steady load) to -18% (a 1.5 s window) and +53% (the "
+            "decay after load) against the counter, and the averaged reading is not yet checked on a GPU: "
+            "compare them with care.",
         ]
     keys = ("energy", "price", "roofs")
     notes = {key: sorted({t.telemetry[key] for t in measured if key in t.telemetry}) for key in keys}
@@ -289,12 +288,17 @@ def reuse_section(trials: list[TrialData]) -> list[str]:
         "point. Their ratio is the cache's efficiency on this traffic (a cache that keeps only whole KV "
         "blocks, evicts, or is off reuses less).",
         "",
-        "| trial | point | " + " | ".join(h for _, h in REUSE_COLUMNS) + " |",
-        "|" + "---|" * (len(REUSE_COLUMNS) + 2),
+        *_point_table(rows, REUSE_COLUMNS),
     ]
-    for t, p in rows:
-        lines.append(f"| {t.name} | {p.label} | " + " | ".join(_fmt(p.metrics.get(k)) for k, _ in REUSE_COLUMNS) + " |")
     return lines
+
+
+def _point_table(rows: list[tuple[TrialData, Point]], cols: Sequence[tuple[str, str]]) -> list[str]:
+    """A markdown table of a metric per column, a row per (trial, point)."""
+    head = ["| trial | point | " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * (len(cols) + 2)]
+    return head + [
+        f"| {t.name} | {p.label} | " + " | ".join(_fmt(p.metrics.get(k)) for k, _ in cols) + " |" for t, p in rows
+    ]
 
 
 def summary_markdown(
