@@ -181,7 +181,7 @@ def _absolute(value: Any, cwd: str, only_if_exists: bool = False) -> Any:
     return full
 
 
-def _hub_like(value: Any) -> bool:
+def hub_like(value: Any) -> bool:
     """A string that may be a hub id (``org/name``, ``gpt2``), not a path by its spelling
     (absolute, ``./``, ``../``, ``~``)."""
     return isinstance(value, str) and not value.startswith(("/", ".", "~")) and value.count("/") <= 1
@@ -198,7 +198,7 @@ def absolute_paths(data: dict[str, Any], cwd: str | None = None) -> dict[str, An
         if "path" in model and not hub:
             model["path"] = _absolute(model["path"], cwd)
         if "tokenizer" in model:  # a local folder, or a hub id where no such folder exists
-            model["tokenizer"] = _absolute(model["tokenizer"], cwd, only_if_exists=_hub_like(model["tokenizer"]))
+            model["tokenizer"] = _absolute(model["tokenizer"], cwd, only_if_exists=hub_like(model["tokenizer"]))
         if "cache_dir" in model:
             model["cache_dir"] = _absolute(model["cache_dir"], cwd)
     workload = out.get("workload")

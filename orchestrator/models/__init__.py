@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.config.convert import hub_like
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ModelSpec
 from orchestrator.models.tiny import default_cache_dir, ensure_tiny_model, tiny_dir_name
@@ -41,7 +42,7 @@ def check_hub_tokenizer(name: str) -> None:
     """``model.tokenizer`` names no local folder: it is a hub id, which must be in the local
     Hugging Face cache or be fetched now (not offline); else a ConfigError saying which and how
     to point at a local copy. A path by its spelling (``/``, ``./``, ``~``) must exist."""
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+    if not hub_like(name):
         raise ConfigError(f"model.tokenizer: '{name}' does not exist")
     try:
         import huggingface_hub

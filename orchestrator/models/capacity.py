@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.config.schema import ModelArch, ModelSpec
-from orchestrator.models.shape import KNOWN, check_declared, read_arch
+from orchestrator.models.shape import KNOWN, arch_from_config, check_declared, read_arch
 
 GIB = 1024**3
 
@@ -50,21 +50,18 @@ def arch_of(model: ModelSpec) -> ModelArch | None:
     if model.arch is not None:
         check_declared(model)
         return model.arch
-    if model.tiny is not None:
+    if model.tiny is not None:  # the same arithmetic as a checkpoint's config.json
         t = model.tiny
-        head_dim = t.hidden_size // t.num_heads
-        per_layer = (
-            t.hidden_size * head_dim * (t.num_heads + 2 * t.num_kv_heads)  # q, k, v
-            + t.hidden_size * t.hidden_size  # o
-            + 3 * t.hidden_size * t.intermediate_size
-        )  # gate, up, down
-        params = t.num_layers * per_layer + 2 * t.vocab_size * t.hidden_size
-        return ModelArch(
-            num_layers=t.num_layers,
-            num_heads=t.num_heads,
-            num_kv_heads=t.num_kv_heads,
-            head_dim=head_dim,
-            params_b=params / 1e9,
+        return arch_from_config(
+            {
+                "num_hidden_layers": t.num_layers,
+                "num_attention_heads": t.num_heads,
+                "num_key_value_heads": t.num_kv_heads,
+                "hidden_size": t.hidden_size,
+                "intermediate_size": t.intermediate_size,
+                "vocab_size": t.vocab_size,
+            },
+            "the tiny model",
         )
     found = read_arch(model)
     if found is not None:
