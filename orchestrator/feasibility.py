@@ -14,12 +14,14 @@ A trial is SKIPPED (never started, never a crash) with the reason when:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec
 from orchestrator.engines import adapter_for, nsys
 from orchestrator.metrics.probes import visible_devices
@@ -27,6 +29,8 @@ from orchestrator.models.capacity import Capacity, arch_of, kv_capacity
 from orchestrator.models.gpus import GPUS, gpu_spec
 from orchestrator.models.hardware import DetectedGPU, Roofs, cached_roofs, calibrate, detect_gpus
 from orchestrator.models.roofline import DecodeFloor, decode_floor, measured_bandwidth_gb_s
+
+log = logging.getLogger(__name__)
 
 
 def host_memory_gb() -> float | None:
@@ -289,3 +293,37 @@ def trial_decode_floor(spec: TrialSpec, batch: int = 1, context_tokens: int = 0)
             kv_dtype = "float32"
     tp = launched.tensor_parallel_size if launched else 1
     return decode_floor(arch, hw[0], hw[1], max(1, batch), context_tokens, tp=tp, kv_dtype=kv_dtype, quantization=quant)
+
+
+def floor_metrics(
+    spec: TrialSpec, metrics: dict[str, float], batch: float | None = None, concurrency: int | None = None
+) -> dict[str, float]:
+    """The decode-step floor at a point's batch and context, and its measured TPOT over it.
+
+    Batch: the batch the engine actually ran (``batch``: its running-requests gauge averaged over
+    the point's window), else the point's ``concurrency``, else the most requests the server ran
+    at once (``server_requests_running_max``), else 1. Context: the mean prompt plus half the mean
+    output (the middle of a decode)."""
+    requests = metrics.get(M.COMPLETED) or metrics.get(M.REQUESTS) or 0.0
+    if not requests:
+        return {}
+    if batch is None or batch <= 0:
+        batch = concurrency or metrics.get(M.SERVER_REQUESTS_RUNNING_MAX, 1.0) or 1.0
+    context = metrics.get(M.INPUT_TOKENS, 0.0) / requests + metrics.get(M.OUTPUT_TOKENS, 0.0) / requests / 2
+    try:
+        floor = trial_decode_floor(spec, max(1, int(round(batch))), int(context))
+    except Exception as exc:  # a missing roof is not a trial failure
+        log.warning("decode floor: %s", exc)
+        return {}
+    if floor is None:
+        return {}
+    out = {
+        M.DECODE_FLOOR_MS: floor.floor_ms,
+        M.DECODE_FLOOR_BATCH: float(floor.batch),
+        M.DECODE_FLOOR_MEMORY_MS: floor.memory_floor_ms,
+        M.DECODE_FLOOR_COMPUTE_MS: floor.compute_floor_ms,
+    }
+    tpot = metrics.get(M.TPOT_MS_P50)
+    if tpot:
+        out[M.DECODE_FLOOR_RATIO] = tpot / floor.floor_ms
+    return out

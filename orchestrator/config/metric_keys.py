@@ -61,7 +61,7 @@ SERVER_GAUGES: Final = (
 SERVER_HISTOGRAMS: Final = ("queue_time_s", "prefill_time_s")
 SERVER_LATENCIES: Final = ("ttft", "itl", "e2e")
 SERVER_DERIVED: Final = ("prefix_cache_hit_rate", "spec_decode_acceptance_rate")  # metrics.prometheus.deltas
-SERVER_QUANTILES: Final = (50, 99)  # metrics.fidelity.server_latency
+SERVER_QUANTILES: Final = (50, 99)  # metrics.prometheus.server_latency
 
 STALL_CAUSES: Final = ("prefill", "preemption", "client_read", "unattributed")  # ``stalls_<cause>``...
 LIMITERS: Final = (  # the diagnosis's vocabulary: ``limited_by_<cause>``
@@ -130,7 +130,7 @@ class M:
     CLIENT_PROCESSES_NEEDED: Final = "client_processes_needed"
     CLIENT_PLANNED_CHUNK_RATE: Final = "client_planned_chunk_rate"
     CLIENT_CHUNK_COST_US: Final = "client_chunk_cost_us"
-    # the point's verdict (trial.points.judge_point, metrics.fidelity)
+    # the point's verdict (metrics.fidelity.judge_point)
     CLIENT_INVALID: Final = "client_invalid"
     WORKLOAD_INVALID: Final = "workload_invalid"
     MACHINE_INVALID: Final = "machine_invalid"
@@ -160,7 +160,7 @@ class M:
     SERVER_REQUESTS_RUNNING_MAX: Final = "server_requests_running_max"
     SERVER_REQUESTS_WAITING_MAX: Final = "server_requests_waiting_max"
     SERVER_PREFIX_CACHE_HIT_RATE: Final = "server_prefix_cache_hit_rate"
-    # a replayed trace's slice (loadgen.plan.slice_metrics) and the cache's efficiency on it
+    # a replayed trace's slice (loadgen.traces.slice_metrics) and the cache's efficiency on it
     TRACE_REQUESTS_TRUNCATED: Final = "trace_requests_truncated"
     TRACE_REQUESTS_DROPPED: Final = "trace_requests_dropped"
     TRACE_BLOCK_TOKENS: Final = "trace_block_tokens"

@@ -33,6 +33,14 @@ def gaps(kind: ArrivalKind, rate: float, rng: np.random.Generator, n: int, burst
     raise ValueError(f"unknown arrival process {kind!r}; expected poisson, gamma or constant")
 
 
+def ramp(t: float, ramp_up_s: float) -> float:
+    """Map an offset of a constant-rate schedule onto one whose rate rises linearly from 0
+    to the full rate over ``ramp_up_s`` (the arrival count up to t is rate * t^2 / 2R there)."""
+    if t < ramp_up_s / 2:
+        return math.sqrt(2 * ramp_up_s * t)
+    return t + ramp_up_s / 2
+
+
 def arrival_offsets(
     rate: float,
     rng: np.random.Generator,
@@ -40,11 +48,25 @@ def arrival_offsets(
     duration_s: float | None = None,
     kind: ArrivalKind = "poisson",
     burstiness: float = 1.0,
+    ramp_up_s: float = 0.0,
 ) -> list[float]:
-    """Offsets of ``count`` arrivals, or of all arrivals before ``duration_s``.
+    """Offsets of ``count`` arrivals, or of all arrivals before ``duration_s``; with
+    ``ramp_up_s``, the rate rises linearly from 0 to ``rate`` over that time (:func:`ramp`).
 
     The first arrival is at 0 so a point starts working at once; the rest follow the gaps.
     """
+    offsets = _offsets(rate, rng, count, duration_s, kind, burstiness)
+    return [ramp(t, ramp_up_s) for t in offsets] if ramp_up_s else offsets
+
+
+def _offsets(
+    rate: float,
+    rng: np.random.Generator,
+    count: int | None,
+    duration_s: float | None,
+    kind: ArrivalKind,
+    burstiness: float,
+) -> list[float]:
     if count is None and duration_s is None:
         raise ValueError("arrival_offsets needs count or duration_s")
     if math.isinf(rate):

@@ -19,13 +19,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from orchestrator.config.errors import LoadError
-from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LoadPointSpec, RequestClass, WorkloadSpec
 from orchestrator.loadgen.arrivals import arrival_offsets, weighted_choice
 from orchestrator.loadgen.client import PlannedRequest, Turn
 from orchestrator.loadgen.datasets import load_sharegpt
 from orchestrator.loadgen.prompts import PromptFactory
-from orchestrator.loadgen.traces import Slice, TraceRow, read_trace, replay_slice, reusable_tokens
+from orchestrator.loadgen.traces import Slice, TraceRow, read_trace, replay_slice, slice_metrics
 
 # Background traffic is planned this far ahead when the point has no duration of its own.
 BACKGROUND_HORIZON_S = 300.0
@@ -36,14 +35,6 @@ FOREGROUND_PLAN, FOREGROUND_ARRIVALS = 0, 1  # stream ids; background class i us
 
 
 Seed = int | tuple[int, ...]
-
-
-def ramp(t: float, ramp_up_s: float) -> float:
-    """Map an offset of a constant-rate schedule onto one whose rate rises linearly from 0
-    to the full rate over ``ramp_up_s`` (the arrival count up to t is rate * t^2 / 2R there)."""
-    if t < ramp_up_s / 2:
-        return math.sqrt(2 * ramp_up_s * t)
-    return t + ramp_up_s / 2
 
 
 def repeat_seed(seed: Seed, repeat: int) -> Seed:
@@ -267,9 +258,8 @@ def plan_point(
             duration_s if num_requests is None else None,
             point.arrival,
             point.burstiness,
+            point.ramp_up_s or 0.0,
         )
-        if point.ramp_up_s:
-            offsets = [ramp(t, point.ramp_up_s) for t in offsets]
         foreground = planner.foreground_batch(len(offsets), fg_rng)
     else:
         count = num_requests if num_requests is not None else min(MAX_PLANNED, 32 * (point.concurrency or 1))
@@ -314,17 +304,3 @@ def trace_slice(point: LoadPointSpec, num_requests: int | None, duration_s: floa
         duration_s,
         point.time_scale,
     )
-
-
-def slice_metrics(cut: Slice) -> dict[str, float]:
-    """What a replayed slice is: requests cut or dropped at the context cap, and (a trace with
-    prefix blocks) the share of prompt tokens an infinite prefix cache would reuse."""
-    out = {M.TRACE_REQUESTS_TRUNCATED: float(cut.truncated), M.TRACE_REQUESTS_DROPPED: float(cut.dropped)}
-    if any(r.chat_id is not None for r in cut.rows):
-        out[M.TRACE_CONVERSATIONS] = float(sum(1 for r in cut.rows if r.parent is None))
-        out[M.TRACE_FOLLOWERS_ROOTED] = float(cut.rooted)
-    if cut.block_tokens and any(r.blocks for r in cut.rows):
-        reused, total = reusable_tokens(cut.rows, cut.block_tokens)
-        out[M.TRACE_BLOCK_TOKENS] = float(cut.block_tokens)
-        out[M.TRACE_IDEAL_PREFIX_SHARE] = reused / total if total else 0.0
-    return out

@@ -332,3 +332,17 @@ def ideal_reuse(requests: Iterable[Sequence[int]], seen: dict[tuple[int, int], i
                 child = trie[(node, b)] = len(trie) + 1
             node = child
     return Reuse(total, reusable)
+
+
+def slice_metrics(cut: Slice) -> dict[str, float]:
+    """What a replayed slice is: requests cut or dropped at the context cap, and (a trace with
+    prefix blocks) the share of prompt tokens an infinite prefix cache would reuse."""
+    out = {M.TRACE_REQUESTS_TRUNCATED: float(cut.truncated), M.TRACE_REQUESTS_DROPPED: float(cut.dropped)}
+    if any(r.chat_id is not None for r in cut.rows):
+        out[M.TRACE_CONVERSATIONS] = float(sum(1 for r in cut.rows if r.parent is None))
+        out[M.TRACE_FOLLOWERS_ROOTED] = float(cut.rooted)
+    if cut.block_tokens and any(r.blocks for r in cut.rows):
+        reused, total = reusable_tokens(cut.rows, cut.block_tokens)
+        out[M.TRACE_BLOCK_TOKENS] = float(cut.block_tokens)
+        out[M.TRACE_IDEAL_PREFIX_SHARE] = reused / total if total else 0.0
+    return out

@@ -1,12 +1,14 @@
-"""Workload fidelity: did the server receive the workload the point planned to send?
+"""A point's verdict: did the client keep up, and did the server receive the workload the
+point planned to send? (:func:`judge_point`: :class:`PointVerdict`.)
 
-Client validity (:func:`orchestrator.metrics.summary.client_validity`) asks whether the client
-kept up. This module asks the other half: whether the requests the server saw were the ones
-planned, judged from the server's own counts in the records (``usage``) and the point's
-server-side deltas (``server_*`` metrics). A point that fails is INVALID with the reasons:
-its numbers describe a different workload than the one configured (issue 20).
+Client validity (:func:`client_validity`) asks whether the client kept up: send lag, its event
+loop, its CPU, coalesced reads, streams that ran dry, the achieved rate. Workload fidelity asks
+the other half: whether the requests the server saw were the ones planned, judged from the
+server's own counts in the records (``usage``) and the point's server-side deltas (``server_*``
+metrics). A point that fails is INVALID with the reasons: its numbers describe a different
+workload, or a client, than the one configured (issue 20).
 
-Rules, each skipped when what it needs was not measured:
+Fidelity rules, each skipped when what it needs was not measured:
 
 * prompt length: the server's ``usage.prompt_tokens`` of each first turn against the plan's
   ``input_tokens`` (median difference beyond ``prompt_tokens_slack`` tokens and
@@ -23,23 +25,22 @@ Rules, each skipped when what it needs was not measured:
 Server-side errors and timeouts are a load outcome (goodput, the capacity search), not a
 workload mismatch; a server that answered nothing is :func:`summary.server_failure`.
 
-The server's own latency histograms (vLLM and SGLang export TTFT, ITL, end-to-end) give a
-second opinion: :func:`server_latency` turns the bucket deltas of a point into percentiles
-(linear inside a bucket, as Prometheus' ``histogram_quantile``; the bucket's width is the
-resolution) and :func:`clock_gap` flags a client that saw more than ``max_gap_ms`` beyond the
-server's bucket: that time is the client or the network, not the engine.
+The server's own latency histograms (vLLM and SGLang export TTFT, ITL, end-to-end;
+:func:`orchestrator.metrics.prometheus.server_latency`) give a second opinion: :func:`clock_gap`
+flags a client that saw more than ``max_gap_ms`` beyond the server's bucket: that time is the
+client or the network, not the engine.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from orchestrator.config.metric_keys import M
-from orchestrator.config.schema import FidelitySpec, WorkloadSpec
+from orchestrator.config.schema import FidelitySpec, ValiditySpec, WorkloadSpec
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.summary import output_tokens_of
 
@@ -210,71 +211,6 @@ def workload_fidelity(
 # --------------------------------------------------------------------------- the server's clock
 
 
-@dataclass(frozen=True)
-class Quantile:
-    value: float
-    low: float  # the sample quantile lies in [low, high]: the buckets of the order statistics it is made of
-    high: float
-
-    @property
-    def resolution(self) -> float:
-        return self.high - self.low
-
-
-def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> Quantile | None:
-    """The q-quantile of a histogram given as (upper bound, cumulative count) pairs: linear
-    inside its bucket (Prometheus' histogram_quantile), None without observations.
-
-    ``low``/``high`` bound the sample quantile a client computes from the same N values
-    (numpy's: between the order statistics floor and ceil of (N-1)q): from the lower edge of
-    the bucket holding the first to the upper edge of the bucket holding the second. A rank
-    that lands on a bucket's edge (half the requests at most 500 ms) leaves the median
-    anywhere up to the next edge."""
-    pairs = sorted(buckets)
-    if not pairs or pairs[-1][1] <= 0:
-        return None
-    total = pairs[-1][1]
-    rank = q * total
-    value = None
-    low, below = 0.0, 0.0
-    for le, cum in pairs:
-        if cum >= rank and cum > below:
-            value = low if math.isinf(le) else low + (le - low) * (rank - below) / (cum - below)
-            break
-        low, below = le, cum
-    if value is None:
-        return None
-    n = round(total)
-    first, second = math.floor((n - 1) * q) + 1, math.ceil((n - 1) * q) + 1
-    return Quantile(value, _bucket_of(first, pairs)[0], _bucket_of(second, pairs)[1])
-
-
-def _bucket_of(k: int, pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """(lower, upper) edge of the bucket that holds the k-th smallest observation."""
-    low = 0.0
-    for le, cum in pairs:
-        if cum >= k:
-            return low, le
-        low = le
-    return low, math.inf
-
-
-def server_latency(bucket_deltas: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, float]:
-    """``server_<name>_ms_p50/p99`` (and ``..._res_ms``, the width of the bucket the value lies
-    in) from each histogram's bucket deltas over the point, in seconds."""
-    out: dict[str, float] = {}
-    for name, buckets in bucket_deltas.items():
-        for q in (50, 99):
-            found = histogram_quantile(q / 100, buckets)
-            if found is None:
-                continue
-            out[f"server_{name}_ms_p{q}"] = found.value * 1e3
-            out[f"server_{name}_ms_p{q}_res_ms"] = found.resolution * 1e3
-            out[f"server_{name}_ms_p{q}_low"] = found.low * 1e3
-            out[f"server_{name}_ms_p{q}_high"] = found.high * 1e3
-    return out
-
-
 def clock_gap(
     metrics: Mapping[str, float], limits: FidelitySpec, via: str | None = None
 ) -> tuple[dict[str, float], list[str]]:
@@ -301,3 +237,121 @@ def clock_gap(
                 " that time is the client or the network, not the engine"
             )
     return out, reasons
+
+
+@dataclass
+class PointVerdict:
+    """Whether a point's numbers describe the server under the planned workload."""
+
+    metrics: dict[str, float]  # client_invalid, workload_invalid, machine_invalid, invalid, what the checks found
+    client: list[str] = field(default_factory=list)  # the client did not keep up, or the server's clock disagrees
+    workload: list[str] = field(default_factory=list)  # the server got another workload than planned
+    machine: list[str] = field(default_factory=list)  # the machine was shared: processes outside the trial took its CPU
+    server: list[str] = field(default_factory=list)  # the servers failed: the point's numbers are not the server's
+
+    @property
+    def reasons(self) -> list[str]:
+        return self.server + self.client + self.workload + self.machine
+
+    def said(self, label: str, metrics: Mapping[str, float]) -> list[str]:
+        """The console lines of an INVALID point ``label`` (with ``metrics``: what the client
+        processes wanted, when the trial's CPUs allowed fewer)."""
+        lines = [f"point {label}: {reason}" for reason in self.server]
+        if self.client:
+            used, needed = metrics.get(M.CLIENT_PROCESSES, 1.0), metrics.get(M.CLIENT_PROCESSES_NEEDED, 0.0)
+            advice = (
+                f" (client_processes: auto wanted {needed:.0f} processes; the trial's CPUs allow {used:.0f}: "
+                "raise platform.cpus_per_trial)"
+                if needed > used
+                else ""
+            )
+            lines.append(f"point {label} INVALID (the client was the bottleneck): " + "; ".join(self.client) + advice)
+        if self.workload:
+            lines.append(
+                f"point {label} INVALID (the server got another workload than planned): " + "; ".join(self.workload)
+            )
+        if self.machine:
+            lines.append(f"point {label} INVALID: " + "; ".join(self.machine))
+        return lines
+
+
+def judge_point(
+    workload: WorkloadSpec,
+    records: Sequence[RequestRecord],
+    metrics: dict[str, float],
+    capped: bool = False,
+    front: str | None = None,
+    foreign_limit: float | None = None,
+) -> PointVerdict:
+    """The workload's checks on one point: the server got the planned requests (workload
+    fidelity), the client's clock agrees with the server's (judged only when nothing sits between
+    them: ``front`` names a router or proxy), nothing outside the trial took the machine's CPU
+    (``foreign_cpu_cores``, measured by the point's census, against ``foreign_limit``) and the
+    client kept up (client validity; ``capped``: a rate point with ``max_concurrency``)."""
+    found, moved = workload_fidelity(records, metrics, workload)
+    gap, gap_reasons = clock_gap(metrics, workload.fidelity, via=front)
+    machine = []
+    foreign = metrics.get(M.FOREIGN_CPU_CORES)
+    if foreign is not None and foreign_limit is not None and foreign >= foreign_limit:
+        machine.append(
+            f"the machine was shared: {foreign:.2f} cores busy outside the trial "
+            f"(>= workload.validity.max_foreign_cpu_cores: {foreign_limit:g})"
+        )
+    _, client = client_validity(metrics, workload.validity, capped=capped)
+    client = client + gap_reasons
+    out = {
+        **found,
+        **gap,
+        M.CLIENT_INVALID: 1.0 if client else 0.0,
+        M.WORKLOAD_INVALID: 1.0 if moved else 0.0,
+        M.MACHINE_INVALID: 1.0 if machine else 0.0,
+    }
+    out[M.INVALID] = max(out[M.CLIENT_INVALID], out[M.WORKLOAD_INVALID], out[M.MACHINE_INVALID])
+    return PointVerdict(out, client, moved, machine)
+
+
+COALESCED = "of token chunks arrived in one read with an earlier one"  # the coalesced-reads check's words
+
+
+def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: bool = False) -> tuple[bool, list[str]]:
+    """Whether the client kept up: (valid, reasons). Reads the point's metrics.
+
+    With ``capped`` (a rate point with ``max_concurrency``) late sends and a lower achieved
+    rate are the cap working, so only the client's own CPU and event-loop lag count; at
+    ``rate: inf`` there is no schedule to be late for (sends queue behind each other by
+    design), so send lag and rate do not count either.
+    """
+    reasons = []
+    burst = metrics.get(M.TARGET_RATE) == float("inf")  # everything at once: no schedule to keep
+    if not capped and not burst and metrics.get(M.SEND_LAG_MS_P95, 0.0) > limits.max_send_lag_ms_p95:
+        reasons.append(f"send lag p95 {metrics[M.SEND_LAG_MS_P95]:.1f} ms > {limits.max_send_lag_ms_p95:g}")
+    if metrics.get(M.LOOP_LAG_MS_P95, 0.0) > limits.max_loop_lag_ms_p95:
+        reasons.append(f"event-loop lag p95 {metrics[M.LOOP_LAG_MS_P95]:.1f} ms > {limits.max_loop_lag_ms_p95:g}")
+    if metrics.get(M.CLIENT_CPU_UTIL, 0.0) > limits.max_client_cpu_util:
+        reasons.append(f"client CPU {metrics[M.CLIENT_CPU_UTIL]:.2f} of a core > {limits.max_client_cpu_util:g}")
+    if metrics.get(M.COALESCED_CHUNK_SHARE, 0.0) > limits.max_coalesced_share:
+        reasons.append(
+            f"{metrics[M.COALESCED_CHUNK_SHARE]:.0%} {COALESCED} "
+            f"(> {limits.max_coalesced_share:g}): their gaps are read times, so ITL is not the server's"
+        )
+    if metrics.get(M.CLIENT_STREAMS_ENDED_EARLY, 0.0) > 0:
+        reasons.append(
+            f"{metrics[M.CLIENT_STREAMS_ENDED_EARLY]:.0f} stream(s) ran out of planned requests before the point's "
+            "duration: it held fewer streams than asked"
+        )
+    if metrics.get(M.CLIENT_STREAM_WAIT_SHARE, 0.0) > limits.max_stream_wait_share:
+        reasons.append(
+            f"streams spent {metrics[M.CLIENT_STREAM_WAIT_SHARE]:.1%} of their time waiting for requests past the "
+            f"plan (> {limits.max_stream_wait_share:g}): it held fewer streams than asked; drawing prompts "
+            "during the point did not keep up, so bound the point by num_requests (all drawn before its clock)"
+        )
+    schedule, achieved = metrics.get(M.SCHEDULE_RATE), metrics.get(M.ACHIEVED_RATE)
+    if (
+        not capped
+        and schedule
+        and achieved is not None
+        and metrics.get(M.TARGET_RATE) != float("inf")
+        and achieved < schedule * limits.min_rate_ratio
+    ):
+        reasons.append(f"achieved rate {achieved:.2f} < {limits.min_rate_ratio:g} x schedule {schedule:.2f}")
+    return not reasons, reasons

@@ -1,12 +1,16 @@
-"""Prometheus scrapes of an engine's ``/metrics``: parse, then turn two scrapes into deltas.
+"""Prometheus scrapes of an engine's ``/metrics``: parse, then turn two scrapes into deltas, and
+a histogram's bucket deltas into percentiles (:func:`server_latency`: linear inside a bucket, as
+Prometheus' ``histogram_quantile``; the bucket's width is the resolution).
 
 The caller passes a map from neutral names to (family, kind); nothing here knows engines.
 """
 
 from __future__ import annotations
 
+import math
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -121,4 +125,69 @@ def latency_buckets(
                 pairs.append((float(key[len(prefix) : -2]), value - before.get(key, 0.0)))
         if pairs and max(c for _, c in pairs) > 0:
             out[name] = sorted(pairs)
+    return out
+
+
+@dataclass(frozen=True)
+class Quantile:
+    value: float
+    low: float  # the sample quantile lies in [low, high]: the buckets of the order statistics it is made of
+    high: float
+
+    @property
+    def resolution(self) -> float:
+        return self.high - self.low
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> Quantile | None:
+    """The q-quantile of a histogram given as (upper bound, cumulative count) pairs: linear
+    inside its bucket (Prometheus' histogram_quantile), None without observations.
+
+    ``low``/``high`` bound the sample quantile a client computes from the same N values
+    (numpy's: between the order statistics floor and ceil of (N-1)q): from the lower edge of
+    the bucket holding the first to the upper edge of the bucket holding the second. A rank
+    that lands on a bucket's edge (half the requests at most 500 ms) leaves the median
+    anywhere up to the next edge."""
+    pairs = sorted(buckets)
+    if not pairs or pairs[-1][1] <= 0:
+        return None
+    total = pairs[-1][1]
+    rank = q * total
+    value = None
+    low, below = 0.0, 0.0
+    for le, cum in pairs:
+        if cum >= rank and cum > below:
+            value = low if math.isinf(le) else low + (le - low) * (rank - below) / (cum - below)
+            break
+        low, below = le, cum
+    if value is None:
+        return None
+    n = round(total)
+    first, second = math.floor((n - 1) * q) + 1, math.ceil((n - 1) * q) + 1
+    return Quantile(value, _bucket_of(first, pairs)[0], _bucket_of(second, pairs)[1])
+
+
+def _bucket_of(k: int, pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(lower, upper) edge of the bucket that holds the k-th smallest observation."""
+    low = 0.0
+    for le, cum in pairs:
+        if cum >= k:
+            return low, le
+        low = le
+    return low, math.inf
+
+
+def server_latency(bucket_deltas: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, float]:
+    """``server_<name>_ms_p50/p99`` (and ``..._res_ms``, the width of the bucket the value lies
+    in) from each histogram's bucket deltas over the point, in seconds."""
+    out: dict[str, float] = {}
+    for name, buckets in bucket_deltas.items():
+        for q in (50, 99):
+            found = histogram_quantile(q / 100, buckets)
+            if found is None:
+                continue
+            out[f"server_{name}_ms_p{q}"] = found.value * 1e3
+            out[f"server_{name}_ms_p{q}_res_ms"] = found.resolution * 1e3
+            out[f"server_{name}_ms_p{q}_low"] = found.low * 1e3
+            out[f"server_{name}_ms_p{q}_high"] = found.high * 1e3
     return out

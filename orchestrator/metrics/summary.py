@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.config.metric_keys import PERCENTILES, M
-from orchestrator.config.schema import SLOSpec, ValiditySpec
+from orchestrator.config.schema import SLOSpec
 from orchestrator.metrics.records import RequestRecord
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -170,53 +170,6 @@ def summarize_by_class(records: Iterable[RequestRecord]) -> dict[str, dict[str, 
         if lat is not None:
             by.setdefault(r.request_class, []).append(lat)
     return {name: latency_metrics(lats) for name, lats in sorted(by.items())}
-
-
-COALESCED = "of token chunks arrived in one read with an earlier one"  # the coalesced-reads check's words
-
-
-def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: bool = False) -> tuple[bool, list[str]]:
-    """Whether the client kept up: (valid, reasons). Reads the point's metrics.
-
-    With ``capped`` (a rate point with ``max_concurrency``) late sends and a lower achieved
-    rate are the cap working, so only the client's own CPU and event-loop lag count; at
-    ``rate: inf`` there is no schedule to be late for (sends queue behind each other by
-    design), so send lag and rate do not count either.
-    """
-    reasons = []
-    burst = metrics.get(M.TARGET_RATE) == float("inf")  # everything at once: no schedule to keep
-    if not capped and not burst and metrics.get(M.SEND_LAG_MS_P95, 0.0) > limits.max_send_lag_ms_p95:
-        reasons.append(f"send lag p95 {metrics[M.SEND_LAG_MS_P95]:.1f} ms > {limits.max_send_lag_ms_p95:g}")
-    if metrics.get(M.LOOP_LAG_MS_P95, 0.0) > limits.max_loop_lag_ms_p95:
-        reasons.append(f"event-loop lag p95 {metrics[M.LOOP_LAG_MS_P95]:.1f} ms > {limits.max_loop_lag_ms_p95:g}")
-    if metrics.get(M.CLIENT_CPU_UTIL, 0.0) > limits.max_client_cpu_util:
-        reasons.append(f"client CPU {metrics[M.CLIENT_CPU_UTIL]:.2f} of a core > {limits.max_client_cpu_util:g}")
-    if metrics.get(M.COALESCED_CHUNK_SHARE, 0.0) > limits.max_coalesced_share:
-        reasons.append(
-            f"{metrics[M.COALESCED_CHUNK_SHARE]:.0%} {COALESCED} "
-            f"(> {limits.max_coalesced_share:g}): their gaps are read times, so ITL is not the server's"
-        )
-    if metrics.get(M.CLIENT_STREAMS_ENDED_EARLY, 0.0) > 0:
-        reasons.append(
-            f"{metrics[M.CLIENT_STREAMS_ENDED_EARLY]:.0f} stream(s) ran out of planned requests before the point's "
-            "duration: it held fewer streams than asked"
-        )
-    if metrics.get(M.CLIENT_STREAM_WAIT_SHARE, 0.0) > limits.max_stream_wait_share:
-        reasons.append(
-            f"streams spent {metrics[M.CLIENT_STREAM_WAIT_SHARE]:.1%} of their time waiting for requests past the "
-            f"plan (> {limits.max_stream_wait_share:g}): it held fewer streams than asked; drawing prompts "
-            "during the point did not keep up, so bound the point by num_requests (all drawn before its clock)"
-        )
-    schedule, achieved = metrics.get(M.SCHEDULE_RATE), metrics.get(M.ACHIEVED_RATE)
-    if (
-        not capped
-        and schedule
-        and achieved is not None
-        and metrics.get(M.TARGET_RATE) != float("inf")
-        and achieved < schedule * limits.min_rate_ratio
-    ):
-        reasons.append(f"achieved rate {achieved:.2f} < {limits.min_rate_ratio:g} x schedule {schedule:.2f}")
-    return not reasons, reasons
 
 
 def server_failure(records: Sequence[RequestRecord]) -> str | None:

@@ -291,3 +291,19 @@ def cost_metrics(metrics: dict[str, float], price_per_hour: float | None, device
         M.COST_PER_MTOK_OUTPUT: cost / out_tokens * 1e6,
         M.COST_PER_MTOK_TOTAL: cost / total_tokens * 1e6,
     }
+
+
+def hardware_metrics(
+    rows: Sequence[Row],
+    window: tuple[float, float],
+    metrics: dict[str, float],
+    price_per_hour: float | None,
+    devices: float,
+) -> dict[str, float]:
+    """What the hardware did over a point's ``window``, the energy per token and request where
+    energy was measured, and the cost of the point's tokens where a price is set (per hour of
+    ``devices``: the trial's GPUs, or one CPU node)."""
+    out = window_metrics(rows, *window)
+    out.update(energy_metrics({**metrics, **out}))
+    out.update(cost_metrics(metrics, price_per_hour, devices))
+    return out

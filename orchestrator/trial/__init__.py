@@ -6,8 +6,10 @@ The parts, in the order a trial meets them:
   files readable, the result of a trial skipped before it was submitted;
 * :mod:`~orchestrator.trial.servers`: ports, each server's GPUs and environment, starting the
   group (:class:`ServerGroup`), emptying caches, which trials can share one start;
-* :mod:`~orchestrator.trial.points`: one load point measured: raw inputs, metrics (pure),
-  verdict (pure), and the :class:`PointMeasurer` that gathers them around the point;
+* :mod:`~orchestrator.trial.points`: one load point measured: the :class:`PointMeasurer` of a
+  running group gathers what a point's analysis needs around it (:class:`RawPoint`), then makes
+  its result from that (metrics, the verdict of :mod:`orchestrator.metrics.fidelity`, the decode
+  floor, the diagnosis);
 * :mod:`~orchestrator.trial.run`: :class:`TrialRun` sequences it all and owns the loop over the
   load points (each prepared and sent by the load session, measured around it; then the capacity
   search's probes, each chosen from the results before it); :func:`run_trial` is the entry point,
@@ -22,11 +24,8 @@ from orchestrator.trial.group import run_trial_group
 from orchestrator.trial.plan import check_feasible, check_inputs, plan_trial, skipped_result
 from orchestrator.trial.points import (
     PointMeasurer,
-    PointVerdict,
     RawPoint,
-    judge_point,
     point_metrics,
-    roofline_metrics,
     trial_metrics,
 )
 from orchestrator.trial.run import TrialRun, run_trial
@@ -45,15 +44,12 @@ __all__ = [
     "RawPoint",
     "ServerGroup",
     "TrialRun",
-    "PointVerdict",
     "check_feasible",
     "check_inputs",
     "describe_servers",
-    "judge_point",
     "plan_trial",
     "point_metrics",
     "reset_caches",
-    "roofline_metrics",
     "run_trial",
     "run_trial_group",
     "server_env",

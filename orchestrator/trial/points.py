@@ -6,23 +6,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.config.errors import ServerCrashedError
 from orchestrator.config.logs import Progress
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LoadPointSpec, TrialSpec
-from orchestrator.engines import EngineMetric
-from orchestrator.feasibility import trial_decode_floor
+from orchestrator.engines import EngineAdapter, EngineMetric
+from orchestrator.feasibility import floor_metrics
 from orchestrator.loadgen.traces import read_trace
 from orchestrator.metrics import prometheus, telemetry
 from orchestrator.metrics.diagnosis import engine_batch
-from orchestrator.metrics.fidelity import clock_gap, server_latency, workload_fidelity
+from orchestrator.metrics.fidelity import PointVerdict, judge_point
 from orchestrator.metrics.monitor import ResourceMonitor
+from orchestrator.metrics.probes import TelemetrySampler, start_telemetry
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.result import PointResult
 from orchestrator.metrics.summary import (
-    client_validity,
     server_failure,
     summarize_by_class,
     summarize_point,
@@ -32,7 +33,7 @@ from orchestrator.metrics.telemetry import Timeline
 from orchestrator.metrics.within_run import within_run
 from orchestrator.trial.diagnose import STALLS_KEPT, Census, foreign_bound, point_diagnosis
 from orchestrator.trial.profile import ProfileWindow
-from orchestrator.trial.servers import GroupView
+from orchestrator.trial.servers import ServerGroup
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +47,10 @@ class RawPoint:
     resources: dict[str, float]  # the resource monitor's summary (memory peak, engine gauges)
     before: prometheus.Sample  # the engines' counters and histograms before the point...
     after: prometheus.Sample  # ...and after it
-
-
-@dataclass
-class PointVerdict:
-    """Whether a point's numbers describe the server under the planned workload."""
-
-    metrics: dict[str, float]  # client_invalid, workload_invalid, machine_invalid, invalid, what the checks found
-    client: list[str]  # the client did not keep up, or the server's clock disagrees with ours
-    workload: list[str]  # the server got another workload than planned
-    machine: list[str]  # the machine was shared: processes outside the trial took its CPU
-
-    @property
-    def reasons(self) -> list[str]:
-        return self.client + self.workload + self.machine
+    window: tuple[float, float] = (0.0, 0.0)  # the point's start and end, on the trial's clock
+    rows: list[telemetry.Row] = field(default_factory=list)  # the trial's timeline so far
+    foreign: dict[str, Any] | None = None  # the census: CPU used outside the trial over the point
+    profiled: dict[str, float] = field(default_factory=dict)  # the profiler's window over it, when traced
 
 
 def point_metrics(
@@ -95,7 +86,11 @@ def point_metrics(
     latency = prometheus.latency_buckets(raw.before, raw.after, engine_metrics)
     if disaggregated:
         latency = {(f"decode_{k}" if k in ("ttft", "e2e") else k): v for k, v in latency.items()}
-    metrics.update(server_latency(latency))
+    metrics.update(prometheus.server_latency(latency))
+    metrics.update(raw.profiled)
+    if raw.foreign is not None:
+        metrics[M.FOREIGN_CPU_CORES] = float(raw.foreign["cores"])
+        metrics[M.SWEEP_CPU_CORES] = float(raw.foreign["sweep_cores"])
     ideal, hits = metrics.get(M.TRACE_IDEAL_PREFIX_SHARE), metrics.get(M.SERVER_PREFIX_CACHE_HIT_RATE)
     if ideal and hits is not None:  # how much of the trace's reusable prefix the server reused
         metrics[M.PREFIX_REUSE_EFFICIENCY] = hits / ideal
@@ -111,88 +106,6 @@ def point_setting(point: LoadPointSpec) -> dict[str, object]:
     return setting
 
 
-def judge_point(
-    spec: TrialSpec,
-    point: LoadPointSpec,
-    records: list[RequestRecord],
-    metrics: dict[str, float],
-    front: str | None = None,
-) -> PointVerdict:
-    """The client kept up (client validity), its clock agrees with the server's (judged only
-    when nothing sits between them: ``front`` names a router or proxy), the server got the
-    planned requests (workload fidelity) and nothing outside the trial took the machine's CPU
-    (``foreign_cpu_cores``, measured by the point's census, against
-    ``workload.validity.max_foreign_cpu_cores``)."""
-    w = spec.workload
-    _, client = client_validity(metrics, w.validity, capped=point.max_concurrency is not None)
-    found, workload = workload_fidelity(records, metrics, w)
-    gap, gap_reasons = clock_gap(metrics, w.fidelity, via=front)
-    client = client + gap_reasons
-    machine = []
-    foreign, bound = metrics.get(M.FOREIGN_CPU_CORES), foreign_bound(spec)
-    if foreign is not None and bound is not None and foreign >= bound:
-        machine.append(
-            f"the machine was shared: {foreign:.2f} cores busy outside the trial "
-            f"(>= workload.validity.max_foreign_cpu_cores: {bound:g})"
-        )
-    out = {
-        **found,
-        **gap,
-        M.CLIENT_INVALID: 1.0 if client else 0.0,
-        M.WORKLOAD_INVALID: 1.0 if workload else 0.0,
-        M.MACHINE_INVALID: 1.0 if machine else 0.0,
-    }
-    out[M.INVALID] = max(out[M.CLIENT_INVALID], out[M.WORKLOAD_INVALID], out[M.MACHINE_INVALID])
-    return PointVerdict(out, client, workload, machine)
-
-
-def hardware_metrics(
-    spec: TrialSpec, rows: list[telemetry.Row], window: tuple[float, float], metrics: dict[str, float]
-) -> dict[str, float]:
-    """What the hardware did over the point's window (telemetry), the energy per token and
-    request where energy was measured, and the cost of the point's tokens where a price is set:
-    per GPU-hour for the trial's GPUs, per node-hour on the CPU (one node)."""
-    out = telemetry.window_metrics(rows, *window)
-    out.update(telemetry.energy_metrics({**metrics, **out}))
-    devices = float(spec.engine.num_gpus or 1) if spec.platform.device == "cuda" else 1.0
-    out.update(telemetry.cost_metrics(metrics, spec.platform.price_per_hour, devices))
-    return out
-
-
-def roofline_metrics(
-    spec: TrialSpec, point: LoadPointSpec, metrics: dict[str, float], batch: float | None = None
-) -> dict[str, float]:
-    """The decode-step floor at this point's batch and context, and measured TPOT over it.
-
-    Batch: the batch the engine actually ran (``batch``: its running-requests gauge averaged over
-    the point's window), else the point's concurrency, else the most requests the server ran at
-    once (``server_requests_running_max``), else 1. Context: the mean prompt plus half the mean
-    output (the middle of a decode)."""
-    requests = metrics.get(M.COMPLETED) or metrics.get(M.REQUESTS) or 0.0
-    if not requests:
-        return {}
-    if batch is None or batch <= 0:
-        batch = point.concurrency or metrics.get(M.SERVER_REQUESTS_RUNNING_MAX, 1.0) or 1.0
-    context = metrics.get(M.INPUT_TOKENS, 0.0) / requests + metrics.get(M.OUTPUT_TOKENS, 0.0) / requests / 2
-    try:
-        floor = trial_decode_floor(spec, max(1, int(round(batch))), int(context))
-    except Exception as exc:  # a missing roof is not a trial failure
-        log.warning("decode floor: %s", exc)
-        return {}
-    if floor is None:
-        return {}
-    out = {
-        M.DECODE_FLOOR_MS: floor.floor_ms,
-        M.DECODE_FLOOR_BATCH: float(floor.batch),
-        M.DECODE_FLOOR_MEMORY_MS: floor.memory_floor_ms,
-        M.DECODE_FLOOR_COMPUTE_MS: floor.compute_floor_ms,
-    }
-    tpot = metrics.get(M.TPOT_MS_P50)
-    if tpot:
-        out[M.DECODE_FLOOR_RATIO] = tpot / floor.floor_ms
-    return out
-
-
 class PointMeasurer:
     """Measures load points on one running server group: before a point, the servers are
     alive, their caches emptied where asked, their counters read and the resource monitor
@@ -201,29 +114,57 @@ class PointMeasurer:
     def __init__(
         self,
         spec: TrialSpec,
-        view: GroupView,
-        engine_metrics: dict[str, EngineMetric],
-        monitor: ResourceMonitor,
+        group: ServerGroup,
+        adapter: EngineAdapter[Any],
+        gpu_ids: list[int],
+        timeline: Timeline,
         progress: Progress,
-        ready: Callable[[], None],
-        alive: Callable[[], None],
-        timeline: Timeline | None = None,
-        api_key: str | None = None,
     ) -> None:
-        self.spec, self.view, self.engine_metrics = spec, view, engine_metrics
-        self.monitor, self.progress = monitor, progress
+        self.spec, self.timeline, self.progress = spec, timeline, progress
+        view = self.view = group.view()  # read once: the group does not change while it runs
+        self.engine_metrics, self.api_key = adapter.metrics_for(spec), adapter.api_key(spec)
+        platform = spec.platform
+        # memory and the engine's gauges, sampled over each point (onto the trial's timeline too)
+        self.monitor = ResourceMonitor(
+            list(view.pids),
+            view.metrics_url,
+            self.engine_metrics,
+            platform.monitor_interval_s,
+            gpu_ids,
+            platform.monitor_budget,
+            timeline,
+        )
+        cache_reset = adapter.cache_reset(spec)
         # the servers' two live checks: ``ready`` before a point (alive, caches emptied where
         # asked; raises ServerCrashedError), ``alive`` after it (raises the same)
-        self.ready, self.alive = ready, alive
-        self.timeline, self.api_key = timeline, api_key
+        self.ready: Callable[[], None] = lambda: group.ready(cache_reset)
+        self.alive: Callable[[], None] = group.check_alive
+        self.census = Census(view.pids, view.urls)  # who used the machine's CPU over each point
+        self.foreign_limit = foreign_bound(spec)  # the most of it others may take (workload.validity)
+        self.gpu_ids = gpu_ids
+        self.sampler: TelemetrySampler | None = None  # the trial's telemetry, while the measurer is open
+        self.telemetry_notes: dict[str, str] = {}
         self.window: ProfileWindow | None = None
         self.label = ""  # the point being measured (start)
-        self.census = Census(view.pids, view.urls)  # who used the machine's CPU over each point
         self._before: prometheus.Sample = {}
         self._t0 = 0.0
         # stamps a point's start and end; with telemetry on, the sampler's edge() (a sample of
         # every probe at both ends of the window, whatever its interval)
         self.clock: Callable[[], float] = telemetry.now
+
+    def __enter__(self) -> PointMeasurer:
+        """Telemetry on (its sampler started) for the points measured until ``__exit__``."""
+        self.sampler, self.telemetry_notes = start_telemetry(
+            self.spec.platform, list(self.view.pids), self.gpu_ids, self.timeline
+        )
+        if self.sampler is not None:
+            self.clock = self.sampler.edge
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.monitor.stop()  # idempotent; a point that raised must not leave the sampler running
+        if self.sampler is not None:
+            self.sampler.stop()
 
     def _scrape(self) -> prometheus.Sample:
         if not self.engine_metrics or self.view.metrics_url is None:
@@ -260,33 +201,38 @@ class PointMeasurer:
     def finish(
         self, index: int, point: LoadPointSpec, records: list[RequestRecord], client: dict[str, float]
     ) -> tuple[PointResult, ServerCrashedError | None]:
-        """The point's result, and the servers' failure when they were not serving."""
-        t1 = self.clock()
-        foreign = self.census.finish(t1 - self._t0)
-        profiled = self.window.finish() if self.window is not None else {}
-        self.window = None
-        raw = RawPoint(records, client, self.monitor.stop(), self._before, self._scrape())
-        metrics = point_metrics(self.spec, point, raw, self.engine_metrics, self.view.disaggregated)
-        metrics.update(profiled)
-        if foreign is not None:
-            metrics[M.FOREIGN_CPU_CORES] = float(foreign["cores"])
-            metrics[M.SWEEP_CPU_CORES] = float(foreign["sweep_cores"])
-        rows = self.timeline.snapshot() if self.timeline is not None else []
-        if self.timeline is not None:
-            metrics.update(hardware_metrics(self.spec, rows, (self._t0, t1), metrics))
+        """The point's result, and the servers' failure when they were not serving: what was
+        gathered around the point (the census, the profiler's window, the monitor, the counters,
+        the servers' state), then, from that alone, its metrics, its verdict, its decode floor and
+        its diagnosis."""
+        spec = self.spec
+        raw = self._gather(records, client)
         crash = self._server_failure(records)
-        reasons, client_reasons = self._judge(point, records, metrics, crash)
-        metrics.update(roofline_metrics(self.spec, point, metrics, engine_batch(metrics, rows, (self._t0, t1))))
-        classes = summarize_by_class(records) if len(self.spec.workload.classes) > 1 else {}
+        window, rows, foreign = raw.window, raw.rows, raw.foreign
+        metrics = point_metrics(spec, point, raw, self.engine_metrics, self.view.disaggregated)
+        devices = float(spec.engine.num_gpus or 1) if spec.platform.device == "cuda" else 1.0
+        metrics.update(telemetry.hardware_metrics(rows, window, metrics, spec.platform.price_per_hour, devices))
+        if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
+            reason = f"the server failed: {str(crash).splitlines()[0]}"
+            verdict = PointVerdict({M.INVALID: 1.0, M.SERVER_FAILED: 1.0}, server=[reason])
+        else:
+            capped = point.max_concurrency is not None
+            verdict = judge_point(spec.workload, records, metrics, capped, self.view.front, self.foreign_limit)
+        metrics.update(verdict.metrics)
+        for line in verdict.said(self.label, metrics):
+            self.progress(line)
+        batch = engine_batch(metrics, rows, window)
+        metrics.update(floor_metrics(spec, metrics, batch, point.concurrency))
+        classes = summarize_by_class(records) if len(spec.workload.classes) > 1 else {}
         diagnosis = point_diagnosis(
-            self.spec,
+            spec,
             point,
             records,
             metrics,
             classes,
             rows,
-            (self._t0, t1),
-            client_reasons,
+            window,
+            verdict.client,
             foreign,
             self.view.disaggregated,
             crash is not None,
@@ -300,13 +246,13 @@ class PointMeasurer:
             setting=point_setting(point),
             metrics=metrics,
             class_metrics=classes,
-            invalid_reasons=reasons,
-            window=(self._t0, t1),
+            invalid_reasons=verdict.reasons,
+            window=window,
             diagnosis=diagnosis.as_json(STALLS_KEPT),
         )
         self.progress(
             f"{self.which(index)} {self.label}: "
-            f"{int(metrics.get(M.COMPLETED, 0))}/{len(records)} ok in {t1 - self._t0:.1f}s, "
+            f"{int(metrics.get(M.COMPLETED, 0))}/{len(records)} ok in {window[1] - window[0]:.1f}s, "
             f"ttft p50 {metrics.get(M.TTFT_MS_P50, float('nan')):.1f} ms, "
             f"itl p99 {metrics.get(M.ITL_MS_P99, float('nan')):.1f} ms, "
             f"{metrics.get(M.TOKENS_PER_SECOND, 0):.0f} tok/s, "
@@ -315,36 +261,17 @@ class PointMeasurer:
         self.progress(f"{self.which(index)} {self.label}: {diagnosis.headline}")
         return result, crash
 
-    def _judge(
-        self, point: LoadPointSpec, records: list[RequestRecord], metrics: dict[str, float], crash: Exception | None
-    ) -> tuple[list[str], list[str]]:
-        """The point's INVALID reasons (all) and the client's among them; said on the console."""
-        if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
-            metrics[M.INVALID], metrics[M.SERVER_FAILED] = 1.0, 1.0
-            reason = f"the server failed: {str(crash).splitlines()[0]}"
-            self.progress(f"point {self.label}: {reason}")
-            return [reason], []
-        verdict = judge_point(self.spec, point, records, metrics, self.view.front)
-        metrics.update(verdict.metrics)
-        if verdict.client:
-            used, needed = metrics.get(M.CLIENT_PROCESSES, 1.0), metrics.get(M.CLIENT_PROCESSES_NEEDED, 0.0)
-            advice = (
-                f" (client_processes: auto wanted {needed:.0f} processes; the trial's CPUs allow {used:.0f}: "
-                "raise platform.cpus_per_trial)"
-                if needed > used
-                else ""
-            )
-            self.progress(
-                f"point {self.label} INVALID (the client was the bottleneck): " + "; ".join(verdict.client) + advice
-            )
-        if verdict.workload:
-            self.progress(
-                f"point {self.label} INVALID (the server got another workload than planned): "
-                + "; ".join(verdict.workload)
-            )
-        if verdict.machine:
-            self.progress(f"point {self.label} INVALID: " + "; ".join(verdict.machine))
-        return verdict.reasons, verdict.client
+    def _gather(self, records: list[RequestRecord], client: dict[str, float]) -> RawPoint:
+        """The point is over: what was gathered around it, its gatherers stopped."""
+        t1 = self.clock()
+        foreign = self.census.finish(t1 - self._t0)
+        profiled = self.window.finish() if self.window is not None else {}
+        self.window = None
+        resources = self.monitor.stop()
+        rows = self.timeline.snapshot()
+        return RawPoint(
+            records, client, resources, self._before, self._scrape(), (self._t0, t1), rows, foreign, profiled
+        )
 
     def _profile_window(self, index: int, point: LoadPointSpec) -> ProfileWindow | None:
         """The profiler's window over this point, started, when it is the ``profile.point``."""

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,6 @@ from orchestrator.loadgen import Endpoint, LoadSession, PromptFactory
 from orchestrator.loadgen.preflight import preflight
 from orchestrator.loadgen.prompts import prompt_factory
 from orchestrator.metrics import hardware
-from orchestrator.metrics.monitor import ResourceMonitor
-from orchestrator.metrics.probes import start_telemetry
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, save_result
 from orchestrator.metrics.telemetry import Timeline
@@ -39,7 +37,6 @@ from orchestrator.trial.plan import check_feasible, client_cores
 from orchestrator.trial.points import PointMeasurer, trial_metrics
 from orchestrator.trial.profile import collect_traces
 from orchestrator.trial.servers import (
-    GroupView,
     ServerGroup,
     describe_servers,
     shared_server_spec,
@@ -180,34 +177,32 @@ class TrialRun:
     # ------------------------------------------------------------------ load points
 
     def _run_on(self, group: ServerGroup, factory: PromptFactory, first: int, last: int) -> None:
-        """Run load points ``first..last-1`` at the group's front server, then lm-eval after the last."""
+        """Run load points ``first..last-1`` at the group's front server (checked first by the
+        pre-flight), then lm-eval after the trial's last point."""
         spec = self.spec
-        view = group.view()
-        measurer = self._measurer(view, group)
-        endpoint = Endpoint(view.front_url, spec.model.name, api_key=self.adapter.api_key(spec))
+        measurer = PointMeasurer(spec, group, self.adapter, self.gpu_ids, self.timeline, self.say)
+        view = measurer.view
         workload = spec.workload
         if (first, last) != (0, len(workload.load_points)):
             workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
         self.measuring = True
-        if first == 0 and not self.points:
+        if first == 0 and not self.points:  # the servers are the ones the plan was made for
             mark("trial: server up, pre-flight")
-            self._preflight(view, factory, endpoint.api_key)
+            tokenizer = resolve_tokenizer(spec.model, self.model_path)
+            for name, url in view.engines:
+                check = preflight(url, spec.model.name, measurer.api_key, factory, spec.workload, tokenizer, spec.seed)
+                self.say(f"pre-flight of {name}: {check.describe()}")
             mark("trial: pre-flight done")
         everything = last == len(spec.workload.load_points)
-        sampler = None
-        try:
-            sampler, self.telemetry_notes = start_telemetry(spec.platform, list(view.pids), self.gpu_ids, self.timeline)
-            if sampler is not None:
-                measurer.clock = sampler.edge
-            # a race's later runs draw fresh requests, the same for every trial of the round
-            seed = (spec.seed, spec.workload.seed) + ((100_000 + spec.run,) if spec.run else ())
-            with LoadSession(endpoint, workload, factory, seed, client_cores(spec)) as load:
-                load.warm_up()
-                self._run_points(load, measurer, workload.load_points, first, everything)
-        finally:
-            measurer.monitor.stop()  # idempotent; a point that raised must not leave the sampler running
-            if sampler is not None:
-                sampler.stop()
+        endpoint = Endpoint(view.front_url, spec.model.name, api_key=measurer.api_key)
+        # a race's later runs draw fresh requests, the same for every trial of the round
+        seed = (spec.seed, spec.workload.seed) + ((100_000 + spec.run,) if spec.run else ())
+        with measurer, LoadSession(endpoint, workload, factory, seed, client_cores(spec)) as load:
+            self.telemetry_notes = measurer.telemetry_notes
+            load.warm_up()
+            for point, index, label in self._schedule(workload.load_points, first, everything):
+                if unmeasured(self._point(load, measurer, point, index, label)):
+                    break
         if everything and spec.eval.tasks and self.crash is None:
             # accuracy of this very server, after its load points (their caches are its own); never of a dead one
             measurer.alive()
@@ -217,62 +212,20 @@ class TrialRun:
                 spec.model.name,
                 resolve_tokenizer(spec.model, self.model_path),
                 self.workdir,
-                self.adapter.api_key(spec),
+                measurer.api_key,
                 self.say,
             )
 
-    def _measurer(self, view: GroupView, group: ServerGroup) -> PointMeasurer:
-        """What measures each point on ``group`` (seen as ``view``): its resource monitor (memory,
-        engine gauges onto the trial's timeline), the servers' checks before and after a point
-        (cache resets), the profiler's window."""
-        spec = self.spec
-        engine_metrics = self.adapter.metrics_for(spec)
-        monitor = ResourceMonitor(
-            list(view.pids),
-            view.metrics_url,
-            engine_metrics,
-            spec.platform.monitor_interval_s,
-            self.gpu_ids,
-            spec.platform.monitor_budget,
-            self.timeline,
-        )
-        cache_reset = self.adapter.cache_reset(spec)
-        return PointMeasurer(
-            spec,
-            view,
-            engine_metrics,
-            monitor,
-            self.say,
-            ready=lambda: group.ready(cache_reset),
-            alive=group.check_alive,
-            timeline=self.timeline,
-            api_key=self.adapter.api_key(spec),
-        )
-
-    def _preflight(self, view: GroupView, factory: PromptFactory, api_key: str | None) -> None:
-        """The servers are the ones the plan was made for (model name, tokenizer): before any load."""
-        spec = self.spec
-        for name, url in view.engines:
-            check = preflight(
-                url,
-                spec.model.name,
-                api_key,
-                factory,
-                spec.workload,
-                resolve_tokenizer(spec.model, self.model_path),
-                spec.seed,
-            )
-            self.say(f"pre-flight of {name}: {check.describe()}")
-
-    def _run_points(
-        self, load: LoadSession, measurer: PointMeasurer, fixed: Sequence[LoadPointSpec], first: int, last: bool
-    ) -> None:
-        """The ``fixed`` points (numbered from ``first``), then, when they are the ``last`` of the
-        trial, the probes of its SLO capacity search. A point whose servers failed ends them."""
+    def _schedule(
+        self, fixed: Sequence[LoadPointSpec], first: int, last: bool
+    ) -> Iterator[tuple[LoadPointSpec, int, str | None]]:
+        """The trial's points in order, each with its index and its label when not its own: the
+        ``fixed`` points (numbered from ``first``), then, when they are the ``last`` of the trial,
+        the probes of its SLO capacity search, each chosen from the results before it (read from
+        the trial's own state: the loop stops at a point that measured nothing)."""
         index = first
         for point in fixed:
-            if unmeasured(self._point(load, measurer, point, index)):
-                return
+            yield point, index, None
             index += 1
         cap = self.spec.workload.capacity
         if not last or cap is None:
@@ -280,10 +233,8 @@ class TrialRun:
         self.capacity = probes = CapacityProbes(cap, list(self.spec.workload.classes), self.say)
         while (probe := probes.next()) is not None:
             point, label = probe
-            result = self._point(load, measurer, point, index, label)
-            if unmeasured(result):
-                return
-            probes.observe(result, [r for r in self.records if r.point == index])
+            yield point, index, label
+            probes.observe(self.points[-1], [r for r in self.records if r.point == index])
             index += 1
         self.checkpoint()  # the last verdict and the stop reason reach the disk too
 

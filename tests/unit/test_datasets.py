@@ -8,8 +8,9 @@ import pytest
 from orchestrator.config import ConfigError
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen import PromptFactory
+from orchestrator.loadgen.arrivals import ramp
 from orchestrator.loadgen.datasets import load_sharegpt
-from orchestrator.loadgen.plan import RequestPlanner, ramp
+from orchestrator.loadgen.plan import RequestPlanner
 from tests.conftest import ROOT
 
 DATA = ROOT / "tests" / "data"

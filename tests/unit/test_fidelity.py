@@ -14,15 +14,14 @@ from orchestrator.metrics import prometheus
 from orchestrator.metrics.fidelity import (
     clock_gap,
     expected_hit_rate,
-    histogram_quantile,
     output_length,
     preemptions,
     prefix_hits,
     prompt_length,
     rejections,
-    server_latency,
     workload_fidelity,
 )
+from orchestrator.metrics.prometheus import histogram_quantile, server_latency
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.trial import run_trial
 from tests.fake_openai_server import FakeOpenAIServer, Script

@@ -115,7 +115,7 @@ def test_chunks_that_come_in_one_read_are_counted_and_invalidate_the_itl(factory
     same read as the first, so the two share one instant; the records count it, and the point's
     ITL is judged the client's reads."""
     from orchestrator.config.schema import ValiditySpec
-    from orchestrator.metrics.summary import client_validity
+    from orchestrator.metrics.fidelity import client_validity
 
     with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.02, burst=2)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)

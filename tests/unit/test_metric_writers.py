@@ -12,12 +12,15 @@ from orchestrator.config import to_specs
 from orchestrator.config.metric_keys import M, is_known
 from orchestrator.config.schema import CapacitySpec, SLOSpec
 from orchestrator.engines import sglang, vllm
+from orchestrator.feasibility import floor_metrics
 from orchestrator.metrics.diagnosis import PointEvidence, diagnose
+from orchestrator.metrics.fidelity import judge_point
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.result import PointResult
 from orchestrator.metrics.summary import summarize_by_class, summarize_point, summarize_repeats
-from orchestrator.trial import RawPoint, judge_point, point_metrics
-from orchestrator.trial.points import hardware_metrics, roofline_metrics, trial_metrics
+from orchestrator.metrics.telemetry import hardware_metrics
+from orchestrator.trial import RawPoint, point_metrics
+from orchestrator.trial.points import trial_metrics
 
 
 def unknown(metrics: dict[str, float]) -> list[str]:
@@ -122,10 +125,10 @@ def test_a_points_metrics_are_all_known(spec, table, disaggregated):
     raw = RawPoint(recs, client, resources, sample(table, 1.0), sample(table, 2.0))
     metrics = point_metrics(spec, point, raw, table, disaggregated=disaggregated)
     assert M.SERVER_PROMPT_TOKENS in metrics and M.TTFT_MS_P99 in metrics  # the inputs reached every writer
-    metrics.update(judge_point(spec, point, recs, metrics).metrics)
-    metrics.update(hardware_metrics(spec, gpu_rows(), (1.0, 9.0), metrics))
+    metrics.update(judge_point(spec.workload, recs, metrics).metrics)
+    metrics.update(hardware_metrics(gpu_rows(), (1.0, 9.0), metrics, spec.platform.price_per_hour, 1.0))
     assert M.COST_PER_MTOK_OUTPUT in metrics and M.JOULES_PER_OUTPUT_TOKEN in metrics
-    metrics.update(roofline_metrics(spec, point, metrics, batch=4.0))
+    metrics.update(floor_metrics(spec, metrics, batch=4.0, concurrency=point.concurrency))
     classes = summarize_by_class(recs)
     evidence = PointEvidence(
         metrics=metrics,

@@ -183,7 +183,7 @@ def test_a_closed_loop_that_outruns_its_plan_gets_more_requests(factory, process
 def test_streams_that_run_out_of_requests_make_the_point_invalid(factory, monkeypatch):
     """Without a refill (it failed) the streams end early; the point says so and is invalid."""
     from orchestrator.loadgen import shares
-    from orchestrator.metrics.summary import client_validity
+    from orchestrator.metrics.fidelity import client_validity
 
     def broken(make, lock=None):
         async def refill(n):
@@ -205,7 +205,7 @@ def test_streams_that_run_out_of_requests_make_the_point_invalid(factory, monkey
 
 def test_streams_waiting_for_requests_make_the_point_invalid():
     from orchestrator.config.schema.workload import ValiditySpec
-    from orchestrator.metrics.summary import client_validity
+    from orchestrator.metrics.fidelity import client_validity
 
     valid, reasons = client_validity({"client_stream_wait_share": 0.05}, ValiditySpec())
     assert not valid and "streams spent 5.0% of their time waiting for requests past the plan" in reasons[0]

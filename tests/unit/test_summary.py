@@ -129,7 +129,7 @@ def test_worst_itl_per_request():
 
 def test_client_validity():
     from orchestrator.config.schema import ValiditySpec
-    from orchestrator.metrics.summary import client_validity
+    from orchestrator.metrics.fidelity import client_validity
 
     ok, reasons = client_validity(
         {
@@ -159,7 +159,7 @@ def test_client_validity():
 
 def test_capped_points_are_not_blamed_for_waiting_on_the_cap():
     from orchestrator.config.schema import ValiditySpec
-    from orchestrator.metrics.summary import client_validity
+    from orchestrator.metrics.fidelity import client_validity
 
     m = {
         "send_lag_ms_p95": 500.0,
@@ -187,7 +187,7 @@ def test_summarize_repeats_mean_ci_and_flag():
 
 def test_rate_inf_burst_is_not_judged_on_send_lag():
     from orchestrator.config.schema import ValiditySpec
-    from orchestrator.metrics.summary import client_validity
+    from orchestrator.metrics.fidelity import client_validity
 
     m = {"send_lag_ms_p95": 25.0, "target_rate": float("inf"), "loop_lag_ms_p95": 1.0, "client_cpu_util": 0.3}
     assert client_validity(m, ValiditySpec()) == (True, [])

@@ -10,7 +10,8 @@ from orchestrator.engines.vllm import METRICS
 from orchestrator.loadgen import Endpoint, PromptFactory
 from orchestrator.metrics import prometheus
 from orchestrator.metrics.records import RequestRecord
-from orchestrator.trial import RawPoint, judge_point, point_metrics
+from orchestrator.metrics.fidelity import judge_point
+from orchestrator.trial import RawPoint, point_metrics
 from tests.fake_openai_server import FakeOpenAIServer, Script
 from tests.unit.test_fidelity import VLLM_PAGE
 
@@ -72,19 +73,19 @@ def test_judge_point_a_valid_point_and_two_kinds_of_invalid(spec):
     point = spec.workload.load_points[0]
     good = [rec(i) for i in range(10)]
     m = point_metrics(spec, point, raw(good), METRICS)
-    v = judge_point(spec, point, good, m)
+    v = judge_point(spec.workload, good, m)
     assert v.reasons == [] and v.metrics["invalid"] == 0.0
     # another tokenizer: the server counted twice the planned prompt
     twice = [rec(i, served_in=256) for i in range(10)]
-    v = judge_point(spec, point, twice, point_metrics(spec, point, raw(twice), METRICS))
+    v = judge_point(spec.workload, twice, point_metrics(spec, point, raw(twice), METRICS))
     assert v.metrics["workload_invalid"] == 1.0 and v.client == [] and "model.tokenizer" in v.workload[0]
     # our TTFT far above the server's histogram: the client or the network...
     slow = [rec(i, ttft=0.6) for i in range(10)]
     m = point_metrics(spec, point, raw(slow), METRICS)
-    v = judge_point(spec, point, slow, m)
+    v = judge_point(spec.workload, slow, m)
     assert v.metrics["client_invalid"] == 1.0 and "server clock" in v.client[0]
     # ...unless a router sits between them: its hop is part of what is measured
-    v = judge_point(spec, point, slow, m, front="router")
+    v = judge_point(spec.workload, slow, m, front="router")
     assert v.reasons == [] and v.metrics["ttft_gap_ms_p50"] == pytest.approx(600.0 - 175.0)
 
 

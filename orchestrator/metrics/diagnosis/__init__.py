@@ -41,8 +41,7 @@ from orchestrator.metrics.diagnosis.parts import (
     decode_efficiency,
     engine_batch,
     engine_samples,
-    gauge_values,
-    ran_batch,
+    headroom,
     ttft_parts,
 )
 from orchestrator.metrics.diagnosis.rules import RULES
@@ -65,26 +64,6 @@ __all__ = [
     "engine_samples",
     "ttft_parts",
 ]
-
-
-def _headroom(x: PointEvidence, s: dict[str, Any]) -> str:
-    """Why "none": what was far from its limit."""
-    m, samples = x.metrics, s["samples"]
-    bits = []
-    batch = ran_batch(m, samples, 1)
-    if batch is not None:
-        bits.append(f"a batch of {batch:.1f}" + (f" of {x.slots} slots" if x.slots else ""))
-    waiting = gauge_values(samples, "requests_waiting")
-    if waiting:
-        bits.append(f"at most {max(waiting):.0f} waiting")
-    kv = gauge_values(samples, "kv_cache_usage")
-    if kv:
-        bits.append(f"KV cache up to {max(kv):.0%}")
-    if M.SERVER_PREEMPTIONS in m:
-        bits.append(f"{m[M.SERVER_PREEMPTIONS]:.0f} preemptions")
-    stalls = s["stall_metrics"].get(M.STALLS, 0.0)
-    bits.append(f"{stalls:.0f} stalls")
-    return ", ".join(bits)
 
 
 def diagnose(x: PointEvidence, th: Thresholds | None = None, factor: float | None = None) -> Diagnosis:
@@ -137,7 +116,7 @@ def diagnose(x: PointEvidence, th: Thresholds | None = None, factor: float | Non
         limiter, confidence = found[0].cause, found[0].confidence
     else:
         limiter, confidence = "none", STRONG if not state["unmeasured"] else WEAK
-        found = [Finding("none", confidence, _headroom(x, state))]
+        found = [Finding("none", confidence, headroom(x, state["samples"], state["stall_metrics"]))]
     for cause in PRIORITY:
         metrics[f"limited_by_{cause}"] = 1.0 if cause == limiter else 0.0
     metrics[M.LIMITED_BY_NONE] = 1.0 if limiter == "none" else 0.0

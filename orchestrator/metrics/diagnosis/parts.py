@@ -158,3 +158,23 @@ def decode_efficiency(
             f"{tpot / floor:.1f}x its roofline floor {floor:.2f} ms ({bound}-bound)"
         )
     return out, words
+
+
+def headroom(x: PointEvidence, samples: dict[str, list[tuple[float, float]]], stalls: Mapping[str, float]) -> str:
+    """Why nothing limited the point: what was far from its limit (``samples``: the engine's
+    gauges over the window; ``stalls``: the point's stall metrics)."""
+    m = x.metrics
+    bits = []
+    batch = ran_batch(m, samples, 1)
+    if batch is not None:
+        bits.append(f"a batch of {batch:.1f}" + (f" of {x.slots} slots" if x.slots else ""))
+    waiting = gauge_values(samples, "requests_waiting")
+    if waiting:
+        bits.append(f"at most {max(waiting):.0f} waiting")
+    kv = gauge_values(samples, "kv_cache_usage")
+    if kv:
+        bits.append(f"KV cache up to {max(kv):.0%}")
+    if M.SERVER_PREEMPTIONS in m:
+        bits.append(f"{m[M.SERVER_PREEMPTIONS]:.0f} preemptions")
+    bits.append(f"{stalls.get(M.STALLS, 0.0):.0f} stalls")
+    return ", ".join(bits)

@@ -12,7 +12,7 @@ from orchestrator.config.metric_keys import M
 from orchestrator.metrics.diagnosis.findings import STRONG, WEAK, Finding, PointEvidence, Thresholds
 from orchestrator.metrics.diagnosis.over_capacity import over_capacity
 from orchestrator.metrics.diagnosis.parts import gauge_values
-from orchestrator.metrics.summary import COALESCED
+from orchestrator.metrics.fidelity import COALESCED
 
 
 def _client(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
