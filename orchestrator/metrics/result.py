@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.config.errors import DiskFullError
+from orchestrator.config.metric_keys import M
 
 TrialStatus = Literal["FINISHED", "FAILED", "SKIPPED"]
 
@@ -34,6 +35,15 @@ class PointResult(BaseModel):
         default_factory=dict,
         description="what limited the point (metrics.diagnosis): limiter, confidence, words, findings, worst stalls",
     )
+
+    def said(self, sent: int) -> str:
+        """The point's console line (``sent``: the requests it sent, every repeat's)."""
+        m, (t0, t1) = self.metrics, self.window or (0.0, 0.0)
+        return (
+            f"{int(m.get(M.COMPLETED, 0))}/{sent} ok in {t1 - t0:.1f}s, "
+            f"ttft p50 {m.get(M.TTFT_MS_P50, float('nan')):.1f} ms, itl p99 {m.get(M.ITL_MS_P99, float('nan')):.1f} ms, "
+            f"{m.get(M.TOKENS_PER_SECOND, 0):.0f} tok/s, client processes {m.get(M.CLIENT_PROCESSES, 1.0):.0f}"
+        )
 
 
 class TrialResult(BaseModel):

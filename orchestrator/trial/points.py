@@ -250,14 +250,7 @@ class PointMeasurer:
             window=window,
             diagnosis=diagnosis.as_json(STALLS_KEPT),
         )
-        self.progress(
-            f"{self.which(index)} {self.label}: "
-            f"{int(metrics.get(M.COMPLETED, 0))}/{len(records)} ok in {window[1] - window[0]:.1f}s, "
-            f"ttft p50 {metrics.get(M.TTFT_MS_P50, float('nan')):.1f} ms, "
-            f"itl p99 {metrics.get(M.ITL_MS_P99, float('nan')):.1f} ms, "
-            f"{metrics.get(M.TOKENS_PER_SECOND, 0):.0f} tok/s, "
-            f"client processes {metrics.get(M.CLIENT_PROCESSES, 1.0):.0f}"
-        )
+        self.progress(f"{self.which(index)} {self.label}: {result.said(len(records))}")
         self.progress(f"{self.which(index)} {self.label}: {diagnosis.headline}")
         return result, crash
 

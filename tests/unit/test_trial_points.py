@@ -9,8 +9,8 @@ from orchestrator.config import to_specs
 from orchestrator.engines.vllm import METRICS
 from orchestrator.loadgen import Endpoint, PromptFactory
 from orchestrator.metrics import prometheus
-from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.fidelity import judge_point
+from orchestrator.metrics.records import RequestRecord
 from orchestrator.trial import RawPoint, point_metrics
 from tests.fake_openai_server import FakeOpenAIServer, Script
 from tests.unit.test_fidelity import VLLM_PAGE
