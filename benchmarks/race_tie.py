@@ -1,6 +1,6 @@
 """Two names for one configuration must never get a winner: N whole sweeps, each racing them.
 
-    python -m benchmarks.race_tie [--sweeps 20] [--drift 0.1] [--jitter 0.1]
+    python -m benchmarks.race_tie [--sweeps 20] [--drift 0.1] [--jitter 0.1] [--max-repeats 3|auto]
 
 Each sweep is the CLI a user runs (``python -m orchestrator``, Ray, MLflow in a throw-away sqlite
 file) over two trials that differ only in a knob that cannot matter (``workload.warmup_requests``
@@ -8,7 +8,8 @@ file) over two trials that differ only in a knob that cannot matter (``workload.
 drifts: every ``--drift-every`` seconds the whole server's speed is redrawn (log-normal of
 sigma ``--drift``, the between-run noise a race meets on a real machine), and each request's
 pace varies by ``--jitter`` on top. The race runs with its defaults (confidence 0.95, margin
-10%, 3 runs at most) and a budget that never stops it early. Prints one line per sweep (its
+10%), ``--max-repeats`` runs at most (3, or ``auto``: planned from the noise after the second
+run) and a budget that never stops it early. Prints one line per sweep (its
 verdict's decision, runs, exit status, wall time) and a table of decisions: "win" is the
 failure this benchmark looks for. docs/benchmarks.md keeps the table.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 from tests.fake_openai_server import IsolatedFakeServer, Script
 
 
-def one_sweep(url: str, folder: Path) -> tuple[str, str, int, float]:
+def one_sweep(url: str, folder: Path, max_repeats: str = "3") -> tuple[str, str, int, float]:
     """(decision, the verdict line, exit status, seconds) of one sweep against ``url``."""
     cmd = [
         sys.executable,
@@ -38,7 +39,7 @@ def one_sweep(url: str, folder: Path) -> tuple[str, str, int, float]:
         "workload.load_points=[{concurrency:4}]",
         "workload.num_requests=40",
         "workload.warmup_requests=0,1",
-        "objective={maximize:tokens_per_second,budget:100}",
+        f"objective={{maximize:tokens_per_second,budget:100,max_repeats:{max_repeats}}}",
         f"tracking.uri=sqlite:///{folder}/mlflow.db",
         f"hydra.sweep.dir={folder}/multirun",
         "-m",
@@ -66,19 +67,20 @@ def main() -> None:
     )
     ap.add_argument("--drift-every", type=float, default=2.0)
     ap.add_argument("--jitter", type=float, default=0.1, help="sigma of each request's own pace")
+    ap.add_argument("--max-repeats", default="3", help="objective.max_repeats: runs at most, or auto")
     args = ap.parse_args()
     script = Script(ttft_s=0.01, itl_s=0.004, jitter=args.jitter, drift=args.drift, drift_every_s=args.drift_every)
     decisions: Counter[str] = Counter()
     with IsolatedFakeServer(script) as srv, tempfile.TemporaryDirectory() as tmp:
         for i in range(args.sweeps):
-            decision, verdict, rc, took = one_sweep(srv.base_url, Path(tmp) / f"sweep{i}")
+            decision, verdict, rc, took = one_sweep(srv.base_url, Path(tmp) / f"sweep{i}", args.max_repeats)
             decisions[decision] += 1
             print(f"sweep {i + 1}/{args.sweeps}: {decision} (exit {rc}, {took:.0f}s): {verdict[:600]}", flush=True)
     print()
-    print("| sweeps | tie | undecided | win (false) | other | drift | jitter |")
-    print("|---|---|---|---|---|---|---|")
+    print("| sweeps | max_repeats | tie | undecided | win (false) | other | drift | jitter |")
+    print("|---|---|---|---|---|---|---|---|")
     print(
-        f"| {args.sweeps} | {decisions['tie']} | {decisions['undecided']} | {decisions['win']} | "
+        f"| {args.sweeps} | {args.max_repeats} | {decisions['tie']} | {decisions['undecided']} | {decisions['win']} | "
         f"{decisions['other']} | {args.drift:g} every {args.drift_every:g}s | {args.jitter:g} |"
     )
 

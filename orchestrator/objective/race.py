@@ -26,6 +26,12 @@ one run was measured, not how another run would come out.
 
 When the race ends undecided, :func:`runs_needed` says how many runs each would have told the
 leader and a contender apart (or tied them) at the noise measured between runs.
+
+``objective.max_repeats: auto`` plans the race's length once, after every trial's second run
+(:func:`planned_runs`): from the spread between runs alone, never from the differences seen (an
+internal pilot, Wittes and Brittain 1990: re-estimating the size from the variance leaves the
+error rate as planned), the runs each that would tie two equal trials with 80% power, within
+what the budget affords. From then on ``L`` is that plan's.
 """
 
 from __future__ import annotations
@@ -136,6 +142,16 @@ def runs_needed(
         if q * sd * math.sqrt(2 / n) <= room:
             return n
     return None
+
+
+def planned_runs(state: RaceState, affordable: int, cap: int) -> int:
+    """``auto``'s plan from a race after every trial's second run: the runs each that tell a tie
+    of two equal trials (:func:`runs_needed` at no advantage) at the spread measured between runs,
+    at least 3, at most ``cap`` and the runs the budget ``affordable`` (never fewer than the 2 run)."""
+    need = 3
+    if state.sd > 0 and state.bound > 0:
+        need = runs_needed(state.sd, 0.0, state.bound, state.alpha_total, max(2, len(state.runs)), cap=cap) or cap
+    return max(2, min(cap, affordable, max(3, need)))
 
 
 def race_state(

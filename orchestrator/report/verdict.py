@@ -202,10 +202,11 @@ def _race(scored: list[tuple[TrialData, Value]], objective: ObjectiveSpec) -> Ra
 
 def race_over(trials: list[TrialData], objective: ObjectiveSpec) -> RaceState:
     """The objective's value in each run of ``trials`` compared with the leader's (the error
-    spent over the ``max_repeats - 1`` rounds at which the race may stop, then divided over the
+    spent over the ``max_repeats - 1`` rounds at which the race may stop (``auto``: as the race
+    planned them, else at most ``AUTO_MAX_RUNS - 1``), then divided over the
     contenders: objective.race.look_alpha)."""
     values = {t.name: run_values(t, objective.key, objective.at) for t in trials}
-    looks = max(1, objective.max_repeats - 1)
+    looks = max(1, objective.most_runs - 1)
     return race_state(values, objective.maximize is not None, objective.confidence, objective.margin, looks)
 
 

@@ -1,6 +1,7 @@
 """The race after a sweep's first pass: the trials that cannot yet be told apart from the leader
 run again (fresh requests, the same for every trial of a round) until the verdict is decided,
-a trial has run ``objective.max_repeats`` times, or the next round would pass the budget
+a trial has run ``objective.max_repeats`` times (``auto``: as many as planned after the second
+run, :func:`orchestrator.objective.race.planned_runs`), or the next round would pass the budget
 (``objective.budget`` first passes). The statistics are ``objective.race``'s; the verdict reads
 the same runs (docs/statistics.md)."""
 
@@ -11,9 +12,10 @@ from collections.abc import Callable
 
 from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.config.schema.trial import AUTO_MAX_RUNS
 from orchestrator.metrics.result import TrialResult
 from orchestrator.objective import value_of
-from orchestrator.objective.race import OPEN, UNDECIDED, WIN, Comparison, RaceState
+from orchestrator.objective.race import OPEN, UNDECIDED, WIN, Comparison, RaceState, planned_runs
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.recorder import Recorder
 
@@ -21,7 +23,7 @@ from orchestrator.scheduling.recorder import Recorder
 def races(objective: ObjectiveSpec | None) -> bool:
     """Whether a sweep with this objective races: a metric, or a knob under constraints (a knob
     does not vary between runs; whether a trial meets the constraints does)."""
-    if objective is None or objective.max_repeats <= 1:
+    if objective is None or objective.most_runs <= 1:
         return False
     return not is_knob(objective.key) or bool(objective.subject_to)
 
@@ -50,41 +52,75 @@ def run_race(
     record: Recorder,
     first_pass_s: float,
     run_round: Callable[[list[TrialJob]], None],
-) -> None:
-    """Rounds of repeats after the first pass (``run_round`` runs and records a round's jobs)."""
+) -> ObjectiveSpec | None:
+    """Rounds of repeats after the first pass (``run_round`` runs and records a round's jobs).
+    Returns the objective the verdict reads: with ``max_repeats: auto``, the race's plan in its
+    place (also tagged on the sweep's run, ``race_planned_runs``)."""
     objective = jobs[0].settings.objective
     if objective is None or not races(objective):
-        return
+        return objective
     progress = record.progress
     deadline = time.monotonic() + objective.budget * first_pass_s
     by_hash = {job.trial_hash: job for job in jobs}
     concurrent = jobs[0].spec.platform.max_concurrent_trials or 1
-    for run in range(1, objective.max_repeats):
+    limit, run = objective.most_runs, 1
+    while run < limit:
         state = standing(record.results, objective)
         if state is None:
-            return
+            return objective
+        if run == 2 and objective.max_repeats == "auto":
+            objective, limit = _plan(state, objective, jobs, record, deadline - time.monotonic(), concurrent)
+            state = standing(record.results, objective) or state
         if run > 1 and state.answer != OPEN:
             progress(f"race: decided after {run} runs ({state.answer})")
-            return
+            return objective
+        if run >= limit:
+            return objective
         names = state.to_repeat() if run > 1 else list(state.runs)  # run 2: noise is not known yet
         chosen = [j for j in jobs if _name(j) in names and j.trial_hash in by_hash]
         if not chosen:
-            return
-        took = [_duration(record.results, j.trial_hash) for j in chosen]
-        round_s = max(max(took), sum(took) / concurrent)
+            return objective
+        round_s = _round_s(record, chosen, concurrent)
         left = deadline - time.monotonic()
         if round_s > left:
             progress(
                 f"race: stopping before run {run + 1}: a round of {len(chosen)} trial(s) takes ~{round_s:.0f}s, "
                 f"the budget has {max(left, 0):.0f}s left (objective.budget={objective.budget:g} first passes)"
             )
-            return
+            return objective
         who = ", ".join(_name(j) for j in chosen)
         why = (
             "every trial's run-to-run noise is not known yet" if run == 1 else f"not yet told apart from {state.leader}"
         )
         progress(f"race: run {run + 1} of {who} ({why}; fresh requests, the same for each)")
         run_round([repeat_job(j, run) for j in chosen])
+        run += 1
+    return objective
+
+
+def _plan(
+    state: RaceState, objective: ObjectiveSpec, jobs: list[TrialJob], record: Recorder, left_s: float, concurrent: int
+) -> tuple[ObjectiveSpec, int]:
+    """``max_repeats: auto`` resolved after every trial's second run: the runs each from the
+    spread between runs and what the budget affords (rounds of every trial), said and tagged."""
+    round_s = _round_s(record, jobs, concurrent)
+    affordable = 2 + (int(max(left_s, 0.0) // round_s) if round_s > 0 else AUTO_MAX_RUNS)
+    n = planned_runs(state, affordable, AUTO_MAX_RUNS)
+    noise = f"{state.sd:.1%} between runs" if state.comparisons and state.comparisons[0].log_scale else "the noise"
+    record.progress(
+        f"race: planning {n} runs each at most (objective.max_repeats=auto: at {noise}, the budget affords "
+        f"{min(affordable, AUTO_MAX_RUNS)}, at most {AUTO_MAX_RUNS})"
+    )
+    tracker = record.tracker
+    if tracker is not None:
+        tracker.set_sweep_tags({"race_planned_runs": str(n)})
+    return objective.model_copy(update={"max_repeats": n}), n
+
+
+def _round_s(record: Recorder, jobs: list[TrialJob], concurrent: int) -> float:
+    """How long a round of ``jobs`` takes, from their latest runs."""
+    took = [_duration(record.results, j.trial_hash) for j in jobs]
+    return max(max(took), sum(took) / concurrent) if took else 0.0
 
 
 def repeat_job(job: TrialJob, run: int) -> TrialJob:

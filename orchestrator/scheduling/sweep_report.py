@@ -95,7 +95,7 @@ def report_sweep(
         progress(f"report: {len(files)} file(s) in {sweep_dir / 'report'}")
         verdict = _say_verdict(data, objective, progress)
         _say_expectations(data, progress)
-        if verdict is not None and verdict.decision == OPEN and objective is not None and objective.max_repeats > 1:
+        if verdict is not None and verdict.decision == OPEN and objective is not None and objective.most_runs > 1:
             outcome.note(outcome.UNDECIDED)
         if tracker is not None:
             tracker.log_sweep_files(files, "report", root=sweep_dir / "report")

@@ -10,16 +10,34 @@ import random
 import subprocess
 import sys
 
-from orchestrator.objective.race import BETTER, OPEN, TIE, TIED, WIN, look_alpha, race_state, runs_needed
+from orchestrator.config.schema.trial import AUTO_MAX_RUNS
+from orchestrator.objective.race import (
+    BETTER,
+    OPEN,
+    TIE,
+    TIED,
+    WIN,
+    look_alpha,
+    planned_runs,
+    race_state,
+    runs_needed,
+)
 from tests.conftest import ROOT, search_runs
 from tests.fake_openai_server import FakeOpenAIServer, Script
 
 
-def simulate(truth: dict[str, float], cv: float, seed: int, max_repeats: int = 3, margin: float = 0.1) -> str:
+def simulate(
+    truth: dict[str, float], cv: float, seed: int, max_repeats: int | str = 3, margin: float = 0.1, affordable: int = 99
+) -> str:
     """The race's procedure on a simulated machine (log-normal noise of ``cv``): every trial runs
-    twice, then the leader and the undecided again, up to ``max_repeats`` runs; its answer."""
+    twice, then the leader and the undecided again, up to ``max_repeats`` runs (``auto``: as
+    planned after the second run, with ``affordable`` runs in the budget); its answer."""
     rng = random.Random(seed)
     runs = {k: [v * math.exp(rng.gauss(0, cv)) for _ in range(2)] for k, v in truth.items()}
+    if max_repeats == "auto":
+        pilot = race_state(runs, True, 0.95, margin, AUTO_MAX_RUNS - 1)
+        max_repeats = planned_runs(pilot, affordable, AUTO_MAX_RUNS)
+    assert isinstance(max_repeats, int)
     looks = max_repeats - 1
     state = race_state(runs, True, 0.95, margin, looks)
     for _ in range(2, max_repeats):
@@ -92,6 +110,27 @@ def test_an_undecided_race_says_how_many_runs_would_decide_it():
     assert state.answer == OPEN and (state.runs_to_decide(state.comparisons[0].name) or 0) > 3
 
 
+def test_auto_plans_the_runs_from_the_noise_and_the_budget():
+    """max_repeats: auto plans after every trial's second run, from the spread between runs only:
+    a few runs on a quiet machine, up to the cap on a noisy one, never past the budget; a race of
+    two equal trials then ties more often than with three runs, and never names a false winner
+    more often than promised."""
+    quiet = race_state({"a": [100.0, 103.0], "b": [101.0, 98.0]}, True, 0.95, 0.1, AUTO_MAX_RUNS - 1)
+    noisy = race_state({"a": [100.0, 115.0], "b": [108.0, 92.0]}, True, 0.95, 0.1, AUTO_MAX_RUNS - 1)
+    assert 3 <= planned_runs(quiet, 99, AUTO_MAX_RUNS) <= 4
+    assert planned_runs(noisy, 99, AUTO_MAX_RUNS) == AUTO_MAX_RUNS  # 10% between runs: more than the cap
+    assert planned_runs(noisy, 5, AUTO_MAX_RUNS) == 5  # what the budget affords
+    assert planned_runs(noisy, 1, AUTO_MAX_RUNS) == 2  # the two runs already made
+    # the same plan whatever the difference seen: only the spread enters it
+    apart = race_state({"a": [100.0, 115.0], "b": [216.0, 184.0]}, True, 0.95, 0.1, AUTO_MAX_RUNS - 1)
+    assert planned_runs(apart, 99, AUTO_MAX_RUNS) == planned_runs(noisy, 99, AUTO_MAX_RUNS)
+    equal = {"a": 100.0, "b": 100.0}
+    auto = [simulate(equal, 0.1, seed, "auto") for seed in range(300)]
+    three = [simulate(equal, 0.1, seed, 3) for seed in range(300)]
+    assert auto.count(WIN) <= 15 and auto.count(TIED) > three.count(TIED), (auto.count(TIED), three.count(TIED))
+    assert simulate({"fast": 200.0, "slow": 100.0}, 0.1, 0, "auto") == WIN
+
+
 def test_one_run_each_is_not_a_race_and_values_that_never_vary_are_exact():
     assert race_state({"a": [1.0], "b": [2.0]}, True).answer == "one run"
     state = race_state({"a": [4.0, 4.0], "b": [4.0, 4.0]}, True, margin=0.0)
@@ -117,7 +156,7 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
             "workload.load_points=[{concurrency:4}]",
             "workload.num_requests=40",
             "workload.warmup_requests=0,1",
-            "objective={maximize:tokens_per_second,margin:0.1,max_repeats:3,budget:20}",
+            "objective={maximize:tokens_per_second,margin:0.1,max_repeats:auto,budget:20}",
             f"tracking.uri={store}",
             f"hydra.sweep.dir={tmp_path}/multirun",
             "-m",
@@ -126,6 +165,8 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     out = p.stdout
     assert p.returncode in (0, 4), out[-3000:] + p.stderr[-3000:]
     assert "race: run 2 of" in out and "run-to-run noise is not known yet" in out, out[-3000:]
+    planned = int(out.split("race: planning ")[1].split()[0])  # max_repeats: auto, after the second run
+    assert 2 <= planned <= AUTO_MAX_RUNS
     verdict = next(line for line in out.splitlines() if line.startswith("Verdict:"))
     assert " wins" not in verdict, verdict
     assert ("tie within the margin of 10%" in verdict) == (p.returncode == 0), verdict
@@ -136,7 +177,8 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     assert len(trials) == 2 and len(repeats) >= 2
     for r in repeats:  # each repeat a child of its trial's run, tagged with the sweep's
         parent = trials[r.data.tags["mlflow.parentRunId"]]
-        assert r.data.tags["repeat_of"] == parent.data.tags["trial_hash"] and r.data.tags["race_run"] in ("1", "2")
+        assert r.data.tags["repeat_of"] == parent.data.tags["trial_hash"]
+        assert 1 <= int(r.data.tags["race_run"]) < planned
     for t in trials.values():  # each trial's run carries its mean and interval between runs
         m = t.data.metrics
         assert m["tokens_per_second_runs"] >= 2
@@ -145,10 +187,12 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     assert (
         sweep.data.tags["verdict_decision"] in ("tie", "undecided") and sweep.data.tags["verdict_confidence"] == "0.95"
     )
+    assert sweep.data.tags["race_planned_runs"] == str(planned)
     from orchestrator.report import from_mlflow
     from orchestrator.report.verdict import decide
 
     data = from_mlflow(store, "default")
+    assert data.objective is not None and data.objective.max_repeats == planned  # the plan, read back
     assert sorted(len(t.runs) for t in data.trials) == sorted(
         sum(1 for r in repeats if r.data.tags["repeat_of"] == t.data.tags["trial_hash"]) for t in trials.values()
     )

@@ -163,6 +163,9 @@ class TrialSpec(StrictModel):
         return self
 
 
+AUTO_MAX_RUNS = 20  # objective.max_repeats=auto plans at most this many runs of a trial
+
+
 class ObjectiveSpec(StrictModel):
     """What the sweep's verdict optimises: one metric of each trial (or a knob, e.g.
     ``engine.max_num_batched_tokens``), among the trials that meet ``subject_to``.
@@ -192,8 +195,11 @@ class ObjectiveSpec(StrictModel):
         description="chance that every statement of the verdict (X better than Y, X and Y equivalent) is right, "
         "over all its comparisons and rounds together",
     )
-    max_repeats: PositiveInt = Field(
-        default=3, description="runs of a trial at most, the first included; 1: no race (one run each)"
+    max_repeats: PositiveInt | Literal["auto"] = Field(
+        default=3,
+        description="runs of a trial at most, the first included; 1: no race (one run each); auto: planned "
+        "after every trial's second run, from the noise measured between runs and what the budget allows "
+        f"(at most {AUTO_MAX_RUNS})",
     )
     margin: float = Field(
         default=0.1,
@@ -205,6 +211,12 @@ class ObjectiveSpec(StrictModel):
         ge=0.0,
         description="time the race may add, in multiples of the first pass's wall time (1.0: about twice as long)",
     )
+
+    @property
+    def most_runs(self) -> int:
+        """The runs a trial may have: ``max_repeats``, or with ``auto`` the most the race may plan
+        (the race replaces ``auto`` with its plan: :func:`orchestrator.scheduling.race.run_race`)."""
+        return AUTO_MAX_RUNS if self.max_repeats == "auto" else self.max_repeats
 
     @model_validator(mode="after")
     def _one_direction(self) -> ObjectiveSpec:
