@@ -136,6 +136,10 @@ def constraint_text(objective: ObjectiveSpec) -> str:
 
 
 def read_at(t: TrialData, v: Value, flag: str) -> bool:
-    """The value was read at a fixed point that carries ``flag`` (invalid, profiled_excluded)."""
-    point = next((p for p in fixed_points(t) if p.label == v.where), None)
-    return point is not None and point.metrics.get(flag, 0.0) >= 1.0
+    """The value was read at a fixed point that carries ``flag`` (invalid, profiled_excluded), in
+    any run of the trial (a race's later runs too: their mean is the value)."""
+    for run in (t, *t.runs):
+        point = next((p for p in fixed_points(run) if p.label == v.where), None)
+        if point is not None and point.metrics.get(flag, 0.0) >= 1.0:
+            return True
+    return False

@@ -411,6 +411,22 @@ def test_a_constraint_judged_at_an_invalid_point_is_flagged_whatever_the_objecti
     assert any("constraint of b256 (long/ttft_ms_p99) was judged at a load point flagged INVALID" in x for x in v.lines)
 
 
+def test_a_value_read_at_an_invalid_point_of_a_later_run_is_flagged():
+    """A race's later run whose point was INVALID (its client fell behind) is part of the value
+    the verdict compares: the verdict says so, as for the first run."""
+    from orchestrator.config.schema import ObjectiveSpec
+    from orchestrator.report.verdict import decide
+
+    objective = ObjectiveSpec(maximize="tokens_per_second")
+    ok = Point(0, "c4", {"concurrency": 4}, {"tokens_per_second": 100.0})
+    bad = Point(0, "c4", {"concurrency": 4}, {"tokens_per_second": 104.0, "invalid": 1.0})
+    a, b = _trial("a", 256, [ok]), _trial("b", 512, [ok])
+    a.runs, b.runs = [_trial("a-run1", 256, [ok])], [_trial("b-run1", 512, [bad])]
+    v = decide([a, b], objective)
+    assert any(x.startswith("Caution: the value of b was read at a load point flagged INVALID") for x in v.lines)
+    assert not any("value of a" in x for x in v.lines)
+
+
 def test_the_chunked_prefill_plot_draws_the_race_between_runs(tmp_path):
     from orchestrator.report.figures import point_between_runs
     from orchestrator.report.plots import chunked_prefill
