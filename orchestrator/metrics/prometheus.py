@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator.config.metric_keys import SERVER_QUANTILES
+
 Sample = dict[str, float]  # sample name (e.g. "vllm:x_total") -> value summed over label sets
 
 
@@ -182,7 +184,7 @@ def server_latency(bucket_deltas: Mapping[str, Sequence[tuple[float, float]]]) -
     in) from each histogram's bucket deltas over the point, in seconds."""
     out: dict[str, float] = {}
     for name, buckets in bucket_deltas.items():
-        for q in (50, 99):
+        for q in SERVER_QUANTILES:
             found = histogram_quantile(q / 100, buckets)
             if found is None:
                 continue
