@@ -1,6 +1,6 @@
 """Two names for one configuration must never get a winner: N whole sweeps, each racing them.
 
-    python -m benchmarks.race_tie [--sweeps 20] [--drift 0.1] [--jitter 0.1] [--max-repeats 3|auto]
+    python -m benchmarks.race_tie [--sweeps 20] [--drift 0.1] [--jitter 0.1] [--max-repeats auto|N]
 
 Each sweep is the CLI a user runs (``python -m orchestrator``, Ray, MLflow in a throw-away sqlite
 file) over two trials that differ only in a knob that cannot matter (``workload.warmup_requests``
@@ -67,7 +67,7 @@ def main() -> None:
     )
     ap.add_argument("--drift-every", type=float, default=2.0)
     ap.add_argument("--jitter", type=float, default=0.1, help="sigma of each request's own pace")
-    ap.add_argument("--max-repeats", default="3", help="objective.max_repeats: runs at most, or auto")
+    ap.add_argument("--max-repeats", default="auto", help="objective.max_repeats: runs at most, or auto (the default)")
     args = ap.parse_args()
     script = Script(ttft_s=0.01, itl_s=0.004, jitter=args.jitter, drift=args.drift, drift_every_s=args.drift_every)
     decisions: Counter[str] = Counter()

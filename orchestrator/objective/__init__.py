@@ -57,6 +57,21 @@ def run_values(t: TrialData, key: str, at: str | None = None) -> list[float]:
     return [v.value for run in (t, *t.runs) if run.status == "FINISHED" and (v := _one_value(run, key, at))]
 
 
+def round_values(t: TrialData, key: str, at: str | None = None) -> dict[int, float]:
+    """The value of ``key`` in each run of the trial, by the race's round it ran in (0 the first
+    pass, then the repeats; where a run's round is not known, its place among the runs): the
+    race pairs trials within rounds."""
+    runs = [t, *t.runs]
+    rounds = [r.round for r in runs]
+    if None in rounds or len(set(rounds)) < len(rounds):  # rounds not known: by place
+        rounds = list(range(len(runs)))
+    return {
+        int(r): v.value
+        for r, run in zip(rounds, runs, strict=True)
+        if r is not None and run.status == "FINISHED" and (v := _one_value(run, key, at))
+    }
+
+
 def _one_value(t: TrialData, key: str, at: str | None = None) -> Value | None:
     """One run's value of ``key`` (see :func:`value_of`)."""
     if at is None and key in t.metrics and math.isfinite(t.metrics[key]):

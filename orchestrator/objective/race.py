@@ -27,16 +27,21 @@ one run was measured, not how another run would come out.
 When the race ends undecided, :func:`runs_needed` says how many runs each would have told the
 leader and a contender apart (or tied them) at the noise measured between runs.
 
-``objective.max_repeats: auto`` plans the race's length once, after every trial's second run
-(:func:`planned_runs`): from the spread between runs alone, never from the differences seen (an
-internal pilot, Wittes and Brittain 1990: re-estimating the size from the variance leaves the
-error rate as planned), the runs each that would tie two equal trials with 80% power, within
-what the budget affords. From then on ``L`` is that plan's.
+``objective.max_repeats: auto`` (the default) plans the race's length once, after the pilot's
+third run (:func:`planned_runs`): from the spread between runs alone, never from the differences
+seen (an internal pilot, Wittes and Brittain 1990: re-estimating the size from the variance
+leaves the error rate as planned), the runs each that would tie two equal trials with 95% power,
+within what the budget affords. From then on ``L`` is that plan's.
+
+Rounds are blocks (:func:`blocked_fit`): the trials of a round run the same requests, back to
+back, on one server start when they share one, so what a round shares cancels in each
+comparison (a paired comparison) once enough rounds were run for it to pay.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scipy import stats
@@ -84,6 +89,7 @@ class RaceState:
     sd: float = 0.0  # the pooled spread between runs, on the compared scale
     bound: float = 0.0  # the margin on the compared scale
     alpha_total: float = 0.0  # the error a comparison may spend over the whole race
+    paired: bool = False  # compared within rounds (blocks), else every run's spread pooled
 
     def runs_to_decide(self, name: str) -> int | None:
         """Runs each that would decide the leader against ``name`` at the measured noise, were
@@ -135,7 +141,8 @@ def runs_needed(
     tie = abs(advantage) < bound
     for n in range(2, cap + 1):
         a = look_alpha(alpha, n - 1, n - 1)
-        df = trials * (n - 1)
+        df = (trials - 1) * (n - 1)  # rounds as blocks (:func:`blocked_fit`), or every run pooled
+        df = df if df >= PAIRED_MIN_DF else trials * (n - 1)
         # a tie must clear both bounds: at a true advantage of 0 each one-sided miss is half the power lost
         miss = (1 - power) / 2 if tie and advantage == 0 else 1 - power
         q = stats.t.ppf(1 - (a if tie else a / 2), df) + stats.t.ppf(1 - miss, df)
@@ -144,66 +151,155 @@ def runs_needed(
     return None
 
 
+PILOT_RUNS = 3  # auto plans once every trial still racing has run this many times
+PLAN_POWER = 0.95  # auto's plan ties two equal trials this often (at the spread the pilot measured)
+
+
 def planned_runs(state: RaceState, affordable: int, cap: int) -> int:
-    """``auto``'s plan from a race after every trial's second run: the runs each that tell a tie
-    of two equal trials (:func:`runs_needed` at no advantage) at the spread measured between runs,
-    at least 3, at most ``cap`` and the runs the budget ``affordable`` (never fewer than the 2 run)."""
+    """``auto``'s plan from a race after its pilot (:data:`PILOT_RUNS` runs): the runs each that
+    tell a tie of two equal trials with :data:`PLAN_POWER` (:func:`runs_needed` at no advantage)
+    at the spread measured between runs, at least 3, at most ``cap`` and the runs the budget
+    ``affordable`` (never fewer than the runs made)."""
+    made = max(state.runs.values(), default=2)
     need = 3
     if state.sd > 0 and state.bound > 0:
-        need = runs_needed(state.sd, 0.0, state.bound, state.alpha_total, max(2, len(state.runs)), cap=cap) or cap
-    return max(2, min(cap, affordable, max(3, need)))
+        trials = max(2, len(state.runs))
+        need = runs_needed(state.sd, 0.0, state.bound, state.alpha_total, trials, PLAN_POWER, cap) or cap
+    return max(made, min(cap, affordable, max(3, need)))
+
+
+Runs = dict[str, list[float]] | dict[str, dict[int, float]]
+
+
+def by_round(values: Runs) -> dict[str, dict[int, float]]:
+    """Each trial's finite values keyed by the round they were measured in (a list: rounds 0, 1, ...)."""
+    out = {}
+    for k, v in values.items():
+        rounds = v if isinstance(v, dict) else dict(enumerate(v))
+        kept = {int(r): float(x) for r, x in rounds.items() if math.isfinite(x)}
+        if kept:
+            out[k] = kept
+    return out
+
+
+@dataclass
+class _Fit:
+    """Trials' effects from their runs, rounds as blocks (see :func:`blocked_fit`)."""
+
+    effect: dict[str, float]  # each trial's value, adjusted for the rounds it ran in
+    sd: float  # the residual spread of one run, net of what a round shares
+    df: int
+    contrast: Callable[[str, str], float]  # the variance factor of effect[a] - effect[b] (times sd^2)
+    paired: bool  # rounds were blocks (else every run's spread pooled)
+
+
+PAIRED_MIN_DF = 4  # the fewest degrees of freedom with which rounds are blocks (see blocked_fit)
+
+
+def blocked_fit(y: dict[str, dict[int, float]]) -> _Fit:
+    """Least squares of ``y[trial][round] = trial effect + round effect + error``: a randomized
+    complete block design, each round a block (the same requests for every trial of a round, on
+    the same server start when the trials share one, close in time). What a round shares (its
+    requests, its server start, the machine's mood of the moment) cancels in every comparison;
+    the error left is the runs' own. With two trials and every round complete this is the paired
+    t-test.
+
+    Blocks cost degrees of freedom (one per round): with two trials of three runs, two are left
+    where pooling keeps four, and at the race's small error shares a t quantile on two degrees is
+    twice one on four. So rounds are blocks only when that leaves at least ``PAIRED_MIN_DF``
+    degrees of freedom (two trials: from their fifth run); before that, or when the trials share
+    too few rounds to be compared within them (a first run lost), every run's spread is pooled,
+    rounds ignored. Pooling is conservative when rounds share noise (the shared part inflates the
+    spread, never the difference), and the choice rests on the rounds run, never on the values
+    measured, so each round's test keeps its error share either way."""
+    rows = [(k, r, x) for k, v in y.items() for r, x in v.items()]
+    blocked = _least_squares(rows, list(y))
+    if blocked is not None and blocked.df >= PAIRED_MIN_DF:
+        return blocked
+    pooled = _least_squares([(k, 0, x) for k, _, x in rows], list(y))
+    assert pooled is not None  # no blocks: every trial is its own mean
+    return pooled
+
+
+def _least_squares(rows: list[tuple[str, int, float]], names: list[str]) -> _Fit | None:
+    import numpy as np
+
+    rounds = sorted({r for _, r, _ in rows})
+    X = np.zeros((len(rows), len(names) + len(rounds) - 1))
+    for row, (k, r, _) in enumerate(rows):
+        X[row, names.index(k)] = 1.0
+        if (j := rounds.index(r)) > 0:
+            X[row, len(names) + j - 1] = 1.0
+    obs = np.array([x for *_, x in rows])
+    beta, *_ = np.linalg.lstsq(X, obs, rcond=None)
+    df = len(rows) - int(np.linalg.matrix_rank(X))
+    xtx = X.T @ X
+    xtx_inv = np.linalg.pinv(xtx)
+
+    def vector(a: str, b: str) -> np.ndarray:
+        c = np.zeros(X.shape[1])
+        c[names.index(a)], c[names.index(b)] = 1.0, -1.0
+        return c
+
+    # every difference between trials must be estimable (connected through shared rounds)
+    if any(not np.allclose(vector(names[0], k) @ xtx_inv @ xtx, vector(names[0], k), atol=1e-8) for k in names[1:]):
+        return None
+    sd = math.sqrt(float(np.sum((obs - X @ beta) ** 2)) / df) if df > 0 else 0.0
+    effect = {k: float(beta[i]) for i, k in enumerate(names)}
+    return _Fit(effect, sd, df, lambda a, b: float(vector(a, b) @ xtx_inv @ vector(a, b)), len(rounds) > 1)
 
 
 def race_state(
-    values: dict[str, list[float]],
+    values: Runs,
     maximize: bool,
     confidence: float = 0.95,
     margin: float = 0.1,
     looks: int = 1,
 ) -> RaceState:
-    """Compare every trial's runs (``values``: trial -> objective value of each run) with the
-    leader's; ``looks``: the rounds at which the race may stop. This is round ``n - 1`` of them,
-    ``n`` the leader's runs (the leader runs in every round)."""
-    values = {k: [float(x) for x in v if math.isfinite(x)] for k, v in values.items()}
-    values = {k: v for k, v in values.items() if v}
-    if not values:
+    """Compare every trial's runs (``values``: trial -> objective value of each run, by round, or
+    a list in round order) with the leader's; ``looks``: the rounds at which the race may stop.
+    This is round ``n - 1`` of them, ``n`` the leader's runs (the leader runs in every round).
+    Rounds are blocks (:func:`blocked_fit`): each comparison is paired within the rounds."""
+    rounds = by_round(values)
+    if not rounds:
         return RaceState(None)
-    log_scale = all(x > 0 for v in values.values() for x in v)
-    y = {k: [math.log(x) if log_scale else x for x in v] for k, v in values.items()}
+    log_scale = all(x > 0 for v in rounds.values() for x in v.values())
+    y = {k: {r: math.log(x) if log_scale else x for r, x in v.items()} for k, v in rounds.items()}
     sign = 1.0 if maximize else -1.0
-    mean = {k: sum(v) / len(v) for k, v in y.items()}
+    runs = {k: len(v) for k, v in y.items()}
+    fit = blocked_fit(y) if len(y) > 1 else None
+    mean = fit.effect if fit is not None else {k: sum(v.values()) / len(v) for k, v in y.items()}
     leader = max(mean, key=lambda k: sign * mean[k])
-    state = RaceState(leader, runs={k: len(v) for k, v in y.items()})
-    state.df = sum(len(v) - 1 for v in y.values())
+    state = RaceState(leader, runs=runs, paired=fit is not None and fit.paired)
     if len(y) == 1:
         state.answer = WIN
         return state
-    if state.df == 0:
+    state.df = fit.df if fit is not None else 0
+    if fit is None or state.df == 0:
         state.answer = ONE_RUN
         return state
-    sd = math.sqrt(sum((x - mean[k]) ** 2 for k, v in y.items() for x in v) / state.df)
-    look = len(y[leader]) - 1
+    look = runs[leader] - 1
     alpha = look_alpha(1.0 - confidence, look, looks) / (len(y) - 1)
     state.level = 1.0 - alpha
     two_sided, one_sided = stats.t.ppf(1 - alpha / 2, state.df), stats.t.ppf(1 - alpha, state.df)
     scale = abs(mean[leader]) if not log_scale else 1.0
     bound = math.log1p(margin) if log_scale else margin * scale
-    state.sd, state.bound, state.alpha_total = sd, bound, (1.0 - confidence) / (len(y) - 1)
+    state.sd, state.bound, state.alpha_total = fit.sd, bound, (1.0 - confidence) / (len(y) - 1)
     for k in y:
         if k == leader:
             continue
         d = sign * (mean[leader] - mean[k])  # >= 0: the leader's advantage
-        se = sd * math.sqrt(1 / len(y[leader]) + 1 / len(y[k]))
+        se = fit.sd * math.sqrt(fit.contrast(leader, k))
         lo, hi = d - two_sided * se, d + two_sided * se
-        if se == 0.0:  # runs that never vary: the data are exact
-            outcome = TIE if d <= bound else BETTER
+        if se <= 1e-12 * max(1.0, abs(d)):  # runs that never vary: the data are exact
+            outcome = TIE if d <= bound + 1e-12 else BETTER
         elif lo > bound:
             outcome = BETTER
         elif d + one_sided * se < bound and d - one_sided * se > -bound:
             outcome = TIE
         else:
             outcome = UNDECIDED
-        back = (lambda v: math.exp(sign * v)) if log_scale else (lambda v: v)
+        back = (lambda v: math.exp(max(-700.0, min(700.0, sign * v)))) if log_scale else (lambda v: v)
         low, high = sorted((back(lo), back(hi)))
         state.comparisons.append(Comparison(k, outcome, back(d), low, high, log_scale, d))
     state.answer = OPEN if state.undecided else TIED if state.tied else WIN

@@ -20,7 +20,7 @@ from orchestrator.objective import (
     fixed_points,
     fmt,
     read_at,
-    run_values,
+    round_values,
     show,
     value_of,
 )
@@ -205,7 +205,7 @@ def race_over(trials: list[TrialData], objective: ObjectiveSpec) -> RaceState:
     spent over the ``max_repeats - 1`` rounds at which the race may stop (``auto``: as the race
     planned them, else at most ``AUTO_MAX_RUNS - 1``), then divided over the
     contenders: objective.race.look_alpha)."""
-    values = {t.name: run_values(t, objective.key, objective.at) for t in trials}
+    values = {t.name: round_values(t, objective.key, objective.at) for t in trials}
     looks = max(1, objective.most_runs - 1)
     return race_state(values, objective.maximize is not None, objective.confidence, objective.margin, looks)
 
@@ -217,8 +217,10 @@ def _race_headline(verdict: Verdict, bv: Value) -> str:
     key, extra = objective.key, _quoted(best, objective)
     runs = sorted(set(race.runs.values()))
     each = f"{runs[0]} runs each" if len(runs) == 1 else f"{runs[0]}-{runs[-1]} runs"
+    paired = " (paired within rounds)" if race.paired else ""
     sure = (
-        f"{objective.confidence:.0%} confidence for all its statements together, from the spread between runs, {each}"
+        f"{objective.confidence * 100:.4g}% confidence for all its statements together, "
+        f"from the spread between runs{paired}, {each}"
     )
     value = f"{key} {show(bv)}" + (f" ({extra})" if extra else "")
     goal = f"objective: {_goal(objective)}."

@@ -1,6 +1,6 @@
 """The race after a sweep's first pass: the trials that cannot yet be told apart from the leader
 run again (fresh requests, the same for every trial of a round) until the verdict is decided,
-a trial has run ``objective.max_repeats`` times (``auto``: as many as planned after the second
+a trial has run ``objective.max_repeats`` times (``auto``: as many as planned after the third
 run, :func:`orchestrator.objective.race.planned_runs`), or the next round would pass the budget
 (``objective.budget`` first passes). The statistics are ``objective.race``'s; the verdict reads
 the same runs (docs/statistics.md)."""
@@ -15,7 +15,7 @@ from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.config.schema.trial import AUTO_MAX_RUNS
 from orchestrator.metrics.result import TrialResult
 from orchestrator.objective import value_of
-from orchestrator.objective.race import OPEN, UNDECIDED, WIN, Comparison, RaceState, planned_runs
+from orchestrator.objective.race import OPEN, PILOT_RUNS, UNDECIDED, WIN, Comparison, RaceState, planned_runs
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.recorder import Recorder
 
@@ -68,7 +68,7 @@ def run_race(
         state = standing(record.results, objective)
         if state is None:
             return objective
-        if run == 2 and objective.max_repeats == "auto":
+        if run == PILOT_RUNS and objective.max_repeats == "auto":
             objective, limit = _plan(state, objective, jobs, record, deadline - time.monotonic(), concurrent)
             state = standing(record.results, objective) or state
         if run > 1 and state.answer != OPEN:
@@ -101,10 +101,11 @@ def run_race(
 def _plan(
     state: RaceState, objective: ObjectiveSpec, jobs: list[TrialJob], record: Recorder, left_s: float, concurrent: int
 ) -> tuple[ObjectiveSpec, int]:
-    """``max_repeats: auto`` resolved after every trial's second run: the runs each from the
-    spread between runs and what the budget affords (rounds of every trial), said and tagged."""
-    round_s = _round_s(record, jobs, concurrent)
-    affordable = 2 + (int(max(left_s, 0.0) // round_s) if round_s > 0 else AUTO_MAX_RUNS)
+    """``max_repeats: auto`` resolved after the pilot's runs (``PILOT_RUNS``): the runs each from the
+    spread between runs and what the budget affords (rounds of the trials still racing), said and tagged."""
+    racing = [j for j in jobs if _name(j) in state.to_repeat()] or jobs
+    round_s = _round_s(record, racing, concurrent)
+    affordable = PILOT_RUNS + (int(max(left_s, 0.0) // round_s) if round_s > 0 else AUTO_MAX_RUNS)
     n = planned_runs(state, affordable, AUTO_MAX_RUNS)
     noise = f"{state.sd:.1%} between runs" if state.comparisons and state.comparisons[0].log_scale else "the noise"
     record.progress(

@@ -60,6 +60,7 @@ class TrialData:
     timeline: Callable[[], bytes | None] = field(default=lambda: None, repr=False)  # () -> timeline.png
     error: str = ""  # why the trial was SKIPPED or FAILED
     runs: list[TrialData] = field(default_factory=list)  # a race's later runs of this configuration, in order
+    round: int | None = None  # the race's round this run was measured in (0: the first pass; None: not known)
 
     def param(self, key: str, default: str | None = None) -> str | None:
         value = self.params.get(key, default)
@@ -151,6 +152,7 @@ def from_results(
                 telemetry=dict(r.telemetry),
                 timeline=_file_reader(dirs[result_id(r)] / TIMELINE_FILE if result_id(r) in dirs else None),
                 error=r.error or "",
+                round=_round_of(r.spec.get("run")),
             )
         )
     repeats = {r.trial_hash: r.repeat_of for r in results if r.repeat_of}
@@ -299,7 +301,15 @@ def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
         telemetry={k.removeprefix("telemetry."): v for k, v in tags.items() if k.startswith("telemetry.")},
         timeline=timeline,
         error=tags.get("error", ""),
+        round=_round_of(tags.get("race_run", "0" if tags.get("run_kind") == "trial" else None)),
     )
+
+
+def _round_of(value: object) -> int | None:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
 
 
 def finished_trial_data(uri: str, experiment: str, hashes: list[str]) -> dict[str, TrialData]:

@@ -163,7 +163,7 @@ class TrialSpec(StrictModel):
         return self
 
 
-AUTO_MAX_RUNS = 20  # objective.max_repeats=auto plans at most this many runs of a trial
+AUTO_MAX_RUNS = 30  # objective.max_repeats=auto plans at most this many runs of a trial
 
 
 class ObjectiveSpec(StrictModel):
@@ -196,9 +196,9 @@ class ObjectiveSpec(StrictModel):
         "over all its comparisons and rounds together",
     )
     max_repeats: PositiveInt | Literal["auto"] = Field(
-        default=3,
+        default="auto",
         description="runs of a trial at most, the first included; 1: no race (one run each); auto: planned "
-        "after every trial's second run, from the noise measured between runs and what the budget allows "
+        "after the third run, from the noise measured between runs and what the budget allows "
         f"(at most {AUTO_MAX_RUNS})",
     )
     margin: float = Field(
