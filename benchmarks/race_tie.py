@@ -8,7 +8,7 @@ file) over two trials that differ only in a knob that cannot matter (``workload.
 drifts: every ``--drift-every`` seconds the whole server's speed is redrawn (log-normal of
 sigma ``--drift``, the between-run noise a race meets on a real machine), and each request's
 pace varies by ``--jitter`` on top. The race runs with its defaults (confidence 0.95, margin
-10%), ``--max-repeats`` runs at most (3, or ``auto``: planned from the noise after the second
+10%), ``--max-repeats`` runs at most (``auto``, the default: planned from the noise after the third
 run) and a budget that never stops it early. Prints one line per sweep (its
 verdict's decision, runs, exit status, wall time) and a table of decisions: "win" is the
 failure this benchmark looks for. docs/benchmarks.md keeps the table.

@@ -152,19 +152,30 @@ def runs_needed(
 
 
 PILOT_RUNS = 3  # auto plans once every trial still racing has run this many times
-PLAN_POWER = 0.95  # auto's plan ties two equal trials this often (at the spread the pilot measured)
+PLAN_POWER = 0.95  # auto's plan ties two equal trials this often, at the spread it plans for
+PLAN_SD_UPPER = 0.8  # ... which is the pilot's spread at this upper confidence limit (Browne 1995)
+
+
+def planning_sd(state: RaceState) -> float:
+    """The spread ``auto`` plans for: the pilot's, at its one-sided :data:`PLAN_SD_UPPER` upper
+    confidence limit (``s * sqrt(df / chi2_{1-0.8}(df))``: 1.56 s on 4 degrees of freedom).
+    A pilot of a few runs estimates the spread poorly, and a plan from the estimate alone gets
+    its power only half the time; from the upper limit, at least 80% of the time (Browne 1995)."""
+    if state.sd <= 0 or state.df <= 0:
+        return state.sd
+    return state.sd * math.sqrt(state.df / stats.chi2.ppf(1.0 - PLAN_SD_UPPER, state.df))
 
 
 def planned_runs(state: RaceState, affordable: int, cap: int) -> int:
     """``auto``'s plan from a race after its pilot (:data:`PILOT_RUNS` runs): the runs each that
     tell a tie of two equal trials with :data:`PLAN_POWER` (:func:`runs_needed` at no advantage)
-    at the spread measured between runs, at least 3, at most ``cap`` and the runs the budget
+    at the spread of :func:`planning_sd`, at least 3, at most ``cap`` and the runs the budget
     ``affordable`` (never fewer than the runs made)."""
     made = max(state.runs.values(), default=2)
     need = 3
     if state.sd > 0 and state.bound > 0:
         trials = max(2, len(state.runs))
-        need = runs_needed(state.sd, 0.0, state.bound, state.alpha_total, trials, PLAN_POWER, cap) or cap
+        need = runs_needed(planning_sd(state), 0.0, state.bound, state.alpha_total, trials, PLAN_POWER, cap) or cap
     return max(made, min(cap, affordable, max(3, need)))
 
 

@@ -15,7 +15,16 @@ from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.config.schema.trial import AUTO_MAX_RUNS
 from orchestrator.metrics.result import TrialResult
 from orchestrator.objective import value_of
-from orchestrator.objective.race import OPEN, PILOT_RUNS, UNDECIDED, WIN, Comparison, RaceState, planned_runs
+from orchestrator.objective.race import (
+    OPEN,
+    PILOT_RUNS,
+    UNDECIDED,
+    WIN,
+    Comparison,
+    RaceState,
+    planned_runs,
+    planning_sd,
+)
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.recorder import Recorder
 
@@ -107,7 +116,9 @@ def _plan(
     round_s = _round_s(record, racing, concurrent)
     affordable = PILOT_RUNS + (int(max(left_s, 0.0) // round_s) if round_s > 0 else AUTO_MAX_RUNS)
     n = planned_runs(state, affordable, AUTO_MAX_RUNS)
-    noise = f"{state.sd:.1%} between runs" if state.comparisons and state.comparisons[0].log_scale else "the noise"
+    noise = "the noise"
+    if state.comparisons and state.comparisons[0].log_scale:
+        noise = f"{state.sd:.1%} between runs, planned for {planning_sd(state):.1%} (its 80% upper limit)"
     record.progress(
         f"race: planning {n} runs each at most (objective.max_repeats=auto: at {noise}, the budget affords "
         f"{min(affordable, AUTO_MAX_RUNS)}, at most {AUTO_MAX_RUNS})"
