@@ -131,6 +131,58 @@ def check_constraint(
     return True, f"{key} {show(v)}"
 
 
+@dataclass(frozen=True)
+class Limit:
+    """A constraint judged with its uncertainty: a one-sided limit of its mean over a trial's runs
+    (Student t, ``n - 1`` degrees of freedom), ``above`` the mean or below it. What it says holds
+    when the limit stays on the bound's side: an upper limit at or under the bound (a maximum met,
+    a minimum missed), a lower limit at or over it (a minimum met, a maximum missed)."""
+
+    key: str
+    bound: float
+    above: bool
+    limit: float
+    runs: int
+
+    @property
+    def holds(self) -> bool:
+        return self.limit <= self.bound if self.above else self.limit >= self.bound
+
+    def words(self) -> str:
+        side = "at most" if self.above else "at least"
+        return f"{self.key} {side} {fmt(self.limit)} ({'<=' if self.above else '>='} {fmt(self.bound)})"
+
+
+def constraint_limits(
+    t: TrialData, objective: ObjectiveSpec, trials: list[TrialData], alpha: float, missed: bool = False
+) -> list[Limit]:
+    """Each constraint of ``objective`` on ``t`` at one-sided level ``1 - alpha``: the limit
+    on the side a trial that meets it must stay within (``missed``: the other side, for a trial
+    that misses it: its limit beyond the bound says it misses it). Empty with fewer than 2 runs."""
+    from scipy import stats
+
+    out = []
+    for key, bound in objective.subject_to.items():
+        values = run_values(t, key, objective.at)
+        n = len(values)
+        if n < 2:
+            return []
+        mean = sum(values) / n
+        sd = math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1))
+        half = float(stats.t.ppf(1.0 - alpha, n - 1)) * sd / math.sqrt(n)
+        if isinstance(bound, str):  # base-D against the first trial's value
+            base = next((v for b in trials if (v := value_of(b, key, objective.at)) is not None), None)
+            sides = [] if base is None else [(base.value - float(bound.split("-", 1)[1]), False)]
+        elif isinstance(bound, dict):
+            sides = [(float(v), k == "max") for k, v in bound.items()]
+        else:
+            sides = [(float(bound), True)]
+        for b, upper in sides:
+            above = upper != missed  # the limit's side: above the mean for a maximum met, or a minimum missed
+            out.append(Limit(key, b, above, mean + half if above else mean - half, n))
+    return out
+
+
 def constraints_hold(t: TrialData, objective: ObjectiveSpec, trials: list[TrialData]) -> tuple[bool, str]:
     """Whether ``t`` meets every constraint of ``objective`` (``base-D`` against ``trials``)."""
     checks = [check_constraint(t, k, b, objective, trials) for k, b in objective.subject_to.items()]

@@ -339,7 +339,7 @@ def summary_markdown(
     if data.objective is not None:
         verdict = decide(data.finished, data.objective)
         lines += ["", *verdict.lines, ""]
-        explained = why_winner(verdict.best, data.finished, varied, data.objective)
+        explained = why_winner(verdict.best, data.finished, varied, data.objective, verdict.decision)
         lines += [*explained, ""] if explained else []
         lines += knob_effects(data.finished, varied, data.objective)
     else:

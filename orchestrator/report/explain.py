@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.objective import fixed_points, short
+from orchestrator.objective.race import OPEN, TIED, WIN
 from orchestrator.tracking.runs import Point, TrialData
 
 
@@ -190,9 +191,14 @@ def compare(winner: TrialData, other: TrialData, knobs: list[str], label: str | 
 
 
 def why_winner(
-    winner: TrialData | None, trials: list[TrialData], varied: list[str], objective: ObjectiveSpec
+    winner: TrialData | None,
+    trials: list[TrialData],
+    varied: list[str],
+    objective: ObjectiveSpec,
+    decision: str = WIN,
 ) -> list[str]:
-    """``Why <winner> wins``: one paragraph per trial it is compared with (see the module)."""
+    """``Why <winner> wins``: one paragraph per trial it is compared with (see the module). With a
+    ``decision`` other than a win (a tie, an undecided race) the heading says the trial only leads."""
     if winner is None:
         return []
     knobs = [k for k in varied if k not in ("variant", "overrides")]
@@ -204,8 +210,12 @@ def why_winner(
             paragraphs.append(f"- {text}")
     if not paragraphs:
         return []
+    heading = {
+        TIED: f"**Where {winner.name} differs** (it leads, but the verdict is a tie: these differences are within the margin)",
+        OPEN: f"**Where {winner.name} differs** (it leads, but the race is undecided: these may be noise)",
+    }.get(decision, f"**Why {winner.name} wins**")
     return [
-        f"**Why {winner.name} wins** (its diagnosis against the trials closest to it in each varied knob):",
+        f"{heading} (its diagnosis against the trials closest to it in each varied knob):",
         "",
         *paragraphs,
     ]

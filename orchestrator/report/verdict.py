@@ -16,6 +16,7 @@ from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.objective import (
     Value,
     check_constraint,
+    constraint_limits,
     constraint_text,
     fixed_points,
     fmt,
@@ -295,7 +296,45 @@ def _knob_headline(verdict: Verdict, bv: Value) -> str:
         if better
         else f"no trial has a {'greater' if objective.maximize else 'smaller'} {objective.key}"
     )
-    return f"**Verdict:** {best.name} wins: {value}; it met the constraints in all {n} of its runs, and {rest}. {goal}"
+    sure = _knob_confidence(best, better, objective, verdict.judged)
+    return (
+        f"**Verdict:** {best.name} wins: {value}; it met the constraints in all {n} of its runs, and {rest}{sure}. "
+        f"{goal}"
+    )
+
+
+def _knob_confidence(
+    best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData]
+) -> str:
+    """How sure a knob verdict is: each of the best's constraints and, for each trial with a better
+    knob, the constraint it misses most clearly, as one-sided limits between runs, the error
+    ``1 - confidence`` split over these statements (Bonferroni). Empty without constraints or
+    with one run."""
+    if not objective.subject_to or not best.runs:
+        return ""
+    count = len(constraint_limits(best, objective, trials, 0.05)) + len(better)
+    alpha = (1.0 - objective.confidence) / max(count, 1)
+    statements = [(best.name, lim) for lim in constraint_limits(best, objective, trials, alpha)]
+    for t in better:
+        missed = constraint_limits(t, objective, trials, alpha, missed=True)
+        if missed:  # the constraint it misses most clearly: its limit furthest past the bound
+            statements.append(
+                (
+                    t.name,
+                    max(missed, key=lambda x: (x.limit - x.bound) / (abs(x.bound) or 1.0) * (-1 if x.above else 1)),
+                )
+            )
+    if not statements:
+        return ""
+    conf = f"{objective.confidence * 100:.4g}%"
+    said = "; ".join(f"{'' if name == best.name else name + ': '}{lim.words()}" for name, lim in statements)
+    if all(lim.holds for _, lim in statements):
+        return f", with {conf} confidence for all these statements together (one-sided limits between runs: {said})"
+    failing = "; ".join(f"{name}: {lim.words()}" for name, lim in statements if not lim.holds)
+    return (
+        f", but not yet with {conf} confidence (one-sided limits between runs: {failing}): more runs would tell "
+        "(objective.max_repeats, objective.budget)"
+    )
 
 
 def knob_effects(trials: list[TrialData], varied: list[str], objective: ObjectiveSpec) -> list[str]:

@@ -89,6 +89,11 @@ def run_race(
         chosen = [j for j in jobs if _name(j) in names and j.trial_hash in by_hash]
         if not chosen:
             return objective
+        # each round starts with another trial (a rotation: for two, AB then BA, a crossover), so
+        # what a round's first or last place brings (the fresh server start, the machine after
+        # the last round) falls on every trial alike and never passes for a difference between them
+        turn = run % len(chosen)
+        chosen = chosen[turn:] + chosen[:turn]
         round_s = _round_s(record, chosen, concurrent)
         left = deadline - time.monotonic()
         if round_s > left:

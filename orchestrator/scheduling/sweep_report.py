@@ -150,7 +150,7 @@ def _say_verdict(data: SweepData, objective: ObjectiveSpec | None, progress: Pro
             progress(line.replace("**", ""))
         from orchestrator.report.explain import why_winner
 
-        for line in why_winner(verdict.best, data.finished, data.varied_params(), objective):
+        for line in why_winner(verdict.best, data.finished, data.varied_params(), objective, verdict.decision):
             if line:
                 progress(line.replace("**", ""))
     else:  # no objective declared: the report's fallback, said here too

@@ -193,6 +193,12 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     assert p.returncode in (0, 4), out[-3000:] + p.stderr[-3000:]
     assert "race: run 2 of" in out and "run-to-run noise is not known yet" in out, out[-3000:]
     assert "race: planning " in out, out[-4000:]
+    rounds = [
+        line.split("race: run ", 1)[1].split(" of ", 1)[1].split(" (")[0]
+        for line in out.splitlines()
+        if "race: run " in line
+    ]
+    assert rounds[0].split(", ") == rounds[1].split(", ")[::-1], rounds  # each round starts with another trial
     planned = int(out.split("race: planning ")[1].split()[0])  # max_repeats: auto, after the third run
     assert 2 <= planned <= AUTO_MAX_RUNS
     verdict = next(line for line in out.splitlines() if line.startswith("Verdict:"))
@@ -260,6 +266,19 @@ def test_a_knob_objective_is_sure_only_of_the_constraints():
     small = _trial("b256", 256, [2100.0, 2300.0, 2250.0])
     verdict = decide([small, mid], objective)
     assert verdict.decision == WIN and "met the constraints in all 2 of its runs" in verdict.headline
+    # how sure: one-sided limits between runs, the 5% split over the two statements (t on 1 and 2 df):
+    # b512's TTFT at most 950 + t(1) x 50; b256's at least 2216.7 - t(2) x 60.1 = 1958: not past 2000
+    assert (
+        "but not yet with 95% confidence (one-sided limits between runs: b256: long/ttft_ms_p99 at least 1958 (>= 2000))"
+        in verdict.headline
+    ), verdict.headline
+    assert "more runs would tell" in verdict.headline
+    small = _trial("b256", 256, [2600.0, 2700.0, 2650.0])
+    verdict = decide([small, mid], objective)
+    assert (
+        "with 95% confidence for all these statements together (one-sided limits between runs: "
+        "long/ttft_ms_p99 at most 1585 (<= 2000); b256: long/ttft_ms_p99 at least 2526 (>= 2000))"
+    ) in verdict.headline, verdict.headline
 
 
 def test_rounds_are_blocks_once_they_pay_and_then_the_comparison_is_the_paired_t_test():
