@@ -8,7 +8,9 @@ A trial is SKIPPED (never started, never a crash) with the reason when:
 * tensor parallelism does not divide the model's attention heads;
 * on GPUs, the weights leave no room for the KV cache, or the KV cache cannot hold one
   request of the workload (weights and KV bytes per token from the model's shape:
-  :mod:`orchestrator.models.capacity`).
+  :mod:`orchestrator.models.capacity`);
+* a LoRA adapter's rank is above the server's ``max_lora_rank``, or its matrices do not fit
+  the model (an adapter of another base model): :func:`lora_unfit`.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.metric_keys import M
-from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec
+from orchestrator.config.schema import LaunchedEngineSpec, SGLangEngineSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.engines import adapter_for, nsys
 from orchestrator.metrics.probes import visible_devices
 from orchestrator.models.capacity import Capacity, arch_of, kv_capacity
 from orchestrator.models.gpus import GPUS, gpu_spec
 from orchestrator.models.hardware import DetectedGPU, Roofs, cached_roofs, calibrate, detect_gpus
+from orchestrator.models.lora import AdapterError, read_adapter, tiny_adapter_name
 from orchestrator.models.roofline import DecodeFloor, decode_floor, measured_bandwidth_gb_s
 
 log = logging.getLogger(__name__)
@@ -143,7 +146,7 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
                 f"model {spec.model.name} needs ~{need_gb:.0f} GB for its weights on the CPU platform; "
                 f"this host has {have_gb:.0f} GB"
             )
-    reason = adapter_for(spec.engine.name).unsupported(spec) or nsys.unsupported(spec)
+    reason = adapter_for(spec.engine.name).unsupported(spec) or nsys.unsupported(spec) or lora_unfit(spec)
     if reason:
         return reason
     need = gpus_needed(spec)
@@ -168,6 +171,55 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
             return (
                 f"the KV cache holds {cap.tokens} tokens ({cap.kv_budget_gib_per_gpu:.1f} GiB per GPU at "
                 f"{cap.kv_bytes_per_token / 1024:.0f} KiB/token) but one request needs up to {needed}"
+            )
+    return None
+
+
+VLLM_DEFAULT_MAX_LORA_RANK = 16  # vllm.config.lora.LoRAConfig.max_lora_rank
+# The modules whose LoRA input is the model's hidden state, and those whose output is.
+_HIDDEN_IN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+_HIDDEN_OUT = ("o_proj", "down_proj")
+
+
+def lora_unfit(spec: TrialSpec) -> str | None:
+    """Why the trial's server cannot take its LoRA adapters, or None: an adapter of a rank above
+    the server's ``max_lora_rank`` (vLLM refuses to load it), or whose matrices do not fit the
+    model's hidden size (an adapter of another base model). Reads each adapter's config and
+    tensor header only; the tiny adapters' ranks come from their spec (they may not be built yet)."""
+    lora, engine = spec.model.lora, spec.engine
+    if lora is None or not isinstance(engine, LaunchedEngineSpec):
+        return None
+    ranks: list[tuple[str, int]] = []
+    hidden = None
+    arch = arch_of(spec.model)
+    if arch is not None and spec.model.tiny is None:
+        hidden = arch.num_heads * arch.head_dim
+    elif spec.model.tiny is not None:
+        hidden = spec.model.tiny.hidden_size
+    for a in lora.adapters:
+        try:
+            info = read_adapter(a.path)
+        except AdapterError as e:
+            return f"LoRA adapter {a.name}: {e}"
+        ranks.append((a.name, info.rank))
+        for module, (n_in, n_out) in info.module_dims().items():
+            got, side = (n_in, "input") if module in _HIDDEN_IN else (n_out, "output")
+            if hidden and module in _HIDDEN_IN + _HIDDEN_OUT and got and got != hidden:
+                return (
+                    f"LoRA adapter {a.name} ({a.path}) was made for another base model: its {module} {side} is "
+                    f"{got} wide, model {spec.model.name}'s hidden size is {hidden}"
+                )
+    if lora.tiny is not None:
+        ranks += [(tiny_adapter_name(k), lora.tiny.rank) for k in range(lora.tiny.count)]
+    limit: int | None = engine.max_lora_rank if isinstance(engine, VLLMEngineSpec | SGLangEngineSpec) else None
+    default = ""
+    if limit is None and isinstance(engine, VLLMEngineSpec):
+        limit, default = VLLM_DEFAULT_MAX_LORA_RANK, " (vLLM's default)"
+    for name, r in ranks:
+        if limit is not None and r > limit:
+            return (
+                f"LoRA adapter {name} has rank {r}, above the server's max_lora_rank {limit}{default}: "
+                f"set engine.max_lora_rank >= {r}"
             )
     return None
 

@@ -226,6 +226,17 @@ class M:
     ACCURACY: Final = "accuracy"
     ACCURACY_STDERR: Final = "accuracy_stderr"
     EVAL_S: Final = "eval_s"
+    # a LoRA adapter's, at a point (adapter.<name>.<metric>): its first request's TTFT (cold: the
+    # adapter loaded on first use), its others' median, the share of its prompt tokens the
+    # prefix cache served; and of its scores, the share of answers in another's convention
+    FIRST_TTFT_MS: Final = "first_ttft_ms"
+    WARM_TTFT_MS_P50: Final = "warm_ttft_ms_p50"
+    PREFIX_HIT_RATE: Final = "prefix_hit_rate"
+    MISROUTED: Final = "misrouted"
+    LOAD_S: Final = "load_s"  # an adapter loaded at run time (engine.lora_loading=runtime): seconds
+    # eval.adapters: the worst adapter's share of right answers, and of answers in another's convention
+    ADAPTERS_ACCURACY_MIN: Final = "adapters_accuracy_min"
+    ADAPTERS_MISROUTED_MAX: Final = "adapters_misrouted_max"
     SLO_CAPACITY_RPS: Final = "slo_capacity_rps"
     SLO_CAPACITY_CONCURRENCY: Final = "slo_capacity_concurrency"
 
@@ -238,6 +249,8 @@ AT_CAPACITY: Final = (
     M.OUTPUT_TOKENS_PER_JOULE,
 )
 EVAL_FAMILY: Final = re.compile(r"eval_[\w.]+_\w+")  # eval_<task>_<metric>[_<filter>] (lm-eval's names)
+# A LoRA adapter's metric (a point's, or its scores): ``adapter.<name>.<metric>`` (metrics.summary.adapter_key).
+ADAPTER_FAMILY: Final = re.compile(r"adapter\.[\w.-]+\.\w+")
 
 
 def _server_names() -> set[str]:
@@ -274,7 +287,7 @@ def is_known(name: str) -> bool:
     for suffix in (CI95, *WITHIN95):
         if tail.endswith(suffix):
             tail = tail[: -len(suffix)]
-    return tail in NAMES or EVAL_FAMILY.fullmatch(tail) is not None
+    return tail in NAMES or EVAL_FAMILY.fullmatch(tail) is not None or ADAPTER_FAMILY.fullmatch(tail) is not None
 
 
 def closest(name: str, n: int = 3) -> list[str]:

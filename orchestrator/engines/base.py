@@ -132,7 +132,13 @@ class EngineAdapter(ABC, Generic[S]):
 
     @abstractmethod
     def launches(
-        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+        self,
+        spec: TrialSpec,
+        model_path: str,
+        port: int,
+        next_port: Callable[[], int],
+        workdir: str,
+        adapters: tuple[tuple[str, str], ...] = (),
     ) -> list[ServerLaunch]:
         """The trial's servers, the measured front last (none: the trial holds, see ``hold``)."""
 
@@ -150,6 +156,11 @@ class EngineAdapter(ABC, Generic[S]):
 
     def cache_reset(self, spec: TrialSpec) -> tuple[str, str] | None:
         """(method, path) that empties the prefix cache before each load point, or None."""
+        return None
+
+    def adapter_loading(self, spec: TrialSpec) -> str | None:
+        """The path a LoRA adapter is POSTed to (``{"lora_name", "lora_path"}``) to load it into a
+        running server, when the trial loads its adapters at run time; None: they load at start."""
         return None
 
     def metrics_for(self, spec: TrialSpec) -> dict[str, EngineMetric]:

@@ -29,7 +29,13 @@ class ExternalAdapter(EngineAdapter[ExternalEngineSpec]):
     spec_type = ExternalEngineSpec
 
     def launches(
-        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+        self,
+        spec: TrialSpec,
+        model_path: str,
+        port: int,
+        next_port: Callable[[], int],
+        workdir: str,
+        adapters: tuple[tuple[str, str], ...] = (),
     ) -> list[ServerLaunch]:
         engine = self.narrow(spec)
         u = urlparse(engine.url)

@@ -10,9 +10,10 @@ from typing import Generic, Literal, TypeVar
 
 A = TypeVar("A")
 
-# value: --name VALUE; bool: --name / --no-name; switch: --name when true; json: --name '{...}' (sorted keys).
+# value: --name VALUE; bool: --name / --no-name; switch: --name when true; json: --name '{...}' (sorted keys);
+# list: --name V1 V2 ... (a flag of nargs '+'), nothing for an empty list.
 # Every kind writes nothing for None: the engine's own default.
-FlagKind = Literal["value", "bool", "switch", "json"]
+FlagKind = Literal["value", "bool", "switch", "json", "list"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class Flag(Generic[A]):
             return [f"--{self.name}"] if value else [f"--no-{self.name}"]
         if self.kind == "switch":
             return [f"--{self.name}"] if value else []
+        if self.kind == "list":
+            items = [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+            return [f"--{self.name}", *items] if items else []
         if self.kind == "json":
             return [f"--{self.name}", json.dumps(value, sort_keys=True)]
         return [f"--{self.name}", str(value)]

@@ -53,6 +53,11 @@ class ServerArgs:
     mode: Role | None  # --disaggregation-mode: "prefill" or "decode" of a P/D pair
     bootstrap_port: int | None  # the prefill server's KV bootstrap port
     tokenizer: str | None  # model.tokenizer: the one our prompts are made with
+    adapters: tuple[tuple[str, str], ...] = ()  # (served name, folder) of each LoRA adapter
+
+    @property
+    def lora(self) -> bool:
+        return self.engine.enable_lora if self.engine.enable_lora is not None else bool(self.adapters)
 
     @property
     def transfer_backend(self) -> str | None:
@@ -90,6 +95,12 @@ FLAGS: tuple[Flag[ServerArgs], ...] = (
     Flag("disaggregation-mode", lambda a: a.mode),
     Flag("disaggregation-transfer-backend", lambda a: a.transfer_backend),
     Flag("disaggregation-bootstrap-port", lambda a: a.bootstrap_port if a.mode is not None else None),
+    Flag("enable-lora", lambda a: a.lora, "switch"),
+    Flag("lora-paths", lambda a: [f"{name}={path}" for name, path in a.adapters], "list"),
+    Flag("max-loras-per-batch", lambda a: a.engine.max_loras_per_batch if a.lora else None),
+    Flag("max-loaded-loras", lambda a: a.engine.max_loaded_loras if a.lora else None),
+    Flag("max-lora-rank", lambda a: a.engine.max_lora_rank if a.lora else None),
+    Flag("lora-backend", lambda a: a.engine.lora_backend if a.lora else None),
 )
 
 
@@ -104,13 +115,14 @@ def build_argv(
     bootstrap_port: int | None = None,
     head: list[str],
     tokenizer: str | None = None,
+    adapters: tuple[tuple[str, str], ...] = (),
 ) -> list[str]:
     """One SGLang server's command line as an argv list (never a shell string). ``head``: the
     launch prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
     if mode is not None:
         assert engine.disaggregation is not None
     tp = tp or engine.tensor_parallel_size
-    args = ServerArgs(engine, model_path, served_name, port, tp, mode, bootstrap_port, tokenizer)
+    args = ServerArgs(engine, model_path, served_name, port, tp, mode, bootstrap_port, tokenizer, adapters)
     return [*head, *render(FLAGS, args), *(str(a) for a in engine.extra_args)]
 
 
@@ -129,22 +141,36 @@ class SGLangAdapter(EngineAdapter[SGLangEngineSpec]):
         return env
 
     def launches(
-        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+        self,
+        spec: TrialSpec,
+        model_path: str,
+        port: int,
+        next_port: Callable[[], int],
+        workdir: str,
+        adapters: tuple[tuple[str, str], ...] = (),
     ) -> list[ServerLaunch]:
         """Every server of the trial, the measured front last: one server, or prefill + decode +
         the SGLang router (``--pd-disaggregation``) with disjoint GPUs."""
         engine = self.narrow(spec)
         pd = engine.disaggregation
         if pd is None:
-            return [self._server(spec, model_path, port, "server", engine.tensor_parallel_size, 0)]
+            return [self._server(spec, model_path, port, "server", engine.tensor_parallel_size, 0, adapters=adapters)]
         p_port, d_port, bootstrap = next_port(), next_port(), next_port()
-        prefill = self._server(spec, model_path, p_port, "prefill", pd.prefill_tp, 0, bootstrap)
-        decode = self._server(spec, model_path, d_port, "decode", pd.decode_tp, pd.prefill_tp)
+        prefill = self._server(spec, model_path, p_port, "prefill", pd.prefill_tp, 0, bootstrap, adapters)
+        decode = self._server(spec, model_path, d_port, "decode", pd.decode_tp, pd.prefill_tp, adapters=adapters)
         routing = ["--pd-disaggregation", "--prefill", prefill.base_url, str(bootstrap), "--decode", decode.base_url]
         return [prefill, decode, router_launch(spec, engine.host, port, next_port(), routing)]
 
     def _server(
-        self, spec: TrialSpec, model_path: str, port: int, role: Role, tp: int, first: int, bootstrap: int | None = None
+        self,
+        spec: TrialSpec,
+        model_path: str,
+        port: int,
+        role: Role,
+        tp: int,
+        first: int,
+        bootstrap: int | None = None,
+        adapters: tuple[tuple[str, str], ...] = (),
     ) -> ServerLaunch:
         """One server of ``tp`` GPUs from the trial's ``first``: alone (``role`` "server"), or one
         side of a P/D pair (its ``--disaggregation-mode``; the prefill side takes ``bootstrap``)."""
@@ -159,6 +185,7 @@ class SGLangAdapter(EngineAdapter[SGLangEngineSpec]):
             bootstrap_port=bootstrap,
             head=envs.command(spec, SERVER_MODULE),
             tokenizer=spec.model.tokenizer,
+            adapters=adapters,
         )
         return ServerLaunch(
             name=role,

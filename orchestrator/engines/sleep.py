@@ -21,7 +21,13 @@ class SleepAdapter(EngineAdapter[SleepEngineSpec]):
     spec_type = SleepEngineSpec
 
     def launches(
-        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+        self,
+        spec: TrialSpec,
+        model_path: str,
+        port: int,
+        next_port: Callable[[], int],
+        workdir: str,
+        adapters: tuple[tuple[str, str], ...] = (),
     ) -> list[ServerLaunch]:
         return []  # nothing to start
 

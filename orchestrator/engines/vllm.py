@@ -73,10 +73,15 @@ class ServerArgs:
     tp: int
     kv_transfer_config: dict[str, Any] | None
     tokenizer: str | None  # model.tokenizer: the server tokenizes with the one our prompts are made with
+    adapters: tuple[tuple[str, str], ...] = ()  # (served name, folder) of each LoRA adapter
 
     @property
     def pp(self) -> int:
         return self.engine.pipeline_parallel_size
+
+    @property
+    def lora(self) -> bool:
+        return self.engine.enable_lora if self.engine.enable_lora is not None else bool(self.adapters)
 
 
 # The server's flags in argv order (after the launch head, before engine.extra_args).
@@ -104,6 +109,16 @@ FLAGS: tuple[Flag[ServerArgs], ...] = (
     Flag("speculative-config", lambda a: a.engine.speculative_config, "json"),
     Flag("kv-transfer-config", lambda a: a.kv_transfer_config, "json"),
     Flag("seed", lambda a: a.engine.seed),
+    Flag("enable-prompt-tokens-details", lambda a: a.engine.enable_prompt_tokens_details, "switch"),
+    Flag("enable-lora", lambda a: a.lora, "switch"),
+    Flag(
+        "lora-modules",
+        lambda a: [f"{name}={path}" for name, path in a.adapters] if a.engine.lora_loading == "start" else None,
+        "list",
+    ),
+    Flag("max-loras", lambda a: a.engine.max_loras if a.lora else None),
+    Flag("max-lora-rank", lambda a: a.engine.max_lora_rank if a.lora else None),
+    Flag("max-cpu-loras", lambda a: a.engine.max_cpu_loras if a.lora else None),
 )
 
 
@@ -116,12 +131,13 @@ def build_argv(
     tp: int | None = None,
     kv_transfer_config: dict[str, object] | None = None,
     tokenizer: str | None = None,
+    adapters: tuple[tuple[str, str], ...] = (),
 ) -> list[str]:
     """The server command line as an argv list (never a shell string). ``head``: the launch
     prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`); ``tp`` and
     ``kv_transfer_config``: this server's, else the engine's."""
     kv = kv_transfer_config if kv_transfer_config is not None else engine.kv_transfer_config
-    args = ServerArgs(engine, model_path, served_name, port, tp or engine.tensor_parallel_size, kv, tokenizer)
+    args = ServerArgs(engine, model_path, served_name, port, tp or engine.tensor_parallel_size, kv, tokenizer, adapters)
     return [*head, *render(FLAGS, args), *(str(a) for a in engine.extra_args)]
 
 
@@ -162,7 +178,13 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
     spec_type = VLLMEngineSpec
 
     def launches(
-        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+        self,
+        spec: TrialSpec,
+        model_path: str,
+        port: int,
+        next_port: Callable[[], int],
+        workdir: str,
+        adapters: tuple[tuple[str, str], ...] = (),
     ) -> list[ServerLaunch]:
         """Every server of the trial, the measured front last: one server (optionally with LMCache,
         its config file rendered into ``workdir``); P/D: a prefill and a decode server on disjoint
@@ -170,10 +192,10 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
         or ``router.replicas`` servers behind the SGLang router."""
         engine = self.narrow(spec)
         if engine.router is not None:
-            return self._replicas_behind_router(spec, model_path, port, next_port)
+            return self._replicas_behind_router(spec, model_path, port, next_port, adapters)
         if engine.disaggregation is not None:
-            return self._prefill_decode(spec, model_path, port, next_port, workdir)
-        return [self._one_server(spec, model_path, port, workdir)]
+            return self._prefill_decode(spec, model_path, port, next_port, workdir, adapters)
+        return [self._one_server(spec, model_path, port, workdir, adapters)]
 
     def env(self, spec: TrialSpec) -> dict[str, str]:
         """Variables added to every server's environment."""
@@ -187,6 +209,8 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
                 env["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_omp_threads_bind
         if engine.reset_cache_between_points:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes POST /reset_prefix_cache
+        if engine.lora_loading == "runtime":
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # exposes POST /v1/load_lora_adapter
         key = self.api_key(spec)
         if key:
             env["VLLM_API_KEY"] = key  # vLLM reads it from the environment: the key never reaches argv
@@ -208,7 +232,9 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else (),
         }
 
-    def _one_server(self, spec: TrialSpec, model_path: str, port: int, workdir: str) -> ServerLaunch:
+    def _one_server(
+        self, spec: TrialSpec, model_path: str, port: int, workdir: str, adapters: tuple[tuple[str, str], ...]
+    ) -> ServerLaunch:
         engine = self.narrow(spec)
         env = self.env(spec)
         files: dict[str, str] = {}
@@ -220,7 +246,14 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
         head = envs.command(spec, SERVER_MODULE)
         argv = build_argv(
-            engine, model_path, spec.model.name, port, head, kv_transfer_config=kv, tokenizer=spec.model.tokenizer
+            engine,
+            model_path,
+            spec.model.name,
+            port,
+            head,
+            kv_transfer_config=kv,
+            tokenizer=spec.model.tokenizer,
+            adapters=adapters,
         )
         gpus = tuple(range(engine.num_gpus))
         return ServerLaunch(
@@ -228,7 +261,13 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
         )
 
     def _prefill_decode(
-        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int], workdir: str
+        self,
+        spec: TrialSpec,
+        model_path: str,
+        port: int,
+        next_port: Callable[[], int],
+        workdir: str,
+        adapters: tuple[tuple[str, str], ...],
     ) -> list[ServerLaunch]:
         engine = self.narrow(spec)
         pd = engine.disaggregation
@@ -260,6 +299,7 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
                 tp=tp,
                 kv_transfer_config=pd_kv,
                 tokenizer=spec.model.tokenizer,
+                adapters=adapters,
             )
             if role == "prefill" and pd.connector == "ExampleConnector":
                 # The ExampleConnector saves a prompt's KV only when the prompt is scheduled whole: a
@@ -304,7 +344,12 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
         )
 
     def _replicas_behind_router(
-        self, spec: TrialSpec, model_path: str, port: int, next_port: Callable[[], int]
+        self,
+        spec: TrialSpec,
+        model_path: str,
+        port: int,
+        next_port: Callable[[], int],
+        adapters: tuple[tuple[str, str], ...],
     ) -> list[ServerLaunch]:
         """``router.replicas`` identical servers (their own GPUs; one core each on the CPU) and the
         SGLang router in front (measured there). Every replica's counters are summed per point."""
@@ -318,7 +363,15 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             replica_env = dict(env)
             if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
                 replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
-            argv = build_argv(engine, model_path, spec.model.name, p, head, tokenizer=spec.model.tokenizer)
+            argv = build_argv(
+                engine,
+                model_path,
+                spec.model.name,
+                p,
+                head,
+                tokenizer=spec.model.tokenizer,
+                adapters=adapters,
+            )
             gpus = tuple(range(i * per, (i + 1) * per))
             replicas.append(
                 ServerLaunch(
@@ -350,6 +403,9 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
     def cache_reset(self, spec: TrialSpec) -> tuple[str, str] | None:
         """(method, path) that empties the prefix cache between load points, when asked for."""
         return ("POST", "/reset_prefix_cache") if self.narrow(spec).reset_cache_between_points else None
+
+    def adapter_loading(self, spec: TrialSpec) -> str | None:
+        return "/v1/load_lora_adapter" if self.narrow(spec).lora_loading == "runtime" else None
 
     def metrics_for(self, spec: TrialSpec) -> dict[str, EngineMetric]:
         return METRICS

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# The course's order (../shared/seeds: weeks 1-16, then the workload card), then the GPU smoke test.
+# The course's order (../shared/seeds: weeks 1-16, then the workload card), multi-LoRA serving
+# (seeds 001/002), then the GPU smoke test.
 ORDER = [
     "first_serving",
     "offline_throughput",
@@ -49,6 +50,7 @@ ORDER = [
     "lmcache",
     "disaggregated_pd",
     "serving_workloads",
+    "multi_lora",
     "gpu_smoke",
 ]
 RESULTS_LINE = re.compile(r"^sweep '[^']+': \d+ trial\(s\); results in (.+)$")

@@ -57,6 +57,7 @@ class PlannedRequest:
     turns: tuple[Turn, ...] = ()
     think_time_s: float = 0.0
     history: tuple[tuple[str, str], ...] = ()
+    model: str | None = None  # the LoRA adapter (or model) this request names; None: the endpoint's model
 
     def messages(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.history] + [{"role": "user", "content": self.prompt}]
@@ -73,7 +74,7 @@ def completions_payload(
     if usage_per_chunk:  # vLLM extension; costs the server work on every token
         options["continuous_usage_stats"] = True
     return {
-        "model": endpoint.model,
+        "model": req.model or endpoint.model,
         "prompt": req.full_prompt() if req.history else req.prompt,
         "max_tokens": req.output_tokens,
         "temperature": 0.0,

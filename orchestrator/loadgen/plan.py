@@ -32,6 +32,7 @@ BACKGROUND_HORIZON_S = 300.0
 MAX_PLANNED = 4096
 
 FOREGROUND_PLAN, FOREGROUND_ARRIVALS = 0, 1  # stream ids; background class i uses 2 + i
+ADAPTER_DRAWS = 10_000  # the stream of the foreground's LoRA adapters; background class i's: + 1 + i
 
 
 Seed = int | tuple[int, ...]
@@ -183,6 +184,17 @@ class RequestPlanner:
         weights = [self.workload.classes[c].weight for c in self.foreground]
         return [self.make(name, rng) for name in weighted_choice(self.foreground, weights, rng, n)]
 
+    def with_adapters(self, requests: list[PlannedRequest], rng: np.random.Generator) -> list[PlannedRequest]:
+        """``requests``, each naming the LoRA adapter ``workload.adapters`` draws for it from
+        ``rng`` (a stream of its own: the prompts do not depend on the mix); as they are without."""
+        mix = self.workload.adapters
+        if mix is None or not requests:
+            return requests
+        choices: list[str | None] = [*mix.chosen(), *([None] if mix.include_base else [])]
+        weights = np.asarray(mix.weights(len(choices)))
+        drawn = rng.choice(len(choices), size=len(requests), p=weights / weights.sum())
+        return [replace(req, model=choices[int(k)]) for req, k in zip(requests, drawn, strict=True)]
+
 
 @dataclass
 class PointPlan:
@@ -264,6 +276,7 @@ def plan_point(
     else:
         count = num_requests if num_requests is not None else min(MAX_PLANNED, 32 * (point.concurrency or 1))
         foreground = planner.foreground_batch(count, fg_rng)
+    foreground = planner.with_adapters(foreground, stream_rng(seed, index, ADAPTER_DRAWS))
 
     background = []
     for i, name in enumerate(planner.background):
@@ -273,7 +286,10 @@ def plan_point(
         horizon = duration_s if duration_s is not None else BACKGROUND_HORIZON_S
         n = min(MAX_PLANNED, math.ceil(c.rate * horizon * 1.5) + 4)
         bg_offsets = arrival_offsets(c.rate, rng, n, horizon, c.arrival, c.burstiness)[1:]  # first one after a gap
-        background.append([(t, planner.make(name, rng)) for t in bg_offsets])
+        made = planner.with_adapters(
+            [planner.make(name, rng) for _ in bg_offsets], stream_rng(seed, index, ADAPTER_DRAWS + 1 + i)
+        )
+        background.append(list(zip(bg_offsets, made, strict=True)))
 
     cap = point.max_concurrency
     return PointPlan(

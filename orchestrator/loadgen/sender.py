@@ -120,6 +120,7 @@ class PointSender:
             repeat=self.plan.repeat,
             conversation_id=conversation,
             turn=turn,
+            adapter=req.model,
         )
         self.records.append(rec)
         return rec
@@ -174,6 +175,7 @@ class PointSender:
             prior + turn.input_tokens,
             turn.output_tokens,
             history=history,
+            model=root.model,  # a conversation keeps its adapter
         )
         await self._converse(root, nxt, intended, k, depth)
 

@@ -35,6 +35,7 @@ from orchestrator.config.schema import LoadPointSpec, WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest, now
 from orchestrator.loadgen.fleet import ClientFleet
 from orchestrator.loadgen.plan import (
+    ADAPTER_DRAWS,
     FOREGROUND_PLAN,
     PointPlan,
     RequestPlanner,
@@ -114,6 +115,8 @@ class LoadSession:
     def warm_up(self) -> None:
         """``workload.warmup_requests`` requests, one after the other, recorded nowhere."""
         w = self.workload
+        # the base model only (workload.adapters is not drawn): each adapter's first request of the
+        # first point is then its cold one (loaded on first use), as the multi_lora lab reads it
         self._loop.run(
             self._warm_up(self.planner.foreground_batch(w.warmup_requests, stream_rng(self.seed, -1, FOREGROUND_PLAN)))
         )
@@ -149,7 +152,11 @@ class LoadSession:
         run_seed = repeat_seed(self.seed, repeat)
         plan = plan_point(self.workload, point, index, self.planner, run_seed, repeat)
         # requests past the plan (a duration-bounded closed loop): one maker for every worker
-        more = _maker(self.planner, stream_rng(run_seed, index, FOREGROUND_PLAN + 100))
+        more = _maker(
+            self.planner,
+            stream_rng(run_seed, index, FOREGROUND_PLAN + 100),
+            stream_rng(run_seed, index, ADAPTER_DRAWS + 100),
+        )
         clients = self.clients
         clients.spread(plan)
         remote = clients.remote
@@ -262,14 +269,14 @@ class Clients:
                 self.remote.close()
 
 
-def _maker(planner: RequestPlanner, rng: np.random.Generator) -> MakeMore:
+def _maker(planner: RequestPlanner, rng: np.random.Generator, adapter_rng: np.random.Generator) -> MakeMore:
     """Makes ``n`` more foreground requests when a duration-bounded closed loop outruns its plan;
     safe from several threads (the event loop's refill, the shards' topper)."""
     lock = threading.Lock()
 
     def make(n: int) -> list[PlannedRequest]:
         with lock:
-            return planner.foreground_batch(n, rng)
+            return planner.with_adapters(planner.foreground_batch(n, rng), adapter_rng)
 
     return make
 

@@ -86,6 +86,9 @@ class SseStream:
                 record.output_tokens = int(new_total)
             if usage.get("prompt_tokens") is not None:
                 record.prompt_tokens = int(usage["prompt_tokens"])
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if cached is not None:  # vLLM with --enable-prompt-tokens-details: this prompt's prefix-cache hits
+                record.cached_tokens = int(cached)
             return
         if new_total is not None:
             n = int(new_total) - self.completion_tokens

@@ -40,6 +40,8 @@ class RequestRecord:
     conversation_id: int | None = None  # multi-turn: request_id of the conversation's first turn
     turn: int = 0  # multi-turn: 0 for the first user turn, 1 for the next, ...
     coalesced_chunks: int = 0  # token chunks read together with an earlier one (one instant for both)
+    adapter: str | None = None  # the LoRA adapter the request named (workload.adapters); None: the base model
+    cached_tokens: int | None = None  # prompt tokens the server's prefix cache served (when it says)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +69,8 @@ ARROW_SCHEMA = pa.schema(
         ("conversation_id", pa.int64()),
         ("turn", pa.int32()),
         ("coalesced_chunks", pa.int32()),
+        ("adapter", pa.string()),
+        ("cached_tokens", pa.int32()),
     ]
 )
 

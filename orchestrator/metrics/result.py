@@ -27,6 +27,9 @@ class PointResult(BaseModel):
     setting: dict[str, Any]
     metrics: dict[str, float] = Field(default_factory=dict)
     class_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)
+    adapter_metrics: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="per LoRA adapter the requests named (workload.adapters); 'base': none"
+    )
     invalid_reasons: list[str] = Field(default_factory=list, description="why the point is INVALID (empty: valid)")
     window: tuple[float, float] | None = Field(
         default=None, description="start and end of the point (the records' and telemetry's clock, seconds)"

@@ -172,6 +172,50 @@ def summarize_by_class(records: Iterable[RequestRecord]) -> dict[str, dict[str, 
     return {name: latency_metrics(lats) for name, lats in sorted(by.items())}
 
 
+BASE_MODEL = "base"  # the adapter group of requests that named no adapter (the base model)
+
+
+def adapter_key(name: str, metric: str) -> str:
+    """The flat key of one adapter's metric: ``adapter.<name>.<metric>`` (no '/', which names a
+    request class; characters MLflow refuses in a key become '_')."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+    return f"adapter.{safe}.{metric}"
+
+
+def summarize_by_adapter(records: Sequence[RequestRecord]) -> dict[str, dict[str, float]]:
+    """Per LoRA adapter the requests named (``base``: none): their latencies, how many completed,
+    their output tokens per second over the point's span, and the TTFT of each adapter's first
+    request of the point against its others (``first_ttft_ms``: the cold request when the adapter
+    had to be loaded, ``warm_ttft_ms_p50``: the rest) and, where the server reports each prompt's
+    cached tokens, the share of prompt tokens its prefix cache served (``prefix_hit_rate``: a
+    prompt cached under one adapter is no hit under another). Empty when no request named one."""
+    if not any(r.adapter for r in records):
+        return {}
+    start = min(r.sent_s for r in records)
+    end = max((r.done_s if r.done_s is not None else r.sent_s) for r in records)
+    span = max(end - start, 1e-9)
+    by: dict[str, list[RequestRecord]] = {}
+    for r in sorted(records, key=lambda r: r.sent_s):
+        by.setdefault(r.adapter or BASE_MODEL, []).append(r)
+    out: dict[str, dict[str, float]] = {}
+    for name, group in sorted(by.items()):
+        lats = [x for x in (latency_of(r) for r in group) if x is not None]
+        m = latency_metrics(lats)
+        m[M.REQUESTS] = float(len(group))
+        m[M.COMPLETED] = float(len(lats))
+        m[M.TOKENS_PER_SECOND] = sum(x.output_tokens for x in lats) / span
+        cached = [r for r in group if r.ok and r.cached_tokens is not None]
+        if cached:  # the server said what its prefix cache served (vLLM: --enable-prompt-tokens-details)
+            prompt = sum(int(r.prompt_tokens or r.input_tokens_target) for r in cached)
+            m[M.PREFIX_HIT_RATE] = sum(int(r.cached_tokens or 0) for r in cached) / max(prompt, 1)
+        if lats:
+            m[M.FIRST_TTFT_MS] = lats[0].ttft_ms
+            if len(lats) > 1:
+                m[M.WARM_TTFT_MS_P50] = float(np.percentile([x.ttft_ms for x in lats[1:]], 50))
+        out[name] = m
+    return out
+
+
 def server_failure(records: Sequence[RequestRecord]) -> str | None:
     """Why a point's records say the server was not serving, or None: every request failed, and
     each on the server's side (HTTP 5xx, or no HTTP answer: connection refused or reset, a

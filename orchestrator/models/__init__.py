@@ -31,6 +31,41 @@ def resolve_model(spec: ModelSpec, build: bool = True) -> str:
     return str(spec.path)
 
 
+def resolve_adapters(spec: ModelSpec, build: bool = True) -> tuple[tuple[str, str], ...]:
+    """(served name, folder) of every LoRA adapter of ``spec.model.lora``: one's own, then the
+    tiny model's (trained on first use). With ``build=False`` nothing is built or checked."""
+    if spec.lora is None:
+        return ()
+    from orchestrator.models.lora import (
+        AdapterError,
+        ensure_tiny_adapters,
+        read_adapter,
+        tiny_adapter_dir,
+        tiny_adapter_name,
+    )
+
+    out: list[tuple[str, str]] = []
+    for i, a in enumerate(spec.lora.adapters):
+        path = Path(a.path).expanduser()
+        if build:
+            try:
+                read_adapter(path)
+            except AdapterError as e:
+                raise ConfigError(f"model.lora.adapters[{i}] ({a.name}): {e}") from None
+        out.append((a.name, str(path)))
+    tiny = spec.lora.tiny
+    if tiny is not None:
+        assert spec.tiny is not None  # schema: tiny adapters need the tiny_trained base
+        if build:
+            out += [(name, str(path)) for name, path in ensure_tiny_adapters(spec)]
+        else:
+            out += [
+                (tiny_adapter_name(k), str(tiny_adapter_dir(spec.tiny, tiny, k, spec.cache_dir)))
+                for k in range(tiny.count)
+            ]
+    return tuple(out)
+
+
 def resolve_tokenizer(spec: ModelSpec, model_path: str) -> str:
     return spec.tokenizer or model_path
 
@@ -70,4 +105,4 @@ def check_hub_tokenizer(name: str) -> None:
         ) from None
 
 
-__all__ = ["check_hub_tokenizer", "ensure_tiny_model", "resolve_model", "resolve_tokenizer"]
+__all__ = ["check_hub_tokenizer", "ensure_tiny_model", "resolve_adapters", "resolve_model", "resolve_tokenizer"]

@@ -228,7 +228,7 @@ def addition_problems() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     return [(a, b) for a in range(100) for b in range(100) if (a, b) not in excluded], held
 
 
-def _batch(
+def answer_batch(
     rng: Any,
     problems: list[tuple[int, int]],
     encoded: dict[tuple[int, int], list[int]],
@@ -299,7 +299,7 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=train.lr, total_steps=train.steps, pct_start=0.1)
         t0, loss_value = time.monotonic(), float("nan")
         for step in range(train.steps):
-            rows, targets = _batch(rng, problems, encoded, train.batch_size, train.seq_len, (eq, nl))
+            rows, targets = answer_batch(rng, problems, encoded, train.batch_size, train.seq_len, (eq, nl))
             x, y = torch.tensor(rows), torch.tensor(targets)
             loss = torch.nn.functional.cross_entropy(
                 model(input_ids=x).logits.reshape(-1, config.vocab_size), y.reshape(-1), ignore_index=-100

@@ -27,7 +27,7 @@ from orchestrator.report.figures import (
     raced,
     save_figure,
 )
-from orchestrator.tracking.runs import SweepData, TrialData
+from orchestrator.tracking.runs import Point, SweepData, TrialData
 
 Builder = Callable[[SweepData, Path], list[Path]]
 
@@ -300,6 +300,59 @@ def serving_workloads(data: SweepData, out: Path) -> list[Path]:
     )
 
 
+def _lora_label(t: TrialData) -> str:
+    """A multi-LoRA trial on the x axis: its name, the adapters in flight and the batch's slots."""
+    active, slots = t.num("workload.adapters.active"), t.num("engine.max_loras")
+    words = [f"{active:g} active" if active is not None else "", f"{slots:g} slots" if slots is not None else ""]
+    return t.name + "".join(f"\n{w}" for w in words if w)
+
+
+def _adapter_mean(p: Point, metric: str) -> float:
+    """The mean over a point's adapters (not the base model) of ``adapter.<name>.<metric>``."""
+    values = [
+        v
+        for k, v in p.metrics.items()
+        if k.startswith("adapter.") and k.endswith(f".{metric}") and not k.startswith("adapter.base.")
+    ]
+    return sum(values) / len(values) if values else math.nan
+
+
+def multi_lora(data: SweepData, out: Path) -> list[Path]:
+    """Throughput and TTFT per trial (adapters in flight against the batch's slots), and each
+    trial's cold adapter start (an adapter's first request) against its warm requests."""
+    plt = pyplot()
+    trials = [t for t in data.finished if t.points]
+    if not trials:
+        return []
+    xs = list(range(len(trials)))
+    bars = raced(trials)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    heaviest = [t.points[-1].label for t in trials]
+    tps = [point_between_runs(t, at, M.TOKENS_PER_SECOND) for t, at in zip(trials, heaviest, strict=True)]
+    ttft99 = [point_between_runs(t, at, M.TTFT_MS_P99) for t, at in zip(trials, heaviest, strict=True)]
+    ttft50 = [point_between_runs(t, at, M.TTFT_MS_P50) for t, at in zip(trials, heaviest, strict=True)]
+    axes[0].bar(xs, [m for m, _ in tps], yerr=[h for _, h in tps] if bars else None, capsize=3)
+    axes[0].set_ylabel("output throughput (tokens/s)")
+    axes[0].set_title("throughput as adapters outnumber the slots")
+    draw(axes[1], xs, ttft99, "s--", "TTFT p99", bars)
+    draw(axes[1], xs, ttft50, "o-", "TTFT p50", bars)
+    axes[1].set_ylabel("TTFT (ms)")
+    axes[1].set_title("waiting for an adapter slot shows in TTFT")
+    cold = [_adapter_mean(t.points[-1], M.FIRST_TTFT_MS) for t in trials]
+    warm = [_adapter_mean(t.points[-1], M.WARM_TTFT_MS_P50) for t in trials]
+    width = 0.38
+    axes[2].bar([x - width / 2 for x in xs], cold, width, label="an adapter's first request (cold)")
+    axes[2].bar([x + width / 2 for x in xs], warm, width, label="its other requests (warm, p50)")
+    axes[2].set_ylabel("TTFT (ms), mean over the adapters")
+    axes[2].set_title("cold vs warm adapter")
+    axes[2].legend(fontsize=8)
+    for ax in axes:
+        ax.set_xticks(xs, [_lora_label(t) for t in trials], fontsize=7)
+        ax.grid(alpha=0.3, axis="y")
+    mark_intervals(fig, trials)
+    return [save_figure(fig, out, "multi_lora.png")]
+
+
 LAB_PLOTS: dict[str, Builder] = {
     "first_serving": first_serving,
     "chunked_prefill": chunked_prefill,
@@ -309,4 +362,5 @@ LAB_PLOTS: dict[str, Builder] = {
     "tensor_parallel": tensor_parallel,
     "disaggregated_pd": disaggregated_pd,
     "serving_workloads": serving_workloads,
+    "multi_lora": multi_lora,
 }

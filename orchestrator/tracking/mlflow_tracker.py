@@ -27,6 +27,7 @@ from orchestrator.metrics.result import (
     TIMELINE_FILE,
     TrialResult,
 )
+from orchestrator.metrics.summary import adapter_key
 from orchestrator.tracking.params import flatten_params, sanitize_key, truncate
 
 log = logging.getLogger(__name__)
@@ -302,6 +303,8 @@ def _metrics_of(result: TrialResult) -> list[tuple[str, float, int]]:
         for cls, metrics in p.class_metrics.items():
             for k, v in metrics.items():
                 out.append((f"{cls}/{k}", v, p.index))
+        for name, metrics in p.adapter_metrics.items():
+            out.extend((adapter_key(name, k), v, p.index) for k, v in metrics.items())
     out.extend((k, v, 0) for k, v in result.metrics.items())
     slate = result.slate  # the clean slate the servers started on (waited for, memory and its baseline)
     out.extend((f"slate_{k}", float(v), 0) for k, v in slate.items() if isinstance(v, (int, float)) and k != "checked")
@@ -318,6 +321,8 @@ def points_csv(result: TrialResult) -> str:
         row = dict(p.metrics)
         for cls, metrics in p.class_metrics.items():
             row.update({f"{cls}/{k}": v for k, v in metrics.items()})
+        for name, metrics in p.adapter_metrics.items():
+            row.update({adapter_key(name, k): v for k, v in metrics.items()})
         rows.append(row)
     keys = sorted({k for row in rows for k in row if "/" not in k}) + sorted(
         {k for row in rows for k in row if "/" in k}

@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
 from orchestrator.metrics.result import TIMELINE_FILE, TrialResult
+from orchestrator.metrics.summary import adapter_key
 from orchestrator.tracking.mlflow_tracker import result_id, trial_params
 
 
@@ -127,6 +128,8 @@ def from_results(
             metrics = dict(p.metrics)
             for cls, m in p.class_metrics.items():
                 metrics.update({f"{cls}/{k}": v for k, v in m.items()})
+            for name, m in p.adapter_metrics.items():
+                metrics.update({adapter_key(name, k): v for k, v in m.items()})
             points.append(
                 Point(p.index, p.label, dict(p.setting), metrics, "; ".join(p.invalid_reasons), dict(p.diagnosis))
             )

@@ -25,6 +25,7 @@ from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.result import PointResult
 from orchestrator.metrics.summary import (
     server_failure,
+    summarize_by_adapter,
     summarize_by_class,
     summarize_point,
     summarize_repeats,
@@ -224,6 +225,7 @@ class PointMeasurer:
         batch = engine_batch(metrics, rows, window)
         metrics.update(floor_metrics(spec, metrics, batch, point.concurrency))
         classes = summarize_by_class(records) if len(spec.workload.classes) > 1 else {}
+        adapters = summarize_by_adapter(records)
         diagnosis = point_diagnosis(
             spec,
             point,
@@ -246,6 +248,7 @@ class PointMeasurer:
             setting=point_setting(point),
             metrics=metrics,
             class_metrics=classes,
+            adapter_metrics=adapters,
             invalid_reasons=verdict.reasons,
             window=window,
             diagnosis=diagnosis.as_json(STALLS_KEPT),

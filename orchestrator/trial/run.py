@@ -7,9 +7,12 @@ talks to MLflow."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,10 +22,11 @@ from orchestrator.config.errors import ConfigError, InfeasibleConfigError, Serve
 from orchestrator.config.hashing import first_run_hash, trial_hash
 from orchestrator.config.logs import Progress, mark, print_progress
 from orchestrator.config.metric_keys import M
-from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialSpec
+from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialSpec, WorkloadSpec
 from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
 from orchestrator.engines import ServerLaunch, adapter_for
 from orchestrator.evaluation import run_eval
+from orchestrator.evaluation.adapters import score_adapters
 from orchestrator.feasibility import roofs_used, trial_decode_floor
 from orchestrator.loadgen import Endpoint, LoadSession, PromptFactory
 from orchestrator.loadgen.preflight import preflight
@@ -30,8 +34,9 @@ from orchestrator.loadgen.prompts import prompt_factory
 from orchestrator.metrics import hardware
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, save_result
+from orchestrator.metrics.summary import adapter_key
 from orchestrator.metrics.telemetry import Timeline
-from orchestrator.models import resolve_model, resolve_tokenizer
+from orchestrator.models import resolve_adapters, resolve_model, resolve_tokenizer
 from orchestrator.trial.capacity import CapacityProbes, unmeasured
 from orchestrator.trial.plan import check_feasible, client_cores
 from orchestrator.trial.points import PointMeasurer, trial_metrics
@@ -90,7 +95,7 @@ class TrialRun:
         self.starts: list[float] = []  # start-up seconds of every server (group) start; the first is startup_s
         self.server_logs: list[tuple[str, Path]] = []
         self.held: dict[str, float] = {}
-        self.scores: dict[str, float] = {}  # accuracy (lm-eval) after the last load point
+        self.scores: dict[str, float] = {}  # accuracy (lm-eval, adapters' scorer), adapters' load times
         self.capacity: CapacityProbes | None = None  # the SLO capacity search, when the workload asks for one
         self.model_path = ""
         self.timeline = Timeline()  # telemetry and the engine's gauges, on the records' clock
@@ -123,6 +128,7 @@ class TrialRun:
         if roof is not None:
             self.roof_note = f"{roof.bandwidth_gb_s:.0f} GB/s, {roof.peak_tflops:g} TFLOP/s ({roof.source})"
         model_path = self.model_path = resolve_model(spec.model)
+        resolve_adapters(spec.model)  # LoRA adapters: checked, the tiny ones trained on first use
         mark("trial: model resolved")
         factory = prompt_factory(resolve_tokenizer(spec.model, model_path))
         mark("trial: tokenizer loaded")
@@ -143,7 +149,9 @@ class TrialRun:
     def start_shared(self, stack: contextlib.ExitStack) -> ServerGroup:
         """Start this trial's servers for a group of trials (stopped when ``stack`` closes)."""
         check_feasible(self.spec, self.gpu_ids)
-        return self._start(stack, resolve_model(self.spec.model), None, shared_server_spec(self.spec))
+        model_path = resolve_model(self.spec.model)
+        resolve_adapters(self.spec.model)
+        return self._start(stack, model_path, None, shared_server_spec(self.spec))
 
     def _start(
         self, stack: contextlib.ExitStack, model_path: str, start_no: int | None, spec: TrialSpec
@@ -182,11 +190,12 @@ class TrialRun:
         spec = self.spec
         measurer = PointMeasurer(spec, group, self.adapter, self.gpu_ids, self.timeline, self.say)
         view = measurer.view
-        workload = spec.workload
+        workload = with_adapter_names(spec)
         if (first, last) != (0, len(workload.load_points)):
             workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
         self.measuring = True
         if first == 0 and not self.points:  # the servers are the ones the plan was made for
+            self._load_adapters(view.engines, measurer.api_key)
             mark("trial: server up, pre-flight")
             tokenizer = resolve_tokenizer(spec.model, self.model_path)
             for name, url in view.engines:
@@ -206,7 +215,7 @@ class TrialRun:
         if everything and spec.eval.tasks and self.crash is None:
             # accuracy of this very server, after its load points (their caches are its own); never of a dead one
             measurer.alive()
-            self.scores = run_eval(
+            self.scores |= run_eval(
                 spec.eval,
                 view.front_url,
                 spec.model.name,
@@ -215,6 +224,43 @@ class TrialRun:
                 measurer.api_key,
                 self.say,
             )
+        if everything and spec.eval.adapters and self.crash is None:
+            measurer.alive()
+            self.scores |= self._adapter_scores(view.front_url, measurer.api_key)
+
+    def _load_adapters(self, engines: Sequence[tuple[str, str]], api_key: str | None) -> None:
+        """``engine.lora_loading=runtime``: load every LoRA adapter into every engine server
+        through its load endpoint, each timed (``adapter.<name>.load_s``: the slowest server's)."""
+        path = self.adapter.adapter_loading(self.spec)
+        if path is None:
+            return
+        for name, folder in resolve_adapters(self.spec.model, build=False):
+            took = max(load_adapter(url + path, name, folder, api_key) for _, url in engines)
+            self.scores[adapter_key(name, M.LOAD_S)] = took
+            self.say(f"LoRA adapter {name} loaded at run time in {took * 1e3:.0f} ms")
+
+    def _adapter_scores(self, url: str, api_key: str | None) -> dict[str, float]:
+        """Did each LoRA adapter's requests reach it (``eval.adapters``)? The tiny adapters by their
+        own scorer (each answers in its own convention); one's own adapters by lm-eval's
+        ``eval.tasks`` under each adapter's name (``adapter.<name>.<score>``)."""
+        spec, lora = self.spec, self.spec.model.lora
+        assert lora is not None  # schema: eval.adapters needs model.lora
+        scores: dict[str, float] = {}
+        if lora.tiny is not None:
+            tiny = [(name, k) for k, name in enumerate(lora.tiny.names())]
+            scores.update(score_adapters(url, spec.model.name, tiny, api_key, spec.eval.limit, progress=self.say))
+        for adapter in lora.adapters if spec.eval.tasks else []:
+            got = run_eval(
+                spec.eval,
+                url,
+                adapter.name,
+                resolve_tokenizer(spec.model, self.model_path),
+                self.workdir / f"eval-{adapter.name}",
+                api_key,
+                self.say,
+            )
+            scores.update({adapter_key(adapter.name, k): v for k, v in got.items()})
+        return scores
 
     def _schedule(
         self, fixed: Sequence[LoadPointSpec], first: int, last: bool
@@ -344,3 +390,29 @@ def outcome(run: TrialRun, body: Callable[[], None]) -> TrialResult:
         status, error = "FAILED", f"{type(exc).__name__}: {exc}"
     run.say(status + (f": {error.splitlines()[0]}" if error else ""))
     return run.result(status, error)
+
+
+def with_adapter_names(spec: TrialSpec) -> WorkloadSpec:
+    """The trial's workload, its LoRA adapter mix naming model.lora's adapters when it names none."""
+    mix = spec.workload.adapters
+    if mix is None or mix.names is not None:
+        return spec.workload
+    names = [name for name, _ in resolve_adapters(spec.model, build=False)]
+    return spec.workload.model_copy(update={"adapters": mix.model_copy(update={"names": names})})
+
+
+def load_adapter(url: str, name: str, folder: str, api_key: str | None) -> float:
+    """POST ``{"lora_name", "lora_path"}`` to a server's adapter-loading ``url``; the seconds it
+    took. A refusal is a TrialError quoting the server's answer."""
+    body = json.dumps({"lora_name": name, "lora_path": folder}).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=300):
+            pass
+    except urllib.error.HTTPError as e:
+        answer = e.read().decode(errors="replace")[:300]
+        raise TrialError(f"loading LoRA adapter {name} from {folder}: HTTP {e.code}: {answer}") from e
+    except OSError as e:
+        raise TrialError(f"loading LoRA adapter {name} from {folder}: {e}") from e
+    return time.monotonic() - t0

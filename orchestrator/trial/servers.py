@@ -30,7 +30,7 @@ from orchestrator.engines import (
     server_for,
 )
 from orchestrator.engines.base import Profiler
-from orchestrator.models import resolve_model
+from orchestrator.models import resolve_adapters, resolve_model
 from orchestrator.trial.profile import TRACE_DIR, profiled_launches, with_profiler
 
 
@@ -75,6 +75,7 @@ def planned_launches(spec: TrialSpec) -> list[ServerLaunch]:
         port_for(spec, pick_free=False),
         lambda: next(ports),
         "<trial dir>",
+        resolve_adapters(spec.model, build=False),
     )
     return profiled_launches(adapter, spec, f"<trial dir>/{TRACE_DIR}", launches)[0]
 
@@ -200,7 +201,8 @@ def start_servers(
     ``log_name(server, several)`` is where each server logs. Returns the group and its start-up
     seconds: one server's own (0 for an external one), several: until all are up."""
     port = port_for(spec)
-    launches = adapter.launches(spec, model_path, port, port_picker(spec, {port}), str(workdir))
+    adapters = resolve_adapters(spec.model, build=False)  # built with the model (TrialRun)
+    launches = adapter.launches(spec, model_path, port, port_picker(spec, {port}), str(workdir), adapters)
     launches, profiler = with_profiler(adapter, spec, workdir, launches)
     planned(launches)  # described before anything starts: a server that never comes up is still on record
     servers: list[ServerProcess | ExternalServer] = []

@@ -58,6 +58,7 @@ def test_every_lab_has_a_builder_and_each_is_tested_here():
         "tensor_parallel",
         "disaggregated_pd",
         "serving_workloads",
+        "multi_lora",
     }
     assert set(LAB_PLOTS) == tested_in_test_report | tested_here  # a new lab's builder needs its test
 
@@ -128,6 +129,46 @@ def test_quantization_plots_memory_against_throughput_with_the_pareto_front(draw
     assert sorted(tuple(c.get_offsets()[0]) for c in ax.collections) == [(5.0, 700.0), (9.0, 1000.0), (16.0, 900.0)]
     assert _lines(fig)["Pareto front"] == ([5.0, 9.0], [700.0, 1000.0])  # fp16 is dominated by int8
     assert "int8 (acc 0.700)" in {t.get_text() for t in ax.texts}
+
+
+def test_multi_lora_plots_throughput_ttft_and_cold_against_warm_adapters(drawn, tmp_path):
+    def adapters(cold, warm):
+        return {
+            f"adapter.{name}.{k}": v
+            for name in ("lora-a", "lora-b")
+            for k, v in (("first_ttft_ms", cold), ("warm_ttft_ms_p50", warm))
+        } | {"adapter.base.first_ttft_ms": 1.0}  # the base model's: not an adapter's cold start
+
+    trials = [
+        _trial(
+            name,
+            {"workload.adapters.active": active, "engine.max_loras": 2},
+            [
+                _pt(
+                    0,
+                    {"concurrency": 8},
+                    tokens_per_second=tps,
+                    ttft_ms_p50=t50,
+                    ttft_ms_p99=t99,
+                    **adapters(cold, warm),
+                )
+            ],
+        )
+        for name, active, tps, t50, t99, cold, warm in (
+            ("active_2", 2, 300.0, 40.0, 90.0, 120.0, 40.0),
+            ("active_8", 8, 200.0, 80.0, 400.0, 300.0, 70.0),
+        )
+    ]
+    (path,) = LAB_PLOTS["multi_lora"](SweepData("multi_lora", trials, "results"), tmp_path)
+    fig = drawn[path.name]
+    assert [b.get_height() for b in fig.axes[0].patches] == [300.0, 200.0]
+    assert _lines(fig, 1)["TTFT p99"] == ([0, 1], [90.0, 400.0])
+    cold_warm = [b.get_height() for b in fig.axes[2].patches]
+    assert cold_warm == [120.0, 300.0, 40.0, 70.0]  # the adapters' mean first-request TTFT, then warm
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [
+        "active_2\n2 active\n2 slots",
+        "active_8\n8 active\n2 slots",
+    ]
 
 
 @pytest.mark.parametrize(

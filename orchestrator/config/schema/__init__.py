@@ -22,12 +22,23 @@ from .engines import (
     SleepEngineSpec,
     VLLMEngineSpec,
 )
-from .model import ModelArch, ModelSpec, TinyModelSpec, TinyTrainSpec
+from .model import (
+    LORA_RANKS,
+    LoraAdapterSpec,
+    LoraRank,
+    LoraSpec,
+    ModelArch,
+    ModelSpec,
+    TinyLoraSpec,
+    TinyModelSpec,
+    TinyTrainSpec,
+)
 from .platform import ClusterSpec, PlatformSpec, SlateSpec, TrackingSpec
 from .trial import EvalSpec, ExpectationSpec, NsysSpec, ObjectiveSpec, ProfileSpec, SweepSettings, TrialSpec
 from .validity import FidelitySpec, ValiditySpec
 from .workload import (
     SLO_METRIC,
+    AdapterMixSpec,
     CapacitySpec,
     LoadPointSpec,
     RequestClass,
@@ -36,6 +47,11 @@ from .workload import (
 )
 
 __all__ = [
+    "AdapterMixSpec",
+    "LORA_RANKS",
+    "LoraAdapterSpec",
+    "LoraRank",
+    "LoraSpec",
     "SLO_METRIC",
     "ArrivalKind",
     "BaseEngineSpec",
@@ -66,6 +82,7 @@ __all__ = [
     "SleepEngineSpec",
     "StrictModel",
     "SweepSettings",
+    "TinyLoraSpec",
     "TinyModelSpec",
     "TinyTrainSpec",
     "TrackingSpec",

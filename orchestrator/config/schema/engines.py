@@ -12,6 +12,7 @@ from pydantic import (
 )
 
 from .base import StrictModel
+from .model import LoraRank
 
 
 def _check_extra_args(extra_args: list[str | int | float], managed: dict[str, str]) -> None:
@@ -157,13 +158,41 @@ class VLLMEngineSpec(LaunchedEngineSpec):
         default=None, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on the CPU build"
     )
     cpu_omp_threads_bind: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND")
+    enable_lora: bool | None = Field(
+        default=None, description="serve LoRA adapters; None: on when model.lora names some (--enable-lora)"
+    )
+    max_loras: PositiveInt | None = Field(default=None, description="adapters in one batch (vLLM's default 1)")
+    max_lora_rank: LoraRank | None = Field(
+        default=None, description="the largest adapter rank the server takes (vLLM's default 16)"
+    )
+    max_cpu_loras: PositiveInt | None = Field(
+        default=None, description="adapters kept in CPU memory (vLLM's default: max_loras); others reload from disk"
+    )
+    lora_loading: Literal["start", "runtime"] = Field(
+        default="start",
+        description="start: model.lora's adapters on the command line (--lora-modules); runtime: the trial loads "
+        "each through POST /v1/load_lora_adapter once the server is up (VLLM_ALLOW_RUNTIME_LORA_UPDATING), timed",
+    )
+    enable_prompt_tokens_details: bool = Field(
+        default=False, description="each response's usage says its prompt's cached tokens (per-request prefix hits)"
+    )
 
     @model_validator(mode="after")
     def _extra_args_not_managed(self) -> VLLMEngineSpec:
         _check_extra_args(
             self.extra_args,
-            {"--model": "model", "--served-model-name": "model.name", "--host": "engine.host", "--port": "engine.port"},
+            {
+                "--model": "model",
+                "--served-model-name": "model.name",
+                "--host": "engine.host",
+                "--port": "engine.port",
+                "--lora-modules": "model.lora",
+            },
         )
+        if self.max_cpu_loras is not None and self.max_cpu_loras < (self.max_loras or 1):
+            raise ValueError(
+                f"max_cpu_loras {self.max_cpu_loras} must be >= max_loras {self.max_loras or 1} (vLLM refuses it)"
+            )
         if sum(x is not None for x in (self.kv_transfer_config, self.disaggregation, self.lmcache)) > 1:
             raise ValueError("set at most one of kv_transfer_config, disaggregation and lmcache")
         if self.router is not None and self.disaggregation is not None:
@@ -218,6 +247,13 @@ class SGLangEngineSpec(LaunchedEngineSpec):
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: PositiveInt | None = None
     random_seed: int | None = None
+    enable_lora: bool | None = Field(
+        default=None, description="serve LoRA adapters; None: on when model.lora names some (--enable-lora)"
+    )
+    max_loras_per_batch: PositiveInt | None = Field(default=None, description="adapters in one batch (SGLang: 8)")
+    max_loaded_loras: PositiveInt | None = Field(default=None, description="adapters kept in CPU memory")
+    max_lora_rank: LoraRank | None = Field(default=None, description="None: the largest rank of the adapters given")
+    lora_backend: str | None = Field(default=None, description="SGLang's LoRA kernels (triton, csgmv, ...)")
     reset_cache_between_points: bool = Field(default=False, description="POST /flush_cache before each load point")
     startup_timeout_s: PositiveFloat = 900.0
 
@@ -232,6 +268,7 @@ class SGLangEngineSpec(LaunchedEngineSpec):
                 "--host": "engine.host",
                 "--port": "engine.port",
                 "--tp-size": "engine.tensor_parallel_size",
+                "--lora-paths": "model.lora",
             },
         )
         spec_knobs = (self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens)

@@ -60,6 +60,79 @@ class TinyModelSpec(StrictModel):
         return self
 
 
+# The ranks vLLM's LoRA config takes (vllm.config.lora.MaxLoRARanks): an adapter's rank and
+# engine.max_lora_rank are among these.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+LORA_TAGS = "abcdefghijklmnopqrstuvwxyz"  # the tiny adapter k answers "a+b=" with the sum, then LORA_TAGS[k]
+
+
+def tiny_lora_name(index: int) -> str:
+    """The served name of the tiny model's adapter ``index``: lora-a, lora-b, ... (its tag letter)."""
+    return f"lora-{LORA_TAGS[index]}"
+
+
+class TinyLoraSpec(StrictModel):
+    """LoRA adapters trained here on a ``tiny_trained`` base (orchestrator/models/lora.py):
+    adapter k answers "a+b=" with the sum and its own tag letter after it, so an answer tells which
+    adapter (or the base) served it. Served as ``lora-a``, ``lora-b``, ..."""
+
+    count: int = Field(default=4, ge=1, le=26, description="adapters lora-a, lora-b, ... (one tag letter each)")
+    rank: LoraRank = 8
+    alpha: PositiveFloat = Field(
+        default=16.0, description="scale alpha/rank; a fixed alpha makes Adam's steps the same size at every rank"
+    )
+    targets: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+    steps: PositiveInt = 150
+    batch_size: PositiveInt = 32
+    lr: PositiveFloat = 2e-3
+    seed: int = 0
+    threads: PositiveInt = 2
+
+    @model_validator(mode="after")
+    def _known_targets(self) -> TinyLoraSpec:
+        unknown = sorted(set(self.targets) - set(LORA_TARGETS))
+        if unknown:
+            raise ValueError(f"targets {unknown}: the tiny Llama's linear layers are {list(LORA_TARGETS)}")
+        return self
+
+    def names(self) -> list[str]:
+        return [tiny_lora_name(k) for k in range(self.count)]
+
+
+class LoraAdapterSpec(StrictModel):
+    """An adapter of one's own: a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors)."""
+
+    name: str = Field(description="the name requests put in 'model'")
+    path: str
+
+
+class LoraSpec(StrictModel):
+    """The LoRA adapters served over the model: one's own (``adapters``) and/or the tiny model's
+    (``tiny``). The engine loads them (engine.enable_lora and its slots); the workload's
+    ``adapters`` section spreads requests over them."""
+
+    adapters: list[LoraAdapterSpec] = Field(default_factory=list)
+    tiny: TinyLoraSpec | None = None
+
+    @model_validator(mode="after")
+    def _some_unique(self) -> LoraSpec:
+        if not self.adapters and self.tiny is None:
+            raise ValueError("model.lora: expected 'adapters' (name, path) or 'tiny' (adapters trained here)")
+        names = self.names()
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"model.lora: adapter names {dup} appear more than once (the tiny ones are lora-a, ...)")
+        return self
+
+    def names(self) -> list[str]:
+        """The served names: one's own adapters, then the tiny ones."""
+        return [a.name for a in self.adapters] + (self.tiny.names() if self.tiny is not None else [])
+
+
 class ModelArch(StrictModel):
     """A model's shape, for the memory check, the KV capacity and the roofline. Read from the
     model's own config.json when it is at hand (orchestrator.models.shape); declare it only for
@@ -92,6 +165,7 @@ class ModelSpec(StrictModel):
     tiny: TinyModelSpec | None = None
     arch: ModelArch | None = Field(default=None, description="shape for feasibility checks (GPU models)")
     cache_dir: str | None = Field(default=None, description="where tiny models are built; None = default cache")
+    lora: LoraSpec | None = Field(default=None, description="LoRA adapters served over this model")
 
     @model_validator(mode="after")
     def _source_fields(self) -> ModelSpec:
@@ -101,6 +175,11 @@ class ModelSpec(StrictModel):
             raise ValueError("source 'tiny_trained' needs 'tiny.train' (the task it is trained on)")
         if self.source in ("path", "hub") and not self.path:
             raise ValueError(f"source '{self.source}' needs 'path'")
+        if self.lora is not None and self.lora.tiny is not None and self.source != "tiny_trained":
+            raise ValueError(
+                f"model.lora.tiny: the tiny adapters are trained on the tiny_trained adder (model=tiny_adder), "
+                f"not on source '{self.source}'; serve adapters of one's own with model.lora.adapters"
+            )
         if self.source in ("tiny_random", "tiny_trained") and self.path:
             # A key a chosen config makes dead is an error, never silently ignored (issue 20): the
             # run would build and measure the tiny model, or tokenize for it, not the one named.

@@ -35,6 +35,11 @@ class EvalSpec(StrictModel):
     num_concurrent: PositiveInt = 4
     max_gen_toks: PositiveInt = 256
     timeout_s: PositiveFloat = 1800.0
+    adapters: bool = Field(
+        default=False,
+        description="score every LoRA adapter of model.lora too: the tiny ones by their own scorer (does each "
+        "answer in its adapter's convention?), one's own with `tasks` under each adapter's name",
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -116,6 +121,42 @@ class TrialSpec(StrictModel):
             )
         if not isinstance(self.engine, LaunchedEngineSpec):
             raise ValueError(f"profile: engine '{self.engine.name}' has no profiler we can start (vllm or sglang)")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_consistent(self) -> TrialSpec:
+        """LoRA: the engine's switch, its slots and the workload's adapter mix agree with model.lora."""
+        lora, engine, mix = self.model.lora, self.engine, self.workload.adapters
+        served = lora.names() if lora is not None else []
+        if isinstance(engine, LaunchedEngineSpec):
+            switch = getattr(engine, "enable_lora", None)
+            if getattr(engine, "lora_loading", "start") == "runtime" and lora is None:
+                raise ValueError("engine.lora_loading=runtime loads model.lora's adapters, and it names none")
+            if lora is not None and switch is False:
+                raise ValueError("model.lora names adapters but engine.enable_lora is false: remove one of them")
+            if lora is None and switch is not True:
+                knobs = ("max_loras", "max_lora_rank", "max_cpu_loras", "max_loras_per_batch", "max_loaded_loras")
+                dead = [k for k in knobs if getattr(engine, k, None) is not None]
+                if dead:
+                    raise ValueError(
+                        f"engine.{', engine.'.join(dead)}: LoRA is off (no model.lora, engine.enable_lora not true)"
+                    )
+            if mix is not None and mix.names is not None and lora is not None:
+                unknown = [n for n in mix.names if n not in served]
+                if unknown:
+                    raise ValueError(
+                        f"workload.adapters.names {unknown}: not adapters of model.lora (it serves {served})"
+                    )
+        if self.eval.adapters and lora is None:
+            raise ValueError("eval.adapters scores LoRA adapters, and model.lora names none")
+        if mix is not None and mix.names is None:
+            if lora is None:
+                raise ValueError(
+                    "workload.adapters: no adapter names and no model.lora to take them from: set "
+                    "workload.adapters.names or model.lora"
+                )
+            if mix.active is not None and mix.active > len(served):
+                raise ValueError(f"workload.adapters.active {mix.active}: model.lora has {len(served)} adapters")
         return self
 
     @model_validator(mode="after")

@@ -283,6 +283,46 @@ class CapacitySpec(StrictModel):
         return LoadPointSpec.model_validate({**self.point, self.knob: setting})
 
 
+class AdapterMixSpec(StrictModel):
+    """Multi-LoRA serving: which adapter each request names in ``model``. The ``active`` first
+    of ``names`` (and the base model with ``include_base``) are drawn per request: all alike
+    (``uniform``) or by rank (``zipf``: the i-th with weight 1/i^s), from a stream of their own,
+    so the prompts are the same whatever the mix. A conversation keeps one adapter."""
+
+    names: list[str] | None = Field(
+        default=None, description="adapter names, most popular first; None: model.lora's, in order"
+    )
+    active: PositiveInt | None = Field(default=None, description="the first N names only (None: all)")
+    popularity: Literal["uniform", "zipf"] = "uniform"
+    zipf_s: PositiveFloat = Field(default=1.0, description="zipf: the i-th adapter's weight is 1/i^s")
+    include_base: bool = Field(default=False, description="the base model as one more choice (the last)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AdapterMixSpec:
+        if self.names is not None:
+            if not self.names:
+                raise ValueError("adapters.names: expected at least one adapter name (or None: model.lora's)")
+            dup = sorted({n for n in self.names if self.names.count(n) > 1})
+            if dup:
+                raise ValueError(f"adapters.names: {dup} appear more than once")
+            if self.active is not None and self.active > len(self.names):
+                raise ValueError(f"adapters.active {self.active}: only {len(self.names)} names")
+        if self.zipf_s != type(self).model_fields["zipf_s"].default and self.popularity != "zipf":
+            raise ValueError(f"adapters.zipf_s shapes popularity 'zipf' only (popularity is '{self.popularity}')")
+        return self
+
+    def chosen(self) -> list[str]:
+        """The adapters drawn from, most popular first (``names`` resolved)."""
+        assert self.names is not None, "adapters.names is filled from model.lora before the load is planned"
+        return self.names[: self.active] if self.active is not None else list(self.names)
+
+    def weights(self, n: int) -> list[float]:
+        """The draw's weights of ``n`` choices (the base last, when included)."""
+        if self.popularity == "zipf":
+            return [1.0 / (i + 1) ** self.zipf_s for i in range(n)]
+        return [1.0] * n
+
+
 class WorkloadSpec(StrictModel):
     """Requests and the load points they are sent at."""
 
@@ -325,6 +365,7 @@ class WorkloadSpec(StrictModel):
     validity: ValiditySpec = Field(default_factory=ValiditySpec)
     fidelity: FidelitySpec = Field(default_factory=FidelitySpec)
     repeats: PositiveInt = Field(default=1, description="run each load point this many times (fresh requests each)")
+    adapters: AdapterMixSpec | None = Field(default=None, description="requests spread over LoRA adapters")
     max_ci_rel_width: PositiveFloat = Field(
         default=0.2, description="flag a repeated point whose 95% CI half-width exceeds this fraction of the mean"
     )
