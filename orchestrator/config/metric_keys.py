@@ -234,7 +234,8 @@ class M:
     PREFIX_HIT_RATE: Final = "prefix_hit_rate"
     MISROUTED: Final = "misrouted"
     LOAD_S: Final = "load_s"  # an adapter loaded at run time (engine.lora_loading=runtime): seconds
-    # eval.adapters: the worst adapter's share of right answers, and of answers in another's convention
+    # eval.adapters: the worst adapter's share of right answers; the worst share of answers in
+    # another's convention, the base model's included
     ADAPTERS_ACCURACY_MIN: Final = "adapters_accuracy_min"
     ADAPTERS_MISROUTED_MAX: Final = "adapters_misrouted_max"
     SLO_CAPACITY_RPS: Final = "slo_capacity_rps"

@@ -64,11 +64,15 @@ def score_adapters(
     progress: Callable[[str], None] = print,
 ) -> dict[str, float]:
     """Score every adapter (served name, tag index) and the base model on the held-out problems;
-    returns ``adapter.<name>.accuracy`` / ``.misrouted`` (the base as ``adapter.base.*``), and over
-    the adapters the worst of each (``adapters_accuracy_min``, ``adapters_misrouted_max``)."""
+    returns ``adapter.<name>.accuracy`` / ``.misrouted`` (the base as ``adapter.base.*``), the
+    adapters' worst accuracy (``adapters_accuracy_min``) and the worst share misrouted, the base
+    model's included (``adapters_misrouted_max``)."""
     asked = [*((name, k) for name, k in adapters), (base_model, None)]
     pairs = problems(limit)
-    jobs = [(name, k, a, b) for name, k in asked for a, b in pairs]
+    # problem by problem, every adapter and the base in turn: requests of several adapters and of
+    # the base share the server's batches, as in traffic (one adapter after the other would not
+    # catch a server that applies a batch's adapter to its base-model requests)
+    jobs = [(name, k, a, b) for a, b in pairs for name, k in asked]
     t0 = time.monotonic()
     try:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -88,7 +92,7 @@ def score_adapters(
         words.append(f"{key} {right}/{len(mine)}" + (f" ({misrouted} misrouted)" if misrouted else ""))
         if k is not None:
             worst_right = min(worst_right, right / len(mine))
-            worst_misrouted = max(worst_misrouted, misrouted / len(mine))
+        worst_misrouted = max(worst_misrouted, misrouted / len(mine))  # the base's too
     if adapters:
         out[M.ADAPTERS_ACCURACY_MIN], out[M.ADAPTERS_MISROUTED_MAX] = worst_right, worst_misrouted
     progress(f"adapters scored in {time.monotonic() - t0:.0f}s: right answers {', '.join(words)}")

@@ -326,7 +326,7 @@ def multi_lora(data: SweepData, out: Path) -> list[Path]:
         return []
     xs = list(range(len(trials)))
     bars = raced(trials)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.6))
     heaviest = [t.points[-1].label for t in trials]
     tps = [point_between_runs(t, at, M.TOKENS_PER_SECOND) for t, at in zip(trials, heaviest, strict=True)]
     ttft99 = [point_between_runs(t, at, M.TTFT_MS_P99) for t, at in zip(trials, heaviest, strict=True)]
@@ -346,9 +346,11 @@ def multi_lora(data: SweepData, out: Path) -> list[Path]:
     axes[2].set_ylabel("TTFT (ms), mean over the adapters")
     axes[2].set_title("cold vs warm adapter")
     axes[2].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
     for ax in axes:
-        ax.set_xticks(xs, [_lora_label(t) for t in trials], fontsize=7)
+        ax.set_xticks(xs, [_lora_label(t) for t in trials], fontsize=7, rotation=35, ha="right")
         ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
     mark_intervals(fig, trials)
     return [save_figure(fig, out, "multi_lora.png")]
 
