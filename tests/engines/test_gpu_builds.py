@@ -14,6 +14,7 @@ from orchestrator.config import to_specs
 from orchestrator.engines import adapter_for, envs
 from orchestrator.engines import vllm as vllm_adapter
 from orchestrator.engines.verify import Check, checks_for, run_checks
+from orchestrator.models import resolve_adapters
 from tests.conftest import CONF, ROOT
 
 pytestmark = pytest.mark.engines
@@ -59,8 +60,9 @@ def test_every_gpu_command_is_accepted_by_the_engines_gpu_builds(compose, tiny_m
             continue
         engines.add(spec.engine.name)
         ports = iter(range(9100, 9200))
+        adapters = resolve_adapters(spec.model, build=False)  # the LoRA lab's: --lora-modules / --lora-paths
         for launch in adapter_for(spec.engine.name).launches(
-            spec, str(tiny_model_dir), 9000, ports.__next__, "/tmp/trial"
+            spec, str(tiny_model_dir), 9000, ports.__next__, "/tmp/trial", adapters
         ):
             for c in checks_for(launch):
                 env = ENVS["sglang"] if c.kind == "router" else ENVS[spec.engine.name]  # the router lives with SGLang
