@@ -153,12 +153,26 @@ def _phrase(words: str, va: float, vb: float, rel: float) -> str:
     return f"{words} {short(va)} -> {short(vb)} ({change})"
 
 
+def knob_changes(a: TrialData, b: TrialData, knobs: list[str]) -> str:
+    """``knob a's value -> b's`` for each knob; a section set in one trial and null in the other
+    is said once, as the section (``{...}`` where its keys are set), not key by key."""
+    shown = [k for k in knobs if not any(k.startswith(p + ".") for p in knobs if p != k)]
+
+    def value(t: TrialData, k: str) -> str:
+        v = t.params.get(k)
+        if v is None and any(p.startswith(k + ".") for p in t.params):
+            return "{...}"
+        return "unset" if v is None else str(v)
+
+    return ", ".join(f"{k} {value(a, k)} -> {value(b, k)}" for k in shown)
+
+
 def compare(winner: TrialData, other: TrialData, knobs: list[str], label: str | None) -> str | None:
     """One sentence set: the winner against ``other`` at ``label``."""
     pw, po = _point(winner, label), _point(other, label)
     if pw is None or po is None:
         return None
-    knob_words = ", ".join(f"{k} {other.params.get(k)} -> {winner.params.get(k)}" for k in knobs)
+    knob_words = knob_changes(other, winner, knobs)
     lw, lo = pw.diagnosis, po.diagnosis
     lines = [f"Against {other.name} ({knob_words}), at {pw.label}:"]
     if lw.get("limiter") and lo.get("limiter"):

@@ -200,3 +200,19 @@ def test_a_small_step_back_is_a_tie_not_a_broken_trend():
     assert run([0.022, 0.013, 1113.0]) == "observed"  # 0.009 ms back against a 1113 ms rise
     assert run([100.0, 60.0, 120.0]) == "not observed"  # 40% back: not the trend
     assert run([100.0, 103.0]) == "not observed"  # within the 5% margin end to end
+
+
+def test_a_section_set_in_one_trial_and_null_in_the_other_is_said_once():
+    from orchestrator.report.explain import knob_changes
+    from orchestrator.tracking.runs import TrialData
+
+    lora = TrialData(
+        "a",
+        "FINISHED",
+        {"workload.adapters.active": "4", "workload.adapters.popularity": "uniform", "engine.max_loras": "2"},
+        {},
+        [],
+    )
+    plain = TrialData("b", "FINISHED", {"workload.adapters": "null", "engine.max_loras": "4"}, {}, [])
+    knobs = ["engine.max_loras", "workload.adapters", "workload.adapters.active", "workload.adapters.popularity"]
+    assert knob_changes(plain, lora, knobs) == "engine.max_loras 4 -> 2, workload.adapters null -> {...}"
