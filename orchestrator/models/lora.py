@@ -16,9 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from orchestrator.config.schema.model import LORA_TAGS, tiny_lora_name
 from orchestrator.models.tiny import (
     addition_problems,
     answer_batch,
+    build_into,
     default_cache_dir,
     ensure_tiny_model,
     model_key,
@@ -75,17 +74,11 @@ def ensure_tiny_adapters(model: ModelSpec, log: Any = print) -> list[tuple[str, 
         target = tiny_adapter_dir(model.tiny, lora, k, model.cache_dir)
         if not (target / "adapter_model.safetensors").exists():
             base_dir = base_dir or ensure_tiny_model(model.tiny, model.cache_dir)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-            try:
-                train_tiny_adapter(base_dir, staging, k, lora, seq_len, log)
-                try:
-                    staging.rename(target)  # atomic: concurrent builders race safely
-                except OSError:
-                    if not (target / "adapter_model.safetensors").exists():
-                        raise
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+
+            def train(staging: Path, base: Path = base_dir, k: int = k) -> None:
+                train_tiny_adapter(base, staging, k, lora, seq_len, log)
+
+            build_into(target, "adapter_model.safetensors", train)
         out.append((tiny_adapter_name(k), target))
     return out
 

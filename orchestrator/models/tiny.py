@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,8 @@ def ensure_tiny_model(spec: TinyModelSpec, cache_dir: str | os.PathLike[str] | N
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():
         return target
     base = ensure_tiny_model(spec.model_copy(update={"quantization": None}), cache_dir) if spec.quantization else None
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
-    try:
+
+    def build(staging: Path) -> None:
         if base is not None:
             assert spec.quantization is not None
             quantize_model(base, staging, spec.quantization)
@@ -79,14 +79,25 @@ def ensure_tiny_model(spec: TinyModelSpec, cache_dir: str | os.PathLike[str] | N
             build_trained_model(spec, staging)
         else:
             build_tiny_model(spec, staging)
+
+    build_into(target, "config.json", build)
+    return target
+
+
+def build_into(target: Path, marker: str, build: Callable[[Path], None]) -> None:
+    """Run ``build`` into a staging folder beside ``target``, then rename it to ``target``
+    (atomic: concurrent builders race safely; a loser keeps the winner's when it holds ``marker``)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
+    try:
+        build(staging)
         try:
-            staging.rename(target)  # atomic: concurrent builders race safely
+            staging.rename(target)
         except OSError:
-            if not (target / "config.json").exists():
+            if not (target / marker).exists():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def build_tokenizer(vocab_size: int, out_dir: Path, corpus: list[str] | None = None) -> Any:
