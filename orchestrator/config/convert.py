@@ -5,7 +5,10 @@ Two overlays are applied before validation, in this order:
 * ``per_platform.<platform.name>``: an experiment's scale for one platform (e.g. the CPU
   size of a GPU lab), so one experiment file carries both;
 * ``variants.<variant>``: a named bundle of keys that a sweep selects with ``variant=NAME``
-  (e.g. ``chunking_off`` = ``engine.enable_chunked_prefill: false``).
+  (e.g. ``chunking_off`` = ``engine.enable_chunked_prefill: false``). A platform may give a
+  variant a form of its own, ``per_platform.<platform.name>.variants.<variant>``, merged after
+  the variant's keys (multi_lora's ``rank_64`` trains rank-64 tiny adapters on the CPU and
+  raises the slots' rank over one's own adapters on a GPU).
 
 Every error names the offending key and what was expected, before anything starts.
 
@@ -95,27 +98,41 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def apply_overlays(data: dict[str, Any]) -> dict[str, Any]:
-    """Apply ``per_platform`` then ``variants`` overlays; returns a new dict without them."""
+    """Apply ``per_platform``, then ``variants``, then the platform's form of the variant
+    (``per_platform.<platform>.variants.<variant>``); returns a new dict without them."""
     data = dict(data)
     per_platform = data.pop("per_platform", None) or {}
     variants = data.pop("variants", None) or {}
     platform_name = (data.get("platform") or {}).get("name")
+    forms: dict[str, Any] = {}  # per_platform.<platform>.variants: the platform's form of a variant
     if not isinstance(per_platform, Mapping):
         raise ConfigError(
             f"per_platform: expected a mapping of platform name -> overlay, got {type(per_platform).__name__}"
         )
     if platform_name in per_platform and per_platform[platform_name]:
         overlay = per_platform[platform_name]
-        _check_overlay("per_platform." + str(platform_name), overlay)
+        where = f"per_platform.{platform_name}"
+        if isinstance(overlay, Mapping) and "variants" in overlay:
+            overlay = dict(overlay)
+            own = overlay.pop("variants") or {}
+            if not isinstance(own, Mapping):
+                raise ConfigError(
+                    f"{where}.variants: expected a mapping of variant name -> overlay, got {type(own).__name__}"
+                )
+            forms = {str(name): form or {} for name, form in own.items()}
+        _check_overlay(where, overlay)
         data = deep_merge(data, overlay)
     variant = data.get("variant")
     if variant is not None:
-        if variant not in variants:
-            allowed = ", ".join(sorted(variants)) or "(this experiment defines no variants)"
+        if variant not in variants and variant not in forms:
+            allowed = ", ".join(sorted(set(variants) | set(forms))) or "(this experiment defines no variants)"
             raise ConfigError(f"variant: unknown value '{variant}'; expected one of: {allowed}")
-        overlay = variants[variant] or {}
+        overlay = variants.get(variant) or {}
         _check_overlay(f"variants.{variant}", overlay)
         data = deep_merge(data, overlay)
+        if variant in forms:  # after the variant: a platform's form overrides it, _replace_ included
+            _check_overlay(f"per_platform.{platform_name}.variants.{variant}", forms[variant])
+            data = deep_merge(data, forms[variant])
     return data
 
 

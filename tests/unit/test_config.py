@@ -70,6 +70,26 @@ def test_overlays_per_platform_then_variant():
     assert "variants" not in out and "per_platform" not in out
 
 
+def test_a_platforms_form_of_a_variant_applies_after_the_variant():
+    data = {
+        "platform": {"name": "cpu"},
+        "engine": {"a": 1, "b": 1, "c": 1},
+        "variant": "v",
+        "variants": {"v": {"engine": {"b": 3, "c": 3}}},
+        "per_platform": {"cpu": {"engine": {"a": 2}, "variants": {"v": {"engine": {"c": 4}}, "only_cpu": {}}}},
+    }
+    assert apply_overlays(data)["engine"] == {"a": 2, "b": 3, "c": 4}
+    replaced = dict(data, per_platform={"cpu": {"variants": {"v": {"engine": {"_replace_": True, "z": 0}}}}})
+    assert apply_overlays(replaced)["engine"] == {"z": 0}
+    assert apply_overlays(dict(data, variant="only_cpu"))["engine"] == {"a": 2, "b": 1, "c": 1}
+    with pytest.raises(ConfigError, match="expected one of: only_cpu, v"):
+        apply_overlays(dict(data, variant="nope"))
+    with pytest.raises(ConfigError, match="per_platform.cpu.variants: expected a mapping"):
+        apply_overlays(dict(data, per_platform={"cpu": {"variants": [1]}}))
+    with pytest.raises(ConfigError, match="per_platform.cpu.variants.v: cannot set 'sweeps'"):
+        apply_overlays(dict(data, per_platform={"cpu": {"variants": {"v": {"sweeps": 1}}}}))
+
+
 def test_overlay_may_not_rename_experiment():
     with pytest.raises(ConfigError, match="cannot set 'experiment'"):
         apply_overlays({"variant": "v", "variants": {"v": {"experiment": "x"}}, "platform": {"name": "cpu"}})
