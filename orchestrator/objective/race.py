@@ -12,26 +12,34 @@ its degrees of freedom). For each contender, the leader's advantage gets a t-int
 * otherwise **undecided**: both run again, if the race may go on. A leader better by some
   amount that may be under the margin is undecided too: more runs tell whether it matters.
 
-Many comparisons, many looks: the race may stop at each of ``L`` rounds (``max_repeats - 1``),
-so the error it may commit, ``1 - confidence``, is spent over them (:func:`look_alpha`): at round
-``k`` an amount ``alpha * ((k/L)^3 - ((k-1)/L)^3)``, little early and most at the last round
-(Lan and DeMets' power family, rho 3, close to O'Brien and Fleming's), then divided over the
-``m`` contenders (Bonferroni). The amounts add up to ``alpha``, so by the union bound the chance
-that any statement of the verdict is wrong stays under ``1 - confidence`` wherever the race
-stops: free of the bias of stopping at the first interval that looks good. Spent evenly (plain
-Bonferroni over the looks) the last round, where ties are told, would get a quarter of it with
-four looks; spent this way, it gets 58%. A large difference is still told in the first rounds.
+Many comparisons, many looks: the race looks at a few rounds only (:func:`interim_looks`: when
+the leader has run 2, 3, 5, 8, 12, 18, 27, 41 times, each about 1.5 times the one before) and
+at its last, and the error it may commit, ``1 - confidence``, is spent over them
+(:func:`look_share`): by the interim look at ``n`` runs a share ``((n - 1) / (R - 1))^2`` of it
+(Lan and DeMets' power family, rho 2: little early, most at the end), ``R`` the runs at most
+(``max_repeats``; with ``auto`` the most it may plan); the race's last look, where it stops
+without a decision (its plan's length, the cap, the budget), spends all that is left. The share
+of each look is then divided over the ``m`` contenders (Bonferroni). The amounts add up to
+``alpha``, so by the union bound the chance that any statement of the verdict is wrong stays
+under ``1 - confidence`` wherever the race stops: free of the bias of stopping at the first
+interval that looks good. Few looks keep most of the error for the last one, where ties are
+told (a look at every round, as before, left the last of 29 a tenth of it); a large difference
+is still told at an interim look.
+
 A within-run interval (bootstrap over one run's requests) never enters this: it says how well
 one run was measured, not how another run would come out.
 
 When the race ends undecided, :func:`runs_needed` says how many runs each would have told the
 leader and a contender apart (or tied them) at the noise measured between runs.
 
-``objective.max_repeats: auto`` (the default) plans the race's length once, after the pilot's
-third run (:func:`planned_runs`): from the spread between runs alone, never from the differences
-seen (an internal pilot, Wittes and Brittain 1990: re-estimating the size from the variance
-leaves the error rate as planned), the runs each that would tie two equal trials with 95% power,
-within what the budget affords. From then on ``L`` is that plan's.
+``objective.max_repeats: auto`` (the default) plans the race's length after the pilot's third
+run, and again at every later interim look (:func:`planned_runs`): from the spread between runs
+alone, never from the differences seen (an internal pilot, Wittes and Brittain 1990:
+re-estimating the size from the variance leaves the error rate as planned), the runs each that
+would tie two equal trials with 99% power, within what the budget affords (a later plan may
+lengthen the race, never shorten it). The plan only says where the race's last look falls; the
+interim looks' shares do not depend on it, so the verdict rebuilt from the runs alone (from
+MLflow) spends the error as the race did.
 
 Rounds are blocks (:func:`blocked_fit`): the trials of a round run the same requests, back to
 back, on one server start when they share one, so what a round shares cancels in each
@@ -113,26 +121,59 @@ class RaceState:
         return [self.leader, *names] if names and self.leader else []
 
 
-SPEND_RHO = 3.0  # the spending function's power: alpha * t^rho spent by the fraction t of the looks
+SPEND_RHO = 2.0  # the spending function's power: alpha * t^rho spent by the fraction t of the runs
+LOOK_GROWTH = 1.5  # each interim look about this many times the runs of the one before
 
 
-def look_alpha(alpha: float, look: int, looks: int) -> float:
-    """The error spent at round ``look`` (1-based) of ``looks``: ``alpha * ((k/L)^rho - ((k-1)/L)^rho)``;
-    a round past the last is judged as the last."""
-    L = max(1, looks)
-    k = min(max(1, look), L)
-    return alpha * ((k / L) ** SPEND_RHO - ((k - 1) / L) ** SPEND_RHO)
+def interim_looks(reference: int) -> list[int]:
+    """The leader's runs at which the race looks before its last, below ``reference`` (the runs
+    at most): 2, 3, 5, 8, 12, 18, 27, 41, ... (each about :data:`LOOK_GROWTH` times the one before)."""
+    looks, n = [], 2
+    while n < reference:
+        looks.append(n)
+        n = max(n + 1, math.floor(n * LOOK_GROWTH + 0.5))
+    return looks
+
+
+def spent(runs: int, reference: int) -> float:
+    """The share of the error spent by the interim look at ``runs`` (the looks before included):
+    ``((runs - 1) / (reference - 1))^rho``, all of it at ``reference``."""
+    if runs >= reference:
+        return 1.0
+    return ((max(runs, 1) - 1) / (reference - 1)) ** SPEND_RHO
+
+
+def look_share(runs: int, reference: int, final: bool) -> float:
+    """The share of the error a look at ``runs`` (the leader's) spends: at an interim look what
+    :func:`spent` adds since the look before (0 between looks); at the race's last look
+    (``final``, or ``reference`` reached) all that the interim looks before it left."""
+    before = [k for k in interim_looks(reference) if k < runs]
+    prior = spent(before[-1], reference) if before else 0.0
+    if final or runs >= reference:
+        return 1.0 - prior
+    if runs not in interim_looks(reference):
+        return 0.0
+    return spent(runs, reference) - prior
 
 
 def runs_needed(
-    sd: float, advantage: float, bound: float, alpha: float, trials: int = 2, power: float = 0.8, cap: int = 200
+    sd: float,
+    advantage: float,
+    bound: float,
+    alpha: float,
+    trials: int = 2,
+    power: float = 0.8,
+    cap: int = 200,
+    reference: int | None = None,
 ) -> int | None:
     """The runs each with which a comparison whose true advantage is ``advantage`` (on the compared
     scale) is decided with probability ``power``, at the between-run spread ``sd``: a tie inside
     ``bound`` when the advantage is smaller, the leader better when it is larger (the usual
-    sample size of two one-sided tests, or of a t-test against the bound). ``alpha``: the
-    comparison's share of the error, spent over ``n - 1`` looks as the race does. None: more than
-    ``cap``, or an advantage on the bound itself (no number of runs tells it)."""
+    sample size of two one-sided tests, or of a t-test against the bound), at the race's last look.
+    ``alpha``: the comparison's share of the error; the last look spends what the interim looks
+    left (:func:`look_share`) of a race of ``reference`` runs at most (None: the runs themselves,
+    ``max_repeats`` set to them). None: more than ``cap``, or an advantage on the bound itself (no
+    number of runs tells it)."""
     room = abs(bound - abs(advantage))
     if room <= 0:
         return None
@@ -140,7 +181,7 @@ def runs_needed(
         return 2
     tie = abs(advantage) < bound
     for n in range(2, cap + 1):
-        a = look_alpha(alpha, n - 1, n - 1)
+        a = alpha * look_share(n, reference or n, final=True)
         df = (trials - 1) * (n - 1)  # rounds as blocks (:func:`blocked_fit`), or every run pooled
         df = df if df >= PAIRED_MIN_DF else trials * (n - 1)
         # a tie must clear both bounds: at a true advantage of 0 each one-sided miss is half the power lost
@@ -152,7 +193,7 @@ def runs_needed(
 
 
 PILOT_RUNS = 3  # auto plans once every trial still racing has run this many times
-PLAN_POWER = 0.95  # auto's plan ties two equal trials this often, at the spread it plans for
+PLAN_POWER = 0.99  # auto's plan ties two equal trials this often, at the spread it plans for
 PLAN_SD_UPPER = 0.8  # ... which is the pilot's spread at this upper confidence limit (Browne 1995)
 
 
@@ -167,16 +208,55 @@ def planning_sd(state: RaceState) -> float:
 
 
 def planned_runs(state: RaceState, affordable: int, cap: int) -> int:
-    """``auto``'s plan from a race after its pilot (:data:`PILOT_RUNS` runs): the runs each that
-    tell a tie of two equal trials with :data:`PLAN_POWER` (:func:`runs_needed` at no advantage)
-    at the spread of :func:`planning_sd`, at least 3, at most ``cap`` and the runs the budget
-    ``affordable`` (never fewer than the runs made)."""
+    """``auto``'s plan from a race after its pilot (:data:`PILOT_RUNS` runs), made again at each
+    later interim look: the runs each that tell a tie of two equal trials with :data:`PLAN_POWER`
+    (:func:`runs_needed` at no advantage, the last look spending what a race of ``cap`` runs at
+    most leaves it) at the spread of :func:`planning_sd`, at least 3, at most ``cap`` and the runs
+    the budget ``affordable`` (never fewer than the runs made)."""
     made = max(state.runs.values(), default=2)
     need = 3
     if state.sd > 0 and state.bound > 0:
         trials = max(2, len(state.runs))
-        need = runs_needed(planning_sd(state), 0.0, state.bound, state.alpha_total, trials, PLAN_POWER, cap) or cap
+        sd = planning_sd(state)
+        need = runs_needed(sd, 0.0, state.bound, state.alpha_total, trials, PLAN_POWER, cap, cap) or cap
     return max(made, min(cap, affordable, max(3, need)))
+
+
+@dataclass
+class Schedule:
+    """When a race looks and where it ends, round by round: it looks at the rounds of
+    :func:`interim_looks` of ``limit`` runs at most (``every_round``: at each round, for a race
+    that tests no means), and ends at ``limit`` or, with ``auto``, at the runs it planned
+    (:func:`planned_runs`: after the pilot's :data:`PILOT_RUNS` runs and again at each later look)."""
+
+    limit: int  # runs of a trial at most: max_repeats, or auto's cap
+    auto: bool = False
+    every_round: bool = False
+    plan: int | None = None  # the runs planned (auto, once the pilot ran), else the limit
+
+    def __post_init__(self) -> None:
+        self.looks = list(range(2, self.limit)) if self.every_round else interim_looks(self.limit)
+        if not self.auto:
+            self.plan = self.limit
+
+    def looks_at(self, runs: int) -> bool:
+        """Whether the race looks after ``runs`` runs (between looks the same trials run again)."""
+        return runs in self.looks
+
+    def plans_at(self, runs: int) -> bool:
+        """Whether ``auto`` makes (or makes again) its plan after ``runs`` runs."""
+        return self.auto and runs >= PILOT_RUNS and self.looks_at(runs)
+
+    def replan(self, runs: int) -> bool:
+        """Take ``auto``'s plan of ``runs``: a later plan may lengthen the race, never shorten it
+        (a pilot's spread that came out high is not undone by a quieter stretch); whether it changed."""
+        new = runs if self.plan is None else max(self.plan, runs)
+        changed, self.plan = new != self.plan, new
+        return changed
+
+    def last(self, runs: int) -> bool:
+        """Whether the race ends after ``runs`` runs: the limit or the plan reached."""
+        return runs >= self.limit or (self.plan is not None and runs >= self.plan)
 
 
 Runs = dict[str, list[float]] | dict[str, dict[int, float]]
@@ -265,11 +345,15 @@ def race_state(
     maximize: bool,
     confidence: float = 0.95,
     margin: float = 0.1,
-    looks: int = 1,
+    reference: int = 2,
+    final: bool | None = None,
 ) -> RaceState:
     """Compare every trial's runs (``values``: trial -> objective value of each run, by round, or
-    a list in round order) with the leader's; ``looks``: the rounds at which the race may stop.
-    This is round ``n - 1`` of them, ``n`` the leader's runs (the leader runs in every round).
+    a list in round order) with the leader's, at the look of the leader's ``n`` runs (the leader
+    runs in every round) of a race of ``reference`` runs at most (:func:`look_share`).
+    ``final``: True, the race's last look (it stops here without a decision); False, an interim
+    look (between looks nothing is decided); None, the verdict after the race: the interim look's
+    decision where it made one (the race stopped on it), else the last look's.
     Rounds are blocks (:func:`blocked_fit`): each comparison is paired within the rounds."""
     rounds = by_round(values)
     if not rounds:
@@ -289,14 +373,24 @@ def race_state(
     if fit is None or state.df == 0:
         state.answer = ONE_RUN
         return state
-    look = runs[leader] - 1
-    alpha = look_alpha(1.0 - confidence, look, looks) / (len(y) - 1)
-    state.level = 1.0 - alpha
-    two_sided, one_sided = stats.t.ppf(1 - alpha / 2, state.df), stats.t.ppf(1 - alpha, state.df)
     scale = abs(mean[leader]) if not log_scale else 1.0
     bound = math.log1p(margin) if log_scale else margin * scale
     state.sd, state.bound, state.alpha_total = fit.sd, bound, (1.0 - confidence) / (len(y) - 1)
-    for k in y:
+    share = look_share(runs[leader], reference, final is True)
+    _judge(state, fit, mean, sign, log_scale, state.alpha_total * share)
+    if final is None and state.answer == OPEN:  # the race stopped here undecided: its last look
+        _judge(state, fit, mean, sign, log_scale, state.alpha_total * look_share(runs[leader], reference, True))
+    return state
+
+
+def _judge(state: RaceState, fit: _Fit, mean: dict[str, float], sign: float, log_scale: bool, alpha: float) -> None:
+    """Each contender against the leader at the error ``alpha`` (0: between looks, nothing told)."""
+    assert state.leader is not None
+    leader, bound = state.leader, state.bound
+    state.level = 1.0 - alpha
+    two_sided, one_sided = stats.t.ppf(1 - alpha / 2, state.df), stats.t.ppf(1 - alpha, state.df)
+    state.comparisons = []
+    for k in mean:
         if k == leader:
             continue
         d = sign * (mean[leader] - mean[k])  # >= 0: the leader's advantage
@@ -314,4 +408,3 @@ def race_state(
         low, high = sorted((back(lo), back(hi)))
         state.comparisons.append(Comparison(k, outcome, back(d), low, high, log_scale, d))
     state.answer = OPEN if state.undecided else TIED if state.tied else WIN
-    return state

@@ -201,14 +201,14 @@ def _race(scored: list[tuple[TrialData, Value]], objective: ObjectiveSpec) -> Ra
     return race_over([t for t, _ in scored], objective)
 
 
-def race_over(trials: list[TrialData], objective: ObjectiveSpec) -> RaceState:
-    """The objective's value in each run of ``trials`` compared with the leader's (the error
-    spent over the ``max_repeats - 1`` rounds at which the race may stop (``auto``: as the race
-    planned them, else at most ``AUTO_MAX_RUNS - 1``), then divided over the
-    contenders: objective.race.look_alpha)."""
+def race_over(trials: list[TrialData], objective: ObjectiveSpec, final: bool | None = None) -> RaceState:
+    """The objective's value in each run of ``trials`` compared with the leader's, the error spent
+    over the race's looks (objective.race.look_share: interim looks of a race of ``max_repeats``
+    runs at most, ``auto``'s cap with auto, then its last), divided over the contenders.
+    ``final``: as :func:`orchestrator.objective.race.race_state` (None: the verdict after the race)."""
     values = {t.name: round_values(t, objective.key, objective.at) for t in trials}
-    looks = max(1, objective.most_runs - 1)
-    return race_state(values, objective.maximize is not None, objective.confidence, objective.margin, looks)
+    maximize = objective.maximize is not None
+    return race_state(values, maximize, objective.confidence, objective.margin, objective.most_runs, final)
 
 
 def _race_headline(verdict: Verdict, bv: Value) -> str:

@@ -1,9 +1,10 @@
 """The race after a sweep's first pass: the trials that cannot yet be told apart from the leader
-run again (fresh requests, the same for every trial of a round) until the verdict is decided,
-a trial has run ``objective.max_repeats`` times (``auto``: as many as planned after the third
-run, :func:`orchestrator.objective.race.planned_runs`), or the next round would pass the budget
-(``objective.budget`` first passes). The statistics are ``objective.race``'s; the verdict reads
-the same runs (docs/statistics.md)."""
+run again (fresh requests, the same for every trial of a round) until the verdict is decided at
+one of the race's looks (:func:`orchestrator.objective.race.interim_looks`), a trial has run
+``objective.max_repeats`` times (``auto``: as many as planned after the third run and again at
+each later look, :func:`orchestrator.objective.race.planned_runs`), or the next round would pass
+the budget (``objective.budget`` first passes). The statistics are ``objective.race``'s; the
+verdict reads the same runs (docs/statistics.md)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from orchestrator.objective.race import (
     WIN,
     Comparison,
     RaceState,
+    Schedule,
     planned_runs,
     planning_sd,
 )
@@ -37,8 +39,9 @@ def races(objective: ObjectiveSpec | None) -> bool:
     return not is_knob(objective.key) or bool(objective.subject_to)
 
 
-def standing(results: list[TrialResult], objective: ObjectiveSpec) -> RaceState | None:
-    """The race over every run recorded so far (None: nothing left to compare)."""
+def standing(results: list[TrialResult], objective: ObjectiveSpec, final: bool = False) -> RaceState | None:
+    """The race over every run recorded so far, at an interim look (``final``: its last look);
+    None: nothing left to compare."""
     from orchestrator.report.verdict import decide, knob_doubts, race_over
     from orchestrator.tracking.runs import from_results
 
@@ -53,7 +56,7 @@ def standing(results: list[TrialResult], objective: ObjectiveSpec) -> RaceState 
         return state if len(measured) > 1 else None
     if len(verdict.feasible) < 2:
         return None
-    return race_over(verdict.feasible, objective)
+    return race_over(verdict.feasible, objective, final)
 
 
 def run_race(
@@ -61,34 +64,43 @@ def run_race(
     record: Recorder,
     first_pass_s: float,
     run_round: Callable[[list[TrialJob]], None],
-) -> ObjectiveSpec | None:
+) -> None:
     """Rounds of repeats after the first pass (``run_round`` runs and records a round's jobs).
-    Returns the objective the verdict reads: with ``max_repeats: auto``, the race's plan in its
-    place (also tagged on the sweep's run, ``race_planned_runs``)."""
+    The race looks at the rounds of :func:`interim_looks` and at its last; between looks the
+    same trials run again. With ``max_repeats: auto`` its last round is planned (tagged on the
+    sweep's run, ``race_planned_runs``); the verdict needs no plan to spend the error as it did."""
     objective = jobs[0].settings.objective
     if objective is None or not races(objective):
-        return objective
+        return
     progress = record.progress
     deadline = time.monotonic() + objective.budget * first_pass_s
     by_hash = {job.trial_hash: job for job in jobs}
     concurrent = jobs[0].spec.platform.max_concurrent_trials or 1
-    limit, run = objective.most_runs, 1
-    while run < limit:
+    # a knob's race tests no means: whether trials meet the constraints is read every round
+    schedule = Schedule(objective.most_runs, objective.max_repeats == "auto", is_knob(objective.key))
+    names: list[str] = []
+    run = 1
+    while True:
         state = standing(record.results, objective)
         if state is None:
-            return objective
-        if run == PILOT_RUNS and objective.max_repeats == "auto":
-            objective, limit = _plan(state, objective, jobs, record, deadline - time.monotonic(), concurrent)
-            state = standing(record.results, objective) or state
-        if run > 1 and state.answer != OPEN:
+            return
+        if schedule.plans_at(run):
+            _plan(state, schedule, jobs, record, deadline - time.monotonic(), concurrent)
+        last = schedule.last(run)
+        if last:
+            state = standing(record.results, objective, final=True) or state
+        if run > 1 and (last or schedule.looks_at(run)) and state.answer != OPEN:
             progress(f"race: decided after {run} runs ({state.answer})")
-            return objective
-        if run >= limit:
-            return objective
-        names = state.to_repeat() if run > 1 else list(state.runs)  # run 2: noise is not known yet
+            return
+        if last:
+            return
+        if run == 1:  # run 2: noise is not known yet
+            names = list(state.runs)
+        elif schedule.looks_at(run):  # between looks the same trials run again
+            names = state.to_repeat()
         chosen = [j for j in jobs if _name(j) in names and j.trial_hash in by_hash]
         if not chosen:
-            return objective
+            return
         # each round starts with another trial (a rotation: for two, AB then BA, a crossover), so
         # what a round's first or last place brings (the fresh server start, the machine after
         # the last round) falls on every trial alike and never passes for a difference between them
@@ -101,7 +113,7 @@ def run_race(
                 f"race: stopping before run {run + 1}: a round of {len(chosen)} trial(s) takes ~{round_s:.0f}s, "
                 f"the budget has {max(left, 0):.0f}s left (objective.budget={objective.budget:g} first passes)"
             )
-            return objective
+            return
         who = ", ".join(_name(j) for j in chosen)
         why = (
             "every trial's run-to-run noise is not known yet" if run == 1 else f"not yet told apart from {state.leader}"
@@ -109,29 +121,32 @@ def run_race(
         progress(f"race: run {run + 1} of {who} ({why}; fresh requests, the same for each)")
         run_round([repeat_job(j, run) for j in chosen])
         run += 1
-    return objective
 
 
 def _plan(
-    state: RaceState, objective: ObjectiveSpec, jobs: list[TrialJob], record: Recorder, left_s: float, concurrent: int
-) -> tuple[ObjectiveSpec, int]:
-    """``max_repeats: auto`` resolved after the pilot's runs (``PILOT_RUNS``): the runs each from the
-    spread between runs and what the budget affords (rounds of the trials still racing), said and tagged."""
+    state: RaceState, schedule: Schedule, jobs: list[TrialJob], record: Recorder, left_s: float, concurrent: int
+) -> None:
+    """``max_repeats: auto``'s plan, made after the pilot's runs (``PILOT_RUNS``) and again at each
+    later interim look: the runs each from the spread between runs and what the budget affords
+    (rounds of the trials still racing); said and tagged when it changes."""
     racing = [j for j in jobs if _name(j) in state.to_repeat()] or jobs
     round_s = _round_s(record, racing, concurrent)
-    affordable = PILOT_RUNS + (int(max(left_s, 0.0) // round_s) if round_s > 0 else AUTO_MAX_RUNS)
-    n = planned_runs(state, affordable, AUTO_MAX_RUNS)
+    made = max(state.runs.values(), default=PILOT_RUNS)
+    affordable = made + (int(max(left_s, 0.0) // round_s) if round_s > 0 else AUTO_MAX_RUNS)
+    before = schedule.plan
+    if not schedule.replan(planned_runs(state, affordable, AUTO_MAX_RUNS)):
+        return
     noise = "the noise"
     if state.comparisons and state.comparisons[0].log_scale:
         noise = f"{state.sd:.1%} between runs, planned for {planning_sd(state):.1%} (its 80% upper limit)"
+    again = "" if before is None else f" (was {before}; planned again after {made} runs)"
     record.progress(
-        f"race: planning {n} runs each at most (objective.max_repeats=auto: at {noise}, the budget affords "
-        f"{min(affordable, AUTO_MAX_RUNS)}, at most {AUTO_MAX_RUNS})"
+        f"race: planning {schedule.plan} runs each at most{again} (objective.max_repeats=auto: at {noise}, "
+        f"the budget affords {min(affordable, AUTO_MAX_RUNS)}, at most {AUTO_MAX_RUNS})"
     )
     tracker = record.tracker
     if tracker is not None:
-        tracker.set_sweep_tags({"race_planned_runs": str(n)})
-    return objective.model_copy(update={"max_repeats": n}), n
+        tracker.set_sweep_tags({"race_planned_runs": str(schedule.plan)})
 
 
 def _round_s(record: Recorder, jobs: list[TrialJob], concurrent: int) -> float:

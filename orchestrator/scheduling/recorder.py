@@ -10,7 +10,6 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from orchestrator.config.logs import Progress
-from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.metrics.result import RESULT_FILE, TrialResult, load_result, save_result
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.sweep_report import point_summary
@@ -43,8 +42,6 @@ class Recorder:
         # are observed share a trial hash, so the hash alone would mix up their folders
         self.dirs: dict[str, Path] = {}
         self.run_ids: dict[str, str] = {}  # trial hash -> its MLflow run (a race's repeats are its children)
-        # the objective the verdict reads, when the race changed it (max_repeats: auto, planned)
-        self.objective: ObjectiveSpec | None = None
         self.t0 = time.monotonic()
 
     @property

@@ -210,7 +210,7 @@ def _run_recorded(
                 if races(jobs[0].settings.objective):
                     progress("race: not run on a resumed sweep (resume=false races every trial again)")
             else:
-                record.objective = run_race(
+                run_race(
                     jobs, record, time.monotonic() - record.t0, lambda round_jobs: _run_trials(round_jobs, {}, record)
                 )
         status = "FINISHED"
@@ -239,7 +239,7 @@ def _conclude(experiment: str, settings: SweepSettings, record: Recorder) -> Non
         record.sweep_dir,
         tracker,
         progress,
-        record.objective or settings.objective,
+        settings.objective,
         record.dirs,
         settings.expect,
         record.run_ids,

@@ -227,9 +227,6 @@ def from_mlflow(uri: str, experiment: str, sweep_run_id: str | None = None) -> S
     sweep_run = client.get_run(sweep_run_id).data
     logged = sweep_run.params.get("objective")
     objective = ObjectiveSpec.model_validate_json(logged) if logged else None
-    planned = sweep_run.tags.get("race_planned_runs")  # max_repeats: auto, as the race planned it
-    if objective is not None and planned and objective.max_repeats == "auto":
-        objective = objective.model_copy(update={"max_repeats": int(planned)})
     runs = client.search_runs(
         [exp.experiment_id],
         f"tags.mlflow.parentRunId = '{sweep_run_id}'",

@@ -14,11 +14,13 @@ from orchestrator.config.schema.trial import AUTO_MAX_RUNS
 from orchestrator.objective.race import (
     BETTER,
     OPEN,
-    PILOT_RUNS,
     TIE,
     TIED,
     WIN,
-    look_alpha,
+    RaceState,
+    Schedule,
+    interim_looks,
+    look_share,
     planned_runs,
     race_state,
     runs_needed,
@@ -35,32 +37,42 @@ def simulate(
     margin: float = 0.1,
     affordable: int = 99,
     shared: float = 0.0,
+    runs_out: list[int] | None = None,
 ) -> str:
     """The race's procedure on a simulated machine (log-normal noise of ``cv`` each run, and of
     ``shared`` each round, common to the trials of the round: its requests, its server start, the
-    machine's moment): every trial runs twice, then the leader and the undecided again, up to
-    ``max_repeats`` runs (``auto``: as planned after the second run, with ``affordable`` runs in
-    the budget); its answer."""
+    machine's moment), round by round as scheduling.race runs it (its :class:`Schedule`): every
+    trial runs twice, then at each look the leader and the undecided go on, up to ``max_repeats``
+    runs (``auto``: as planned after the third run and at each later look, with ``affordable``
+    runs in the budget); the verdict's answer (and the runs made, into ``runs_out``)."""
     rng = random.Random(seed)
     runs: dict[str, dict[int, float]] = {k: {} for k in truth}
+    auto = max_repeats == "auto"
+    schedule = Schedule(AUTO_MAX_RUNS if auto else int(max_repeats), auto)
 
     def play(names: list[str], r: int) -> None:
         common = rng.gauss(0, shared)
         for k in names:
             runs[k][r] = truth[k] * math.exp(common + rng.gauss(0, cv))
 
+    def judge(final: bool | None = False) -> RaceState:
+        return race_state(runs, True, 0.95, margin, schedule.limit, final)
+
     play(list(truth), 0)
-    play(list(truth), 1)
-    looks = (AUTO_MAX_RUNS if max_repeats == "auto" else int(max_repeats)) - 1
-    state = race_state(runs, True, 0.95, margin, looks)
-    r = 2
-    while r < looks + 1 and state.answer == OPEN:
-        play(state.to_repeat(), r)
+    names, r = list(truth), 1
+    while True:
+        play(names, r)
         r += 1
-        if r == PILOT_RUNS and max_repeats == "auto":  # the plan, from the pilot's spread
-            looks = planned_runs(race_state(runs, True, 0.95, margin, looks), affordable, AUTO_MAX_RUNS) - 1
-        state = race_state(runs, True, 0.95, margin, looks)
-    return state.answer
+        state = judge()
+        if schedule.plans_at(r):
+            schedule.replan(planned_runs(state, affordable, AUTO_MAX_RUNS))
+        if schedule.last(r) or (schedule.looks_at(r) and state.answer != OPEN):
+            break
+        if schedule.looks_at(r):
+            names = state.to_repeat()
+    if runs_out is not None:
+        runs_out.append(r)
+    return judge(None).answer
 
 
 def test_identical_configurations_never_get_a_winner():
@@ -84,72 +96,102 @@ def test_what_a_round_shares_cancels_in_the_comparison():
     share one: a round's common noise (here 10%, the level this machine shows between runs)
     cancels, and two names for one configuration tie as if the machine were quiet."""
     equal = {"a": 100.0, "b": 100.0}
-    paired = [simulate(equal, 0.02, seed, "auto", shared=0.1) for seed in range(200)]
+    paired_runs: list[int] = []
+    paired = [simulate(equal, 0.02, seed, "auto", shared=0.1, runs_out=paired_runs) for seed in range(200)]
     assert paired.count(WIN) <= 10 and paired.count(TIED) >= 190, (paired.count(WIN), paired.count(TIED))
-    # the same noise, each run its own (nothing shared in a round): ties only half the time
-    alone = [simulate(equal, 0.1, seed, "auto") for seed in range(200)]
-    assert alone.count(WIN) <= 10 and alone.count(TIED) < 150, alone.count(TIED)
+    # the same noise, each run its own (nothing shared in a round): the tie takes several times the runs
+    alone_runs: list[int] = []
+    alone = [simulate(equal, 0.1, seed, "auto", runs_out=alone_runs) for seed in range(200)]
+    assert alone.count(WIN) <= 10
+    assert 3 * sorted(paired_runs)[100] <= sorted(alone_runs)[100], (sorted(paired_runs)[100], sorted(alone_runs)[100])
 
 
 def test_a_real_difference_is_found_and_measured():
     answers = [simulate({"fast": 200.0, "slow": 100.0}, 0.1, seed) for seed in range(20)]
     assert answers.count(WIN) == 20, answers
-    state = race_state({"fast": [200.0, 210.0, 190.0], "slow": [100.0, 98.0, 104.0]}, True, 0.95, 0.1, 2)
+    state = race_state({"fast": [200.0, 210.0, 190.0], "slow": [100.0, 98.0, 104.0]}, True, 0.95, 0.1, 3)
     (c,) = state.comparisons
     assert state.leader == "fast" and c.outcome == BETTER and c.low < c.ratio < c.high
     assert 1.5 < c.low and c.high < 2.7  # the leader's advantage as a ratio, about 2x
-    # geometric means 199.8 / 100.6; at the last of 2 looks, 7/8 of the 5% spent (look_alpha)
-    assert c.words(True) == "by 99% (interval +80% to +119%)"
+    # geometric means 199.8 / 100.6; at the last look of 3 runs at most, 3/4 of the 5% (look_share)
+    assert c.words(True) == "by 99% (interval +79% to +120%)"
     # minimize: the lower one leads, and the words say how much lower
-    state = race_state({"fast": [200.0, 210.0, 190.0], "slow": [100.0, 98.0, 104.0]}, False, 0.95, 0.1, 2)
-    assert state.leader == "slow" and state.comparisons[0].words(False) == "by 50% (interval +44% to +54%)"
+    state = race_state({"fast": [200.0, 210.0, 190.0], "slow": [100.0, 98.0, 104.0]}, False, 0.95, 0.1, 3)
+    assert state.leader == "slow" and state.comparisons[0].words(False) == "by 50% (interval +44% to +55%)"
 
 
 def test_the_rule_is_stricter_with_more_contenders_and_looks():
     runs = {"a": [100.0, 112.0, 95.0], "b": [90.0, 76.0, 80.0]}
-    one = race_state(runs, True, 0.95, 0.0, 1)
-    many = race_state({**runs, "c": [10.0, 9.0, 11.0], "d": [5.5, 6.0, 5.0]}, True, 0.95, 0.0, 4)
-    assert one.level < many.level  # 0.975 against 1 - 0.05 / (3 x 4)
+    one = race_state(runs, True, 0.95, 0.0, 2)
+    many = race_state({**runs, "c": [10.0, 9.0, 11.0], "d": [5.5, 6.0, 5.0]}, True, 0.95, 0.0, 5)
+    # 0.95 against 1 - 0.05 x 0.9375 / 3: three contenders, and the last look of 5 runs at most
+    # spends what the interim look at 2 runs left (1 - 1/16)
+    assert one.level < many.level and math.isclose(many.level, 1 - 0.05 * (1 - 1 / 16) / 3)
     assert one.comparisons[0].outcome == BETTER and many.comparisons[0].outcome != BETTER
 
 
-def test_the_error_is_spent_mostly_at_the_last_look_and_adds_up_to_alpha():
-    for looks in (1, 2, 4, 9):
-        spent = [look_alpha(0.05, k, looks) for k in range(1, looks + 1)]
-        assert math.isclose(sum(spent), 0.05) and spent == sorted(spent)
-    assert look_alpha(0.05, 4, 4) > 0.05 / 2 > 0.05 / 4  # the last of four looks: 58%, not a quarter
-    assert look_alpha(0.05, 7, 4) == look_alpha(0.05, 4, 4)  # past the last look: judged as the last
+def test_the_error_is_spent_over_a_few_looks_mostly_at_the_last_and_adds_up_to_alpha():
+    assert interim_looks(60) == [2, 3, 5, 8, 12, 18, 27, 41] and interim_looks(3) == [2] and interim_looks(2) == []
+    for reference in (2, 3, 5, 10, 60):
+        looks = interim_looks(reference)
+        shares = [look_share(n, reference, final=False) for n in looks]
+        assert shares == sorted(shares)
+        # whichever look is the last (the plan, the cap, the budget), what was spent adds up to alpha
+        for k in range(len(looks) + 1):
+            last = looks[k] if k < len(looks) else reference
+            assert math.isclose(sum(shares[:k]) + look_share(last, reference, final=True), 1.0)
+    assert look_share(4, 60, final=False) == 0.0  # between looks nothing is spent, nothing decided
+    assert look_share(27, 60, final=True) > 0.9  # a race planned for 27 of 60 runs keeps 92% for its last look
+    assert look_share(3, 3, final=True) == 0.75 and look_share(2, 3, final=False) == 0.25
+    assert look_share(7, 4, final=False) == look_share(4, 4, final=True)  # past the last: judged as the last
     # a race of 3 runs can still decide a 2x difference at the first look
-    assert race_state({"a": [200.0, 205.0], "b": [100.0, 101.0]}, True, 0.95, 0.1, 2).answer == WIN
+    assert race_state({"a": [200.0, 205.0], "b": [100.0, 101.0]}, True, 0.95, 0.1, 3).answer == WIN
+    # of 60 runs at most it spends almost nothing at 2 runs (no decision), and a verdict after a race
+    # stopped there (the budget) spends the rest: the last look's
+    two = {"a": [200.0, 205.0], "b": [100.0, 101.0]}
+    assert race_state(two, True, 0.95, 0.1, AUTO_MAX_RUNS, final=False).answer == OPEN
+    assert race_state(two, True, 0.95, 0.1, AUTO_MAX_RUNS).answer == WIN
+
+
+def test_the_schedule_plans_and_lengthens_never_shortens():
+    auto = Schedule(AUTO_MAX_RUNS, auto=True)
+    assert auto.plan is None and not auto.last(3) and not auto.plans_at(2) and auto.plans_at(3)
+    assert not auto.plans_at(4) and auto.plans_at(5)  # again at each later look
+    assert auto.replan(9) and auto.plan == 9 and auto.last(9) and not auto.last(8)
+    assert auto.replan(14) and not auto.replan(5) and auto.plan == 14  # lengthened, never shortened
+    fixed = Schedule(3)
+    assert fixed.plan == 3 and fixed.looks_at(2) and fixed.last(3) and not fixed.plans_at(3)
+    knob = Schedule(6, every_round=True)
+    assert all(knob.looks_at(n) for n in range(2, 6))
 
 
 def test_an_undecided_race_says_how_many_runs_would_decide_it():
     bound = math.log1p(0.1)
     quiet, noisy = runs_needed(0.03, 0.0, bound, 0.05), runs_needed(0.08, 0.0, bound, 0.05)
-    assert quiet is not None and noisy is not None and 2 <= quiet <= 4 and 15 <= noisy <= 30
+    assert quiet is not None and noisy is not None and 2 <= quiet <= 4 and 15 <= noisy <= 30, (quiet, noisy)
     assert runs_needed(0.08, 0.03, bound, 0.05) > noisy  # a small real difference: harder to call a tie
     assert runs_needed(0.08, 0.3, bound, 0.05) < 8  # far beyond the margin: a few runs
     assert runs_needed(0.08, bound, bound, 0.05) is None  # on the margin itself: never
     # checked against the race itself: with the runs it names, most races at that noise tie
     ties = [simulate({"a": 100.0, "b": 100.0}, 0.03, seed, max_repeats=quiet) for seed in range(200)]
     assert ties.count(TIED) >= 150, ties.count(TIED)
-    state = race_state({"a": [100.0, 108.0, 93.0], "b": [101.0, 92.0, 107.0]}, True, 0.95, 0.1, 2)
+    state = race_state({"a": [100.0, 108.0, 93.0], "b": [101.0, 92.0, 107.0]}, True, 0.95, 0.1, 3)
     assert state.answer == OPEN and (state.runs_to_decide(state.comparisons[0].name) or 0) > 3
 
 
 def test_auto_plans_the_runs_from_the_noise_and_the_budget():
-    """max_repeats: auto plans after the pilot's third run, from the spread between runs only:
+    """max_repeats: auto plans after the pilot's third run (and at later looks), from the spread between runs only:
     a few runs on a quiet machine, up to the cap on a noisy one, never past the budget; a race of
     two equal trials then ties more often than with three runs, and never names a false winner
     more often than promised."""
-    quiet = race_state({"a": [100.0, 103.0, 101.0], "b": [101.0, 98.0, 100.0]}, True, 0.95, 0.1, AUTO_MAX_RUNS - 1)
-    noisy = race_state({"a": [100.0, 125.0, 90.0], "b": [112.0, 88.0, 104.0]}, True, 0.95, 0.1, AUTO_MAX_RUNS - 1)
+    quiet = race_state({"a": [100.0, 103.0, 101.0], "b": [101.0, 98.0, 100.0]}, True, 0.95, 0.1, AUTO_MAX_RUNS)
+    noisy = race_state({"a": [100.0, 125.0, 90.0], "b": [112.0, 88.0, 104.0]}, True, 0.95, 0.1, AUTO_MAX_RUNS)
     assert 3 <= planned_runs(quiet, 99, AUTO_MAX_RUNS) <= 5
     assert planned_runs(noisy, 99, AUTO_MAX_RUNS) == AUTO_MAX_RUNS  # 14% between runs: more than the cap
     assert planned_runs(noisy, 5, AUTO_MAX_RUNS) == 5  # what the budget affords
     assert planned_runs(noisy, 1, AUTO_MAX_RUNS) == 3  # the runs already made
     # the same plan whatever the difference seen: only the spread enters it
-    apart = race_state({"a": [100.0, 125.0, 90.0], "b": [224.0, 176.0, 208.0]}, True, 0.95, 0.1, AUTO_MAX_RUNS - 1)
+    apart = race_state({"a": [100.0, 125.0, 90.0], "b": [224.0, 176.0, 208.0]}, True, 0.95, 0.1, AUTO_MAX_RUNS)
     assert planned_runs(apart, 99, AUTO_MAX_RUNS) == planned_runs(noisy, 99, AUTO_MAX_RUNS)
     equal = {"a": 100.0, "b": 100.0}
     auto = [simulate(equal, 0.1, seed, "auto") for seed in range(300)]
@@ -199,8 +241,10 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
         if "race: run " in line
     ]
     assert rounds[0].split(", ") == rounds[1].split(", ")[::-1], rounds  # each round starts with another trial
-    planned = int(out.split("race: planning ")[1].split()[0])  # max_repeats: auto, after the third run
-    assert 2 <= planned <= AUTO_MAX_RUNS
+    # max_repeats: auto, planned after the third run (and again at later looks, only ever longer)
+    plans = [int(part.split()[0]) for part in out.split("race: planning ")[1:]]
+    planned = plans[-1]
+    assert 2 <= plans[0] <= planned <= AUTO_MAX_RUNS and plans == sorted(plans), plans
     verdict = next(line for line in out.splitlines() if line.startswith("Verdict:"))
     assert " wins" not in verdict, verdict
     assert ("tie within the margin of 10%" in verdict) == (p.returncode == 0), verdict
@@ -226,7 +270,8 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     from orchestrator.report.verdict import decide
 
     data = from_mlflow(store, "default")
-    assert data.objective is not None and data.objective.max_repeats == planned  # the plan, read back
+    # the verdict needs no plan to spend its error as the race did: the objective as the user set it
+    assert data.objective is not None and data.objective.max_repeats == "auto"
     assert sorted(len(t.runs) for t in data.trials) == sorted(
         sum(1 for r in repeats if r.data.tags["repeat_of"] == t.data.tags["trial_hash"]) for t in trials.values()
     )
@@ -298,9 +343,9 @@ def test_rounds_are_blocks_once_they_pay_and_then_the_comparison_is_the_paired_t
     assert fit.paired and fit.df == 4
     assert math.isclose((fit.effect["a"] - fit.effect["b"]) / (fit.sd * math.sqrt(fit.contrast("a", "b"))), t_paired)
     assert math.isclose(fit.effect["a"] - fit.effect["b"], diff.mean())
-    state = race_state({"a": a, "b": b}, True, 0.95, 0.1, 4)
+    state = race_state({"a": a, "b": b}, True, 0.95, 0.1, 5)
     assert state.paired and state.df == 4
-    three = race_state({"a": a[:3], "b": b[:3]}, True, 0.95, 0.1, 2)
+    three = race_state({"a": a[:3], "b": b[:3]}, True, 0.95, 0.1, 3)
     assert not three.paired and three.df == 4  # pooled: 2 x (3 - 1)
     # a trial whose runs share no round with the others (its first run lost, say): pooled too
     apart = race_state({"a": dict(enumerate(a)), "b": {10 + i: x for i, x in enumerate(b)}}, True)

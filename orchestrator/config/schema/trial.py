@@ -204,7 +204,7 @@ class TrialSpec(StrictModel):
         return self
 
 
-AUTO_MAX_RUNS = 30  # objective.max_repeats=auto plans at most this many runs of a trial
+AUTO_MAX_RUNS = 60  # objective.max_repeats=auto plans at most this many runs of a trial
 
 
 class ObjectiveSpec(StrictModel):
