@@ -63,13 +63,14 @@ def simulate(
     while True:
         play(names, r)
         r += 1
+        if not (schedule.looks_at(r) or schedule.last(r)):
+            continue  # between looks the same trials run again (the race's standing is not read)
         state = judge()
         if schedule.plans_at(r):
             schedule.replan(planned_runs(state, affordable, AUTO_MAX_RUNS))
-        if schedule.last(r) or (schedule.looks_at(r) and state.answer != OPEN):
+        if schedule.last(r) or state.answer != OPEN:
             break
-        if schedule.looks_at(r):
-            names = state.to_repeat()
+        names = state.to_repeat()
     if runs_out is not None:
         runs_out.append(r)
     return judge(None).answer
