@@ -104,6 +104,31 @@ def load_misses(
     return reasons
 
 
+def goodput_counts(metrics: dict[str, float]) -> tuple[float, float]:
+    """(requests that met the workload's SLOs, completed requests) of one run of a probe."""
+    return metrics.get(M.GOODPUT, 0.0) * metrics.get(M.DURATION_S, 0.0), metrics.get(M.COMPLETED, 0.0)
+
+
+def share_interval(good: float, total: float, z: float = 1.96) -> tuple[float, float] | None:
+    """The Wilson score interval (95% at ``z`` 1.96) of the share ``good / total``, over requests;
+    None without requests. Unlike the share +- z standard errors it stays within 0..1 and keeps its
+    level at shares near 0 or 1, where goodput floors are set (0.9, 0.99)."""
+    if total <= 0:
+        return None
+    p = good / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z / (1 + z * z / total) * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def goodput_miss(good: float, completed: float, min_goodput_fraction: float | None) -> str | None:
+    """Too little goodput: the requests that met the SLOs, a share of the completed ones, below
+    ``min_goodput_fraction`` (None: met, or no floor set)."""
+    if min_goodput_fraction is None or completed <= 0 or good >= min_goodput_fraction * completed:
+        return None
+    return f"goodput share {good / completed:.3g} < {min_goodput_fraction:g} ({good:.0f} of {completed:.0f} requests)"
+
+
 @dataclass
 class Probe:
     value: float

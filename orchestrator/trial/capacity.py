@@ -2,7 +2,8 @@
 verdicts of the ones before (:mod:`orchestrator.loadgen.capacity` holds the search itself).
 
 A probe decides the bracket only when it can: one whose SLO metric's 95% interval within the
-run (:mod:`orchestrator.metrics.within_run`) straddles its limit is indeterminate and runs
+run (:mod:`orchestrator.metrics.within_run`) straddles its limit, or whose share of requests
+meeting the SLOs has a 95% interval (Wilson) holding ``min_goodput_fraction``, is indeterminate and runs
 again at the same load with fresh requests, up to ``capacity.runs`` runs, judged on the
 requests of all its runs together; still straddling after the last run, it is decided by the
 pooled estimate and says so. A run the client could not drive (or that measured another
@@ -19,15 +20,18 @@ from orchestrator.config.schema import CapacitySpec, LoadPointSpec
 from orchestrator.loadgen.capacity import (
     CapacitySearch,
     Judgement,
+    goodput_counts,
+    goodput_miss,
     invalid_reason,
     load_misses,
     metric_of,
+    share_interval,
     slo_misses,
 )
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.result import PointResult
 from orchestrator.metrics.summary import latency_metrics, latency_of, summarize_by_class
-from orchestrator.metrics.within_run import HIGH, LOW, within_run
+from orchestrator.metrics.within_run import HIGH, LEAST, LOW, within_run
 
 UNITS = {"rate": "req/s", "concurrency": "streams"}
 
@@ -110,14 +114,15 @@ class CapacityProbes:
             metrics = latency_metrics([x for x in (latency_of(r) for r in pooled) if x is not None])
             per_class = summarize_by_class(pooled) if len(self.classes) > 1 else {self.classes[0]: metrics}
         misses = slo_misses(metrics, per_class, cap.slo)
+        # failed requests and an unsustained rate fail the probe in any run; goodput is judged on
+        # the requests of all its runs, as the latencies are
         load = list(
-            dict.fromkeys(
-                m
-                for p, _ in runs
-                for m in load_misses(p.metrics, cap.knob, cap.min_goodput_fraction, cap.min_sustained)
-            )
+            dict.fromkeys(m for p, _ in runs for m in load_misses(p.metrics, cap.knob, None, cap.min_sustained))
         )
-        close = [] if load else self._straddling(pooled, metrics, per_class)
+        good, completed = (sum(x) for x in zip(*(goodput_counts(p.metrics) for p, _ in runs), strict=True))
+        if (miss := goodput_miss(good, completed, cap.min_goodput_fraction)) is not None:
+            misses.append(miss)
+        close = [] if load else self._straddling(pooled, metrics, per_class) + self._goodput_close(good, completed)
         n = len(runs)
         if close and not final:
             self.say(f"probe {last.label}: indeterminate ({'; '.join(close)}): runs again with fresh requests")
@@ -146,6 +151,20 @@ class CapacityProbes:
                 shown = f" {value:.4g}" if value is not None else ""
                 out.append(f"{key}{shown}, 95% within-run interval {lo:.4g}..{hi:.4g} holds its limit {limit:g}")
         return out
+
+    def _goodput_close(self, good: float, completed: float) -> list[str]:
+        """The goodput floor, in words, when the 95% interval of the share of requests that met the
+        SLOs (Wilson, over the runs' requests) holds it; fewer than ``LEAST`` requests give no
+        interval (as for the latencies: the probe decides at once)."""
+        floor = self.cap.min_goodput_fraction
+        interval = share_interval(good, completed) if floor is not None and completed >= LEAST else None
+        if floor is None or interval is None or not interval[0] <= floor <= interval[1]:
+            return []
+        lo, hi = interval
+        share = good / completed
+        return [
+            f"goodput share {share:.3g}, 95% interval {lo:.3g}..{hi:.3g} over {completed:.0f} requests holds {floor:g}"
+        ]
 
     def _decide(self, judgement: Judgement) -> None:
         """Tell the search the probe's verdict; mark each of its runs."""

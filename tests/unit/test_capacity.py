@@ -197,6 +197,51 @@ def test_a_probe_whose_interval_holds_the_limit_runs_again_then_decides_on_all_i
     assert drive(once, lambda k: rng.normal(100.0, 20.0, 40)) == ["c4"]
 
 
+def test_a_goodput_share_too_close_to_its_floor_runs_again_and_is_judged_on_all_the_requests():
+    """min_goodput_fraction is judged like a latency SLO: a 95% interval (Wilson) of the share of
+    requests that met the SLOs, over the probe's requests; one holding the floor is indeterminate."""
+    from orchestrator.config.schema import CapacitySpec
+    from orchestrator.loadgen.capacity import share_interval
+    from orchestrator.metrics.result import PointResult
+    from orchestrator.trial.capacity import CapacityProbes
+
+    lo, hi = share_interval(36, 40) or (0.0, 0.0)
+    assert 0.76 < lo < 0.77 and 0.96 < hi < 0.97  # Wilson, 95%: 0.9 of 40 requests
+    assert share_interval(40, 40) is not None and share_interval(40, 40)[0] > 0.9 and share_interval(0, 0) is None
+
+    def drive_goodput(probes, good_of_run, n=40):
+        labels = []
+        while (probe := probes.next()) is not None:
+            point, label = probe
+            k = len(labels)
+            good = good_of_run(k)
+            metrics = {"requests": n, "completed": n, "qps": n / 10.0, "duration_s": 10.0, "goodput": good / 10.0}
+            labels.append(label)
+            result = PointResult(index=k, label=label, setting=point.model_dump(exclude_none=True), metrics=metrics)
+            probes.observe(result, probe_records(k, [50.0] * n))
+        return labels
+
+    said: list[str] = []
+    cap = CapacitySpec(knob="concurrency", min_goodput_fraction=0.9, start=4, high=4, max_probes=1)
+    # 36 of 40 good each run (0.9, the floor): indeterminate twice, then decided on 108 of 120
+    probes = CapacityProbes(cap, ["main"], said.append)
+    assert drive_goodput(probes, lambda k: 36) == ["c4", "c4#2", "c4#3"]
+    assert "indeterminate (goodput share 0.9, 95% interval 0.769..0.96 over 40 requests holds 0.9)" in said[0]
+    (probe,) = probes.outcome()[1]["probes"]
+    assert probe["verdict"] == "pass" and "still too close to tell after 3 run(s)" in probe["note"]
+    # 30 of 40 (0.75, interval 0.6..0.86): clearly below the floor, one run decides
+    probes = CapacityProbes(cap, ["main"], said.append)
+    assert drive_goodput(probes, lambda k: 30) == ["c4"]
+    (probe,) = probes.outcome()[1]["probes"]
+    assert probe["verdict"] == "fail" and probe["reasons"] == ["goodput share 0.75 < 0.9 (30 of 40 requests)"]
+    # every request good (40 of 40: at least 0.912): passes at once; 8 requests give no interval
+    probes = CapacityProbes(cap, ["main"], said.append)
+    assert drive_goodput(probes, lambda k: 40) == ["c4"]
+    probes = CapacityProbes(cap, ["main"], said.append)
+    assert drive_goodput(probes, lambda k: 7, n=8) == ["c4"]
+    assert probes.outcome()[1]["probes"][0]["verdict"] == "fail"
+
+
 def test_an_invalid_probe_stops_the_search_in_the_points_own_reasons():
     from orchestrator.config.schema import CapacitySpec
     from orchestrator.trial.capacity import CapacityProbes
