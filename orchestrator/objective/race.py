@@ -257,8 +257,9 @@ class Schedule:
         return self.auto and runs >= PILOT_RUNS and self.looks_at(runs)
 
     def replan(self, runs: int) -> bool:
-        """Take ``auto``'s plan of ``runs``: a later plan may lengthen the race, never shorten it
-        (a pilot's spread that came out high is not undone by a quieter stretch); whether it changed."""
+        """Take ``auto``'s plan of ``runs``: a later plan may lengthen the race (a pilot whose spread
+        came out low planned too few runs), never shorten it (a plan cut on a quiet stretch would
+        fall short the same way); whether it changed."""
         new = runs if self.plan is None else max(self.plan, runs)
         changed, self.plan = new != self.plan, new
         return changed
