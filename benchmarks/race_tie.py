@@ -48,6 +48,9 @@ def one_sweep(url: str, folder: Path, max_repeats: str = "3") -> tuple[str, str,
     p = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
     took = time.monotonic() - t0
     verdict = next((line for line in p.stdout.splitlines() if line.startswith("Verdict:")), "(no verdict)")
+    plans = [line.split("race: ", 1)[1] for line in p.stdout.splitlines() if "race: planning " in line]
+    if plans:  # the noise the race measured between runs, and the runs it planned for it
+        verdict += f" [{plans[-1]}]"
     if " wins" in verdict:
         decision = "win"
     elif " tie within the margin" in verdict:
@@ -75,7 +78,7 @@ def main() -> None:
         for i in range(args.sweeps):
             decision, verdict, rc, took = one_sweep(srv.base_url, Path(tmp) / f"sweep{i}", args.max_repeats)
             decisions[decision] += 1
-            print(f"sweep {i + 1}/{args.sweeps}: {decision} (exit {rc}, {took:.0f}s): {verdict[:600]}", flush=True)
+            print(f"sweep {i + 1}/{args.sweeps}: {decision} (exit {rc}, {took:.0f}s): {verdict[:1200]}", flush=True)
     print()
     print("| sweeps | max_repeats | tie | undecided | win (false) | other | drift | jitter |")
     print("|---|---|---|---|---|---|---|---|")

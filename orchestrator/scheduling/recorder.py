@@ -88,6 +88,14 @@ class Recorder:
             f"{point_summary(result)} [{time.monotonic() - self.t0:.0f}s elapsed]"
         )
 
+    def adopt(self, job: TrialJob, result: TrialResult, run_id: str) -> None:
+        """A run FINISHED by an earlier sweep (resume), read back from MLflow (``run_id``): it joins
+        this sweep's results for the race and the verdict, and is neither saved nor logged again."""
+        self.results.append(result)
+        self.run_ids[result.trial_hash] = run_id
+        run = f"[run {int(result.spec.get('run', 0)) + 1}] " if result.repeat_of else ""
+        self.progress(f"{run}{job.label}: its earlier run {run_id} read back from MLflow (resume)")
+
     def _repeat_tags(self, result: TrialResult) -> dict[str, str]:
         """A race's later run: a child of its trial's run, tagged with the sweep's."""
         if not result.repeat_of or self.tracker is None:

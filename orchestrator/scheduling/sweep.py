@@ -25,7 +25,7 @@ from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling import outcome
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.preview import dry_run, share_key
-from orchestrator.scheduling.race import races, run_race
+from orchestrator.scheduling.race import races, repeat_job, run_race
 from orchestrator.scheduling.ray_exec import RayContext, cluster_gpus, init_ray, prepare_workers, run_jobs
 from orchestrator.scheduling.recorder import Recorder, log_partial_results, trial_dir
 from orchestrator.scheduling.sweep_report import report_sweep, status_table
@@ -122,7 +122,8 @@ class _SweepStart:
             done: dict[str, str] = {}
             if starting is None:  # resume: MLflow answers first, which trials are FINISHED already
                 done = self._finished_already()
-                if len(done) == len(self.jobs):
+                # every trial FINISHED: nothing to run, unless their race may go on (more runs or budget)
+                if len(done) == len(self.jobs) and not races(self.settings.objective):
                     self.progress(
                         f"sweep '{self.experiment}': all {len(self.jobs)} trial(s) already FINISHED; nothing to run "
                         "(resume=false runs them again)"
@@ -204,15 +205,19 @@ def _run_recorded(
     try:
         with interrupts_stop_servers():
             _run_trials(jobs, done, record)
-            if not race:
-                pass
-            elif done:  # a resumed sweep: the trials run before are not in this one's runs
-                if races(jobs[0].settings.objective):
-                    progress("race: not run on a resumed sweep (resume=false races every trial again)")
-            else:
-                run_race(
-                    jobs, record, time.monotonic() - record.t0, lambda round_jobs: _run_trials(round_jobs, {}, record)
+            objective = jobs[0].settings.objective
+            # resume: the trials FINISHED before join this sweep's results, for its verdict and race
+            earlier = _read_back(jobs, done, record) if race and done and objective is not None else []
+            if race and races(objective) and earlier is not None:
+                # the budget counts the first pass whole: the earlier trials' time as well
+                concurrent = jobs[0].spec.platform.max_concurrent_trials or 1
+                first_pass_s = (
+                    time.monotonic() - record.t0 + sum(r.ended_at - r.started_at for r in earlier) / concurrent
                 )
+                earlier_runs = _earlier_repeats(jobs, record) if done else {}
+                run_race(jobs, record, first_pass_s, lambda round_jobs: _run_round(round_jobs, record, earlier_runs))
+            elif race and races(objective):
+                progress("race: not run on this resumed sweep (resume=false races every trial again)")
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -293,6 +298,56 @@ def _start_sweep_run(
         progress(f"warning: could not create the MLflow sweep run ({exc}); results are kept on disk only")
         return None
     return tracker
+
+
+def _read_back(jobs: list[TrialJob], done: dict[str, str], record: Recorder) -> list[TrialResult] | None:
+    """Resume: the results of the trials an earlier sweep FINISHED (``done``), read back from MLflow,
+    join this sweep's, so its verdict covers every trial and its race goes on from their runs;
+    None when they cannot be read (said: the verdict then covers this sweep's trials only)."""
+    wanted = [j for j in jobs if j.trial_hash in done]
+    tracker, why = record.tracker, "tracking is off"
+    found: dict[str, tuple[str, TrialResult]] = {}
+    if tracker is not None:
+        try:
+            found = tracker.finished_results(j.trial_hash for j in wanted)
+            why = "no result.json logged"
+        except Exception as exc:  # an older run's artifact, an unreachable store: the sweep goes on
+            why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    missing = [j.label for j in wanted if j.trial_hash not in found]
+    if missing:
+        record.progress(
+            f"warning: the earlier runs of {', '.join(missing)} could not be read back from MLflow ({why}): "
+            "the verdict covers this sweep's trials only"
+        )
+        return None
+    for job in wanted:
+        record.adopt(job, found[job.trial_hash][1], found[job.trial_hash][0])
+    return [found[j.trial_hash][1] for j in wanted]
+
+
+def _earlier_repeats(jobs: list[TrialJob], record: Recorder) -> dict[str, tuple[str, TrialResult]]:
+    """Resume: the race's runs an earlier sweep FINISHED, by trial hash (every run a trial may
+    have, looked up in MLflow once), with their run ids."""
+    objective = jobs[0].settings.objective
+    most = objective.most_runs if objective is not None else 1
+    hashes = [repeat_job(j, run).trial_hash for j in jobs for run in range(1, most)]
+    try:
+        return record.tracker.finished_results(hashes) if record.tracker is not None else {}
+    except Exception as exc:  # cannot tell: the race runs its rounds rather than guess
+        record.progress(f"warning: could not look up the race's earlier runs in MLflow ({exc}); running them")
+        return {}
+
+
+def _run_round(jobs: list[TrialJob], record: Recorder, earlier: dict[str, tuple[str, TrialResult]]) -> None:
+    """A round of the race; the runs an earlier sweep FINISHED (``earlier``: resume) are read
+    back rather than run again (the same requests: a round's seed is its run)."""
+    for job in jobs:
+        if job.trial_hash in earlier:
+            run_id, result = earlier[job.trial_hash]
+            record.adopt(job, result, run_id)
+    rest = [j for j in jobs if j.trial_hash not in earlier]
+    if rest:
+        _run_trials(rest, {}, record)
 
 
 def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: Recorder) -> None:

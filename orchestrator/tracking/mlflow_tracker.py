@@ -22,6 +22,7 @@ from orchestrator.config.metric_keys import M
 from orchestrator.metrics.result import (
     ARTIFACT_DIR,
     RECORDS_FILE,
+    RESULT_FILE,
     SERVER_LOG_FILE,
     TELEMETRY_FILE,
     TIMELINE_FILE,
@@ -112,6 +113,21 @@ class MlflowTracker:
     def finished_run_ids(self, hashes: Iterable[str]) -> dict[str, str]:
         """trial hash -> run id of a FINISHED trial run already in this experiment (for resume)."""
         return {h: run.info.run_id for h, run in self._finished_runs(hashes).items()}
+
+    def finished_results(self, hashes: Iterable[str]) -> dict[str, tuple[str, TrialResult]]:
+        """trial hash -> (run id, the result it logged) of the latest FINISHED run of each, a trial's
+        or a race's repeat, read back from its ``result.json`` artifact (the measurements without
+        the records): what a resumed sweep's race and verdict go on from."""
+        wanted = set(hashes)
+        found: dict[str, tuple[str, TrialResult]] = {}
+        for run in self._runs("tags.trial_status = 'FINISHED'", newest_first=True):
+            h = run.data.tags.get("trial_hash")
+            if h not in wanted or h in found:
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                path = self.client.download_artifacts(run.info.run_id, RESULT_FILE, tmp)
+                found[h] = (run.info.run_id, TrialResult.model_validate_json(Path(path).read_text()))
+        return found
 
     def finished_durations(self, hashes: Iterable[str]) -> dict[str, float]:
         """trial hash -> seconds its last FINISHED run took (for sweep plans)."""
@@ -269,7 +285,7 @@ class MlflowTracker:
             (t / "trial_config.json").write_text(json.dumps(result.spec, indent=2, sort_keys=True))
             (t / "servers.json").write_text(json.dumps(result.servers, indent=2))
             (t / "points.csv").write_text(points_csv(result))
-            (t / "result.json").write_text(json.dumps(result.summary_json(), indent=2, sort_keys=True))
+            (t / RESULT_FILE).write_text(json.dumps(result.summary_json(), indent=2, sort_keys=True))
             if result.error:
                 (t / "error.txt").write_text(result.error)
             for f in sorted(t.iterdir()):

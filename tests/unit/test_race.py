@@ -282,6 +282,50 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     assert "repeat_of" in result
 
 
+def test_a_resumed_sweep_reads_its_race_back_from_mlflow_and_races_on(tmp_path):
+    """The same command again (resume) with a larger max_repeats: the trials and the repeats an
+    earlier sweep FINISHED are read back from MLflow, not run again; only the new round runs, and
+    the verdict covers every run."""
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+
+    def sweep(max_repeats: int) -> str:
+        cmd = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "engine=external",
+            f"engine.url={srv.base_url}",
+            "engine.metrics=none",
+            "workload.load_points=[{concurrency:4}]",
+            "workload.num_requests=16",
+            "workload.warmup_requests=0,1",
+            # margin 0: no tie to stop the race early; 99%: a false winner at the look after 2 runs
+            # (what would leave the third round out) at most 0.25% of the time
+            f"objective={{maximize:tokens_per_second,max_repeats:{max_repeats},budget:20,margin:0,confidence:0.99}}",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path}/multirun{max_repeats}",
+            "-m",
+        ]
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert p.returncode in (0, 4), p.stdout[-3000:] + p.stderr[-3000:]
+        return p.stdout
+
+    with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.004, jitter=0.1)) as srv:
+        first = sweep(2)
+        again = sweep(3)
+    assert "2 FINISHED, 2 repeat FINISHED" in first, first[-3000:]
+    assert again.count("already FINISHED") == 2 and "nothing to run" not in again, again[-3000:]
+    # the two trials and their second runs read back; their third runs measured now
+    assert again.count("read back from MLflow (resume)") == 4, again[-3000:]
+    assert "2 repeat FINISHED" in again and "2 ALREADY_FINISHED" in again, again[-3000:]
+    verdict = next(line for line in again.splitlines() if line.startswith("Verdict:"))
+    assert "3 runs each" in verdict, verdict
+    runs = search_runs(store, "default")
+    repeats = [r for r in runs if r.data.tags.get("run_kind") == "repeat"]
+    assert sorted(r.data.tags["race_run"] for r in repeats) == ["1", "1", "2", "2"]  # none measured twice
+    assert len([r for r in runs if r.data.tags.get("run_kind") == "trial"]) == 2
+
+
 def _trial(name: str, budget: int, ttfts: list[float]):
     """A chunked-prefill trial whose runs measured these long-prompt TTFT p99s."""
     from orchestrator.tracking.runs import Point, TrialData
