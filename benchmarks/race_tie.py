@@ -18,32 +18,19 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 from tests.fake_openai_server import IsolatedFakeServer, Script
+from tests.unit.test_race import two_names_sweep
 
 
 def one_sweep(url: str, folder: Path, max_repeats: str = "3") -> tuple[str, str, int, float]:
     """(decision, the verdict line, exit status, seconds) of one sweep against ``url``."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "orchestrator",
-        "engine=external",
-        f"engine.url={url}",
-        "engine.metrics=none",
-        "workload.load_points=[{concurrency:4}]",
-        "workload.num_requests=40",
-        "workload.warmup_requests=0,1",
-        f"objective={{maximize:tokens_per_second,budget:100,max_repeats:{max_repeats}}}",
-        f"tracking.uri=sqlite:///{folder}/mlflow.db",
-        f"hydra.sweep.dir={folder}/multirun",
-        "-m",
-    ]
+    objective = f"{{maximize:tokens_per_second,budget:100,max_repeats:{max_repeats}}}"
+    cmd = two_names_sweep(url, f"sqlite:///{folder}/mlflow.db", f"{folder}/multirun", objective)
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
     took = time.monotonic() - t0

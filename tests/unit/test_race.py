@@ -209,6 +209,26 @@ def test_one_run_each_is_not_a_race_and_values_that_never_vary_are_exact():
     assert not state.comparisons[0].log_scale and state.leader == "b"
 
 
+def two_names_sweep(url: str, store: str, folder: str, objective: str, num_requests: int = 40) -> list[str]:
+    """The CLI of a sweep of two names for one configuration (warm-up 0 or 1 request: nothing the
+    server can tell apart) against the (fake) server at ``url``, racing with ``objective``."""
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "engine=external",
+        f"engine.url={url}",
+        "engine.metrics=none",
+        "workload.load_points=[{concurrency:4}]",
+        f"workload.num_requests={num_requests}",
+        "workload.warmup_requests=0,1",
+        f"objective={objective}",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={folder}",
+        "-m",
+    ]
+
+
 def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tmp_path):
     """Two names for one configuration (warm-up 0 or 1 request: the server is the same) on a fake
     server whose every request's pace varies by ~10%: all run twice, then only while undecided;
@@ -216,21 +236,8 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     sweep's run carries the decision, and the report rebuilt from MLflow agrees."""
     store = f"sqlite:///{tmp_path}/mlflow.db"
     with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.004, jitter=0.1)) as srv:
-        cmd = [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "engine=external",
-            f"engine.url={srv.base_url}",
-            "engine.metrics=none",
-            "workload.load_points=[{concurrency:4}]",
-            "workload.num_requests=40",
-            "workload.warmup_requests=0,1",
-            "objective={maximize:tokens_per_second,margin:0.1,max_repeats:auto,budget:20}",
-            f"tracking.uri={store}",
-            f"hydra.sweep.dir={tmp_path}/multirun",
-            "-m",
-        ]
+        objective = "{maximize:tokens_per_second,margin:0.1,max_repeats:auto,budget:20}"
+        cmd = two_names_sweep(srv.base_url, store, f"{tmp_path}/multirun", objective)
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     out = p.stdout
     assert p.returncode in (0, 4), out[-3000:] + p.stderr[-3000:]
@@ -289,23 +296,10 @@ def test_a_resumed_sweep_reads_its_race_back_from_mlflow_and_races_on(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
 
     def sweep(max_repeats: int) -> str:
-        cmd = [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "engine=external",
-            f"engine.url={srv.base_url}",
-            "engine.metrics=none",
-            "workload.load_points=[{concurrency:4}]",
-            "workload.num_requests=16",
-            "workload.warmup_requests=0,1",
-            # margin 0: no tie to stop the race early; 99%: a false winner at the look after 2 runs
-            # (what would leave the third round out) at most 0.25% of the time
-            f"objective={{maximize:tokens_per_second,max_repeats:{max_repeats},budget:20,margin:0,confidence:0.99}}",
-            f"tracking.uri={store}",
-            f"hydra.sweep.dir={tmp_path}/multirun{max_repeats}",
-            "-m",
-        ]
+        # margin 0: no tie to stop the race early; 99%: a false winner at the look after 2 runs
+        # (what would leave the third round out) at most 0.25% of the time
+        objective = f"{{maximize:tokens_per_second,max_repeats:{max_repeats},budget:20,margin:0,confidence:0.99}}"
+        cmd = two_names_sweep(srv.base_url, store, f"{tmp_path}/multirun{max_repeats}", objective, 16)
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert p.returncode in (0, 4), p.stdout[-3000:] + p.stderr[-3000:]
         return p.stdout
