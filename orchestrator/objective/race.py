@@ -156,11 +156,12 @@ def look_share(runs: int, reference: int, final: bool) -> float:
     """The share of the error a look at ``runs`` (the leader's) spends: at an interim look what
     :func:`spent` adds since the look before (0 between looks); at the race's last look
     (``final``, or ``reference`` reached) all that the interim looks before it left."""
-    before = [k for k in interim_looks(reference) if k < runs]
+    looks = interim_looks(reference)
+    before = [k for k in looks if k < runs]
     prior = spent(before[-1], reference) if before else 0.0
     if final or runs >= reference:
         return 1.0 - prior
-    if runs not in interim_looks(reference):
+    if runs not in looks:
         return 0.0
     return spent(runs, reference) - prior
 

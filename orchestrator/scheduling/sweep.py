@@ -207,15 +207,16 @@ def _run_recorded(
             _run_trials(jobs, done, record)
             objective = jobs[0].settings.objective
             # resume: the trials FINISHED before join this sweep's results, for its verdict and race
-            earlier = _read_back(jobs, done, record) if race and done and objective is not None else []
+            # (and, for its race, the repeats run before: one lookup in MLflow for both)
+            stored = _earlier_runs(jobs, done, record) if race and done and objective is not None else {}
+            earlier = _read_back(jobs, done, stored, record) if race and done and objective is not None else []
             if race and races(objective) and earlier is not None:
                 # the budget counts the first pass whole: the earlier trials' time as well
                 concurrent = jobs[0].spec.platform.max_concurrent_trials or 1
                 first_pass_s = (
                     time.monotonic() - record.t0 + sum(r.ended_at - r.started_at for r in earlier) / concurrent
                 )
-                earlier_runs = _earlier_repeats(jobs, record) if done else {}
-                run_race(jobs, record, first_pass_s, lambda round_jobs: _run_round(round_jobs, record, earlier_runs))
+                run_race(jobs, record, first_pass_s, lambda round_jobs: _run_round(round_jobs, record, stored))
             elif race and races(objective):
                 progress("race: not run on this resumed sweep (resume=false races every trial again)")
         status = "FINISHED"
@@ -300,47 +301,47 @@ def _start_sweep_run(
     return tracker
 
 
-def _read_back(jobs: list[TrialJob], done: dict[str, str], record: Recorder) -> list[TrialResult] | None:
-    """Resume: the results of the trials an earlier sweep FINISHED (``done``), read back from MLflow,
-    join this sweep's, so its verdict covers every trial and its race goes on from their runs;
-    None when they cannot be read (said: the verdict then covers this sweep's trials only)."""
+def _earlier_runs(jobs: list[TrialJob], done: dict[str, str], record: Recorder) -> dict[str, tuple[str, TrialResult]]:
+    """Resume: the runs an earlier sweep FINISHED, by trial hash, with their run ids, read back from
+    MLflow in one lookup: the trials of ``done`` and every repeat their race may have."""
+    objective = jobs[0].settings.objective
+    most = objective.most_runs if objective is not None else 1
+    hashes = [j.trial_hash for j in jobs if j.trial_hash in done]
+    hashes += [repeat_job(j, run).trial_hash for j in jobs for run in range(1, most)]
+    if record.tracker is None:
+        return {}
+    try:
+        return record.tracker.finished_results(hashes)
+    except Exception as exc:  # an older run's artifact, an unreachable store: the sweep goes on
+        why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        record.progress(f"warning: could not read the earlier runs back from MLflow ({why})")
+        return {}
+
+
+def _read_back(
+    jobs: list[TrialJob], done: dict[str, str], stored: dict[str, tuple[str, TrialResult]], record: Recorder
+) -> list[TrialResult] | None:
+    """Resume: the results of the trials an earlier sweep FINISHED (``done``; ``stored``: as read
+    back from MLflow) join this sweep's, so its verdict covers every trial and its race goes on
+    from their runs; None when they cannot be read (said: the verdict then covers this sweep's
+    trials only)."""
     wanted = [j for j in jobs if j.trial_hash in done]
-    tracker, why = record.tracker, "tracking is off"
-    found: dict[str, tuple[str, TrialResult]] = {}
-    if tracker is not None:
-        try:
-            found = tracker.finished_results(j.trial_hash for j in wanted)
-            why = "no result.json logged"
-        except Exception as exc:  # an older run's artifact, an unreachable store: the sweep goes on
-            why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-    missing = [j.label for j in wanted if j.trial_hash not in found]
+    missing = [j.label for j in wanted if j.trial_hash not in stored]
     if missing:
+        why = "tracking is off" if record.tracker is None else "no result.json read"
         record.progress(
             f"warning: the earlier runs of {', '.join(missing)} could not be read back from MLflow ({why}): "
             "the verdict covers this sweep's trials only"
         )
         return None
     for job in wanted:
-        record.adopt(job, found[job.trial_hash][1], found[job.trial_hash][0])
-    return [found[j.trial_hash][1] for j in wanted]
-
-
-def _earlier_repeats(jobs: list[TrialJob], record: Recorder) -> dict[str, tuple[str, TrialResult]]:
-    """Resume: the race's runs an earlier sweep FINISHED, by trial hash (every run a trial may
-    have, looked up in MLflow once), with their run ids."""
-    objective = jobs[0].settings.objective
-    most = objective.most_runs if objective is not None else 1
-    hashes = [repeat_job(j, run).trial_hash for j in jobs for run in range(1, most)]
-    try:
-        return record.tracker.finished_results(hashes) if record.tracker is not None else {}
-    except Exception as exc:  # cannot tell: the race runs its rounds rather than guess
-        record.progress(f"warning: could not look up the race's earlier runs in MLflow ({exc}); running them")
-        return {}
+        record.adopt(job, stored[job.trial_hash][1], stored[job.trial_hash][0])
+    return [stored[j.trial_hash][1] for j in wanted]
 
 
 def _run_round(jobs: list[TrialJob], record: Recorder, earlier: dict[str, tuple[str, TrialResult]]) -> None:
-    """A round of the race; the runs an earlier sweep FINISHED (``earlier``: resume) are read
-    back rather than run again (the same requests: a round's seed is its run)."""
+    """A round of the race; the runs an earlier sweep FINISHED (``earlier``: resume, read back by
+    :func:`_earlier_runs`) join it rather than run again (the same requests: a round's seed is its run)."""
     for job in jobs:
         if job.trial_hash in earlier:
             run_id, result = earlier[job.trial_hash]
