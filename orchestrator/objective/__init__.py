@@ -143,10 +143,26 @@ class Limit:
     above: bool
     limit: float
     runs: int
+    mean: float = math.nan  # the runs' mean and spread the limit was drawn from
+    sd: float = 0.0
 
     @property
     def holds(self) -> bool:
         return self.limit <= self.bound if self.above else self.limit >= self.bound
+
+    def runs_to_hold(self, alpha: float, cap: int) -> int | None:
+        """The fewest runs (``runs`` at least, ``cap`` at most) at which this limit, at one-sided
+        level ``1 - alpha``, would hold were the mean and spread measured the true ones; None: not
+        within ``cap``, or a mean on the wrong side of the bound (more runs would not make it hold)."""
+        from orchestrator.objective.race import t_upper
+
+        gap = (self.bound - self.mean) if self.above else (self.mean - self.bound)
+        if not gap >= 0:
+            return None
+        for n in range(max(self.runs, 2), cap + 1):
+            if t_upper(alpha, n - 1) * self.sd / math.sqrt(n) <= gap:
+                return n
+        return None
 
     def words(self) -> str:
         side = "at most" if self.above else "at least"
@@ -179,7 +195,7 @@ def constraint_limits(
             sides = [(float(bound), True)]
         for b, upper in sides:
             above = upper != missed  # the limit's side: above the mean for a maximum met, or a minimum missed
-            out.append(Limit(key, b, above, mean + half if above else mean - half, n))
+            out.append(Limit(key, b, above, mean + half if above else mean - half, n, mean, sd))
     return out
 
 

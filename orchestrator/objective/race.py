@@ -98,6 +98,7 @@ class RaceState:
     bound: float = 0.0  # the margin on the compared scale
     alpha_total: float = 0.0  # the error a comparison may spend over the whole race
     paired: bool = False  # compared within rounds (blocks), else every run's spread pooled
+    need: int | None = None  # a knob race: the runs each at which its verdict's limits would hold
 
     def runs_to_decide(self, name: str) -> int | None:
         """Runs each that would decide the leader against ``name`` at the measured noise, were
@@ -116,9 +117,10 @@ class RaceState:
         return [c.name for c in self.comparisons if c.outcome == TIE]
 
     def to_repeat(self) -> list[str]:
-        """Who runs again: the undecided contenders and the leader (paired rounds: same requests)."""
+        """Who runs again: the undecided contenders and the leader (paired rounds: same requests);
+        the leader alone where only its own statements are not yet sure (a knob race)."""
         names = self.undecided
-        return [self.leader, *names] if names and self.leader else []
+        return [self.leader, *names] if self.leader and (names or self.answer == OPEN) else []
 
 
 def t_upper(tail: float, df: float) -> float:
@@ -221,11 +223,12 @@ def planned_runs(state: RaceState, affordable: int, cap: int) -> int:
     """``auto``'s plan from a race after its pilot (:data:`PILOT_RUNS` runs), made again at each
     later interim look: the runs each that tell a tie of two equal trials with :data:`PLAN_POWER`
     (:func:`runs_needed` at no advantage, the last look spending what a race of ``cap`` runs at
-    most leaves it) at the spread of :func:`planning_sd`, at least 3, at most ``cap`` and the runs
-    the budget ``affordable`` (never fewer than the runs made)."""
+    most leaves it) at the spread of :func:`planning_sd` (a knob race: the runs at which its
+    verdict's limits would hold, ``state.need``), at least 3, at most ``cap`` and the runs the
+    budget ``affordable`` (never fewer than the runs made)."""
     made = max(state.runs.values(), default=2)
-    need = 3
-    if state.sd > 0 and state.bound > 0:
+    need = 3 if state.need is None else state.need
+    if state.need is None and state.sd > 0 and state.bound > 0:
         trials = max(2, len(state.runs))
         sd = planning_sd(state)
         need = runs_needed(sd, 0.0, state.bound, state.alpha_total, trials, PLAN_POWER, cap, cap) or cap

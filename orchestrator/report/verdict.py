@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.objective import (
+    Limit,
     Value,
     check_constraint,
     constraint_limits,
@@ -25,7 +26,7 @@ from orchestrator.objective import (
     show,
     value_of,
 )
-from orchestrator.objective.race import ONE_RUN, OPEN, TIED, WIN, RaceState, race_state
+from orchestrator.objective.race import ONE_RUN, OPEN, TIED, WIN, RaceState, look_share, race_state
 from orchestrator.tracking.runs import TrialData
 
 
@@ -287,9 +288,7 @@ def _knob_headline(verdict: Verdict, bv: Value) -> str:
             f"met the constraints in some runs only; {best.name} in all {n}: {value}; run with a larger budget "
             f"(objective.budget, objective.max_repeats). {goal}"
         )
-    sign = 1.0 if objective.maximize else -1.0
-    others = verdict.judged
-    better = [t for t in others if (v := value_of(t, objective.key, objective.at)) and sign * v.value > sign * bv.value]
+    better = knob_better(verdict.judged, objective, best)
     rest = (
         f"every trial with a {'greater' if objective.maximize else 'smaller'} {objective.key} "
         f"({', '.join(t.name for t in better)}) missed them in all of its own"
@@ -303,17 +302,31 @@ def _knob_headline(verdict: Verdict, bv: Value) -> str:
     )
 
 
-def _knob_confidence(
-    best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData]
-) -> str:
-    """How sure a knob verdict is: each of the best's constraints and, for each trial with a better
-    knob, the constraint it misses most clearly, as one-sided limits between runs, the error
-    ``1 - confidence`` split over these statements (Bonferroni). Empty without constraints or
-    with one run."""
-    if not objective.subject_to or not best.runs:
-        return ""
+def knob_better(trials: list[TrialData], objective: ObjectiveSpec, best: TrialData) -> list[TrialData]:
+    """The trials with a better knob than ``best``'s (they missed the constraints)."""
+    sign = 1.0 if objective.maximize else -1.0
+    bv = value_of(best, objective.key, objective.at)
+    return [
+        t
+        for t in trials
+        if t is not best
+        and bv is not None
+        and (v := value_of(t, objective.key, objective.at))
+        and sign * v.value > sign * bv.value
+    ]
+
+
+def knob_limits(
+    best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData], share: float
+) -> list[tuple[str, Limit]]:
+    """A knob verdict's statements: each of the best's constraints and, for each trial with a better
+    knob, the constraint it misses most clearly, as one-sided limits between runs, the share
+    ``share`` of the error ``1 - confidence`` (a look's, :func:`orchestrator.objective.race.look_share`)
+    split over these statements (Bonferroni). Empty without constraints, with one run, or at no share."""
+    if not objective.subject_to or not best.runs or share <= 0.0:
+        return []
     count = len(constraint_limits(best, objective, trials, 0.05)) + len(better)
-    alpha = (1.0 - objective.confidence) / max(count, 1)
+    alpha = (1.0 - objective.confidence) * share / max(count, 1)
     statements = [(best.name, lim) for lim in constraint_limits(best, objective, trials, alpha)]
     for t in better:
         missed = constraint_limits(t, objective, trials, alpha, missed=True)
@@ -324,6 +337,27 @@ def _knob_confidence(
                     max(missed, key=lambda x: (x.limit - x.bound) / (abs(x.bound) or 1.0) * (-1 if x.above else 1)),
                 )
             )
+    return statements
+
+
+def knob_share(best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData]) -> float:
+    """The share of the error a knob verdict read from the runs alone spends, as the race spent it:
+    the interim look's at the best's runs where its statements all held there (the race stopped on
+    them), else the race's last look's (what the interim looks before it left)."""
+    n = 1 + len(best.runs)
+    interim = look_share(n, objective.most_runs, False)
+    said = knob_limits(best, better, objective, trials, interim)
+    if said and all(lim.holds for _, lim in said):
+        return interim
+    return look_share(n, objective.most_runs, True)
+
+
+def _knob_confidence(
+    best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData]
+) -> str:
+    """How sure a knob verdict is (:func:`knob_limits` at :func:`knob_share`). Empty without
+    constraints or with one run."""
+    statements = knob_limits(best, better, objective, trials, knob_share(best, better, objective, trials))
     if not statements:
         return ""
     conf = f"{objective.confidence * 100:.4g}%"

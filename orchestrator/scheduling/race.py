@@ -3,13 +3,15 @@ run again (fresh requests, the same for every trial of a round) until the verdic
 one of the race's looks (:func:`orchestrator.objective.race.interim_looks`), a trial has run
 ``objective.max_repeats`` times (``auto``: as many as planned after the third run and again at
 each later look, :func:`orchestrator.objective.race.planned_runs`), or the next round would pass
-the budget (``objective.budget`` first passes). The statistics are ``objective.race``'s; the
-verdict reads the same runs (docs/statistics.md)."""
+the budget (``objective.budget`` first passes). A knob's race (:func:`_knob_standing`) runs on
+until its verdict's one-sided limits between runs hold. The statistics are ``objective.race``'s;
+the verdict reads the same runs (docs/statistics.md)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
@@ -24,11 +26,15 @@ from orchestrator.objective.race import (
     Comparison,
     RaceState,
     Schedule,
+    look_share,
     planned_runs,
     planning_sd,
 )
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.recorder import Recorder
+
+if TYPE_CHECKING:
+    from orchestrator.report.verdict import Verdict
 
 
 def races(objective: ObjectiveSpec | None) -> bool:
@@ -42,21 +48,52 @@ def races(objective: ObjectiveSpec | None) -> bool:
 def standing(results: list[TrialResult], objective: ObjectiveSpec, final: bool = False) -> RaceState | None:
     """The race over every run recorded so far, at an interim look (``final``: its last look);
     None: nothing left to compare."""
-    from orchestrator.report.verdict import decide, knob_doubts, race_over
+    from orchestrator.report.verdict import decide, race_over
     from orchestrator.tracking.runs import from_results
 
     data = from_results(results, "race", objective=objective)
     verdict = decide(data.finished, objective)  # who meets the constraints
-    if is_knob(objective.key):  # every trial with its knob set: its constraints measured
-        measured = [t for t in data.finished if value_of(t, objective.key, objective.at) is not None]
-        doubts = [t.name for t in knob_doubts(data.finished, objective, verdict)]
-        leader = verdict.best.name if verdict.best is not None else None
-        state = RaceState(leader, runs={t.name: 1 + len(t.runs) for t in measured}, answer=OPEN if doubts else WIN)
-        state.comparisons = [Comparison(n, UNDECIDED, 1.0, 1.0, 1.0, False) for n in doubts]
-        return state if len(measured) > 1 else None
+    if is_knob(objective.key):
+        return _knob_standing(verdict, objective, final)
     if len(verdict.feasible) < 2:
         return None
     return race_over(verdict.feasible, objective, final)
+
+
+def _knob_standing(verdict: Verdict, objective: ObjectiveSpec, final: bool) -> RaceState | None:
+    """A knob race's look: undecided while a trial with a better knob than the best's met the
+    constraints in some runs only (:func:`knob_doubts`), then while the verdict's one-sided limits
+    do not all hold at this look's share of the error (:func:`knob_limits`; between looks none is
+    spent): the best and the trials whose limits do not hold run again. ``state.need``: the runs
+    each at which they would hold at the spread measured (None: not within the race's runs)."""
+    from orchestrator.report.verdict import knob_better, knob_doubts, knob_limits
+
+    trials = verdict.judged
+    measured = [t for t in trials if value_of(t, objective.key, objective.at) is not None]
+    if len(measured) < 2:
+        return None
+    best = verdict.best
+    doubts = [t.name for t in knob_doubts(trials, objective, verdict)]
+    state = RaceState(best.name if best is not None else None, runs={t.name: 1 + len(t.runs) for t in measured})
+    if doubts or best is None:
+        state.answer = OPEN if doubts else WIN
+        state.comparisons = [Comparison(n, UNDECIDED, 1.0, 1.0, 1.0, False) for n in doubts]
+        return state
+    better = knob_better(trials, objective, best)
+    n = 1 + len(best.runs)
+    share = look_share(n, objective.most_runs, final)
+    unsure = [(name, lim) for name, lim in knob_limits(best, better, objective, trials, share) if not lim.holds]
+    names = list(dict.fromkeys(name for name, _ in unsure))
+    if share == 0.0 and n > 1:  # between looks: nothing is told, the same trials run again
+        names = [t.name for t in [best, *better]]
+    state.answer = OPEN if names else WIN
+    state.comparisons = [Comparison(name, UNDECIDED, 1.0, 1.0, 1.0, False) for name in names if name != best.name]
+    last = look_share(max(n, PILOT_RUNS), objective.most_runs, True)
+    alpha = (1.0 - objective.confidence) * last / max(len(knob_limits(best, better, objective, trials, 1.0)), 1)
+    needs = [lim.runs_to_hold(alpha, objective.most_runs) for _, lim in unsure]
+    if needs and all(k is not None for k in needs):
+        state.need = max(k for k in needs if k is not None)
+    return state
 
 
 def run_race(
@@ -137,7 +174,9 @@ def _plan(
     if not schedule.replan(planned_runs(state, affordable, AUTO_MAX_RUNS)):
         return
     noise = "the noise"
-    if state.comparisons and state.comparisons[0].log_scale:
+    if state.need is not None:
+        noise = f"the spread between runs, the verdict's limits hold after {state.need}"
+    elif state.comparisons and state.comparisons[0].log_scale:
         noise = f"{state.sd:.1%} between runs, planned for {planning_sd(state):.1%} (its 80% upper limit)"
     again = "" if before is None else f" (was {before}; planned again after {made} runs)"
     record.progress(
