@@ -64,7 +64,9 @@ def _knob_standing(verdict: Verdict, objective: ObjectiveSpec, final: bool) -> R
     """A knob race's look: undecided while a trial with a better knob than the best's met the
     constraints in some runs only (:func:`knob_doubts`), then while the verdict's one-sided limits
     do not all hold at this look's share of the error (:func:`knob_limits`; between looks none is
-    spent): the best and the trials whose limits do not hold run again. ``state.need``: the runs
+    spent): the best and the trials whose limits do not hold run again. Only the best and the
+    trials with a better knob are raced (from the first run on): a worse knob's runs would not
+    change the verdict while the best meets the constraints. ``state.need``: the runs
     each at which they would hold at the spread measured (None: not within the race's runs)."""
     from orchestrator.report.verdict import knob_better, knob_doubts, knob_limits
 
@@ -84,7 +86,7 @@ def _knob_standing(verdict: Verdict, objective: ObjectiveSpec, final: bool) -> R
     share = look_share(n, objective.most_runs, final)
     unsure = [(name, lim) for name, lim in knob_limits(best, better, objective, trials, share) if not lim.holds]
     names = list(dict.fromkeys(name for name, _ in unsure))
-    if share == 0.0 and n > 1:  # between looks: nothing is told, the same trials run again
+    if share == 0.0:  # the first run, or between looks: nothing is told, the same trials run again
         names = [t.name for t in [best, *better]]
     state.answer = OPEN if names else WIN
     state.comparisons = [Comparison(name, UNDECIDED, 1.0, 1.0, 1.0, False) for name in names if name != best.name]
@@ -131,8 +133,8 @@ def run_race(
             return
         if last:
             return
-        if run == 1:  # run 2: noise is not known yet
-            names = list(state.runs)
+        if run == 1:  # run 2: noise is not known yet (a knob's: of the trials the verdict reads)
+            names = (state.to_repeat() if is_knob(objective.key) else []) or list(state.runs)
         elif schedule.looks_at(run):  # between looks the same trials run again
             names = state.to_repeat()
         chosen = [j for j in jobs if _name(j) in names and j.trial_hash in by_hash]
@@ -152,9 +154,11 @@ def run_race(
             )
             return
         who = ", ".join(_name(j) for j in chosen)
-        why = (
-            "every trial's run-to-run noise is not known yet" if run == 1 else f"not yet told apart from {state.leader}"
-        )
+        why = f"not yet told apart from {state.leader}"
+        if run == 1:
+            why = "every trial's run-to-run noise is not known yet"
+        elif is_knob(objective.key):
+            why = f"the verdict on {state.leader}'s constraints is not yet sure"
         progress(f"race: run {run + 1} of {who} ({why}; fresh requests, the same for each)")
         run_round([repeat_job(j, run) for j in chosen])
         run += 1

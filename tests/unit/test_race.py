@@ -376,6 +376,10 @@ def test_a_knob_race_runs_on_until_its_limits_hold_and_plans_the_runs_they_need(
     from orchestrator.scheduling.race import _knob_standing
 
     objective = ObjectiveSpec(minimize="engine.max_num_batched_tokens", subject_to={"long/ttft_ms_p99": 2000})
+    # after the first pass: the best and the better knob run again, not a worse knob (b1024)
+    firsts = [_trial("b256", 256, [2100.0]), _trial("b512", 512, [900.0]), _trial("b1024", 1024, [800.0])]
+    state = _knob_standing(decide(firsts, objective), objective, final=False)
+    assert state is not None and state.answer == OPEN and state.to_repeat() == ["b512", "b256"]
     small, mid = _trial("b256", 256, [2100.0, 2300.0, 2250.0]), _trial("b512", 512, [900.0, 1000.0, 950.0])
     state = _knob_standing(decide([small, mid], objective), objective, final=False)
     assert state is not None and state.answer == OPEN and state.leader == "b512"
