@@ -45,8 +45,10 @@ def test_each_adapter_answers_its_own_requests_on_real_vllm(compose, tmp_path):
     # adapter's convention: vLLM 0.32's CPU LoRA kernels (lora/ops/torch_ops/lora_ops.py,
     # bgmv_shrink/expand) index the stacked adapters with each token's slot, and a base-model
     # token's slot is -1: Python's last slot. The scorer is there to catch exactly this; when
-    # vLLM fixes it, this fails: update docs/lora.md and assert 0 here.
-    assert m["adapter.base.misrouted"] > 0.5 and m["adapters_misrouted_max"] == m["adapter.base.misrouted"], m
+    # vLLM fixes it, this fails: update docs/lora.md and assert 0 here. (How many of the base's
+    # answers leak depends on how its requests fall into batches: 18% to 92% of 50 over 21 runs
+    # of the lab on 2026-12-01, 45% of 20 in a test run; any leak is the bug.)
+    assert m["adapter.base.misrouted"] > 0.0 and m["adapters_misrouted_max"] == m["adapter.base.misrouted"], m
     assert "adapters scored in" in "\n".join(lines)
     # the load named them: per-adapter metrics, the records' adapter column, the server's argv
     (point,) = result.points
