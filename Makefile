@@ -56,7 +56,7 @@ gpu-check-wheels: install
 	$(PY) -m pip wheel --quiet --no-deps -w $(GPU_WHEELS) antlr4-python3-runtime==4.9.3
 
 test: install lint
-	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines and not stress" --durations=25
+	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines and not stress" --durations=40
 
 # The code's own checks, before any test: layers and cycles (import-linter), lint and format
 # (ruff), types (mypy: [tool.mypy] in pyproject.toml).
@@ -73,7 +73,7 @@ slurm-deps:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
 
 test-slurm: install slurm-deps
-	$(PY) -m pytest tests -m slurm
+	$(PY) -m pytest tests -m slurm --durations=10
 
 # The MLflow UI in headless Chromium (Debian's package; root only): a real `mlflow server`,
 # a sweep logged to it over HTTP, the runs listed on the experiment's page. Screenshots in
@@ -83,12 +83,12 @@ ui-deps:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 test-ui: install ui-deps
-	$(PY) -m pytest tests -m ui
+	$(PY) -m pytest tests -m ui --durations=10
 
 # Fault injection (docs/reliability.md): kill -9 of a server mid-load, start-up failures, a
 # taken port, SIGTERM to the driver, MLflow dying mid-sweep + replay, planted secrets, 200 trials.
 test-faults: install
-	$(PY) -m pytest tests -m faults -s
+	$(PY) -m pytest tests -m faults -s --durations=15
 
 # The driver-signal faults, STRESS_REPEATS (10) times each with every core kept busy; not in
 # CI (long). Times in test-artifacts/stress-faults.tsv, summed up in docs/reliability.md.
@@ -136,7 +136,7 @@ $(ENGINES)/%/.installed: engines/%.txt engines/%.lock
 	touch $@
 
 test-engines: install engines-gpu
-	$(PY) -m pytest tests -m engines
+	$(PY) -m pytest tests -m engines --durations=10
 
 test-unit: install
 	$(PY) -m pytest tests -m "not integration and not slurm and not ui and not faults and not engines and not stress"

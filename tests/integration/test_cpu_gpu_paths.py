@@ -1,11 +1,15 @@
 """What was "GPU-only" and runs on the CPU, end to end through the CLI with its metrics in
 MLflow: week 12 (the tiny adder quantized here with compressed-tensors, INT8 W8A8 and 4-bit
 W4A16, against the unquantized model: throughput and accuracy) and week 16 (prefill/decode
-through vLLM's ExampleConnector against one server)."""
+through vLLM's ExampleConnector against one server). The quantization sweep runs as a newcomer
+runs one: from the project root, into the default (relative) sweep folder, its accuracy scored
+by lm-eval from the server's own answers."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +21,9 @@ from tests.conftest import ROOT, engine_processes, search_runs
 pytestmark = pytest.mark.integration
 
 
-def _sweep(tmp_path, experiment, variants, *extra):
+def _sweep(tmp_path, experiment, variants, *extra, folder: Path | None = None):
+    """The sweep through the CLI into ``folder`` (None: the default one, ``multirun/<experiment>/<time>``
+    under the project root, as a newcomer's); its output, its trial runs by variant, its folder."""
     store = f"sqlite:///{tmp_path}/mlflow.db"
     cmd = [
         sys.executable,
@@ -28,20 +34,36 @@ def _sweep(tmp_path, experiment, variants, *extra):
         "++objective.max_repeats=1",  # one run each: these check the paths; the race has its own tests
         *extra,
         f"tracking.uri={store}",
-        f"hydra.sweep.dir={tmp_path}/multirun",
+        *([f"hydra.sweep.dir={folder}"] if folder is not None else []),
         "-m",
     ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    where = re.search(r"results in (\S+)", p.stdout)
+    assert where, p.stdout[-3000:]
     runs = [r for r in search_runs(store, experiment) if r.data.tags.get("run_kind") == "trial"]
-    return p.stdout, {r.data.tags["variant"]: r for r in runs}
+    return p.stdout, {r.data.tags["variant"]: r for r in runs}, Path(where.group(1))
 
 
+@pytest.mark.timeout(1800)  # on a cold model cache it trains the adder first (~5 min)
 def test_quantized_tiny_adder_against_the_unquantized_one(tmp_path):
+    before = set((ROOT / "multirun" / "quantization").glob("*"))
+    try:
+        _quantized(tmp_path)
+    finally:  # only the sweep folders this test made
+        for d in set((ROOT / "multirun" / "quantization").glob("*")) - before:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _quantized(tmp_path):
     from orchestrator.engines import cpu_kernels
 
-    out, runs = _sweep(tmp_path, "quantization", "cpu_fp32,cpu_w8a8,cpu_w4a16")
+    out, runs, sweep_dir = _sweep(tmp_path, "quantization", "cpu_fp32,cpu_w8a8,cpu_w4a16")
     assert set(runs) == {"cpu_fp32", "cpu_w8a8", "cpu_w4a16"}, out[-2000:]
+    # from the project root, the default sweep folder is relative: lm-eval runs in each trial's
+    # folder and must still find the task written there (issue 19)
+    assert sweep_dir.is_absolute() and sweep_dir.parent == ROOT / "multirun" / "quantization", sweep_dir
+    assert "evaluating accuracy: lm-eval addition" in out, out[-3000:]
     # W4A16's kernel is in vLLM's AVX-512 CPU libraries only: on an AVX2 machine the trial is
     # SKIPPED before launch, with the op it lacks, never an engine dying on its first request.
     if cpu_kernels.missing_for("w4a16", sys.executable):
@@ -53,14 +75,23 @@ def test_quantized_tiny_adder_against_the_unquantized_one(tmp_path):
         m = run.data.metrics
         assert m["tokens_per_second"] > 0 and m["memory_peak_gb"] > 0
         assert m["accuracy"] > 0.5, (name, m["accuracy"])  # the trained adder still adds after quantization
-    base = runs["cpu_fp32"].data.metrics["accuracy"]
+    fp32 = runs["cpu_fp32"].data.metrics
+    assert 0 < fp32["accuracy_stderr"] < 0.1 and fp32["eval_addition_exact_match"] == fp32["accuracy"]
+    # the score comes from the server's real answers: lm-eval's per-question samples
+    trial_dir = next((sweep_dir / "trials").glob(f"*-{runs['cpu_fp32'].data.tags['trial_hash']}"))
+    (samples,) = trial_dir.glob("eval/**/samples_addition_*.jsonl")
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(rows) == 100
+    right = [r for r in rows if r["exact_match"] == 1.0]
+    assert right and all(r["filtered_resps"][0].strip() == r["target"] for r in right)
+    base = fp32["accuracy"]
     assert abs(runs["cpu_w8a8"].data.metrics["accuracy"] - base) <= 0.1
     assert runs["cpu_w8a8"].data.params["model.tiny.quantization"] == "w8a8"
     # the servers really loaded compressed-tensors checkpoints: the folder each was started on
     # holds one (the argv in result.json's servers), and the engine's own config line says so (server.log)
     formats = {"cpu_fp32": None, "cpu_w8a8": "int-quantized", "cpu_w4a16": "pack-quantized"}
     for name, run in runs.items():
-        trial = next((tmp_path / "multirun" / "trials").glob(f"*-{run.data.tags['trial_hash']}"))
+        trial = next((sweep_dir / "trials").glob(f"*-{run.data.tags['trial_hash']}"))
         (server,) = json.loads((trial / "result.json").read_text())["servers"]
         argv = server["argv"]
         model_dir = Path(argv[argv.index("--model") + 1])
@@ -89,11 +120,12 @@ def test_quantized_tiny_adder_against_the_unquantized_one(tmp_path):
 
 
 def test_pd_on_cpu_against_one_server(tmp_path):
-    out, runs = _sweep(
+    out, runs, _ = _sweep(
         tmp_path,
         "disaggregated_pd",
         "pd_cpu_in1000,standard_in1000,pd_vllm_in128",
         "per_platform.cpu.workload.num_requests=8",
+        folder=tmp_path / "multirun",
     )
     pd, one, nixl = runs["pd_cpu_in1000"], runs["standard_in1000"], runs["pd_vllm_in128"]
     assert pd.data.tags["trial_status"] == "FINISHED" and one.data.tags["trial_status"] == "FINISHED"
@@ -118,7 +150,9 @@ def test_cache_aware_routing_of_two_replicas(tmp_path):
     """Week 9: two vLLM CPU replicas (a core each) behind the SGLang router; cache-aware routing
     sends each prefix group back to the replica holding it, round robin spreads every group
     over both, so the replicas' summed prefix-cache hit rate is higher with cache-aware."""
-    out, runs = _sweep(tmp_path, "scheduling_policies", "dp2_round_robin,dp2_cache_aware,fcfs")
+    out, runs, _ = _sweep(
+        tmp_path, "scheduling_policies", "dp2_round_robin,dp2_cache_aware,fcfs", folder=tmp_path / "multirun"
+    )
     rr, ca, fcfs = runs["dp2_round_robin"], runs["dp2_cache_aware"], runs["fcfs"]
     assert fcfs.data.tags["trial_status"] == "SKIPPED"
     for run in (rr, ca):
