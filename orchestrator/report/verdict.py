@@ -325,8 +325,7 @@ def knob_limits(
     split over these statements (Bonferroni). Empty without constraints, with one run, or at no share."""
     if not objective.subject_to or not best.runs or share <= 0.0:
         return []
-    count = len(constraint_limits(best, objective, trials, 0.05)) + len(better)
-    alpha = (1.0 - objective.confidence) * share / max(count, 1)
+    alpha = knob_alpha(best, better, objective, trials, share)
     statements = [(best.name, lim) for lim in constraint_limits(best, objective, trials, alpha)]
     for t in better:
         missed = constraint_limits(t, objective, trials, alpha, missed=True)
@@ -338,6 +337,15 @@ def knob_limits(
                 )
             )
     return statements
+
+
+def knob_alpha(
+    best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData], share: float
+) -> float:
+    """Each of a knob verdict's statements' error: the share ``share`` of ``1 - confidence`` split
+    over the best's constraints and the trials with a better knob (Bonferroni)."""
+    count = len(constraint_limits(best, objective, trials, 0.05)) + len(better)
+    return (1.0 - objective.confidence) * share / max(count, 1)
 
 
 def knob_share(best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData]) -> float:

@@ -68,7 +68,7 @@ def _knob_standing(verdict: Verdict, objective: ObjectiveSpec, final: bool) -> R
     trials with a better knob are raced (from the first run on): a worse knob's runs would not
     change the verdict while the best meets the constraints. ``state.need``: the runs
     each at which they would hold at the spread measured (None: not within the race's runs)."""
-    from orchestrator.report.verdict import knob_better, knob_doubts, knob_limits
+    from orchestrator.report.verdict import knob_alpha, knob_better, knob_doubts, knob_limits
 
     trials = verdict.judged
     measured = [t for t in trials if value_of(t, objective.key, objective.at) is not None]
@@ -90,8 +90,7 @@ def _knob_standing(verdict: Verdict, objective: ObjectiveSpec, final: bool) -> R
         names = [t.name for t in [best, *better]]
     state.answer = OPEN if names else WIN
     state.comparisons = [Comparison(name, UNDECIDED, 1.0, 1.0, 1.0, False) for name in names if name != best.name]
-    last = look_share(max(n, PILOT_RUNS), objective.most_runs, True)
-    alpha = (1.0 - objective.confidence) * last / max(len(knob_limits(best, better, objective, trials, 1.0)), 1)
+    alpha = knob_alpha(best, better, objective, trials, look_share(max(n, PILOT_RUNS), objective.most_runs, True))
     needs = [lim.runs_to_hold(alpha, objective.most_runs) for _, lim in unsure]
     if needs and all(k is not None for k in needs):
         state.need = max(k for k in needs if k is not None)
