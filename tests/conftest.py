@@ -24,17 +24,19 @@ RUN_MARK = os.environ.setdefault(RUN_MARK_VAR, f"{os.getpid()}-{uuid.uuid4().hex
 register()
 
 
-@pytest.fixture
-def compose():
-    """compose(overrides) -> the composed DictConfig, as `python -m orchestrator` would see it."""
+def compose_config(overrides: list[str] | None = None):
+    """The composed DictConfig of ``overrides``, as `python -m orchestrator` would see it."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    def _compose(overrides: list[str] | None = None):
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return hydra_compose("config", overrides=overrides or [])
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose("config", overrides=overrides or [])
 
-    return _compose
+
+@pytest.fixture
+def compose():
+    """compose(overrides) -> the composed DictConfig (:func:`compose_config`)."""
+    return compose_config
 
 
 @pytest.fixture(scope="session")
