@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--engine-dies-after", type=float, default=None)
     ap.add_argument("--quietly", action="store_true")
     ap.add_argument("--shm", action="store_true", help="create a shared-memory segment, as vLLM's executor does")
+    ap.add_argument("--ipc", action="store_true", help="bind a socket in $VLLM_RPC_BASE_PATH, as vLLM's processes do")
     a = ap.parse_args()
     print("fake engine starting", flush=True)
     if a.shm:  # registered with Python's resource tracker, which unlinks it unless KILLed too
@@ -55,6 +56,14 @@ def main() -> None:
         assert segment.buf is not None
         segment.buf[: 1 << 20] = b"x" * (1 << 20)
         print(f"shm {segment.name}", flush=True)
+    if a.ipc:  # a ZeroMQ ipc:// endpoint is a unix socket file, left behind when the process is killed
+        import os
+        import socket
+        import uuid
+
+        ipc = socket.socket(socket.AF_UNIX)
+        ipc.bind(os.path.join(os.environ["VLLM_RPC_BASE_PATH"], str(uuid.uuid4())))
+        print(f"ipc {ipc.getsockname()}", flush=True)
     if a.exit_at_start:
         print("ValueError: No common block size for 8", flush=True)
         sys.exit(3)

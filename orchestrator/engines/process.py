@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -44,6 +46,7 @@ ORPHAN_GRACE_S = 2.0
 # its owner in this variable: "<pid>:<start stamp>" of the process that started it. A later trial
 # tells a leftover (owner gone, or owner here but the server not running) from a running server.
 SERVER_OWNER_ENV = "INFERENCE_LAB_SERVER_OWNER"
+RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM binds its IPC sockets (start())
 
 
 def start_stamp(pid: int) -> str:
@@ -146,24 +149,40 @@ class ServerProcess:
         self.fatal_log_markers = tuple(fatal_log_markers)
         self._log_scanned = 0  # bytes of the log already searched for fatal markers
         self._healthy_at = 0  # log size when the server became healthy: later errors are the run's
+        self._rpc_dir: str | None = None  # the server's own folder of IPC sockets (start())
 
     # -- start / health -------------------------------------------------------------
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._started_at = time.monotonic()
+        env = {**self.env, SERVER_OWNER_ENV: owner_mark(), "SPT_NOENV": "1"}
+        if RPC_DIR_ENV not in env and Path(self.argv[0]).name.startswith("python"):
+            # vLLM binds its ZeroMQ IPC sockets (API server <-> engine core <-> workers) in the
+            # system temp folder and leaves them there when a process is killed: 1,300 of them
+            # gathered in /tmp over a day of test runs. A folder of the server's own, removed
+            # when it stops (or by the watchdog), keeps the machine clean. Short, under the temp
+            # folder: a socket's path must fit 107 bytes. TMPDIR itself is left alone (torch's
+            # compile cache lives there, and a new one per server would recompile every start).
+            # Only for a server started here by its interpreter: behind a launch prefix (srun,
+            # docker) it may run where this folder does not exist.
+            self._rpc_dir = tempfile.mkdtemp(prefix="il-rpc-")
+            env[RPC_DIR_ENV] = self._rpc_dir
         log_file = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
                 self.argv,
                 # SPT_NOENV: setproctitle (SGLang's processes, vLLM's engine core) must not write
                 # the title over the environment, where the owner mark is read
-                env={**self.env, SERVER_OWNER_ENV: owner_mark(), "SPT_NOENV": "1"},
+                env=env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # own process group: we can signal all of it
             )
+        except BaseException:
+            self.stop()  # nothing started: only the IPC folder to remove
+            raise
         finally:
             log_file.close()
         _RUNNING.add(self.proc.pid)
@@ -175,6 +194,7 @@ class ServerProcess:
                     "orchestrator.engines.watchdog",
                     str(os.getpid()),
                     str(self.proc.pid),
+                    *([self._rpc_dir] if self._rpc_dir else []),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -323,6 +343,9 @@ class ServerProcess:
                 removed = shm.remove_unused(segments)  # a KILLed group's resource tracker died with it
                 if removed:
                     log.warning("%s: removed %s", self.name, shm.describe(removed))
+        if self._rpc_dir and (proc is None or not group_alive(proc.pid)):
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
+            self._rpc_dir = None
         self._watchdog = None  # the detached watcher exits by itself once the group is gone
 
     def __enter__(self) -> ServerProcess:

@@ -1,10 +1,11 @@
-"""Watchdog: ``python -m orchestrator.engines.watchdog OWNER_PID SERVER_PGID``.
+"""Watchdog: ``python -m orchestrator.engines.watchdog OWNER_PID SERVER_PGID [RPC_DIR]``.
 
 Runs detached next to an engine server. If the owner process (the one that started the
 server) disappears without stopping it, the watchdog TERMs and then KILLs the server's
 process group, so no engine is left holding cores or GPUs, and removes the shared-memory
-segments the group left (:mod:`orchestrator.engines.shm`). It exits by itself once the group
-is gone.
+segments the group left (:mod:`orchestrator.engines.shm`) and the server's private folder of
+IPC sockets (``RPC_DIR``, :class:`~orchestrator.engines.process.ServerProcess`). It exits by
+itself once the group is gone.
 
 It double-forks at start: a supervisor such as a Ray worker kills its *direct* children
 when it dies (and so would kill a plain child watchdog along with the server's leader,
@@ -15,6 +16,7 @@ creation time, so a recycled pid is not mistaken for it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -71,7 +73,7 @@ def kill_group(pgid: int, grace_s: float) -> None:
         pass
 
 
-def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> int:
+def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0, rpc_dir: str | None = None) -> int:
     try:
         owner_created: float | None = started_at(psutil.Process(owner))
     except psutil.Error:
@@ -85,6 +87,8 @@ def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> 
                 time.sleep(0.1)
             if not group_alive(pgid):
                 shm.remove_unused(segments)  # its owner, which would have, is gone
+                if rpc_dir:
+                    shutil.rmtree(rpc_dir, ignore_errors=True)
             return 0
         time.sleep(poll_s)
     return 0
@@ -92,12 +96,13 @@ def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0) -> 
 
 def main(argv: list[str]) -> int:
     owner, pgid = int(argv[1]), int(argv[2])
+    rpc_dir = argv[3] if len(argv) > 3 else None
     if os.fork() > 0:  # detach: the first child exits, the grandchild watches
         os._exit(0)
     os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the owner's business
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    return watch(owner, pgid)
+    return watch(owner, pgid, rpc_dir=rpc_dir)
 
 
 if __name__ == "__main__":

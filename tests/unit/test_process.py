@@ -270,14 +270,15 @@ def test_a_failing_health_check_alone_is_a_death_too(tmp_path):
             s.check_alive()
 
 
-def _segment_named_in(log_path, timeout=20.0):
+def _segment_named_in(log_path, timeout=20.0, what="shm"):
+    """What the fake engine said it made (``shm NAME``, ``ipc PATH``) in its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for line in log_path.read_text().splitlines() if log_path.exists() else []:
-            if line.startswith("shm "):
+            if line.startswith(f"{what} "):
                 return line.split()[1]
         time.sleep(0.1)
-    raise AssertionError(f"no 'shm' line in {log_path}")
+    raise AssertionError(f"no {what!r} line in {log_path}")
 
 
 def _orphan_segment():
@@ -335,6 +336,49 @@ def test_the_watchdog_removes_what_the_group_it_killed_left(tmp_path):
         while time.monotonic() < deadline and (shm.SHM_DIR / left).exists():
             time.sleep(0.2)
         assert not (shm.SHM_DIR / left).exists()
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
+def test_a_server_binds_its_ipc_sockets_in_a_folder_of_its_own_removed_when_it_stops(tmp_path):
+    """vLLM binds ZeroMQ ipc:// sockets in $VLLM_RPC_BASE_PATH (the system temp folder by
+    default) and a killed process leaves them there. Each server gets a folder of its own, gone
+    once the server is, after a KILL too; a folder the user set is the user's and stays."""
+    import tempfile
+
+    s = server(tmp_path, "--ipc", "--ignore-term", grace=1.0)
+    with s:
+        s.wait_healthy(20)
+        sock = Path(_segment_named_in(s.log_path, what="ipc"))
+        assert sock.parent.parent == Path(tempfile.gettempdir()) and sock.parent.name.startswith("il-rpc-")
+        assert sock.exists() and len(str(sock)) < 100
+    assert not sock.parent.exists()
+
+    mine = tmp_path / "rpc"
+    mine.mkdir()
+    port = free_port()
+    env = dict(os.environ, VLLM_RPC_BASE_PATH=str(mine))
+    with ServerProcess(
+        [sys.executable, FAKE, str(port), "--ipc"], env, tmp_path / "b.log", f"http://127.0.0.1:{port}/health"
+    ) as b:
+        b.wait_healthy(20)
+        assert Path(_segment_named_in(b.log_path, what="ipc")).parent == mine
+    assert mine.is_dir()
+
+
+def test_the_watchdog_removes_the_ipc_folder_of_the_group_it_killed(tmp_path):
+    port = free_port()
+    owner = _owner_with_server(tmp_path, port, flags=("--ignore-term", "--ipc"))
+    try:
+        pgid = int(owner.stdout.readline())
+        folder = Path(_segment_named_in(tmp_path / "o.log", what="ipc")).parent
+        owner.send_signal(signal.SIGKILL)
+        assert _wait_group_gone(pgid, timeout=30), "watchdog did not stop the orphaned server group"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and folder.exists():
+            time.sleep(0.2)
+        assert not folder.exists()
     finally:
         owner.kill()
         owner.wait(10)
