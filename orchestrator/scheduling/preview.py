@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from orchestrator.config.logs import Progress, print_progress
@@ -17,7 +16,7 @@ from orchestrator.config.schema import LaunchedEngineSpec
 from orchestrator.config.secrets import redact_override
 from orchestrator.feasibility import estimate_seconds, gpu_memory_gb
 from orchestrator.scheduling.jobs import TrialJob
-from orchestrator.tracking import MlflowTracker
+from orchestrator.tracking import MlflowTracker, sqlite_file
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +174,8 @@ def _history(jobs: list[TrialJob]) -> dict[str, float]:
         return {}
     settings = jobs[0].settings
     uri = settings.tracking.uri
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
+    db = sqlite_file(uri)
+    if db is not None and not db.exists():
         return {}  # a dry run creates no store
     try:
         from orchestrator.tracking.runs import experiment_exists

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.tracking import sqlite_file
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,12 @@ def _open_study(
     identity = json.dumps({"fixed": sorted(fixed), "space": space, "goals": goals}, sort_keys=True)
     name = options.get("study_name") or f"{config.experiment}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
     storage = options.get("storage") or "sqlite:///optuna.db"
+    db = sqlite_file(storage)
+    if db is not None:  # as MLflow's store: a study in a folder not made yet is made there
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"hydra.sweeper.storage: cannot create the folder of {db}: {exc}") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         study_name=name, storage=storage, load_if_exists=True, sampler=sampler, directions=[d for _, d in goals]

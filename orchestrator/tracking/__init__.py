@@ -1,6 +1,6 @@
 """MLflow tracking: parent run per sweep, child run per trial, params, metrics and artifacts."""
 
-from orchestrator.tracking.mlflow_tracker import MlflowTracker, points_csv, result_id
+from orchestrator.tracking.mlflow_tracker import MlflowTracker, points_csv, result_id, sqlite_file
 from orchestrator.tracking.params import flatten_params, sanitize_key
 
-__all__ = ["MlflowTracker", "flatten_params", "points_csv", "result_id", "sanitize_key"]
+__all__ = ["MlflowTracker", "flatten_params", "points_csv", "result_id", "sanitize_key", "sqlite_file"]

@@ -42,15 +42,22 @@ _METRIC_BATCH = 1000
 DEFAULT_TRACKING_URI = f"sqlite:///{Path(__file__).resolve().parents[2] / 'mlflow.db'}"
 
 
-def default_artifact_location(uri: str, experiment: str) -> str | None:
-    """For a sqlite store, keep artifacts next to the database file (not in the cwd).
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (MLflow's store, Optuna's study), or None.
 
     ``sqlite:///rel/path.db`` is relative to the cwd, ``sqlite:////abs/path.db`` absolute
-    (SQLAlchemy's convention, which MLflow follows).
+    (SQLAlchemy's convention, which MLflow and Optuna follow).
     """
     if not uri.startswith("sqlite:///"):
         return None
-    db_path = Path(uri[len("sqlite:///") :].split("?", 1)[0])
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
+
+
+def default_artifact_location(uri: str, experiment: str) -> str | None:
+    """For a sqlite store, keep artifacts next to the database file (not in the cwd)."""
+    db_path = sqlite_file(uri)
+    if db_path is None:
+        return None
     return (db_path.resolve().parent / "mlartifacts" / sanitize_key(experiment)).as_uri()
 
 

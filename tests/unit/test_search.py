@@ -22,7 +22,9 @@ def search(tmp_path, url, *extra, n_trials=3, objective="{maximize:tokens_per_se
         "engine.metrics=none",
         "hydra/sweeper=optuna",
         f"hydra.sweeper.n_trials={n_trials}",
-        f"hydra.sweeper.storage=sqlite:///{tmp_path}/optuna.db",
+        # in a folder not made yet: the search makes it, as MLflow does its store's (a raw
+        # "unable to open database file" traceback before)
+        f"hydra.sweeper.storage=sqlite:///{tmp_path}/studies/optuna.db",
         "hydra.sweeper.study_name=s",
         "workload.load_points=[{concurrency:2}]",
         "workload.num_requests=4",
@@ -45,13 +47,13 @@ def test_search_tells_every_trial_feeds_back_repeats_and_resumes(tmp_path, tiny_
         assert "searching workload.warmup_requests (2) for maximize tokens_per_second" in out
         assert out.count("optuna: trial ") == 3 and "optuna: best trial" in out
         assert "already FINISHED" in out
-        study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
+        study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/studies/optuna.db")
         assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
         # a search cut short: a trial asked and never told is asked again first, then the study goes on
         study.ask({"workload.warmup_requests": optuna.distributions.CategoricalDistribution(["0", "1"])})
         out = search(tmp_path, srv.base_url, n_trials=5)
         assert "3 of 5 trial(s) done, 1 interrupted one(s) asked again" in out
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/studies/optuna.db")
     assert [t.state.name for t in study.trials].count("COMPLETE") == 5
 
 
