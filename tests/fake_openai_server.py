@@ -19,8 +19,9 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -82,25 +83,6 @@ class Truth:
     by_request: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
-def _load_tokenizer(folder: str) -> Callable[[str], list[int]]:
-    """text -> token ids without special tokens. A model folder's tokenizer.json through the
-    ``tokenizers`` library (0.1 s to import) rather than transformers' AutoTokenizer (7.5 s here,
-    the whole start of an isolated fake server); the same ids, as AutoTokenizer's fast tokenizer
-    wraps that same file. A folder without one falls back to AutoTokenizer."""
-    from pathlib import Path
-
-    path = Path(folder) / "tokenizer.json"
-    if path.is_file():
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(path))
-        return lambda text: tok.encode(text, add_special_tokens=False).ids
-    from transformers import AutoTokenizer
-
-    auto = AutoTokenizer.from_pretrained(folder)
-    return lambda text: auto.encode(text, add_special_tokens=False)
-
-
 class FakeOpenAIServer:
     def __init__(self, script: Script | None = None, port: int = 0) -> None:
         self.script = script or Script()
@@ -113,9 +95,14 @@ class FakeOpenAIServer:
         self.port = port
         self._drift_at, self._drift_factor = -math.inf, 1.0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tok: Callable[[str], list[int]] | None = None
+        self._tok: Any = None
         if self.script.tokenizer:
-            self._tok = _load_tokenizer(self.script.tokenizer)
+            # the load generator's own loader: tokenizer.json through `tokenizers` where that is
+            # what transformers would read (an isolated fake server starts in 0.5 s, not the 8 s
+            # of importing transformers), transformers where it is not
+            from orchestrator.loadgen.prompts import load_tokenizer
+
+            self._tok = load_tokenizer(self.script.tokenizer)
 
     def _drift(self) -> float:
         """The server's pace factor now (``Script.drift``): redrawn every ``drift_every_s``."""
@@ -129,7 +116,7 @@ class FakeOpenAIServer:
     def count_tokens(self, text: str) -> int | None:
         if self._tok is None:
             return None
-        return round(len(self._tok(text)) * self.script.token_scale)
+        return round(len(self._tok.encode(text, add_special_tokens=False)) * self.script.token_scale)
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
 
@@ -386,7 +373,7 @@ class FakeServerProcess:
             stderr=self._err,
         )
         self.url = f"http://127.0.0.1:{self.port}"
-        # A slow start (a folder without tokenizer.json imports transformers: 7.5 s alone here, more
+        # A slow start (a tokenizer that needs transformers imports it: 7.5 s alone here, more
         # beside a busy test run; a 10 s bound once failed 4 cases) is waited for, or its exit.
         deadline = time.monotonic() + self.START_TIMEOUT_S
         while time.monotonic() < deadline and self.proc.poll() is None:
