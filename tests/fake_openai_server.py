@@ -95,6 +95,8 @@ class FakeOpenAIServer:
         self.port = port
         self._drift_at, self._drift_factor = -math.inf, 1.0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
         self._tok: Any = None
         if self.script.tokenizer:
             # the load generator's own loader: tokenizer.json through `tokenizers` where that is
@@ -117,8 +119,6 @@ class FakeOpenAIServer:
         if self._tok is None:
             return None
         return round(len(self._tok.encode(text, add_special_tokens=False)) * self.script.token_scale)
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def base_url(self) -> str:
