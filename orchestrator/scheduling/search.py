@@ -114,7 +114,13 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
             _tell(study, trial, outcome, goals)
             done.append(study.trials[trial.number])
         returns.append(results)
-    _print_best(study, goals, multi)
+    if config.get("dry_run"):
+        print(
+            f"optuna: dry run: the study in {options.get('storage') or 'sqlite:///optuna.db'} was not written",
+            flush=True,
+        )
+    else:
+        _print_best(study, goals, multi)
     return returns
 
 
@@ -143,14 +149,26 @@ def _open_study(
     name = options.get("study_name") or f"{config.experiment}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
     storage = options.get("storage") or "sqlite:///optuna.db"
     db = sqlite_file(storage)
-    if db is not None:  # as MLflow's store: a study in a folder not made yet is made there
-        try:
-            db.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"hydra.sweeper.storage: cannot create the folder of {db}: {exc}") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if config.get("dry_run"):
+        # a plan reads the stored study and writes nothing: its trials, asked and told DRY_RUN,
+        # would otherwise count as done and the real search after it would run none
+        memory = optuna.storages.InMemoryStorage()
+        stored = db is None or db.exists()  # a sqlite file not made yet holds no study, and is not made
+        names = {s.study_name for s in optuna.get_all_study_summaries(storage)} if stored else set()
+        if name in names:
+            optuna.copy_study(from_study_name=name, from_storage=storage, to_storage=memory)
+        storage_used: Any = memory
+        where = f"study '{name}' in {storage} (dry run: read, not written)"
+    else:
+        if db is not None:  # as MLflow's store: a study in a folder not made yet is made there
+            try:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"hydra.sweeper.storage: cannot create the folder of {db}: {exc}") from None
+        storage_used, where = storage, f"study '{name}' in {storage}"
     study = optuna.create_study(
-        study_name=name, storage=storage, load_if_exists=True, sampler=sampler, directions=[d for _, d in goals]
+        study_name=name, storage=storage_used, load_if_exists=True, sampler=sampler, directions=[d for _, d in goals]
     )
     stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
     for t in stale:
@@ -163,7 +181,7 @@ def _open_study(
         for t in study.get_trials(deepcopy=False)
         if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.number not in interrupted
     ]
-    return study, done, f"study '{name}' in {storage}", len(stale)
+    return study, done, where, len(stale)
 
 
 def _tell(study: Any, trial: Any, outcome: dict[str, Any], goals: Sequence[tuple[str, str]]) -> None:
@@ -175,6 +193,10 @@ def _tell(study: Any, trial: Any, outcome: dict[str, Any], goals: Sequence[tuple
     trial.set_user_attr("status", outcome.get("status"))
     trial.set_user_attr("trial_hash", outcome.get("trial_hash"))
     missing = [m for m, _ in goals if values.get(m) is None]
+    if outcome.get("status") == "DRY_RUN":  # planned, not measured: told to the in-memory copy only
+        study.tell(trial, state=TrialState.FAIL)
+        print(f"optuna: trial {trial.number} {trial.params}: planned (dry run)", flush=True)
+        return
     if outcome.get("status") == "FINISHED" and outcome.get("feasible", False) and not missing:
         study.tell(trial, [values[m] for m, _ in goals])
         print(

@@ -101,3 +101,18 @@ def test_search_needs_choices_and_an_objective(tmp_path):
 @pytest.fixture(autouse=True)
 def _quiet_optuna():
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_a_dry_run_reads_the_study_and_writes_nothing(tmp_path, tiny_model_dir):
+    # its trials, told DRY_RUN to the stored study, counted as done: the real search after it ran none
+    db = tmp_path / "studies" / "optuna.db"
+    out = search(tmp_path, "http://127.0.0.1:9", "dry_run=true", n_trials=2)
+    assert "(dry run: read, not written): 0 of 2 trial(s) done" in out and "planned (dry run)" in out
+    assert not db.exists() and not db.parent.exists()  # a store not made yet is not made by a plan
+    db.parent.mkdir()
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}", direction="maximize")
+    study.tell(study.ask({"workload.warmup_requests": optuna.distributions.CategoricalDistribution(["0", "1"])}), 1.0)
+    before = db.read_bytes()
+    out = search(tmp_path, "http://127.0.0.1:9", "dry_run=true", n_trials=2)
+    assert "1 of 2 trial(s) done" in out and out.count("planned (dry run)") == 1, out
+    assert db.read_bytes() == before
