@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.scheduling.ray_exec import ray_kept_between_sweeps
 from orchestrator.tracking import sqlite_file
 
 log = logging.getLogger(__name__)
@@ -104,16 +105,17 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
     )
     returns = []
     job_idx = 0
-    while len(done) < n_trials:
-        asked = [study.ask() for _ in range(min(batch_size, n_trials - len(done)))]
-        overrides = [fixed + [f"{k}={t.suggest_categorical(k, v)}" for k, v in space.items()] for t in asked]
-        results = launcher.launch(overrides, initial_job_idx=job_idx)
-        job_idx += len(overrides)
-        for trial, ret in zip(asked, results):
-            outcome = ret.return_value if isinstance(ret.return_value, dict) else {"status": str(ret.return_value)}
-            _tell(study, trial, outcome, goals)
-            done.append(study.trials[trial.number])
-        returns.append(results)
+    with ray_kept_between_sweeps():  # each batch is a sweep: one Ray for all of them
+        while len(done) < n_trials:
+            asked = [study.ask() for _ in range(min(batch_size, n_trials - len(done)))]
+            overrides = [fixed + [f"{k}={t.suggest_categorical(k, v)}" for k, v in space.items()] for t in asked]
+            results = launcher.launch(overrides, initial_job_idx=job_idx)
+            job_idx += len(overrides)
+            for trial, ret in zip(asked, results):
+                outcome = ret.return_value if isinstance(ret.return_value, dict) else {"status": str(ret.return_value)}
+                _tell(study, trial, outcome, goals)
+                done.append(study.trials[trial.number])
+            returns.append(results)
     if config.get("dry_run"):
         print(
             f"optuna: dry run: the study in {options.get('storage') or 'sqlite:///optuna.db'} was not written",

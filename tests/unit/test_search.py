@@ -116,3 +116,22 @@ def test_a_dry_run_reads_the_study_and_writes_nothing(tmp_path, tiny_model_dir):
     out = search(tmp_path, "http://127.0.0.1:9", "dry_run=true", n_trials=2)
     assert "1 of 2 trial(s) done" in out and out.count("planned (dry run)") == 1, out
     assert db.read_bytes() == before
+
+
+def test_the_batches_of_a_search_share_one_ray_stopped_at_the_end_on_every_path():
+    import ray
+
+    from orchestrator.config.schema import ClusterSpec
+    from orchestrator.scheduling.ray_exec import init_ray, ray_kept_between_sweeps
+
+    assert not ray.is_initialized()
+    with pytest.raises(KeyboardInterrupt), ray_kept_between_sweeps():
+        first = init_ray(ClusterSpec(num_cpus=1))
+        first.shutdown()  # the first batch's sweep ends
+        assert ray.is_initialized() and first.started_here
+        second = init_ray(ClusterSpec(num_cpus=1))  # the next batch finds it up
+        assert not second.started_here
+        second.shutdown()
+        assert ray.is_initialized()
+        raise KeyboardInterrupt  # Ctrl-C in a batch
+    assert not ray.is_initialized()
