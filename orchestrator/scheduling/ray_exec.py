@@ -222,7 +222,7 @@ def ray_kept_between_sweeps() -> Iterator[None]:
     finally:
         kept, _kept = _kept, outer
         if kept:
-            kept[0].shutdown()  # started here (no other is), now or by the enclosing block
+            kept[0].shutdown()  # the Ray started in the block: stopped now, or deferred to an enclosing block
 
 
 def init_ray(cluster: ClusterSpec) -> RayContext:

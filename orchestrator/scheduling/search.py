@@ -91,7 +91,8 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
     fixed, space = search_space(hydra_context, dict(options.get("params") or {}), arguments)
     multi = bool(options.get("multi_objective", False))
     goals = targets(objective_of(config), multi)
-    study, done, where, stale = _open_study(config, options, fixed, space, goals)
+    dry = bool(config.get("dry_run"))
+    study, done, where, stale = _open_study(config, options, fixed, space, goals, dry)
     n_trials = int(options.get("n_trials", 10))
     batch_size = max(1, int(options.get("batch_size", 1)))
     print(
@@ -116,11 +117,8 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
                 _tell(study, trial, outcome, goals)
                 done.append(study.trials[trial.number])
             returns.append(results)
-    if config.get("dry_run"):
-        print(
-            f"optuna: dry run: the study in {options.get('storage') or 'sqlite:///optuna.db'} was not written",
-            flush=True,
-        )
+    if dry:
+        print(f"optuna: dry run: nothing measured; {where}", flush=True)
     else:
         _print_best(study, goals, multi)
     return returns
@@ -132,6 +130,7 @@ def _open_study(
     fixed: list[str],
     space: dict[str, list[str]],
     goals: list[tuple[str, Literal["maximize", "minimize"]]],
+    dry: bool,
 ) -> tuple[Any, list[Any], str, int]:
     """The study of this experiment and space (created, or loaded to resume) and its trials
     already told, where it is stored and how many were interrupted. Trials asked before a Ctrl-C and never told are failed and asked again first."""
@@ -152,13 +151,12 @@ def _open_study(
     storage = options.get("storage") or "sqlite:///optuna.db"
     db = sqlite_file(storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if config.get("dry_run"):
+    if dry:
         # a plan reads the stored study and writes nothing: its trials, asked and told DRY_RUN,
         # would otherwise count as done and the real search after it would run none
         memory = optuna.storages.InMemoryStorage()
         stored = db is None or db.exists()  # a sqlite file not made yet holds no study, and is not made
-        names = {s.study_name for s in optuna.get_all_study_summaries(storage)} if stored else set()
-        if name in names:
+        if stored and name in optuna.get_all_study_names(storage):
             optuna.copy_study(from_study_name=name, from_storage=storage, to_storage=memory)
         storage_used: Any = memory
         where = f"study '{name}' in {storage} (dry run: read, not written)"
@@ -191,14 +189,14 @@ def _tell(study: Any, trial: Any, outcome: dict[str, Any], goals: Sequence[tuple
     the objective's constraints missed, a goal not measured)."""
     from optuna.trial import TrialState
 
-    values = outcome.get("values") or {}
-    trial.set_user_attr("status", outcome.get("status"))
-    trial.set_user_attr("trial_hash", outcome.get("trial_hash"))
-    missing = [m for m, _ in goals if values.get(m) is None]
     if outcome.get("status") == "DRY_RUN":  # planned, not measured: told to the in-memory copy only
         study.tell(trial, state=TrialState.FAIL)
         print(f"optuna: trial {trial.number} {trial.params}: planned (dry run)", flush=True)
         return
+    values = outcome.get("values") or {}
+    trial.set_user_attr("status", outcome.get("status"))
+    trial.set_user_attr("trial_hash", outcome.get("trial_hash"))
+    missing = [m for m, _ in goals if values.get(m) is None]
     if outcome.get("status") == "FINISHED" and outcome.get("feasible", False) and not missing:
         study.tell(trial, [values[m] for m, _ in goals])
         print(
