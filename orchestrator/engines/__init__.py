@@ -14,8 +14,11 @@ from orchestrator.engines.ports import free_port, port_is_free
 from orchestrator.engines.process import ServerProcess
 
 
-def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> ServerProcess | ExternalServer:
-    """A context manager that runs the launched server, or only watches an external one."""
+def server_for(
+    launch: ServerLaunch, env: dict[str, str], log_path: Path, nice: int = 0
+) -> ServerProcess | ExternalServer:
+    """A context manager that runs the launched server (at niceness ``nice``), or only watches
+    an external one."""
     if not launch.argv:
         return ExternalServer(launch)
     grace = {"stop_grace_s": launch.stop_grace_s} if launch.stop_grace_s is not None else {}
@@ -26,6 +29,7 @@ def server_for(launch: ServerLaunch, env: dict[str, str], log_path: Path) -> Ser
         launch.health_url,
         name=launch.name,
         fatal_log_markers=launch.fatal_log_markers,
+        nice=nice,
         **grace,
     )
 

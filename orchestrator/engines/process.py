@@ -133,6 +133,7 @@ class ServerProcess:
         name: str = "server",
         stop_grace_s: float = 15.0,
         fatal_log_markers: Sequence[str] = (),
+        nice: int = 0,
     ) -> None:
         if isinstance(argv, str):  # defensive: commands are argv lists, never shell strings
             raise TypeError("argv must be a sequence of strings, not a shell string")
@@ -147,6 +148,7 @@ class ServerProcess:
         self.startup_s: float | None = None
         self._started_at = 0.0  # monotonic time of start(): start-up is counted from it
         self.fatal_log_markers = tuple(fatal_log_markers)
+        self.nice = nice
         self._log_scanned = 0  # bytes of the log already searched for fatal markers
         self._healthy_at = 0  # log size when the server became healthy: later errors are the run's
         self._rpc_dir: str | None = None  # the server's own folder of IPC sockets (start())
@@ -186,6 +188,13 @@ class ServerProcess:
         finally:
             log_file.close()
         _RUNNING.add(self.proc.pid)
+        if self.nice:
+            # Set on the process just started, still one thread at its interpreter's start-up: its
+            # threads and children (vLLM's engine core, its workers) inherit it as they are made.
+            try:
+                os.setpriority(os.PRIO_PROCESS, self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
+            except OSError as exc:
+                log.warning("%s: could not lower its priority (platform.server_nice): %s", self.name, exc)
         try:
             self._watchdog = subprocess.Popen(
                 [

@@ -85,6 +85,17 @@ class HttpSession:
 
         await asyncio.gather(*(one() for _ in range(connections)))
 
+    async def connect_ahead(self, endpoint: Endpoint, connections: int, at: float) -> None:
+        """Have ``connections`` idle keep-alive connections that can still be used at ``at`` (a
+        ``now()`` instant a little ahead: sends the point will make then), opening what is
+        missing now. Plain HTTP only: aiohttp (HTTPS) keeps its own pool."""
+        url = urlsplit(endpoint.base_url)
+        if url.scheme == "http" and url.hostname and connections > 0:
+            try:
+                await self.wire.open(url.hostname, url.port or 80, connections, at)
+            except OSError:  # the send will open its own and say what failed
+                pass
+
     async def stream(
         self,
         endpoint: Endpoint,

@@ -41,7 +41,7 @@ from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest
 from orchestrator.loadgen.plan import PointPlan
-from orchestrator.loadgen.sender import PointSender, loop_factory, prewarm_count
+from orchestrator.loadgen.sender import PointSender, get_ready, loop_factory
 from orchestrator.loadgen.shares import MakeMore, Stats
 from orchestrator.metrics.records import RequestRecord
 
@@ -277,7 +277,7 @@ def _serve(rx: Connection, tx: Connection) -> None:
                 refill = PipeRefill(rx, tx)
                 # asked for two streams' worth of requests while that many are left: a round trip early
                 sender = PointSender(plan, endpoint, workload, http, refill.more, prefetch=2 * (plan.concurrency or 0))
-                runner.run(http.prewarm(endpoint, prewarm_count(plan)))
+                get_ready(runner, http, endpoint, plan)
                 tx.send(("ready",))
                 go = rx.recv()
                 if go[0] != "go":

@@ -12,11 +12,14 @@ point then held fewer streams than asked, and is judged invalid.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
+import gc
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import WorkloadSpec
@@ -29,6 +32,10 @@ log = logging.getLogger(__name__)
 
 # Connections opened before an open-loop point (closed loops open one per stream).
 PREWARM_OPEN_LOOP = 32
+# A send after a wait longer than this has its connections opened this long before it: a pooled
+# connection idle past the server's keep-alive is not reused, and opening one at the send instant
+# is send lag (5-8 ms for each burst of a trace whose bursts are 18 s apart, docs/benchmarks.md).
+CONNECT_AHEAD_S = 0.5
 
 
 Refill = Callable[[int], Awaitable[list[PlannedRequest]]]
@@ -166,8 +173,7 @@ class PointSender:
             intended = max(now(), self._start + turn.at_s)
         else:
             intended = now() + root.think_time_s
-        if intended > now():
-            await asyncio.sleep(intended - now())
+        await self._wait_for(intended, 1)
         nxt = PlannedRequest(
             turn.request_id,
             root.request_class,
@@ -178,6 +184,25 @@ class PointSender:
             model=root.model,  # a conversation keeps its adapter
         )
         await self._converse(root, nxt, intended, k, depth)
+
+    async def _wait_for(self, intended: float, sends: int, stop: asyncio.Event | None = None) -> bool:
+        """Sleep until ``intended``, the instant of ``sends`` sends; after a wait longer than
+        :data:`CONNECT_AHEAD_S`, their connections are opened that long before it
+        (:meth:`HttpSession.connect_ahead`). False when ``stop`` was set first."""
+        ahead = intended - CONNECT_AHEAD_S
+        for until, connect in ((ahead, True), (intended, False)):
+            delay = until - now()
+            if delay > 0:
+                if stop is None:
+                    await asyncio.sleep(delay)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=delay)
+                    if stop.is_set():
+                        return False
+                if connect:
+                    await self.session.connect_ahead(self.endpoint, sends, intended)
+        return True
 
     def _spawn(self, req: PlannedRequest, intended: float, slots: asyncio.Semaphore | None = None) -> None:
         task = asyncio.ensure_future(self._send(req, intended))
@@ -208,19 +233,20 @@ class PointSender:
         background = [asyncio.ensure_future(self._background(b, start)) for b in plan.background]
         lags: list[float] = []
         watcher = asyncio.ensure_future(self._watch_loop(lags))
-        try:
-            if plan.offsets is None:
-                await self._closed_loop(deadline)
-            else:
-                await self._open_loop(start, plan.offsets)
-            if self._filling is not None:  # a refill asked near the end: its answer is this point's
-                await self._filling
-        finally:
-            self._foreground_done.set()
-            await asyncio.gather(*background, return_exceptions=True)
-            while self._tasks:
-                await asyncio.gather(*list(self._tasks), return_exceptions=True)
-            watcher.cancel()
+        with collector_paused():
+            try:
+                if plan.offsets is None:
+                    await self._closed_loop(deadline)
+                else:
+                    await self._open_loop(start, plan.offsets)
+                if self._filling is not None:  # a refill asked near the end: its answer is this point's
+                    await self._filling
+            finally:
+                self._foreground_done.set()
+                await asyncio.gather(*background, return_exceptions=True)
+                while self._tasks:
+                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
+                watcher.cancel()
         wall = max(now() - wall0, 1e-9)
         cpu = time.process_time() - cpu0
         self.client_stats = {
@@ -260,11 +286,11 @@ class PointSender:
         slots = asyncio.Semaphore(cap) if cap else None
         min_gap = self.plan.min_gap_s
         last_send = -math.inf
-        for offset, req in zip(offsets, self.plan.foreground):
+        for i, (offset, req) in enumerate(zip(offsets, self.plan.foreground)):
             intended = start + offset
-            delay = intended - now()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            # the sends from this one's instant to as long after it as it is connected ahead
+            sends = bisect.bisect_right(offsets, offset + CONNECT_AHEAD_S, lo=i) - i
+            await self._wait_for(intended, min(sends, cap) if cap else sends)
             if slots is not None:
                 await slots.acquire()
                 # Waited for a slot: catch up at the rate, never in a burst above it.
@@ -275,13 +301,12 @@ class PointSender:
             self._spawn(req, intended, slots)
 
     async def _background(self, plan: list[tuple[float, PlannedRequest]], start: float) -> None:
-        for offset, req in plan:
+        offsets = [offset for offset, _ in plan]
+        for i, (offset, req) in enumerate(plan):
             intended = start + offset
-            try:
-                await asyncio.wait_for(self._foreground_done.wait(), timeout=max(0.0, intended - now()))
+            sends = bisect.bisect_right(offsets, offset + CONNECT_AHEAD_S, lo=i) - i
+            if not await self._wait_for(intended, sends, self._foreground_done):
                 return  # foreground finished first
-            except TimeoutError:
-                pass
             self._spawn(req, intended)
         if plan and not self._foreground_done.is_set():
             log.warning(
@@ -294,6 +319,34 @@ class PointSender:
 
 def prewarm_count(plan: PointPlan) -> int:
     return plan.concurrency or plan.max_concurrency or PREWARM_OPEN_LOOP
+
+
+def get_ready(runner: asyncio.Runner, session: HttpSession, endpoint: Endpoint, plan: PointPlan) -> None:
+    """What a worker does before a point's clock: its connections opened (connection set-up is
+    not TTFT), then this process's garbage collected and what survives frozen
+    (:func:`collector_paused` keeps the collector off it while the point runs)."""
+    runner.run(session.prewarm(endpoint, prewarm_count(plan)))
+    gc.unfreeze()  # what an earlier point froze and a point never run left frozen
+    gc.collect()
+    gc.freeze()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a point is sent, then the objects frozen before it
+    (:func:`get_ready`) thawed. A full collection of the trial's process (~80k objects, Hydra,
+    MLflow, the tokenizer) stops every thread for 75-90 ms: the event loop woke that late once a
+    point, and a trace's burst of sends caught in it was late together (send lag p95 > 10 ms,
+    INVALID; docs/benchmarks.md). Reference counting still frees everything acyclic; cycles made
+    during the point wait for its end."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

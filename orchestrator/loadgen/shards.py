@@ -190,10 +190,10 @@ class ShardActor:
         """Open the share's connections before the start instant, and measure the clock's
         offset again (clocks of separate machines drift apart): returns it. ``pool``: where
         requests past the plan come from."""
-        from orchestrator.loadgen.sender import prewarm_count
+        from orchestrator.loadgen.sender import get_ready
 
         self.plan, self.pool = plan, pool
-        self.runner.run(self.http.prewarm(self.endpoint, prewarm_count(plan)))
+        get_ready(self.runner, self.http, self.endpoint, plan)
         self.offset, self.uncertainty = measure_offset(clock)
         return self.offset, self.uncertainty
 

@@ -29,7 +29,7 @@ from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest
 from orchestrator.loadgen.plan import PointPlan
-from orchestrator.loadgen.sender import PointSender, Refill, prewarm_count
+from orchestrator.loadgen.sender import PointSender, Refill, get_ready
 from orchestrator.metrics.records import RequestRecord
 
 MakeMore = Callable[[int], list[PlannedRequest]]
@@ -117,7 +117,7 @@ class InProcessShare:
         self._sender = PointSender(
             plan, self.endpoint, self.workload, self.http, refill, prefetch=2 * (plan.concurrency or 0)
         )
-        self.runner.run(self.http.prewarm(self.endpoint, prewarm_count(plan)))
+        get_ready(self.runner, self.http, self.endpoint, plan)
 
     def start(self, at: float) -> None:
         self._at = at

@@ -204,10 +204,16 @@ class WireSession:
             conn.abort()
             self._all.discard(conn)
 
-    async def open(self, host: str, port: int, n: int) -> None:
-        """Have at least ``n`` idle connections to (host, port) (connection set-up is not TTFT)."""
+    async def open(self, host: str, port: int, n: int, at: float | None = None) -> None:
+        """Have at least ``n`` idle connections to (host, port) that :meth:`acquire` will still
+        reuse at ``at`` (a ``now()`` instant; default now): connection set-up is not TTFT, nor
+        send lag. Idle ones that will be too old by then are closed."""
         idle = self._idle.setdefault((host, port), [])
-        idle[:] = [c for c in idle if not c.lost and now() - c.idle_since < IDLE_REUSE_S]
+        when = now() if at is None else max(at, now())
+        keep = [c for c in idle if not c.lost and when - c.idle_since < IDLE_REUSE_S]
+        for conn in set(idle).difference(keep):
+            conn.abort()
+        idle[:] = keep
         self._all = {c for c in self._all if not c.lost}
         missing = n - len(idle)
         if missing > 0:

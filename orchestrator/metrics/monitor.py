@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
@@ -140,38 +140,54 @@ class ResourceMonitor:
                 if self.timeline is not None and seen:
                     self.timeline.add(telemetry.now(), "engine", seen)
 
-    def _loop(self, stop: threading.Event) -> None:
+    def _kinds(self) -> list[tuple[Callable[[], None], Callable[[], float], bool]]:
         # What a sample costs: reading /proc, our CPU (its wall time under a busy GIL is not a
         # cost); a scrape, the fastest wall time a scrape has taken (the server's API process
         # answering it). Not each scrape's own wall time: on a saturated server an answer waits
         # behind the server's work, so its wall time is the load, not the scrape's cost, and
         # scrapes would thin out to one every tens of seconds exactly when the engine's state
         # matters (a CI run: 1 gauge sample over an 8 s point held at max_num_seqs).
-        kinds = [(self.sample_memory, time.thread_time, False)]
+        kinds: list[tuple[Callable[[], None], Callable[[], float], bool]] = [
+            (self.sample_memory, time.thread_time, False)
+        ]
         if self.metrics_url and self.gauges:
             kinds.append((self.sample_gauges, time.monotonic, True))
-        due = [0.0] * len(kinds)
-        fastest = [float("inf")] * len(kinds)
-        while not stop.is_set():
-            for i, (kind, cost_clock, service_time) in enumerate(kinds):
-                t0 = time.monotonic()
-                if t0 < due[i]:
-                    continue
-                c0 = cost_clock()
-                try:
-                    kind()
-                except Exception as exc:  # a sampling hiccup must not kill the measurement
-                    log.debug("monitor sample failed: %s", exc)
-                cost = cost_clock() - c0
-                if service_time:
-                    fastest[i] = cost = min(fastest[i], cost)
-                due[i] = t0 + max(self.interval_s, cost / self.budget)
-            stop.wait(max(0.0, min(due) - time.monotonic()))
+        return kinds
+
+    def _round(self, kinds: list[Any], due: list[float], fastest: list[float]) -> None:
+        """Every kind of sample that is due, each then due again after the interval (or longer,
+        to keep within the budget)."""
+        for i, (kind, cost_clock, service_time) in enumerate(kinds):
+            t0 = time.monotonic()
+            if t0 < due[i]:
+                continue
+            c0 = cost_clock()
+            try:
+                kind()
+            except Exception as exc:  # a sampling hiccup must not kill the measurement
+                log.debug("monitor sample failed: %s", exc)
+            cost = cost_clock() - c0
+            if service_time:
+                fastest[i] = cost = min(fastest[i], cost)
+            due[i] = t0 + max(self.interval_s, cost / self.budget)
+
+    def _loop(self, stop: threading.Event, kinds: list[Any], due: list[float], fastest: list[float]) -> None:
+        while not stop.wait(max(0.0, min(due) - time.monotonic())):
+            self._round(kinds, due, fastest)
 
     def start(self) -> None:
+        """Sample now, in the caller's thread (a point's start, before its clock and its first
+        sends), then every interval in a daemon thread. A first sample in the thread ran beside
+        the point's first sends and held them up: a /metrics scrape parsed under the GIL put 5 ms
+        between the first and second request of a trace's burst (docs/benchmarks.md)."""
         self.stop_thread()
+        kinds = self._kinds()
+        due, fastest = [0.0] * len(kinds), [float("inf")] * len(kinds)
+        self._round(kinds, due, fastest)
         self._stop = threading.Event()  # fresh per start: a slow old thread cannot be revived
-        self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="resource-monitor", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, args=(self._stop, kinds, due, fastest), name="resource-monitor", daemon=True
+        )
         self._thread.start()
 
     def stop_thread(self) -> None:

@@ -217,7 +217,7 @@ def start_servers(
                 stack.callback(shutil.rmtree, folder, True)
             log_path = log_name(launch.name, len(launches) > 1)
             progress(f"starting {spec.engine.name} {launch.name} on {launch.base_url}")
-            server = server_for(launch, server_env(launch, gpu_ids), log_path)
+            server = server_for(launch, server_env(launch, gpu_ids), log_path, spec.platform.server_nice)
             stack.enter_context(server)
             started.append((launch, server))
         for launch, server in started:

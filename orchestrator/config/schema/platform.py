@@ -63,6 +63,17 @@ class PlatformSpec(StrictModel):
             "sample (memory, telemetry) the CPU time it used"
         ),
     )
+    server_nice: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description=(
+            "the niceness of the servers this trial starts (0: as the orchestrator). Where the "
+            "client shares the servers' cores (the CPU build on a few cores), a positive value lets "
+            "the client's event loop wake on time while the server works: the client is the "
+            "measuring instrument"
+        ),
+    )
     telemetry: bool = Field(
         default=True,
         description="sample the servers' CPU/RSS, the machine and the trial's GPUs (NVML) beside every trial",
