@@ -32,6 +32,7 @@ def test_server_differences_do_not(compose):
         "engine.enable_prefix_caching=false",
         "engine.seed=3",
         "engine=sglang",
+        "platform.server_nice=3",  # the servers' niceness is theirs
         "platform=gpu",
     ):
         assert server_key(_spec(compose, o)) != base, o
