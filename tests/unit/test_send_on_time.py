@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from orchestrator.config.schema import WorkloadSpec
@@ -131,13 +132,11 @@ def test_a_server_and_its_children_run_at_the_niceness_asked_for(tmp_path):
     try:
         assert server.proc is not None
         pid = server.proc.pid
-        for _ in range(100):
-            children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-            if children:
-                break
-            subprocess.run(["sleep", "0.05"])
+        deadline = time.monotonic() + 10
+        while not (children := psutil.Process(pid).children()) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert os.getpriority(os.PRIO_PROCESS, pid) == min(base + 5, 19)
-        assert children and os.getpriority(os.PRIO_PROCESS, int(children[0])) == min(base + 5, 19)
+        assert children and os.getpriority(os.PRIO_PROCESS, children[0].pid) == min(base + 5, 19)
     finally:
         server.stop()
 
