@@ -32,7 +32,7 @@ from orchestrator.models.tiny import (
     model_key,
 )
 
-ADAPTER_BUILD_VERSION = 2  # bump when the recipe changes (2: the tag after the sum)
+ADAPTER_BUILD_VERSION = 3  # bump when the recipe changes (2: the tag after the sum; 3: training.json lists the held-out problems it got wrong)
 
 
 def tag_of(index: int) -> str:
@@ -67,7 +67,6 @@ def ensure_tiny_adapters(model: ModelSpec, log: Any = print) -> list[tuple[str, 
     (and the base first, if it is not)."""
     assert model.tiny is not None and model.lora is not None and model.lora.tiny is not None
     lora = model.lora.tiny
-    seq_len = model.tiny.train.seq_len if model.tiny.train else 48
     out = []
     base_dir: Path | None = None
     for k in range(lora.count):
@@ -76,7 +75,7 @@ def ensure_tiny_adapters(model: ModelSpec, log: Any = print) -> list[tuple[str, 
             base_dir = base_dir or ensure_tiny_model(model.tiny, model.cache_dir)
 
             def train(staging: Path, base: Path = base_dir, k: int = k) -> None:
-                train_tiny_adapter(base, staging, k, lora, seq_len, log)
+                train_tiny_adapter(base, staging, k, lora, log=log)
 
             build_into(target, "adapter_model.safetensors", train)
         out.append((tiny_adapter_name(k), target))
@@ -153,12 +152,12 @@ def train_tiny_adapter(
             loss_value = loss.item()
             if step % 100 == 0:
                 log(f"lora: adapter {tiny_adapter_name(index)} step {step + 1}/{lora.steps}, loss {loss_value:.3f}")
-        correct = _answers_right(model, tok, held, index)
+        wrong = _answers_wrong(model, tok, held, index)
     finally:
         torch.set_num_threads(threads)
     report = {
         "final_loss": loss_value,
-        "heldout_accuracy": correct / len(held),
+        "heldout_accuracy": 1 - len(wrong) / len(held),
         "train_s": time.monotonic() - t0,
     }
     log(
@@ -186,21 +185,25 @@ def train_tiny_adapter(
         "base_model_name_or_path": base_dir.name,
     }
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    (out_dir / "training.json").write_text(json.dumps({**report, "tag": tag, "spec": lora.model_dump()}, indent=2))
+    # the held-out problems it answered wrong, alone (HF, greedy): what a served answer is set against
+    notes = {**report, "heldout_wrong": [list(p) for p in wrong], "tag": tag, "spec": lora.model_dump()}
+    (out_dir / "training.json").write_text(json.dumps(notes, indent=2))
     return report
 
 
-def _answers_right(model: Any, tok: Any, held: list[tuple[int, int]], index: int) -> int:
+def _answers_wrong(model: Any, tok: Any, held: list[tuple[int, int]], index: int) -> list[tuple[int, int]]:
+    """The held-out problems that adapter ``index`` (hooked into ``model``) answers wrong, greedy."""
     import torch
 
     model.eval()
-    right = 0
+    wrong = []
     with torch.no_grad():
         for a, b in held:
             prompt = torch.tensor([tok.encode(f"{a}+{b}=")])
             out = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=2)
-            right += tok.decode(out[0, prompt.shape[1] :].tolist()).split("\n")[0] == tiny_answer(a, b, index)
-    return right
+            if tok.decode(out[0, prompt.shape[1] :].tolist()).split("\n")[0] != tiny_answer(a, b, index):
+                wrong.append((a, b))
+    return wrong
 
 
 @dataclass(frozen=True)

@@ -100,21 +100,15 @@ def _quantized(tmp_path):
         log = (trial / "server.log").read_text()
         loaded = "quantization=compressed-tensors," if formats[name] else "quantization=None,"
         assert "Initializing a V1 LLM engine" in log and loaded in log, (name, loaded)
+    from omegaconf import OmegaConf
+
     from orchestrator.config.schema import TinyModelSpec
     from orchestrator.models.tiny import ensure_tiny_model
+    from tests.conftest import compose_config
 
+    adder = OmegaConf.to_container(compose_config(["model=tiny_adder"]).model.tiny)  # the shipped adder's spec
     for q, fmt in (("w8a8", "int-quantized"), ("w4a16", "pack-quantized")):
-        adder = dict(
-            num_layers=3,
-            hidden_size=256,
-            num_heads=4,
-            num_kv_heads=4,
-            intermediate_size=512,
-            vocab_size=300,
-            max_position_embeddings=2048,
-            train={"task": "addition", "steps": 1200, "batch_size": 64, "seq_len": 48, "lr": 0.002, "threads": 2},
-        )
-        cfg = json.loads((ensure_tiny_model(TinyModelSpec(**adder, quantization=q)) / "config.json").read_text())
+        cfg = json.loads((ensure_tiny_model(TinyModelSpec(**{**adder, "quantization": q})) / "config.json").read_text())
         assert cfg["quantization_config"]["format"] == fmt
     assert not engine_processes()
 

@@ -251,3 +251,16 @@ def test_every_experiment_declares_checkable_expectations(compose, experiment):
         if e.along:
             section, _, rest = e.along.partition(".")
             assert section in ("engine", "workload", "model") and rest, e.along
+
+
+@pytest.mark.parametrize("experiment", ["quantization", "multi_lora"])
+def test_a_lab_on_the_adder_trains_the_model_groups_adder(compose, experiment):
+    """The labs that serve the tiny adder on the CPU spell it out (their model replaces the
+    default's whole); their spelling is conf/model/tiny_adder.yaml's, so both train and cache
+    one adder, never a second one that learned differently."""
+    from orchestrator.models.tiny import tiny_dir_name
+
+    adder, _ = to_specs(compose(["model=tiny_adder"]))
+    lab, _ = to_specs(compose([f"+experiment={experiment}", "platform=cpu"]))
+    assert lab.model.tiny is not None and adder.model.tiny is not None
+    assert tiny_dir_name(lab.model.tiny.model_copy(update={"quantization": None})) == tiny_dir_name(adder.model.tiny)

@@ -1,0 +1,86 @@
+"""The tiny adder's training recipe: one problem a row, the loss on the answers only, and more
+rounds while it answers too few validation problems right (the model itself is trained for real
+in the integration tests that serve it)."""
+
+from __future__ import annotations
+
+import json
+
+from orchestrator.config.schema import TinyModelSpec
+from orchestrator.models.tiny import (
+    VALIDATION_PROBLEMS,
+    _byte_tokenizer,
+    _right_share,
+    addition_problems,
+    build_trained_model,
+    problem_rows,
+)
+
+
+def test_one_problem_a_row_padded_after_its_answer(tmp_path):
+    tok = _byte_tokenizer(tmp_path)
+    eq_nl, pad = (tok.convert_tokens_to_ids("="), tok.encode("\n")[0]), 2
+    short, long = tok.encode("1+2=3\n"), tok.encode("99+99=198\n")
+    rows, targets = problem_rows([short, long], eq_nl, pad)
+    assert [len(r) for r in rows] == [len(long) - 1] * 2  # the longest sets the width; inputs drop the last token
+    assert rows[0][: len(short)] == short and set(rows[0][len(short) :]) == {pad}
+    answer = [t for t in targets[0] if t != -100]
+    assert tok.decode(answer) == "3\n"  # only the answer and its newline are learned, never the padding
+    assert tok.decode([t for t in targets[1] if t != -100]) == "198\n"
+    # the prompt's own tokens carry no loss
+    assert targets[1][: long.index(eq_nl[0])] == [-100] * long.index(eq_nl[0])
+
+
+class _Says:
+    """A stand-in model whose most likely next token is a fixed sequence per row."""
+
+    def __init__(self, vocab, answers):
+        import torch
+
+        self.logits = torch.zeros(len(answers), len(answers[0]), vocab)
+        for i, row in enumerate(answers):
+            for j, tok in enumerate(row):
+                self.logits[i, j, tok] = 1.0
+
+    def eval(self):
+        pass
+
+    def train(self):
+        pass
+
+    def __call__(self, input_ids):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.logits[: len(input_ids)])
+
+
+def test_right_share_counts_a_row_right_only_when_every_answer_token_is():
+    targets = [[-100, 5, 6], [-100, 5, 6], [-100, 5, 6], [-100, -100, 7]]
+    says = [[0, 5, 6], [9, 5, 6], [0, 5, 0], [0, 0, 7]]  # the prompt position may say anything
+    assert _right_share(_Says(10, says), [[0, 0, 0]] * 4, targets) == 0.75  # exact, not a float32 mean
+
+
+def test_training_runs_more_rounds_while_the_validation_share_is_short(tmp_path):
+    spec = TinyModelSpec(
+        num_layers=1,
+        hidden_size=64,
+        num_heads=1,
+        num_kv_heads=1,
+        intermediate_size=128,
+        vocab_size=300,
+        train={"steps": 8, "batch_size": 4, "lr": 1e-3, "min_accuracy": 1.0, "extra_rounds": 2, "threads": 1},
+    )
+    lines: list[str] = []
+    report = build_trained_model(spec, tmp_path, log=lines.append)
+    # 8 steps cannot add: two rounds of 8 // 4 steps each, then it stops and says it fell short
+    assert report["steps"] == 8 + 2 * 2
+    assert sum("round" in line for line in lines) == 2 and "below the 100% asked" in lines[-1], lines
+    saved = json.loads((tmp_path / "training.json").read_text())
+    assert saved["validation_accuracy"] < 1.0 and 0 <= saved["heldout_accuracy"] <= 1.0
+    assert (tmp_path / "model.safetensors").exists()
+
+
+def test_validation_problems_are_training_problems_never_the_eval_set():
+    train, held = addition_problems()
+    assert not set(train) & set(held) and len(held) == 100
+    assert len(train) - VALIDATION_PROBLEMS > 9000
