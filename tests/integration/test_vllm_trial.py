@@ -15,25 +15,48 @@ pytestmark = pytest.mark.integration
 
 
 def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
+    """One trial, two points, and what rides on it (each a server start of its own before): the
+    server started through a launch prefix (`apptainer exec ...`, `srun --container-image=...`:
+    here a script that records its argv, then execs it), the telemetry series over the points
+    with the engine's gauges on the same clock, the cost per Mtok from a price, energy said not
+    measured (no RAPL here), and a profiled window whose trace is a Chrome trace of the model's
+    ops (on c1, so that c4's throughput is unprofiled)."""
+    import gzip
+    import json
+    import sys
+
+    from orchestrator.metrics.telemetry import rows_from_parquet
+    from orchestrator.report.timeline import timeline_figure
+
+    record = tmp_path / "asked.txt"
+    prefix = tmp_path / "container-exec"
+    prefix.write_text(f'#!/bin/sh\nprintf \'%s\\n\' "$@" > {record}\nexec "$@"\n')
+    prefix.chmod(0o755)
+    n, out = 16, 32
     spec, _ = to_specs(
         compose(
             [
-                "workload.classes={main:{input_tokens:64,output_tokens:16}}",
+                f"engine.launch_prefix=[{prefix}]",
+                f"engine.python={sys.executable}",
+                f"workload.classes={{main:{{input_tokens:64,output_tokens:{out}}}}}",
                 "workload.load_points=[{concurrency:1},{concurrency:4}]",
-                "workload.num_requests=8",
+                f"workload.num_requests={n}",
                 "engine.max_model_len=512",
+                "platform.telemetry_interval_s=0.2",
+                "platform.price_per_hour=0.5",
+                "+profile={point:c1,start_after_s:0.2,duration_s:1.0}",
             ]
         )
     )
     lines: list[str] = []
-    result = run_trial(spec, tmp_path, ["test"], progress=lines.append)
+    result = run_trial(spec, tmp_path / "trial", ["test"], progress=lines.append)
     assert result.status == "FINISHED", result.error
     assert result.engine_version.startswith("vllm")
     assert result.metrics["startup_s"] > 0
     assert [p.label for p in result.points] == ["c1", "c4"]
     for p in result.points:
         m = p.metrics
-        assert m["completed"] == 8 and m["errors"] == 0
+        assert m["completed"] == n and m["errors"] == 0
         for key in (
             "ttft_ms_p50",
             "tpot_ms_p99",
@@ -48,8 +71,8 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
             "server_kv_cache_usage_max",
         ):
             assert key in m, key
-        assert m["server_generation_tokens"] == 8 * 16  # the engine's own count agrees with ours
-        assert m["output_tokens"] == 8 * 16
+        assert m["server_generation_tokens"] == n * out  # the engine's own count agrees with ours
+        assert m["output_tokens"] == n * out
         assert 0.5 < m["memory_peak_gb"] < 20
         # the server got the planned workload, and its own clock agrees with ours (issue 20)
         # (the client's own checks may flag a point here: the engine and the client share 2 cores,
@@ -62,22 +85,55 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
         # our median lies within the server's bucket widened by the default gap limit (50 ms)
         assert m["ttft_ms_p50"] <= m["server_ttft_ms_p50_high"] + 50, m
         assert m["itl_ms_p50"] <= m["server_itl_ms_p50_high"] + 50, m
+        # the price and the telemetry (issue 22)
+        assert m["cost_per_mtok_output"] == pytest.approx(0.5 * m["duration_s"] / 3600 / m["output_tokens"] * 1e6)
+        assert m["telemetry_server_cpu_cores_mean"] > 0.1 and m["telemetry_server_rss_gb_max"] > 0.3
+        assert "energy_j" not in m
+    one, four = result.points
     # batching is real: 4 concurrent streams give more tokens/s than 1
-    assert result.points[1].metrics["tokens_per_second"] > result.points[0].metrics["tokens_per_second"]
+    assert four.metrics["tokens_per_second"] > one.metrics["tokens_per_second"]
     table = parquet_bytes_to_table(result.records_parquet)
-    assert table.num_rows == 16 and set(table.column("point").to_pylist()) == {0, 1}
+    assert table.num_rows == 2 * n and set(table.column("point").to_pylist()) == {0, 1}
     assert set(table.column("prompt_tokens").to_pylist()) == {64}  # prompts are token-exact
     assert "point 2/2 c4" in "\n".join(lines)
     assert ": serves 'tiny-llama'; its tokenizer counts 64/64/64 tokens" in "\n".join(lines)
+    # the server ran behind the prefix: it was asked to run our interpreter on the model
+    asked = record.read_text().splitlines()
+    assert asked[:3] == [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
+    assert asked[asked.index("--model") + 1] == str(tiny_model_dir)
     assert "Application startup complete" in result.server_log
     # its shutdown too: the server logs to server.live.log, which no checkpoint replaces
     assert "[shutdown] API server: shutdown triggered" in result.server_log
-    assert "[shutdown] API server: shutdown triggered" in (tmp_path / "server.live.log").read_text()
+    assert "[shutdown] API server: shutdown triggered" in (tmp_path / "trial" / "server.live.log").read_text()
     # the machine was a clean slate before the server started, and the reading is on the result
     assert result.slate["checked"] and result.slate["waited_s"] < 1, result.slate
     assert (
         0 < result.slate["cpu_mem_used_gb"] <= result.slate["cpu_mem_baseline_gb"] + result.slate["cpu_mem_margin_gb"]
     )
+    # the telemetry series covers the point, the engine's gauges and counters on the same clock
+    assert result.telemetry["energy"].startswith("not measured") and result.telemetry["price"] == "0.5 per node-hour"
+    rows = rows_from_parquet(result.telemetry_parquet)
+    t0, t1 = four.window
+    inside = {(s, name) for t, s, name, _ in rows if t0 <= t <= t1}
+    assert {("servers", "cpu_cores"), ("machine", "cpu_cores"), ("engine", "requests_running")} <= inside
+    assert {("engine", "preemptions"), ("engine", "prefix_cache_queries")} <= inside  # counters too
+    records = table.to_pydict()
+    sent = [s for s, pt in zip(records["sent_s"], records["point"], strict=True) if pt == 1]
+    done = [d for d, pt in zip(records["done_s"], records["point"], strict=True) if pt == 1]
+    assert t0 <= min(sent) and max(done) <= t1  # one clock for records and telemetry
+    # the profiled window: c1 is marked and left out of comparisons, its trace holds the model's ops
+    assert one.metrics["profiled"] == 1.0 and one.metrics["profiled_excluded"] == 1.0
+    assert one.metrics["profile_window_s"] > 0 and "profiled" not in four.metrics
+    traces = [name for name in result.artifacts if name.endswith(".json.gz")]
+    assert traces, list(result.artifacts)
+    names: set[str] = set()
+    for name in traces:
+        trace = json.loads(gzip.decompress(result.artifacts[name]))
+        names |= {e.get("name", "") for e in trace["traceEvents"]}
+    assert any(n.startswith("aten::") for n in names) and any("mm" in n or "linear" in n for n in names), sorted(names)[
+        :50
+    ]
+    assert timeline_figure(result, tmp_path) is not None
     pid_alive = [p for p in psutil.process_iter(["cmdline"]) if "api_server.entry" in " ".join(p.info["cmdline"] or [])]
     assert not pid_alive and not engine_processes()
 
@@ -147,54 +203,3 @@ def test_a_running_server_with_another_tokenizer_is_refused_before_load(compose,
         assert result.status == "FINISHED", result.error
         assert result.points[0].metrics["workload_invalid"] == 0.0, result.points[0].invalid_reasons
     assert not engine_processes()
-
-
-def test_telemetry_cost_and_a_profiled_window_on_real_vllm(compose, tmp_path, tiny_model_dir):
-    """Issue 22 on the real CPU server: the telemetry series covers the point, the engine's gauges
-    are on the same clock, cost per Mtok comes from the price, energy is said not measured (no
-    RAPL here), and the profiled window's trace is a Chrome trace holding the model's ops."""
-    import gzip
-    import json
-
-    from orchestrator.metrics.telemetry import rows_from_parquet
-    from orchestrator.report.timeline import timeline_figure
-
-    spec, _ = to_specs(
-        compose(
-            [
-                "workload.classes={main:{input_tokens:64,output_tokens:48}}",
-                "workload.load_points=[{concurrency:4}]",
-                "workload.num_requests=24",
-                "engine.max_model_len=512",
-                "platform.telemetry_interval_s=0.2",
-                "platform.price_per_hour=0.5",
-                "+profile={point:c4,start_after_s:0.2,duration_s:1.0}",
-            ]
-        )
-    )
-    result = run_trial(spec, tmp_path, ["test"], progress=print)
-    assert result.status == "FINISHED", result.error
-    (point,) = result.points
-    m = point.metrics
-    assert m["telemetry_server_cpu_cores_mean"] > 0.1 and m["telemetry_server_rss_gb_max"] > 0.3
-    assert m["cost_per_mtok_output"] == pytest.approx(0.5 * m["duration_s"] / 3600 / m["output_tokens"] * 1e6)
-    assert "energy_j" not in m and result.telemetry["energy"].startswith("not measured")
-    assert result.telemetry["price"] == "0.5 per node-hour"
-    rows = rows_from_parquet(result.telemetry_parquet)
-    t0, t1 = point.window
-    inside = {(s, n) for t, s, n, _ in rows if t0 <= t <= t1}
-    assert {("servers", "cpu_cores"), ("machine", "cpu_cores"), ("engine", "requests_running")} <= inside
-    assert {("engine", "preemptions"), ("engine", "prefix_cache_queries")} <= inside  # counters too
-    records = parquet_bytes_to_table(result.records_parquet).to_pydict()
-    assert t0 <= min(records["sent_s"]) and max(records["done_s"]) <= t1  # one clock for records and telemetry
-    assert m["profiled"] == 1.0 and m["profiled_excluded"] == 1.0 and m["profile_window_s"] > 0
-    traces = [name for name in result.artifacts if name.endswith(".json.gz")]
-    assert traces, list(result.artifacts)
-    names: set[str] = set()
-    for name in traces:
-        trace = json.loads(gzip.decompress(result.artifacts[name]))
-        names |= {e.get("name", "") for e in trace["traceEvents"]}
-    assert any(n.startswith("aten::") for n in names) and any("mm" in n or "linear" in n for n in names), sorted(names)[
-        :50
-    ]
-    assert timeline_figure(result, tmp_path) is not None
