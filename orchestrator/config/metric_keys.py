@@ -77,7 +77,7 @@ LIMITERS: Final = (  # the diagnosis's vocabulary: ``limited_by_<cause>``
 )
 TTFT_PARTS: Final = ("client", "api", "queue", "prefill", "prefill_leg", "kv_transfer")  # ttft_parts_<part>_ms
 CAPACITY_KNOBS: Final = ("rps", "concurrency")  # slo_capacity_<knob>
-CAPACITY_BRACKET: Final = ("probes", "runs", "lo", "hi", "censored")  # slo_capacity_<knob>_<x>
+CAPACITY_BRACKET: Final = ("probes", "runs", "lo", "hi", "censored", "undecided")  # slo_capacity_<knob>_<x>
 
 
 class M:

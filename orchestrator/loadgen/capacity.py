@@ -205,15 +205,29 @@ class CapacitySearch:
     def observe(self, value: float, label: str, judgement: Judgement, runs: int = 1) -> None:
         self.probes.append(Probe(value, label, judgement, runs))
 
+    @property
+    def decided(self) -> bool:
+        """Whether any probe passed or failed: a search whose every probe was INVALID (a shared
+        machine, a client that could not drive the load) measured no capacity, not capacity 0."""
+        return any(p.judgement.verdict != "invalid" for p in self.probes)
+
     def summary(self) -> dict[str, float]:
         """``capacity`` (0 when nothing passed), the bracket, probes run, and whether the
-        capacity is only a lower bound (``capacity_censored``: every probe passed)."""
+        capacity is only a lower bound (``capacity_censored``: every probe passed). When no probe
+        decided anything: only the probes and runs, and ``capacity_undecided`` 1 (no capacity
+        is logged, so a comparison never reads such a trial as one that holds no load)."""
         ok, bad = self.best_pass, self.lowest_fail
-        out = {
-            "capacity": ok.value if ok else 0.0,
+        counts = {
             "capacity_probes": float(len(self.probes)),
             "capacity_runs": float(sum(p.runs for p in self.probes)),
+        }
+        if not self.decided:
+            return {**counts, "capacity_undecided": 1.0}
+        out = {
+            "capacity": ok.value if ok else 0.0,
+            **counts,
             "capacity_lo": ok.value if ok else 0.0,
+            "capacity_undecided": 0.0,
         }
         if bad is not None:
             out["capacity_hi"] = bad.value
@@ -222,7 +236,9 @@ class CapacitySearch:
 
     def explanation(self, unit: str) -> str:
         ok, bad = self.best_pass, self.lowest_fail
-        if ok is None:
+        if self.probes and not self.decided:
+            head = "capacity not measured: no probe decided anything"
+        elif ok is None:
             where = (
                 f"no probe met the SLOs (lowest tried {min(p.value for p in self.probes):g} {unit})"
                 if self.probes

@@ -72,6 +72,26 @@ def test_a_probe_the_client_could_not_drive_decides_nothing():
     assert s.summary()["capacity"] == 1.0 and "capacity_hi" not in s.summary()  # r2 is not a failure
 
 
+def test_a_search_whose_every_probe_was_invalid_measured_no_capacity_not_zero():
+    """Seen on 2 busy cores: c2 met its SLO by numbers, but the machine was shared, so the
+    search stopped; it said 'capacity 0 streams: no probe met the SLOs' and logged 0."""
+    s = CapacitySearch(start=2.0, low=1.0, high=32.0, integer=True)
+    shared = judge(
+        {"invalid": 1.0, "machine_invalid": 1.0, "ttft_ms_p99": 55.0}, {}, {"ttft_ms_p99": 250.0}, "concurrency"
+    )
+    s.observe(2.0, "c2", shared)
+    assert s.next_value() is None and not s.decided
+    assert s.summary() == {"capacity_probes": 1.0, "capacity_runs": 1.0, "capacity_undecided": 1.0}
+    said = s.explanation("streams")
+    assert said.startswith("capacity not measured: no probe decided anything; stopped: probe c2 decides nothing (")
+    assert "the machine was shared" in said and "capacity 0" not in said
+    s = CapacitySearch(start=2.0, low=1.0, high=32.0, integer=True)  # a failure before it: capacity 0 stands
+    s.observe(2.0, "c2", Judgement("fail", ("ttft_ms_p99 300 > 250",)))
+    s.observe(1.0, "c1", shared)
+    assert s.decided and s.summary()["capacity"] == 0.0 and s.summary()["capacity_undecided"] == 0.0
+    assert s.explanation("streams").startswith("capacity 0 streams: no probe met the SLOs")
+
+
 def test_a_probe_stops_the_search_in_its_own_words():
     """A probe made INVALID by workload fidelity or a shared machine says so, not 'the client'."""
     for metrics, words in (
