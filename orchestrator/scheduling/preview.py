@@ -35,7 +35,7 @@ def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[d
     as_json = jobs[0].settings.dry_run == "json" if jobs else True
     gpus, why = cluster_gpus(jobs[0]) if jobs else (None, "")
     lines, rows = [], []  # what the summary needs: a plan of 10,000 trials keeps no server commands
-    model_from = ""
+    model_from = roofs = ""
     for job in jobs:
         plan = plan_trial(job.spec, gpus)
         status = "feasible" if plan["feasible"] else "skipped"
@@ -50,6 +50,7 @@ def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[d
             **plan,
         }
         model_from = model_from or str(plan.get("gpu_model_from") or "")
+        roofs = roofs or str(plan.get("roofs") or "")
         if as_json:
             progress(json.dumps({**line, "ports": PORTS_NOTE} if plan.get("servers") else line, sort_keys=True))
         else:
@@ -59,7 +60,8 @@ def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[d
     if as_json:
         progress(json.dumps({"plan": summary}, sort_keys=True))
         return lines
-    for text in plan_table(rows, summary, why + (f"; GPU model: {model_from}" if model_from else "")):
+    said = why + (f"; GPU model: {model_from}" if model_from else "") + (f"; roofline roofs: {roofs}" if roofs else "")
+    for text in plan_table(rows, summary, said):
         progress(text)
     return lines
 

@@ -70,6 +70,20 @@ def test_auto_plans_for_the_detected_gpu_and_its_calibrated_roofs(compose, on_an
     assert plan["gpu_model"] == "H100-SXM-80GB" and plan["roofs"].startswith("3023 GB/s, 795 TFLOP/s: measured")
 
 
+def test_the_dry_run_names_the_detected_gpu_and_the_roofs_it_will_use(compose, on_an_h100):
+    from orchestrator.scheduling import prepare_jobs
+    from orchestrator.scheduling.preview import dry_run
+
+    calibrate("H100-SXM-80GB", lambda: Roofs("H100-SXM-80GB", 3023.0, 795.0, 1500.0, 0.0, "a test"))
+    over = ["platform=gpu", "dry_run=true"]
+    lines: list[str] = []
+    dry_run(prepare_jobs([(over, compose(over))]), lines.append)
+    said = next(line for line in lines if line.startswith("GPUs assumed:"))
+    assert "GPU model: detected here: NVIDIA H100 80GB HBM3;" in said, said
+    assert "roofline roofs: 3023 GB/s, 795 TFLOP/s: measured on this node" in said, said
+    assert "1 x H100-SXM-80GB" in "\n".join(lines)  # each trial's row names the table's GPU
+
+
 def test_no_gpu_here_plans_for_the_courses_gpu_and_says_so(compose, monkeypatch):
     monkeypatch.setattr(feasibility, "node_gpus", lambda devices=None: ((), "no GPU detected: NVML unavailable"))
     spec, _ = to_specs(compose(["platform=gpu"]))
