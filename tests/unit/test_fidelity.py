@@ -347,7 +347,9 @@ def test_without_a_tokenize_endpoint_the_point_is_invalid_with_the_ratio(compose
         result = run_trial(external(compose, srv.base_url), tmp_path, progress=lines.append)
     assert result.status == "FINISHED", result.error
     p = result.points[0]
-    assert p.metrics["invalid"] == 1.0 and p.metrics["workload_invalid"] == 1.0 and p.metrics["client_invalid"] == 0.0
+    # the workload's verdict; client_invalid is not asserted: on 2 busy cores the client fell
+    # behind too (client_invalid 1 in 1 of 8 runs beside two busy loops, 2026-12-03)
+    assert p.metrics["invalid"] == 1.0 and p.metrics["workload_invalid"] == 1.0
     assert p.metrics["prompt_tokens_server_over_plan"] == pytest.approx(2.0, rel=0.05)
     assert any("prompt length" in r for r in p.invalid_reasons)
     assert any("INVALID (the server got another workload than planned)" in line for line in lines)
@@ -367,7 +369,10 @@ def test_a_server_that_ignores_max_tokens_makes_the_point_invalid(compose, tmp_p
     with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002, ignore_max_tokens=12)) as srv:
         result = run_trial(external(compose, srv.base_url), tmp_path, progress=lambda _: None)
     p = result.points[0]
-    assert p.metrics["workload_invalid"] == 1.0 and "output length" in p.invalid_reasons[0]
+    # the output-length reason, whichever else a busy machine adds first (CI, 2026-12-03, AVX2:
+    # "achieved rate 80.55 < 0.98 x schedule 86.12" came before it)
+    assert p.metrics["workload_invalid"] == 1.0
+    assert any("output length" in r for r in p.invalid_reasons), p.invalid_reasons
 
 
 def test_a_median_on_a_bucket_edge_is_bounded_by_the_next_edge():
