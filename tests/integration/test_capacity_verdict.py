@@ -12,6 +12,8 @@ from tests.conftest import ROOT, engine_processes, search_runs
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long  # in CI another way: the search's path against a scripted latency curve
+# (unit/test_trial_external.py), its decisions (unit/test_capacity.py), verdicts on capacity (unit/test_report.py, unit/test_race.py)
 def test_capacity_of_two_chunked_prefill_budgets_and_the_verdict(tmp_path):
     # Two budgets under an ITL p99 SLO on the short streams, long prompts arriving meanwhile:
     # each trial searches its own server's capacity (in streams); the verdict names the one

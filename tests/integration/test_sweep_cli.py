@@ -13,6 +13,8 @@ from tests.conftest import ROOT, engine_processes, search_runs
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long  # in CI another way: CLI sweeps on real vLLM (test_cpu_gpu_paths.py), a skipped
+# trial's reasons logged (test_a_lab_whose_every_trial_is_skipped_...), the CPU block-size refusal (unit/test_engine_adapters.py)
 def test_sweep_logs_finished_and_skipped_trials(tmp_path):
     """Block size 16 is known to be refused by the CPU attention backend: SKIPPED before launch."""
     store = f"sqlite:///{tmp_path}/mlflow.db"
@@ -103,6 +105,8 @@ def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
     assert not engine_processes()
 
 
+@pytest.mark.long  # in CI another way: the tie and its resume through real sweeps on fake servers
+# (unit/test_race.py), which configurations share a start (unit/test_server_reuse.py)
 def test_two_names_for_one_configuration_share_server_starts_and_race_to_no_winner(tmp_path):
     """A warm-up of 0 or 1 request cannot matter at concurrency 2: two names for one
     configuration, whose servers are the same, so they share one start per round. The race runs

@@ -167,6 +167,7 @@ def test_restart_between_points_and_cache_reset(compose, tmp_path, tiny_model_di
     assert not engine_processes()
 
 
+@pytest.mark.long  # in CI another way: the same refusal against a served tokenizer (unit/test_fidelity.py)
 def test_a_running_server_with_another_tokenizer_is_refused_before_load(compose, tmp_path, tiny_model_dir):
     """The issue-20 run: measuring a running vLLM server while tokenizing with another
     tokenizer. Refused before any load, naming model.tokenizer; with the server's own

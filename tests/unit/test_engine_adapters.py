@@ -68,3 +68,12 @@ def test_flag_kinds_write_nothing_for_none():
         *("--a", "x", "--b", "--c"),
         *("--d", '{"y": 2, "z": 1}'),
     ]
+
+
+def test_the_cpu_build_refuses_a_block_size_its_attention_cannot_hold(compose):
+    """A block size the CPU attention backend refuses is a SKIPPED trial with its reason, before
+    any server starts (the same sweep on real vLLM: test_sweep_cli.py, `make test-long`)."""
+    vllm = adapter_for("vllm")
+    for size, said in ((16, "block_size 16: the CPU attention backend needs a multiple of 32"), (32, None)):
+        spec, _ = to_specs(compose([f"engine.block_size={size}"]))
+        assert vllm.unsupported(spec) == said
