@@ -65,8 +65,11 @@ gpu-check-wheels: install
 	  typing-extensions==4.16.0 httptools==0.9.0 orjson==3.13.0 hydra-core==1.3.8 omegaconf==2.3.1
 	$(PY) -m pip wheel --quiet --no-deps -w $(GPU_WHEELS) antlr4-python3-runtime==4.9.3
 
+# What `make test` leaves to the suites of their own (each marker in pyproject.toml).
+OWN_SUITES := not slurm and not ui and not faults and not engines and not stress and not long
+
 test: install lint
-	$(PY) -m pytest tests -m "not slurm and not ui and not faults and not engines and not stress and not long" --durations=40
+	$(PY) -m pytest tests -m "$(OWN_SUITES)" --durations=40
 
 # Real-vLLM runs whose claims CI checks another way (each test says which); not in .ci/run: on an
 # AVX2 machine from a cold cache CI came to ~89 minutes of its 90 with them (docs/benchmarks.md).
@@ -156,7 +159,7 @@ test-engines: install engines-gpu
 	$(PY) -m pytest tests -m engines --durations=10
 
 test-unit: install
-	$(PY) -m pytest tests -m "not integration and not slurm and not ui and not faults and not engines and not stress and not long"
+	$(PY) -m pytest tests -m "not integration and $(OWN_SUITES)"
 
 ui: install
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

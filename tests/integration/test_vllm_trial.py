@@ -130,9 +130,9 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
     for name in traces:
         trace = json.loads(gzip.decompress(result.artifacts[name]))
         names |= {e.get("name", "") for e in trace["traceEvents"]}
-    assert any(n.startswith("aten::") for n in names) and any("mm" in n or "linear" in n for n in names), sorted(names)[
-        :50
-    ]
+    assert any(op.startswith("aten::") for op in names) and any("mm" in op or "linear" in op for op in names), sorted(
+        names
+    )[:50]
     assert timeline_figure(result, tmp_path) is not None
     pid_alive = [p for p in psutil.process_iter(["cmdline"]) if "api_server.entry" in " ".join(p.info["cmdline"] or [])]
     assert not pid_alive and not engine_processes()
