@@ -80,7 +80,7 @@ def _cuda_platform_without_gpu() -> str:
             dist_backend = "nccl"
             device_control_env_var = "CUDA_VISIBLE_DEVICES"
 
-        platforms._current_platform = CudaWithoutDriver()  # type: ignore[assignment]  # vLLM types it None until set
+        platforms._current_platform = CudaWithoutDriver()
     return type(platforms.current_platform).__name__
 
 
@@ -99,7 +99,7 @@ def check_vllm(argv: list[str]) -> dict[str, Any]:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser())
-    parser.error = lambda message: (_ for _ in ()).throw(_ParseError(message))  # type: ignore[method-assign]
+    parser.error = lambda message: (_ for _ in ()).throw(_ParseError(message))
     ns = parser.parse_args(argv)
     engine_args = AsyncEngineArgs.from_cli_args(ns)
     detail: dict[str, Any] = {

@@ -90,7 +90,7 @@ def run_static(
         enc = tok([r.prompt for r in batch], return_tensors="pt", padding=True, add_special_tokens=True)
         clock = StepClock()
         with torch.inference_mode():
-            model.generate(  # type: ignore[misc]  # transformers' generate() is typed for its mixin
+            model.generate(
                 **enc,
                 max_new_tokens=longest,
                 min_new_tokens=longest,

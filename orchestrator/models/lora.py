@@ -77,7 +77,7 @@ def ensure_tiny_adapters(model: ModelSpec, log: Any = print) -> list[tuple[str, 
             def train(staging: Path, base: Path = base_dir, k: int = k) -> None:
                 train_tiny_adapter(base, staging, k, lora, log=log)
 
-            build_into(target, "adapter_model.safetensors", train)
+            build_into(target, "adapter_model.safetensors", train, log=log)
         out.append((tiny_adapter_name(k), target))
     return out
 

@@ -7,12 +7,15 @@ random, so text is gibberish, but prefill/decode timing behaves like a real mode
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,20 +87,43 @@ def ensure_tiny_model(spec: TinyModelSpec, cache_dir: str | os.PathLike[str] | N
     return target
 
 
-def build_into(target: Path, marker: str, build: Callable[[Path], None]) -> None:
-    """Run ``build`` into a staging folder beside ``target``, then rename it to ``target``
-    (atomic: concurrent builders race safely; a loser keeps the winner's when it holds ``marker``)."""
+def build_into(target: Path, marker: str, build: Callable[[Path], None], log: Any = print) -> None:
+    """Run ``build`` into a staging folder beside ``target``, then rename it to ``target``.
+
+    One builder at a time per target: the others (two trials of a sweep, two sweeps, a test run's
+    early build) wait on a lock beside it and then take what it built, rather than train the same
+    model again at the same time. The rename is atomic; a loser keeps the winner's when it holds
+    ``marker``. The lock is the kernel's (``flock``): a builder that dies releases it."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-    try:
-        build(staging)
+    with _build_lock(target, log):
+        if (target / marker).exists():  # built by the one we waited for
+            return
+        staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
         try:
-            staging.rename(target)
-        except OSError:
-            if not (target / marker).exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            build(staging)
+            try:
+                staging.rename(target)
+            except OSError:
+                if not (target / marker).exists():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path, log: Any) -> Iterator[None]:
+    with open(target.parent / f".{target.name}.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"{target.name}: another process is building it; waiting for that build")
+            t0 = time.monotonic()
+            fcntl.flock(f, fcntl.LOCK_EX)
+            log(f"{target.name}: waited {time.monotonic() - t0:.0f}s for the other build")
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def build_tokenizer(vocab_size: int, out_dir: Path, corpus: list[str] | None = None) -> Any:
@@ -128,7 +154,7 @@ def llama_config(spec: TinyModelSpec, dtype: str) -> Any:
     """The ``transformers`` config of a tiny model of this shape."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(  # type: ignore[call-arg]  # transformers' stubs lack torch_dtype; the config takes it
+    return LlamaConfig(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -154,7 +180,7 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: Path) -> None:
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]  # nn.Module.to(dtype) is typed for the device form only
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
     finally:
         torch.random.set_rng_state(generator_state)
     model.save_pretrained(str(out_dir), safe_serialization=True)
@@ -201,7 +227,7 @@ def quantize_model(base: Path, out_dir: Path, method: str) -> None:
         scheme = getattr(module, "quantization_scheme", None)
         if scheme is None or scheme.weights is None:
             continue
-        w, args = module.weight.detach().float(), scheme.weights  # type: ignore[operator]  # module attributes typed as Tensor | Module by torch
+        w, args = module.weight.detach().float(), scheme.weights
         if args.strategy == "group":
             grouped = w.unflatten(-1, (-1, args.group_size))
             lo, hi = grouped.amin(-1), grouped.amax(-1)
@@ -210,9 +236,9 @@ def quantize_model(base: Path, out_dir: Path, method: str) -> None:
         else:
             lo, hi = w.amin().reshape(1), w.amax().reshape(1)
         scale, zero_point = calculate_qparams(lo, hi, args)
-        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))  # type: ignore[operator]
+        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
         if hasattr(module, "weight_zero_point"):
-            module.weight_zero_point.data.copy_(zero_point.to(module.weight_zero_point.dtype))  # type: ignore[operator]
+            module.weight_zero_point.data.copy_(zero_point.to(module.weight_zero_point.dtype))
         module.quantization_status = QuantizationStatus.FROZEN
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
