@@ -90,9 +90,9 @@ def ensure_tiny_model(spec: TinyModelSpec, cache_dir: str | os.PathLike[str] | N
 def build_into(target: Path, marker: str, build: Callable[[Path], None], log: Any = print) -> None:
     """Run ``build`` into a staging folder beside ``target``, then rename it to ``target``.
 
-    One builder at a time per target: the others (two trials of a sweep, two sweeps, a test run's
-    early build) wait on a lock beside it and then take what it built, rather than train the same
-    model again at the same time. The rename is atomic; a loser keeps the winner's when it holds
+    One builder at a time per target: the others (two trials of a sweep, two sweeps) wait on a
+    lock beside it and then take what it built, rather than train the same model again at the
+    same time. The rename is atomic; a loser keeps the winner's when it holds
     ``marker``. The lock is the kernel's (``flock``): a builder that dies releases it."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(target, log):

@@ -5,6 +5,9 @@ in the integration tests that serve it)."""
 from __future__ import annotations
 
 import json
+import time
+
+import pytest
 
 from orchestrator.config.schema import TinyModelSpec
 from orchestrator.models.tiny import (
@@ -84,3 +87,40 @@ def test_validation_problems_are_training_problems_never_the_eval_set():
     train, held = addition_problems()
     assert not set(train) & set(held) and len(held) == 100
     assert len(train) - VALIDATION_PROBLEMS > 9000
+
+
+def test_two_builders_of_one_model_build_it_once_and_the_second_waits_for_the_first(tmp_path):
+    """Two trials (or two sweeps) that need the same uncached model:
+    one builds, the other waits on the lock beside the target and takes what was built; a build
+    that fails leaves no folder and no held lock behind."""
+    import threading
+
+    from orchestrator.models.tiny import build_into
+
+    target, builds, lines = tmp_path / "m", [], []
+    started = threading.Event()
+
+    def build(staging):
+        builds.append(staging)
+        started.set()
+        time.sleep(0.5)
+        (staging / "config.json").write_text("{}")
+
+    first = threading.Thread(target=build_into, args=(target, "config.json", build, lines.append))
+    first.start()
+    assert started.wait(10)
+    build_into(target, "config.json", build, lines.append)  # the first holds the lock: this one waits
+    first.join()
+    assert len(builds) == 1 and (target / "config.json").exists()
+    assert lines[0] == "m: another process is building it; waiting for that build" and "waited" in lines[1]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".build-")] == []
+
+    def broken(staging):
+        raise RuntimeError("out of disk")
+
+    other = tmp_path / "n"
+    with pytest.raises(RuntimeError, match="out of disk"):
+        build_into(other, "config.json", broken)
+    assert not other.exists()
+    build_into(other, "config.json", build)  # the lock was released with the failure
+    assert (other / "config.json").exists()
