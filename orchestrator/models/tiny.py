@@ -92,8 +92,9 @@ def build_into(target: Path, marker: str, build: Callable[[Path], None], log: An
 
     One builder at a time per target: the others (two trials of a sweep, two sweeps) wait on a
     lock beside it and then take what it built, rather than train the same model again at the
-    same time. The rename is atomic; a loser keeps the winner's when it holds
-    ``marker``. The lock is the kernel's (``flock``): a builder that dies releases it."""
+    same time. The rename is atomic; a loser keeps the winner's when it holds ``marker``. The
+    lock is the kernel's (``flock``), released when its file is closed: a builder that dies
+    releases it."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(target, log):
         if (target / marker).exists():  # built by the one we waited for
@@ -120,10 +121,7 @@ def _build_lock(target: Path, log: Any) -> Iterator[None]:
             t0 = time.monotonic()
             fcntl.flock(f, fcntl.LOCK_EX)
             log(f"{target.name}: waited {time.monotonic() - t0:.0f}s for the other build")
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield
 
 
 def build_tokenizer(vocab_size: int, out_dir: Path, corpus: list[str] | None = None) -> Any:
@@ -351,7 +349,6 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
     accuracy on the 100 held-out eval problems, the steps and the seconds (also saved in
     ``training.json``)."""
     import random
-    import time
 
     import torch
     from transformers import LlamaForCausalLM
