@@ -37,9 +37,7 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(PY) -m orchestrator +experiment=chunked_prefill $(DEMO_ARGS) -m
 	@echo
-	@echo "Open the results:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000"
-	@echo "then the 'MLflow UI:' link above (MLflow 3 opens on its GenAI overview without ?workflowType=machine_learning)"
-	@echo "then browse http://127.0.0.1:5000 (experiment 'chunked_prefill')."
+	@echo "Open the results: make ui (the MLflow UI on ./mlflow.db), then the 'MLflow UI:' link above."
 
 # Every lab's CPU sweep as a newcomer runs it (the CLI from the project root, default sweep
 # folder), one after the other, then a table: trials FINISHED / SKIPPED / FAILED, the verdict, the

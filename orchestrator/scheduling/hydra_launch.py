@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.config.convert import config_to_dict
-from orchestrator.config.secrets import redact_override
+from orchestrator.config.secrets import redact_override, scrub_file, secret_values
 from orchestrator.scheduling.compose import SweepComposer
 from orchestrator.scheduling.jobs import prepare_jobs
 from orchestrator.scheduling.sweep import absolute_dir, run_sweep
@@ -55,6 +55,10 @@ def launch_multirun(
         configs.append((list(overrides), data))
         job_cfgs.append(cfg)
     log.debug("composed %d jobs: %s", len(configs), composer.counts)
+    # Hydra saved the sweep's config (with the command's overrides) before it called us
+    scrub_file(
+        sweep_dir / "multirun.yaml", secret_values([list(config.hydra.overrides.task), *(d for _, d in configs)])
+    )
     jobs = prepare_jobs(configs, initial_job_idx)
     sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
     # a knob search chooses its own next trials: its batches do not race
@@ -124,7 +128,11 @@ def run_single(cfg: Any) -> str:
 
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
-    jobs = prepare_jobs([(overrides, config_to_dict(cfg))])
+    data = config_to_dict(cfg)
     out_dir = absolute_dir(str(hc.runtime.output_dir))
+    if hc.output_subdir is not None:  # Hydra saved the config and the overrides there before calling us
+        for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+            scrub_file(out_dir / str(hc.output_subdir) / name, secret_values([overrides, data]))
+    jobs = prepare_jobs([(overrides, data)])
     results = run_sweep(jobs, out_dir, out_dir.name, {"sweep_overrides": [redact_override(o) for o in overrides]})
     return results[0].status if results else "DRY_RUN"

@@ -13,10 +13,10 @@ from typing import Any
 
 from orchestrator.config.logs import Progress, print_progress
 from orchestrator.config.schema import LaunchedEngineSpec
-from orchestrator.config.secrets import redact_override
+from orchestrator.config.secrets import redact_override, redact_text
 from orchestrator.feasibility import estimate_seconds, gpu_memory_gb
 from orchestrator.scheduling.jobs import TrialJob
-from orchestrator.tracking import MlflowTracker, sqlite_file
+from orchestrator.tracking import MlflowTracker, server_answers, sqlite_file
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,9 @@ def _history(jobs: list[TrialJob]) -> dict[str, float]:
     db = sqlite_file(uri)
     if db is not None and not db.exists():
         return {}  # a dry run creates no store
+    if not server_answers(uri):  # MLflow's client would retry it for minutes
+        log.warning("MLflow at %s does not answer: the plan has no durations of earlier runs", redact_text(uri))
+        return {}
     try:
         from orchestrator.tracking.runs import experiment_exists
 

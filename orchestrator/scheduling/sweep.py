@@ -19,6 +19,7 @@ from typing import Any
 from orchestrator.config.errors import DiskFullError, OrchestratorError
 from orchestrator.config.logs import Progress, mark, print_progress
 from orchestrator.config.schema import SweepSettings
+from orchestrator.config.secrets import redact_text
 from orchestrator.engines.process import interrupts_stop_servers
 from orchestrator.feasibility import assess
 from orchestrator.metrics.result import TrialResult
@@ -29,7 +30,7 @@ from orchestrator.scheduling.race import races, repeat_job, run_race
 from orchestrator.scheduling.ray_exec import RayContext, cluster_gpus, init_ray, prepare_workers, run_jobs
 from orchestrator.scheduling.recorder import Recorder, log_partial_results, trial_dir
 from orchestrator.scheduling.sweep_report import report_sweep, status_table
-from orchestrator.tracking import MlflowTracker
+from orchestrator.tracking import MlflowTracker, ui_command
 
 log = logging.getLogger(__name__)
 
@@ -258,11 +259,13 @@ def _conclude(experiment: str, settings: SweepSettings, record: Recorder) -> Non
     progress(f"sweep '{experiment}' done in {time.monotonic() - record.t0:.0f}s: {summary}")
     if tracker is not None:
         uri = settings.tracking.uri
-        progress(f"MLflow: experiment '{experiment}' at {uri}")
+        progress(f"MLflow: experiment '{experiment}' at {redact_text(uri)}")
         if uri.startswith(("http://", "https://")):
-            progress(f"MLflow UI: {uri.rstrip('/')}/{tracker.ui_path()}")
+            progress(f"MLflow UI: {redact_text(uri).rstrip('/')}/{tracker.ui_path()}")
         else:
-            progress(f"MLflow UI: start it (make ui), then open http://127.0.0.1:5000/{tracker.ui_path()}")
+            progress(
+                f"MLflow UI: start it ({ui_command(redact_text(uri))}), then open http://127.0.0.1:5000/{tracker.ui_path()}"
+            )
 
 
 def _start_sweep_run(
@@ -410,5 +413,5 @@ def _open_tracker(uri: str, experiment: str, enabled: bool, progress: Progress) 
     try:
         return MlflowTracker(uri, experiment)
     except Exception as exc:  # unreachable store: keep measuring, results stay on disk
-        progress(f"warning: MLflow at {uri} unavailable ({exc}); results are kept on disk only")
+        progress(redact_text(f"warning: MLflow at {uri} unavailable ({exc}); results are kept on disk only"))
         return None

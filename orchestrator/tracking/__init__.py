@@ -1,6 +1,22 @@
 """MLflow tracking: parent run per sweep, child run per trial, params, metrics and artifacts."""
 
-from orchestrator.tracking.mlflow_tracker import MlflowTracker, points_csv, result_id, sqlite_file
+from orchestrator.tracking.mlflow_tracker import (
+    MlflowTracker,
+    points_csv,
+    result_id,
+    server_answers,
+    sqlite_file,
+    ui_command,
+)
 from orchestrator.tracking.params import flatten_params, sanitize_key
 
-__all__ = ["MlflowTracker", "flatten_params", "points_csv", "result_id", "sanitize_key", "sqlite_file"]
+__all__ = [
+    "MlflowTracker",
+    "flatten_params",
+    "points_csv",
+    "result_id",
+    "sanitize_key",
+    "server_answers",
+    "sqlite_file",
+    "ui_command",
+]

@@ -12,11 +12,15 @@ import json
 import logging
 import math
 import os
+import shlex
+import socket
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from orchestrator.config.metric_keys import M
 from orchestrator.metrics.result import (
@@ -51,6 +55,29 @@ def sqlite_file(uri: str) -> Path | None:
     if not uri.startswith("sqlite:///"):
         return None
     return Path(uri[len("sqlite:///") :].split("?", 1)[0])
+
+
+def ui_command(uri: str, port: int = 5000) -> str:
+    """The command that serves the MLflow UI of the store at ``uri`` (this environment's
+    ``mlflow`` where it is installed beside the running Python), for a user to paste."""
+    venv_mlflow = Path(sys.executable).with_name("mlflow")
+    return shlex.join(
+        [str(venv_mlflow) if venv_mlflow.exists() else "mlflow", "ui", "--backend-store-uri", uri, "--port", str(port)]
+    )
+
+
+def server_answers(uri: str, timeout_s: float = 3.0) -> bool:
+    """Whether the tracking server of an ``http(s)://`` URI accepts a connection within
+    ``timeout_s`` (MLflow's own client retries an unreachable one for minutes); True for a store
+    that is not a server."""
+    if not uri.startswith(("http://", "https://")):
+        return True
+    u = urlparse(uri)
+    try:
+        with socket.create_connection((u.hostname or "", u.port or (443 if u.scheme == "https" else 80)), timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def default_artifact_location(uri: str, experiment: str) -> str | None:

@@ -161,3 +161,23 @@ def test_help_shows_the_projects_usage_before_hydras_groups():
     assert p.returncode == 0, p.stderr
     usage, groups = p.stdout.index("== Usage =="), p.stdout.index("== Configuration groups ==")
     assert usage < groups and "+experiment=chunked_prefill -m" in p.stdout and "dry_run=true" in p.stdout
+
+
+def test_secrets_on_the_command_line_are_hidden_in_the_files_hydra_writes(tmp_path):
+    """Hydra saves the command's config and overrides (multirun.yaml; .hydra/ of a single run)
+    before the orchestrator runs: a token given on the command line, or a tracking URI's password,
+    must not stay there in plain text."""
+    secrets = ["+engine.env.HF_TOKEN=hfsecretvalue123", "tracking.uri=https://bob:pw12345@mlflow.example:5000"]
+    common = [*secrets, "tracking.enabled=false", "dry_run=true"]
+    multi = run("+experiment=chunked_prefill", *common, f"hydra.sweep.dir={tmp_path / 'multi'}", "-m")
+    single = run(*common, f"hydra.run.dir={tmp_path / 'single'}")
+    assert multi.returncode == 0 and single.returncode == 0, multi.stderr + single.stderr
+    written = {p.relative_to(tmp_path).as_posix(): p.read_text() for p in tmp_path.rglob("*.yaml")}
+    assert {"multi/multirun.yaml", "single/.hydra/config.yaml", "single/.hydra/overrides.yaml"} <= set(written)
+    for name, text in [*written.items(), ("output", multi.stdout + multi.stderr + single.stdout + single.stderr)]:
+        assert "hfsecretvalue123" not in text and "pw12345" not in text, name
+    assert (
+        "HF_TOKEN: '***'" in written["single/.hydra/config.yaml"]
+        or "HF_TOKEN: ***" in written["single/.hydra/config.yaml"]
+    )
+    assert "https://bob:***@mlflow.example:5000" in written["multi/multirun.yaml"]

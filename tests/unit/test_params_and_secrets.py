@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from orchestrator.config.secrets import is_secret_name, redact_argv, redact_mapping, redact_override, redact_text
+from orchestrator.config.secrets import (
+    is_secret_name,
+    redact_argv,
+    redact_mapping,
+    redact_override,
+    redact_text,
+    scrub_file,
+    secret_values,
+)
 from orchestrator.engines.base import ServerLaunch
 from orchestrator.tracking.params import flatten_params, sanitize_key
 
@@ -80,3 +88,37 @@ def test_a_variable_name_and_an_unset_value_are_not_hidden():
     assert out == {"engine.api_key_env": "MY_KEY", "engine.api_key": "null", "engine.hf_token": "***"}
     assert redact_mapping({"api_key": None, "token": "abc"}) == {"api_key": None, "token": "***"}
     assert redact_override("engine.api_key_env=MY_KEY") == "engine.api_key_env=MY_KEY"
+
+
+def test_a_urls_password_is_hidden_in_text():
+    """A tracking URI such as https://user:password@host carries a password: hidden, the rest kept."""
+    assert redact_text("at https://bob:pw12345@mlflow.example:5000/x") == "at https://bob:***@mlflow.example:5000/x"
+    assert redact_text("postgresql://bob:s3cr@t@db/x") == "postgresql://bob:***@db/x"
+    for plain in (
+        "http://127.0.0.1:5000/#/experiments/1",
+        "sqlite:////tmp/mlflow.db",
+        "https://bob@host/",
+        "a http://h:1/x@y",
+    ):
+        assert redact_text(plain) == plain
+    assert redact_override("tracking.uri=https://u:pass@h") == "tracking.uri=https://u:***@h"
+
+
+def test_secret_values_and_scrub_file(tmp_path):
+    """The values under secret-named keys and of secret-named overrides are found and hidden in a
+    file somebody else wrote; a boolean, a short value and the other keys are left as they are."""
+    data = {"engine": {"env": {"HF_TOKEN": "hfvalue999", "X": "1"}, "use_token": True, "api_key": "abc"}}
+    found = secret_values([["+engine.env.VLLM_API_KEY=sk_long_key_1", "engine.max_num_seqs=8"], data])
+    assert found == {"hfvalue999", "sk_long_key_1", "abc"}
+    f = tmp_path / "multirun.yaml"
+    f.write_text(
+        "env:\n  HF_TOKEN: hfvalue999\n  X: '1'\nuse_token: true\napi_key: abc\n"
+        "- +engine.env.VLLM_API_KEY=sk_long_key_1\nmax_num_seqs: 8\ntok: hf_abcdefghijkl\n"
+    )
+    scrub_file(f, found)
+    assert f.read_text() == (
+        "env:\n  HF_TOKEN: ***\n  X: '1'\nuse_token: true\napi_key: abc\n"
+        "- +engine.env.VLLM_API_KEY=***\nmax_num_seqs: 8\ntok: ***\n"
+    )
+    scrub_file(tmp_path / "missing.yaml", found)
+    assert not (tmp_path / "missing.yaml").exists()

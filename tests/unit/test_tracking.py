@@ -180,3 +180,38 @@ def test_an_interrupt_before_mlflow_opens_leaves_no_sweep_run(tmp_path):
         record = Recorder(tmp_path, pool.submit(fails), "commit", 1, lines.append)
         assert record.tracker is None and record.tracker is None
     assert lines[1:] == ["warning: no MLflow sweep run (store gone); results are kept on disk only"]
+
+
+def test_server_answers_tells_a_listening_server_from_none_at_once():
+    """A dry run asks a tracking server for earlier durations only when it answers: MLflow's client
+    retries an unreachable one for minutes. A store that is no server always 'answers'."""
+    import socket
+
+    from orchestrator.tracking import server_answers
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert server_answers(f"http://127.0.0.1:{port}")
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        assert not server_answers(f"http://127.0.0.1:{closed.getsockname()[1]}", timeout_s=2.0)
+    assert server_answers("sqlite:////nonexistent/mlflow.db")
+    assert not server_answers("http://:badport")
+
+
+def test_ui_command_serves_the_store_it_names():
+    """The sweep's last lines say how to open its store's UI: the command names that store."""
+    import shlex
+
+    from orchestrator.tracking import ui_command
+
+    argv = shlex.split(ui_command("sqlite:////tmp/my results/mlflow.db"))
+    assert argv[0].endswith("mlflow") and argv[1:] == [
+        "ui",
+        "--backend-store-uri",
+        "sqlite:////tmp/my results/mlflow.db",
+        "--port",
+        "5000",
+    ]
