@@ -6,9 +6,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-# Names like HF_TOKEN, --hf-token, VLLM_API_KEY, api_key, AWS_SECRET_ACCESS_KEY, password.
+# Names like HF_TOKEN, --hf-token, VLLM_API_KEY, api_key, WANDB_KEY, AWS_SECRET_ACCESS_KEY, password.
 # "tokens" (e.g. max_num_batched_tokens) is a count, not a secret.
-_SECRET_NAME = re.compile(r"(api[_-]?key|(^|[_\-.])(access_)?token$|secret|passw(or)?d|credential|authorization)", re.I)
+_SECRET_NAME = re.compile(
+    r"(api[_-]?key|(^|[_\-.])(access_)?token$|(^|[_\-.])key$|secret|passw(or)?d|credential|authorization)", re.I
+)
 # Values that look like well-known token formats, wherever they appear in free text.
 _SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_\-]{8,}|ghp_[A-Za-z0-9]{8,})")
 # The password of a URL's user (https://user:PASSWORD@host, postgresql://user:PASSWORD@host/db).
@@ -48,11 +50,45 @@ def redact_argv(argv: list[str]) -> list[str]:
 
 
 def redact_override(override: str) -> str:
-    """``engine.env.HF_TOKEN=abc`` -> ``engine.env.HF_TOKEN=***`` (Hydra override strings)."""
+    """``engine.env.HF_TOKEN=abc`` -> ``engine.env.HF_TOKEN=***`` (Hydra override strings); in a
+    list or dict value, the value after a secret flag or under a secret key
+    (``engine.extra_args=[--api-key,***]``, ``engine.env={HF_TOKEN:***}``)."""
     key, sep, value = override.partition("=")
     if sep and is_secret_name(key.lstrip("+~").split(".")[-1]):
         return f"{key}={REDACTED}"
+    if sep and value.lstrip().startswith(("[", "{")):
+        return f"{key}={_redact_collection(value)}"
     return redact_text(override)
+
+
+# One element of a Hydra list or dict value: a quoted string or a bare word.
+_PIECE = re.compile(r"""'[^']*'|"[^"]*"|[^\[\]{},:\s'"]+""")
+
+
+def _redact_collection(value: str) -> str:
+    """A Hydra list/dict value's text with the element after a secret flag, a secret flag's
+    ``=value`` and a secret key's value hidden; everything else as written."""
+    out: list[str] = []
+    last, hide = 0, False
+    for m in _PIECE.finditer(value):
+        out.append(value[last : m.start()])
+        last = m.end()
+        piece = m.group(0)
+        quote = piece[0] if piece[0] in "'\"" else ""
+        inner = piece[1:-1] if quote else piece
+        if value[m.end() :].lstrip().startswith(":"):  # a dict's key
+            hide = is_secret_name(inner)
+        elif hide:
+            inner, hide = REDACTED, False
+        else:
+            flag, eq, _ = inner.partition("=")
+            if flag.startswith("--") and is_secret_name(flag):
+                inner, hide = (f"{flag}={REDACTED}", False) if eq else (inner, True)
+            else:
+                inner = redact_text(inner)
+        out.append(f"{quote}{inner}{quote}")
+    out.append(value[last:])
+    return "".join(out)
 
 
 def redact_mapping(value: Any, key: str = "") -> Any:
@@ -71,16 +107,31 @@ def redact_mapping(value: Any, key: str = "") -> Any:
 
 
 def secret_values(value: Any, key: str = "") -> set[str]:
-    """The strings held under secret-named keys anywhere in nested data (``engine.env.HF_TOKEN``'s
-    value), and the values of secret-named Hydra overrides (``+engine.env.HF_TOKEN=...``)."""
+    """The secrets in nested data: values under secret-named keys (``engine.env.HF_TOKEN``'s, every
+    item of a list held there), the element after a secret flag in a list (``[--api-key, X]``) and
+    a secret flag's ``=value``, and the values of secret-named Hydra overrides
+    (``+engine.env.HF_TOKEN=...``)."""
     found: set[str] = set()
-    if key and is_secret_name(key) and isinstance(value, (str, int)) and not isinstance(value, bool):
-        found.add(str(value))
+    if key and is_secret_name(key):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        found |= {str(v) for v in items if isinstance(v, (str, int)) and not isinstance(v, bool)}
     elif isinstance(value, dict):
         for k, v in value.items():
             found |= secret_values(v, str(k))
     elif isinstance(value, (list, tuple)):
+        after_flag = False
         for v in value:
+            if after_flag and isinstance(v, (str, int)) and not isinstance(v, bool):
+                found.add(str(v))
+                after_flag = False
+                continue
+            if isinstance(v, str) and v.startswith("--") and is_secret_name(v.partition("=")[0]):
+                flag_value = v.partition("=")[2]
+                if flag_value:
+                    found.add(flag_value)
+                else:
+                    after_flag = True
+                continue
             found |= secret_values(v)
     elif isinstance(value, str) and "=" in value:
         name, _, held = value.partition("=")
@@ -89,19 +140,23 @@ def secret_values(value: Any, key: str = "") -> set[str]:
     return found
 
 
+def hide(text: str, secrets: set[str]) -> str:
+    """``text`` with each of ``secrets`` (4 characters or more) and every token-looking value or
+    URL password hidden. Under 4 characters a value is no secret worth the name and would hide
+    every "1" or "yes" of the text."""
+    # the longer first: a secret inside a longer one
+    for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return redact_text(text)
+
+
 def scrub_file(path: Path, secrets: set[str]) -> None:
-    """Rewrite a file somebody else wrote (Hydra's ``multirun.yaml``, ``.hydra/*.yaml``) with each
-    of ``secrets`` (4 characters or more) and every token-looking value hidden; a missing file is
-    left missing."""
+    """Rewrite a file somebody else wrote (Hydra's ``multirun.yaml``, ``.hydra/*.yaml``) with
+    ``secrets`` hidden (:func:`hide`); a missing file is left missing."""
     try:
         text = path.read_text()
     except FileNotFoundError:
         return
-    scrubbed = text
-    # the longer first (a secret inside a longer one); under 4 characters a value is no secret
-    # worth the name and would hide every "1" or "yes" of the file
-    for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
-        scrubbed = scrubbed.replace(secret, REDACTED)
-    scrubbed = redact_text(scrubbed)
+    scrubbed = hide(text, secrets)
     if scrubbed != text:
         path.write_text(scrubbed)

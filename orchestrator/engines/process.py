@@ -28,6 +28,7 @@ import psutil
 
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
 from orchestrator.config.logs import cause_line, explain
+from orchestrator.config.secrets import redact_argv
 from orchestrator.engines import shm
 
 log = logging.getLogger(__name__)
@@ -214,7 +215,7 @@ class ServerProcess:
         except BaseException:  # no watchdog (or Ctrl-C right here): do not leave the server behind
             self.stop()
             raise
-        log.info("%s started (pid %d): %s", self.name, self.proc.pid, " ".join(self.argv))
+        log.info("%s started (pid %d): %s", self.name, self.proc.pid, " ".join(redact_argv(self.argv)))
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
         """Block until ``health_url`` answers 200; return seconds since :meth:`start` (servers

@@ -4,7 +4,7 @@ request body and the text of a streamed chunk."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -14,7 +14,7 @@ class Endpoint:
 
     base_url: str
     model: str
-    api_key: str | None = None  # sent as a bearer header; never logged
+    api_key: str | None = field(default=None, repr=False)  # sent as a bearer header; never logged
 
     def headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}

@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.config import ConfigError, SweepSettings, TrialSpec, to_specs, trial_hash
 from orchestrator.config.hashing import first_run_hash
+from orchestrator.config.secrets import redact_override
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
         try:
             spec, settings = to_specs(cfg)
         except ConfigError as exc:
-            where = " ".join(overrides) or "(no overrides)"
+            where = " ".join(redact_override(o) for o in overrides) or "(no overrides)"
             problems.append(f"job {first_index + i} [{where}]: {exc}")
             continue
         try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.config.logs import mark
 from orchestrator.config.schema import ClusterSpec
-from orchestrator.config.secrets import redact_mapping, redact_override
+from orchestrator.config.secrets import hide, redact_mapping, redact_override, secret_values
 from orchestrator.engines.process import interrupts_stop_servers
 from orchestrator.metrics.census import DRIVER_ENV
 from orchestrator.metrics.result import TrialResult
@@ -409,7 +409,7 @@ def _results_of(unit: list[TrialJob], value: Any, error: Exception | None) -> li
                 overrides=[redact_override(o) for o in job.overrides],
                 spec=redact_mapping(job.spec.model_dump(mode="json")),
                 status="FAILED",
-                error=f"{type(error).__name__}: {error}",
+                error=hide(f"{type(error).__name__}: {error}", secret_values(job.spec.model_dump(mode="json"))),
                 started_at=now,
                 ended_at=now,
             )

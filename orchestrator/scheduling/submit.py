@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.config.secrets import redact_override
 from orchestrator.scheduling.precheck import local_check, plan_line, reserved_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     job_id = client.submit_job(
         entrypoint=command, submission_id=a.job_id, runtime_env=runtime_env(not a.no_upload, a.pip)
     )
-    print(f"submitted job {job_id} to {a.address}: {command}")
+    print(f"submitted job {job_id} to {a.address}: {entrypoint([redact_override(o) for o in a.overrides], a.python)}")
     if a.no_wait:
         print(f"follow it with: ray job logs --address {a.address} -f {job_id}")
         return 0

@@ -23,7 +23,7 @@ from orchestrator.config.hashing import first_run_hash, trial_hash
 from orchestrator.config.logs import Progress, mark, print_progress
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialSpec, WorkloadSpec
-from orchestrator.config.secrets import redact_mapping, redact_override, redact_text
+from orchestrator.config.secrets import hide, redact_mapping, redact_override, secret_values
 from orchestrator.engines import ServerLaunch, adapter_for
 from orchestrator.evaluation import run_eval
 from orchestrator.evaluation.adapters import score_adapters
@@ -88,6 +88,11 @@ class TrialRun:
         self.say: Progress = lambda msg: progress(f"[{self.label}] {msg}")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.adapter = adapter_for(spec.engine.name)
+        # what the trial knows to be secret (engine.env's tokens, a flag's key, the API key): hidden
+        # in the error and the server log it returns, wherever a server or lm-eval echoed them
+        self.secrets = secret_values(spec.model_dump(mode="json"))
+        with contextlib.suppress(ConfigError):  # an unset key variable fails the trial later, by name
+            self.secrets |= {k for k in [self.adapter.api_key(spec)] if k}
         self.points: list[PointResult] = []
         self.records: list[RequestRecord] = []
         self.crash: ServerCrashedError | None = None  # the servers died: no point after it is measured
@@ -345,7 +350,7 @@ class TrialRun:
         return TrialResult(
             **header,
             status=status,
-            error=error,
+            error=hide(error, self.secrets) if error else error,
             ended_at=time.time(),
             points=list(self.points),
             metrics=metrics,
@@ -354,7 +359,7 @@ class TrialRun:
             records_parquet=records_to_parquet_bytes(self.records) if self.records else b"",
             telemetry_parquet=self.timeline.to_parquet() if self.timeline.rows else b"",
             artifacts=collect_traces(self.workdir) if traces else {},
-            server_log=redact_text(self.server_log()),
+            server_log=hide(self.server_log(), self.secrets),
         )
 
 
@@ -388,7 +393,7 @@ def outcome(run: TrialRun, body: Callable[[], None]) -> TrialResult:
     except Exception as exc:  # an unexpected bug still yields a result with the reason
         log.exception("trial %s failed", run.hash)
         status, error = "FAILED", f"{type(exc).__name__}: {exc}"
-    run.say(status + (f": {error.splitlines()[0]}" if error else ""))
+    run.say(status + (f": {hide(error.splitlines()[0], run.secrets)}" if error else ""))
     return run.result(status, error)
 
 

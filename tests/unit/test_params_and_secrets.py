@@ -122,3 +122,69 @@ def test_secret_values_and_scrub_file(tmp_path):
     )
     scrub_file(tmp_path / "missing.yaml", found)
     assert not (tmp_path / "missing.yaml").exists()
+
+
+def test_secrets_inside_a_list_or_dict_override_are_hidden():
+    """engine.extra_args=[--api-key, X] and engine.env={HF_TOKEN: X} carry secrets in an override's
+    value: the value after a secret flag, a secret flag's =value and a secret key's value are
+    hidden, everything else kept as written."""
+    assert (
+        redact_override("engine.extra_args=['--api-key','argvsecret42','--hf-token=hfsec123x','--x',1]")
+        == "engine.extra_args=['--api-key','***','--hf-token=***','--x',1]"
+    )
+    assert redact_override("engine.env={HF_TOKEN:X1234,Y:2}") == "engine.env={HF_TOKEN:***,Y:2}"
+    assert redact_override("engine.extra_args=[--max-num-seqs,8]") == "engine.extra_args=[--max-num-seqs,8]"
+    assert is_secret_name("WANDB_KEY") and is_secret_name("private_key") and not is_secret_name("keyfile")
+    assert secret_values({"extra_args": ["--api-key", "argvsecret42", "--hf-token=hfsec123x", "--x", 1]}) == {
+        "argvsecret42",
+        "hfsec123x",
+    }
+    assert secret_values({"HF_TOKEN": ["v1234", "w5678"]}) == {"v1234", "w5678"}
+
+
+def test_an_endpoint_does_not_show_its_api_key():
+    from orchestrator.loadgen.api import Endpoint
+
+    shown = repr(Endpoint("http://127.0.0.1:1", "m", api_key="sk_live_key_123"))
+    assert "sk_live_key_123" not in shown and "http://127.0.0.1:1" in shown
+
+
+def test_a_config_error_does_not_echo_a_secret_override(compose):
+    """The error that lists a bad job's overrides hides a token given among them."""
+    import pytest
+
+    from orchestrator.config import ConfigError
+    from orchestrator.config.convert import config_to_dict
+    from orchestrator.scheduling.jobs import prepare_jobs
+
+    overrides = ["+engine.env.HF_TOKEN=topsecret123", "engine.max_num_seqs=0"]
+    with pytest.raises(ConfigError) as err:
+        prepare_jobs([(overrides, config_to_dict(compose(overrides)))])
+    assert "+engine.env.HF_TOKEN=***" in str(err.value) and "topsecret123" not in str(err.value)
+
+
+def test_a_trials_error_and_server_log_hide_what_it_knows_to_be_secret(compose, tmp_path, monkeypatch):
+    """A server or lm-eval echoing a secret into the error or its log (wherever the trial's result
+    goes: result.json, error.txt, the MLflow error tag, the progress line) shows *** instead."""
+    from orchestrator.config import to_specs
+    from orchestrator.config.convert import config_to_dict
+    from orchestrator.config.errors import TrialError
+    from orchestrator.trial.run import TrialRun, outcome
+
+    monkeypatch.setenv("MY_SERVER_KEY", "serverkey9876")
+    overrides = ["+engine.env.HF_TOKEN=plaintoken1234", "engine.api_key_env=MY_SERVER_KEY"]
+    spec, _ = to_specs(config_to_dict(compose(overrides)))
+    said: list[str] = []
+    run = TrialRun(spec, tmp_path, overrides, [], said.append)
+    (tmp_path / "server.log").write_text("loaded with token plaintoken1234 and key serverkey9876\n")
+    run.server_logs.append(("server", tmp_path / "server.log"))
+
+    def body() -> None:
+        raise TrialError("server said: bad token plaintoken1234 (key serverkey9876)")
+
+    result = outcome(run, body)
+    assert result.status == "FAILED"
+    for text in (result.error or "", result.server_log, *said):
+        assert "plaintoken1234" not in text and "serverkey9876" not in text, text
+    assert "bad token *** (key ***)" in (result.error or "")
+    assert "token *** and key ***" in result.server_log
