@@ -166,6 +166,9 @@ class PointMeasurer:
         self.monitor.stop()  # idempotent; a point that raised must not leave the sampler running
         if self.sampler is not None:
             self.sampler.stop()
+        if self.window is not None:  # nor its profiler window: it would start a trace later, on
+            self.window.cancel()  # whatever server then answers at that URL
+            self.window = None
 
     def _scrape(self) -> prometheus.Sample:
         if not self.engine_metrics or self.view.metrics_url is None:

@@ -127,6 +127,11 @@ class ProfileWindow:
             except OSError as exc:
                 self.say(f"profile: could not stop the trace: {exc}")
 
+    def cancel(self) -> None:
+        """The point failed: a trace not yet started never starts, one running stops now (its
+        thread asks the servers to stop it and ends; nobody waits for it)."""
+        self._cancel.set()
+
     def finish(self) -> dict[str, float]:
         """The point is over: stop a trace still running; the point's profile metrics."""
         self._cancel.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +18,7 @@ from orchestrator.engines.base import Profiler
 from orchestrator.metrics.result import TrialResult, load_result, save_result
 from orchestrator.report.verdict import decide
 from orchestrator.tracking.runs import Point, TrialData
+from orchestrator.trial.points import PointMeasurer
 from orchestrator.trial.profile import ProfileWindow, collect_traces
 from orchestrator.trial.servers import server_key
 
@@ -77,6 +79,22 @@ def test_a_point_shorter_than_the_delay_is_never_traced(engine):
     window = ProfileWindow(ProfileSpec(point="c1", start_after_s=30, in_verdict=True), Profiler(), [url], None, print)
     window.start()
     assert window.finish() == {"profiled": 1.0} and calls == []
+
+
+def test_a_failed_point_cancels_its_window_and_no_trace_starts_later(engine):
+    """A point that raised: the measurer's exit cancels the window (a trace due later would start
+    on whatever server then answers at that URL); its thread ends without being waited for."""
+    url, calls = engine
+    window = ProfileWindow(ProfileSpec(point="c1", start_after_s=0.5), Profiler(), [url], None, print)
+    window.start()
+    measurer = PointMeasurer.__new__(PointMeasurer)  # only what its exit reads: the point's helpers
+    measurer.monitor, measurer.sampler, measurer.window = SimpleNamespace(stop=lambda: None), None, window
+    measurer.__exit__(RuntimeError, RuntimeError("the load failed"), None)
+    assert measurer.window is None
+    window._thread.join(timeout=10)
+    assert not window._thread.is_alive()
+    time.sleep(0.6)
+    assert calls == []
 
 
 def test_traces_travel_with_the_result(tmp_path):
