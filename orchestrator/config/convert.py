@@ -10,6 +10,10 @@ Two overlays are applied before validation, in this order:
   the variant's keys (multi_lora's ``rank_64`` trains rank-64 tiny adapters on the CPU and
   raises the slots' rank over one's own adapters on a GPU).
 
+A key set on the command line wins over both, as it wins over the experiment's file in Hydra
+(``+experiment=chunked_prefill workload.num_requests=500`` runs 500 requests, though the CPU
+overlay says 24); one that replaces a variant's own value is logged as a warning.
+
 Every error names the offending key and what was expected, before anything starts.
 
 Relative file paths in the config (model folders, tokenizers, datasets, traces, LMCache's disk
@@ -22,8 +26,9 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -36,6 +41,7 @@ SETTINGS_KEYS = ("tracking", "cluster", "dry_run", "resume", "reuse_servers", "o
 OVERLAY_KEYS = ("variants", "per_platform")
 META_KEYS = ("sweeps",)  # read by Hydra's sweeper through interpolation, not by trials
 TOP_LEVEL_KEYS = TRIAL_KEYS + SETTINGS_KEYS + OVERLAY_KEYS + META_KEYS
+log = logging.getLogger(__name__)
 
 
 REPLACE = "_replace_"
@@ -97,9 +103,77 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
         raise ConfigError(f"config does not resolve: {exc}") from exc
 
 
-def apply_overlays(data: dict[str, Any]) -> dict[str, Any]:
+def command_line_keys(overrides: Sequence[str], data: Mapping[str, Any]) -> list[tuple[list[str], bool]]:
+    """The config keys a job's overrides set (``workload.num_requests=500``) or delete (``~key``),
+    each as its path and whether it is deleted. Left out: a config group's choice
+    (``workload=mooncake``: the group's file, which the overlays may scale), ``variant`` and
+    ``experiment``, Hydra's own keys."""
+    keys: list[tuple[list[str], bool]] = []
+    for override in overrides:
+        text = override.lstrip("+")
+        deleted = text.startswith("~")
+        key, _, value = text.lstrip("~").partition("=")
+        key = key.strip()
+        if not key or "/" in key or key.split(".")[0] in ("hydra", "variant", "experiment"):
+            continue
+        if "." not in key and isinstance(data.get(key), Mapping) and not value.lstrip().startswith("{"):
+            continue  # group=option
+        keys.append((key.split("."), deleted))
+    return keys
+
+
+def _at(data: Any, path: list[str]) -> tuple[bool, Any]:
+    """(found, value) at ``path`` in nested dicts and lists (a list's index as digits)."""
+    for part in path:
+        if isinstance(data, Mapping) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return False, None
+    return True, data
+
+
+def _put(data: dict[str, Any], path: list[str], value: Any, delete: bool = False) -> None:
+    """Set (or delete) the value at ``path``, making the dicts on the way as needed."""
+    node: Any = data
+    for part in path[:-1]:
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            node = node.setdefault(part, {})
+        else:
+            raise ConfigError(f"{'.'.join(path)}: set on the command line, but '{part}' is no mapping or list here")
+    last = path[-1]
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        if not delete:
+            node[int(last)] = value
+    elif isinstance(node, dict):
+        if delete:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    else:
+        raise ConfigError(f"{'.'.join(path)}: set on the command line, but its parent is no mapping or list here")
+
+
+def _sets(overlay: Any, path: list[str]) -> bool:
+    """Whether an overlay sets ``path``, a key above it or one below it."""
+    node = overlay
+    for part in path:
+        if not isinstance(node, Mapping):
+            return True  # the overlay sets a value above the path
+        if part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def apply_overlays(data: dict[str, Any], overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Apply ``per_platform``, then ``variants``, then the platform's form of the variant
-    (``per_platform.<platform>.variants.<variant>``); returns a new dict without them."""
+    (``per_platform.<platform>.variants.<variant>``), then again what ``overrides`` (the job's
+    command line) set; returns a new dict without the overlays."""
+    typed = data
     data = dict(data)
     per_platform = data.pop("per_platform", None) or {}
     variants = data.pop("variants", None) or {}
@@ -133,6 +207,22 @@ def apply_overlays(data: dict[str, Any]) -> dict[str, Any]:
         if variant in forms:  # after the variant: a platform's form overrides it, _replace_ included
             _check_overlay(f"per_platform.{platform_name}.variants.{variant}", forms[variant])
             data = deep_merge(data, forms[variant])
+    for path, deleted in command_line_keys(overrides, typed):
+        found, value = _at(typed, path)
+        if not deleted and not found:
+            continue
+        now_found, now = _at(data, path)
+        if now_found == (not deleted) and (deleted or now == value):
+            continue
+        if variant is not None and (_sets(variants.get(variant) or {}, path) or _sets(forms.get(variant) or {}, path)):
+            log.warning(
+                "%s: the command line's value replaces variant %s's (%s -> %s)",
+                ".".join(path),
+                variant,
+                json.dumps(now, default=str),
+                json.dumps(value, default=str),
+            )
+        _put(data, path, plain_copy(value), delete=deleted)
     return data
 
 
@@ -147,10 +237,11 @@ def _check_overlay(where: str, overlay: Any) -> None:
         )
 
 
-def to_specs(cfg: Any) -> tuple[TrialSpec, SweepSettings]:
-    """Validate a composed config; raise :class:`ConfigError` naming every bad key."""
+def to_specs(cfg: Any, overrides: Sequence[str] = ()) -> tuple[TrialSpec, SweepSettings]:
+    """Validate a composed config; raise :class:`ConfigError` naming every bad key. ``overrides``:
+    the job's command line, whose keys win over the experiment's overlays."""
     # A plain dict is not copied here: the overlays and absolute_paths make new dicts.
-    data = apply_overlays(dict(cfg) if type(cfg) is dict else config_to_dict(cfg))
+    data = apply_overlays(dict(cfg) if type(cfg) is dict else config_to_dict(cfg), overrides)
     unknown = sorted(k for k in data if k not in TOP_LEVEL_KEYS)
     if unknown:
         raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(TOP_LEVEL_KEYS)}")

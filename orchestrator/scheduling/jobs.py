@@ -47,7 +47,7 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
     problems: list[str] = []
     for i, (overrides, cfg) in enumerate(configs):
         try:
-            spec, settings = to_specs(cfg)
+            spec, settings = to_specs(cfg, overrides)
         except ConfigError as exc:
             where = " ".join(redact_override(o) for o in overrides) or "(no overrides)"
             problems.append(f"job {first_index + i} [{where}]: {exc}")

@@ -178,3 +178,34 @@ def test_relative_file_paths_become_absolute_where_the_command_runs(compose, tmp
     assert (hub.model.path, hub.model.tokenizer, hub.engine.python) == ("org/model", "org/model", "python3")
     boxed, _ = to_specs(compose(["engine.python=bin/python", "engine.launch_prefix=[apptainer,exec,img.sif]"]))
     assert boxed.engine.python == "bin/python"
+
+
+def test_the_command_line_wins_over_an_experiments_overlays(compose, caplog):
+    """An experiment's per_platform and variants overlays are applied after Hydra composed the
+    command line: a key typed there still wins (it was silently replaced by the CPU overlay's
+    value). A group's choice is no typed key: the overlay still scales the chosen group's file."""
+    from orchestrator.config.convert import config_to_dict
+
+    def spec_of(*overrides: str):
+        return to_specs(config_to_dict(compose(list(overrides))), overrides)[0]
+
+    plain = spec_of("+experiment=chunked_prefill", "variant=budget_256")
+    assert (plain.workload.num_requests, plain.engine.max_model_len) == (24, 2048)  # the CPU overlay's
+    typed = spec_of(
+        "+experiment=chunked_prefill", "variant=budget_256", "workload.num_requests=500", "engine.max_model_len=4096"
+    )
+    assert (typed.workload.num_requests, typed.engine.max_model_len) == (500, 4096)
+    assert typed.engine.max_num_batched_tokens == 256 and typed.workload.classes["long"].input_tokens == 1024
+    chosen = spec_of("+experiment=chunked_prefill", "variant=budget_256", "workload=mixed_long_short")
+    assert chosen.workload.num_requests == 24 and chosen.workload.classes["long"].input_tokens == 1024
+    assert (
+        spec_of("+experiment=chunked_prefill", "variant=budget_256", "engine.max_model_len=null").engine.max_model_len
+        is None
+    )
+    with caplog.at_level("WARNING"):
+        replaced = spec_of("+experiment=chunked_prefill", "variant=budget_256", "engine.max_num_batched_tokens=300")
+    assert replaced.engine.max_num_batched_tokens == 300
+    assert (
+        "engine.max_num_batched_tokens: the command line's value replaces variant budget_256's (256 -> 300)"
+        in caplog.text
+    )
