@@ -358,7 +358,7 @@ def format_validation_error(model: type[BaseModel], exc: ValidationError) -> str
         else:
             given = err.get("input")
             shown_input = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
-            lines.append(f"{path}: {err['msg']}{shown_input}")
+            lines.append(f"{path}: {err['msg'].removeprefix('Value error, ')}{shown_input}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

@@ -209,3 +209,26 @@ def test_the_command_line_wins_over_an_experiments_overlays(compose, caplog):
         "engine.max_num_batched_tokens: the command line's value replaces variant budget_256's (256 -> 300)"
         in caplog.text
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("http://127.0.0.1:99999", "expected a port from 1 to 65535 after the host"),
+        ("http://127.0.0.1:abc", "expected a port from 1 to 65535 after the host"),
+        ("http://h:8000/v1", "expected the server's root, http(s)://host:port, no path (the client adds /v1/...)"),
+        ("ftp://h:1", "expected http(s)://host:port"),
+        ("http://:80", "expected a host and a port"),
+    ],
+)
+def test_an_external_servers_url_is_checked_part_by_part(compose, url, said):
+    """A port out of range or not a number was a traceback inside the trial; each mistake is now
+    a line naming engine.url, before anything starts."""
+    with pytest.raises(ConfigError) as err:
+        to_specs(compose(["engine=external", f"engine.url={url}"]))
+    assert f"engine.url: {said}" in str(err.value) and f"(got '{url}')" in str(err.value)
+
+
+def test_an_external_servers_root_with_a_slash_is_its_root(compose):
+    spec, _ = to_specs(compose(["engine=external", "engine.url=http://h:8000/"]))
+    assert spec.engine.url == "http://h:8000"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    field_validator,
     model_validator,
 )
 
@@ -313,12 +315,30 @@ class ExternalEngineSpec(BaseEngineSpec):
     """
 
     name: Literal["external"] = "external"
-    url: str = Field(pattern=r"^https?://[^/\s]+$", description="http(s)://host:port, no path")
+    url: str = Field(description="http(s)://host:port, no path")
     api_key_env: str | None = None
     health_path: str | None = "/health"
     metrics_path: str | None = "/metrics"
     metrics: Literal["vllm", "none"] = Field(default="vllm", description="whose Prometheus names to read")
     startup_timeout_s: PositiveFloat = 60.0
+
+    @field_validator("url")
+    @classmethod
+    def _server_url(cls, url: str) -> str:
+        """http(s)://host[:port], said part by part when it is not (a port out of range or not a
+        number failed later, inside the trial, as a traceback)."""
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.netloc or any(c.isspace() for c in url):
+            raise ValueError("expected http(s)://host:port")
+        if u.path.strip("/") or u.query or u.fragment:
+            raise ValueError("expected the server's root, http(s)://host:port, no path (the client adds /v1/...)")
+        try:
+            port = u.port
+        except ValueError:
+            raise ValueError("expected a port from 1 to 65535 after the host") from None
+        if port == 0 or not u.hostname:
+            raise ValueError("expected a host and a port from 1 to 65535")
+        return url.rstrip("/")
 
 
 class SleepEngineSpec(BaseEngineSpec):
