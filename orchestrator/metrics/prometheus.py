@@ -115,8 +115,12 @@ def latency_buckets(
 ) -> dict[str, list[tuple[float, float]]]:
     """Per ``latency`` histogram of ``metric_map``: its (upper bound, cumulative count) bucket
     deltas between two scrapes, bounds in the histogram's unit; histograms without a new
-    observation are left out."""
+    observation are left out. A bucket missing from a scrape ``before`` is new since (a labelled
+    series appears at its first observation); an empty ``before`` (the scrape failed) says
+    nothing of where the point began: no percentiles, not the server's whole life as the point's."""
     out: dict[str, list[tuple[float, float]]] = {}
+    if not before:
+        return out
     for name, ref in metric_map.items():
         if ref.kind != "latency":
             continue

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ExpectationSpec
-from orchestrator.objective import fixed_points, fmt, value_of
-from orchestrator.tracking.runs import TrialData
+from orchestrator.objective import fixed_points, fmt, read_at, value_of
+from orchestrator.tracking.runs import Point, TrialData
 
 OBSERVED, NOT_OBSERVED, UNMEASURABLE = "observed", "not observed", "not measurable here"
 
@@ -31,6 +33,22 @@ def _label(e: ExpectationSpec) -> str:
 
 class _Unmeasurable(Exception):
     """The claim cannot be checked with what was measured."""
+
+
+# The load points flagged INVALID that the claim being checked read a number at ("budget_256 at
+# c4"): the claim is still judged, as the verdict judges such points, with a caution.
+_invalid_reads: ContextVar[list[str] | None] = ContextVar("_invalid_reads", default=None)
+
+
+def _flag_invalid(where: str) -> None:
+    reads = _invalid_reads.get()
+    if reads is not None and where not in reads:
+        reads.append(where)
+
+
+def _point_flagged(t: TrialData, p: Point) -> None:
+    if p.metrics.get(M.INVALID, 0.0) >= 1.0:
+        _flag_invalid(f"{t.name} at {p.label}")
 
 
 def _trial(trials: Sequence[TrialData], name: str, every: Sequence[TrialData]) -> TrialData:
@@ -64,6 +82,8 @@ def _value(t: TrialData, e: ExpectationSpec) -> float:
         v = value_of(t, key, at)
         if v is None:
             raise _Unmeasurable(f"{t.name} has no {key}" + (f" at {e.at}" if e.at else ""))
+        if v.where and read_at(t, v, M.INVALID):
+            _flag_invalid(f"{t.name} at {v.where}")
         values.append(v.value)
     if len(values) == 2:
         if values[1] == 0:
@@ -127,6 +147,8 @@ def _across(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[T
         if len(points) < 2:
             raise _Unmeasurable(f"{t.name} has fewer than two points with {e.metric}")
         values = [p.metrics[e.metric] for p in points]
+        for p in points:
+            _point_flagged(t, p)
         ok &= _monotone(values, e.across_points, e.margin)
         parts.append(f"{t.name}: " + ", ".join(f"{p.label} {fmt(v)}" for p, v in zip(points, values)))
     return ok, f"{e.metric} over the load points: " + "; ".join(parts)
@@ -150,6 +172,8 @@ def _within(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[T
     assert e.of is not None and e.within is not None
     ref = _value(_trial(finished, e.of, every), e)
     values = {t.name: _value(t, e) for t in _chosen(e, finished, every) if t.name != e.of}
+    if not values:  # all() of nothing is True: "observed" with nothing compared
+        raise _Unmeasurable(f"no finished trial besides {e.of} to compare with it")
     ok = all(abs(v - ref) <= e.within for v in values.values())
     return ok, f"{_label(e)} within {fmt(e.within)} of {e.of} {fmt(ref)}: " + ", ".join(
         f"{n} {fmt(v)}" for n, v in values.items()
@@ -165,6 +189,7 @@ def _limiter(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[
         p = next((p for p in points if p.label == at), None) if at else (points[-1] if points else None)
         if p is None or not p.limiter:
             raise _Unmeasurable(f"{t.name} has no diagnosed point{' ' + e.at if e.at else ''}")
+        _point_flagged(t, p)
         ok &= p.limiter in e.limiter
         parts.append(f"{t.name} at {p.label}: {p.limiter.replace('_', ' ')} ({p.diagnosis.get('confidence', '?')})")
     want = " or ".join(c.replace("_", " ") for c in e.limiter)
@@ -190,11 +215,17 @@ def check(expect: Sequence[ExpectationSpec], trials: Sequence[TrialData]) -> lis
         if e.needs == "gpu" and platforms and "gpu" not in platforms:
             out.append(Outcome(e, UNMEASURABLE, f"needs a GPU; this sweep ran on {', '.join(sorted(platforms))}"))
             continue
+        reads: list[str] = []
+        token = _invalid_reads.set(reads)
         try:
             ok, numbers = FORMS[e.form](e, finished, trials)
         except _Unmeasurable as exc:
             out.append(Outcome(e, UNMEASURABLE, str(exc)))
             continue
+        finally:
+            _invalid_reads.reset(token)
+        if reads:
+            numbers += f"; caution: read at load points flagged INVALID ({', '.join(reads)}): judge with care"
         out.append(Outcome(e, OBSERVED if ok else NOT_OBSERVED, numbers))
     return out
 

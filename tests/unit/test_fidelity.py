@@ -223,6 +223,9 @@ def test_bucket_deltas_of_a_point_give_the_servers_percentiles():
     assert m["server_ttft_ms_p50"] == pytest.approx(175.0) and m["server_ttft_ms_p50_res_ms"] == pytest.approx(150.0)
     assert m["server_ttft_ms_p99_high"] == pytest.approx(250.0)
     assert "ttft" not in prometheus.latency_buckets(after, after, METRICS)  # nothing observed: left out
+    # the scrape before the point failed: the counters since the server started are not the point's
+    assert prometheus.latency_buckets({}, after, METRICS) == {}
+    assert prometheus.deltas({}, after, METRICS) == {}
 
 
 def test_a_client_far_above_the_servers_bucket_is_flagged():

@@ -173,6 +173,35 @@ def test_not_measurable_here_says_why():
     assert out[3].numbers == "chunking_off has no server_spec_decode_acceptance_rate"
 
 
+def test_a_claim_read_at_an_invalid_point_says_so_and_within_nothing_is_not_observed():
+    """A number read at a load point flagged INVALID (the client could not keep up, other
+    processes took the CPU) judges a claim only with a caution, as the verdict does; a 'within'
+    claim with no other trial left to compare is not measurable, not observed of nothing."""
+    trials = chunked_sweep()
+    trials[1].points[0].metrics["invalid"] = 1.0  # budget_256 at c4
+    out = expectations.check(
+        claims(
+            {"claim": "smoother", "metric": "short/itl_ms_p99", "lower": "budget_256", "than": "chunking_off"},
+            {
+                "claim": "trend",
+                "metric": "stalls_per_prefill",
+                "along": "engine.max_num_batched_tokens",
+                "trend": "decreases",
+            },
+            {"claim": "interference", "limiter": "prefill_interference", "in": "budget_256"},
+            {"claim": "clean", "metric": "short/itl_ms_p99", "lower": "budget_512", "than": "chunking_off"},
+            {"claim": "alone", "metric": "tokens_per_second", "within": 5, "of": "budget_256", "in": "budget_256"},
+        ),
+        trials,
+    )
+    caution = "caution: read at load points flagged INVALID (budget_256 at c4): judge with care"
+    assert [o.status for o in out[:3]] == ["observed"] * 3
+    assert all(o.numbers.endswith(caution) for o in out[:3]), [o.numbers for o in out]
+    assert out[3].status == "observed" and "caution" not in out[3].numbers
+    assert out[4].status == "not measurable here"
+    assert out[4].numbers == "no finished trial besides budget_256 to compare with it"
+
+
 def test_a_claim_needs_exactly_one_form():
     with pytest.raises(ValueError, match="exactly one form"):
         ExpectationSpec.model_validate({"claim": "x", "metric": "m"})
