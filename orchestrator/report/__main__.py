@@ -14,33 +14,61 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 KEYS = ("experiment", "tracking.uri", "sweep", "out", "log", "delta")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _bad(message: str) -> NoReturn:
+    """A mistake in the arguments: its line, exit code 2 (as the sweep's config errors)."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def parse(argv: list[str]) -> dict[str, str]:
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(__doc__)
+        raise SystemExit(0)
     args = {}
     for a in argv:
         key, sep, value = a.lstrip("+").partition("=")
         if not sep or key not in KEYS:
-            raise SystemExit(f"error: expected key=value with key in {', '.join(KEYS)}; got {a!r}")
+            _bad(f"error: expected key=value with key in {', '.join(KEYS)}; got {a!r}")
         args[key] = value
     if "experiment" not in args:
-        raise SystemExit("error: experiment=NAME is required (the MLflow experiment of the sweep)")
+        _bad("error: experiment=NAME is required (the MLflow experiment of the sweep)")
+    try:
+        float(args.get("delta", 0.01))
+    except ValueError:
+        _bad(f"error: delta: expected a number (an accuracy tolerance such as 0.01), got {args['delta']!r}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    from mlflow.exceptions import MlflowException
+
+    from orchestrator.config.secrets import redact_text
     from orchestrator.report import build_report, from_mlflow
-    from orchestrator.tracking.mlflow_tracker import DEFAULT_TRACKING_URI
+    from orchestrator.tracking.mlflow_tracker import DEFAULT_TRACKING_URI, server_answers, sqlite_file
 
     uri = args.get("tracking.uri") or DEFAULT_TRACKING_URI
+    shown = redact_text(uri)
+    db = sqlite_file(uri)
+    if db is not None and not db.is_file():  # reading must not create an empty store there
+        print(f"error: tracking.uri: no MLflow store at {db} ({shown})", file=sys.stderr)
+        return 2
+    if not server_answers(uri):
+        print(f"error: tracking.uri: the MLflow server at {shown} does not answer", file=sys.stderr)
+        return 2
     try:
         data = from_mlflow(uri, args["experiment"], args.get("sweep"))
     except LookupError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except MlflowException as exc:  # a URI MLflow cannot read (an unknown scheme, a store it cannot open)
+        print(f"error: tracking.uri={shown}: {redact_text(str(exc).splitlines()[0])}", file=sys.stderr)
         return 2
     out = Path(args.get("out") or ROOT / "reports" / args["experiment"])
     files = build_report(data, out, float(args.get("delta", 0.01)))

@@ -192,8 +192,29 @@ def test_report_cli_rebuilds_and_logs_to_the_sweep_run(chunked_results, tmp_path
     timelines = [a.path for a in MlflowClient(uri).list_artifacts(sweep, "report/timelines")]
     assert timelines == [f"report/timelines/{chunked_results[0].variant}-{chunked_results[0].trial_hash[:8]}.png"]
     assert main(["experiment=missing", f"tracking.uri={uri}"]) == 2
-    with pytest.raises(SystemExit, match="expected key=value"):
-        main(["chunked_prefill"])
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["chunked_prefill"], "expected key=value"),
+        (["experiment=x", "delta=abc"], "delta: expected a number"),
+        (["experiment=x", "tracking.uri=sqlite:///{tmp}/none/m.db"], "tracking.uri: no MLflow store at"),
+        (["experiment=x", "tracking.uri=foo://bar"], "tracking.uri=foo://bar: "),
+    ],
+)
+def test_report_cli_mistakes_are_one_line_and_exit_2(tmp_path, capsys, args, said):
+    """A mistake in the report command's arguments is a line naming the key, exit code 2 (an
+    unknown URI scheme was MLflow's traceback); reading never creates a store where none was."""
+    from orchestrator.report.__main__ import main
+
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
 
 
 def test_first_serving_knee_and_plot(tmp_path):
