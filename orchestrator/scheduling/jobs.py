@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from orchestrator.config import ConfigError, SweepSettings, TrialSpec, to_specs, trial_hash
 from orchestrator.config.hashing import first_run_hash
+from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.secrets import redact_override
 
 
@@ -60,6 +62,8 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
         jobs.append(TrialJob(first_index + i, list(overrides), spec, settings))
     if not problems and jobs:
         problems += _shared_settings_problems(jobs)
+    if not problems and jobs:
+        problems += _verdict_problems(jobs)
     if not problems:
         problems += _input_file_problems(jobs) + _engine_environment_problems(jobs) + _gpu_problems(jobs)
     if problems:
@@ -139,6 +143,63 @@ def _engine_environment_problems(jobs: list[TrialJob]) -> list[str]:
         if reason and reason not in problems:
             problems[reason] = job.index
     return [f"job {index}: {reason}" for reason, index in problems.items()]
+
+
+def _keys_under(data: Any, path: str) -> list[str]:
+    for part in path.split(".") if path else []:
+        data = data.get(part) if isinstance(data, dict) else None
+    return list(data) if isinstance(data, dict) else []
+
+
+def _has_path(data: Any, path: str) -> bool:
+    for part in path.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def _verdict_problems(jobs: list[TrialJob]) -> list[str]:
+    """The knobs and load points the objective and the claims name exist in the sweep's trials: a
+    misspelt knob (``engine.max_num_seqz``) or an ``at`` no trial has (``c999``) would otherwise
+    leave the verdict or the claim empty after the whole sweep ran. A metric's name is checked
+    with the settings; a capacity search's probes are named as it goes, so ``at`` is not checked
+    against a sweep that searches."""
+    settings = jobs[0].settings
+    knobs: list[tuple[str, str]] = []
+    points: list[tuple[str, str]] = []
+    goal = settings.objective
+    if goal is not None:
+        named = [("maximize", goal.maximize), ("minimize", goal.minimize)]
+        named += [(f"subject_to.{k}", k) for k in goal.subject_to]
+        named += [(f"show[{i}]", k) for i, k in enumerate(goal.show)]
+        named += [(f"frontier.{d}", k) for d, k in (goal.frontier or {}).items()]
+        knobs += [(f"objective.{where}", k) for where, k in named if k is not None and is_knob(k)]
+        if goal.at is not None:
+            points.append(("objective.at", goal.at))
+    for i, claim in enumerate(settings.expect):
+        if claim.along is not None:
+            knobs.append((f"expect[{i}].along", claim.along))
+        if claim.at is not None and claim.at not in ("lightest", "heaviest"):
+            points.append((f"expect[{i}].at", claim.at))
+    problems = []
+    dumps = [j.spec.model_dump(mode="json") for j in jobs] if knobs else []
+    for where, knob in knobs:
+        if not any(_has_path(d, knob) for d in dumps):
+            head, _, tail = knob.rpartition(".")
+            near = sorted({k for d in dumps for k in _keys_under(d, head)})
+            close = difflib.get_close_matches(tail, near, n=3)
+            hint = f"closest: {', '.join(f'{head}.{c}' for c in close)}" if close else f"{head} keys: {', '.join(near)}"
+            problems.append(f"{where}: {knob} is no key of this sweep's trials ({hint})")
+    if points and not any(j.spec.workload.capacity is not None for j in jobs):
+        labels = list(dict.fromkeys(p.label for j in jobs for p in j.spec.workload.load_points))
+        for where, at in points:
+            if at not in labels:
+                also = "; or lightest / heaviest" if where.startswith("expect") else ""
+                problems.append(
+                    f"{where}: no load point '{at}' in this sweep (its points: {', '.join(labels) or 'none'}{also})"
+                )
+    return problems
 
 
 def _shared_settings_problems(jobs: list[TrialJob]) -> list[str]:

@@ -181,3 +181,15 @@ def test_secrets_on_the_command_line_are_hidden_in_the_files_hydra_writes(tmp_pa
         or "HF_TOKEN: ***" in written["single/.hydra/config.yaml"]
     )
     assert "https://bob:***@mlflow.example:5000" in written["multi/multirun.yaml"]
+
+
+def test_a_misspelt_knob_or_a_point_no_trial_has_fails_before_the_sweep():
+    """The verdict's knob and its load point are checked against the sweep's trials: a typo left
+    the verdict empty after the whole sweep ran."""
+    p = run("+experiment=chunked_prefill", "objective.minimize=engine.max_num_batched_tokenz", "dry_run=true", "-m")
+    assert p.returncode == 2
+    assert "objective.minimize: engine.max_num_batched_tokenz is no key of this sweep's trials" in p.stderr
+    assert "closest: engine.max_num_batched_tokens" in p.stderr
+    p = run("+experiment=chunked_prefill", "~objective", "+objective={maximize:goodput,at:c999}", "dry_run=true", "-m")
+    assert p.returncode == 2
+    assert "objective.at: no load point 'c999' in this sweep (its points: c2, c4)" in p.stderr
