@@ -279,9 +279,14 @@ def test_a_key_the_chosen_config_makes_dead_is_an_error(compose, override, messa
 
 
 def test_the_keys_a_dataset_reads_are_accepted(compose):
-    to_specs(compose(["workload=shared_prefix"]))
-    to_specs(compose(["workload=multi_turn"]))
-    to_specs(compose(["workload.load_points=[{rate:2,arrival:gamma,burstiness:0.5}]"]))
+    shared = to_specs(compose(["workload=shared_prefix"]))[0].workload.classes["main"]
+    assert (shared.dataset, shared.num_groups, shared.prefix_tokens) == ("shared_prefix", 8, 1024)
+    chat = to_specs(compose(["workload=multi_turn"]))[0].workload.classes["main"]
+    assert (chat.dataset, chat.turns, chat.think_time_s) == ("multi_turn", 4, 1.0)
+    point = to_specs(compose(["workload.load_points=[{rate:2,arrival:gamma,burstiness:0.5}]"]))[0].workload.load_points[
+        0
+    ]
+    assert (point.rate, point.arrival, point.burstiness) == (2, "gamma", 0.5)
 
 
 def test_model_tokenizer_is_refused_for_a_tiny_model_we_launch_and_passed_to_other_servers(compose, tmp_path):

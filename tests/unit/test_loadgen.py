@@ -90,6 +90,7 @@ def test_closed_loop_never_exceeds_concurrency(factory):
 def test_multi_token_chunks_counted(factory):
     with FakeOpenAIServer(Script(tokens_per_chunk=3)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
+    assert len(records) == 2
     for r in records:
         assert r.chunk_tokens == [3, 3, 2] and r.output_tokens == 8
 
@@ -103,6 +104,7 @@ def test_closing_chunk_counted_only_when_it_carries_a_token(factory, closing):
     with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.04, usage=False, closing=closing)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
         truth = srv.truth.by_request
+    assert len(records) == 2
     for r in records:
         assert r.ok and r.output_tokens == 8
         assert r.chunk_tokens == [1] * 8 and len(r.chunk_times_s) == 8
@@ -145,7 +147,8 @@ def test_unreachable_server_is_error_not_exception(factory):
     records = run_points(
         Endpoint("http://127.0.0.1:9", "m"), workload(num_requests=2, warmup_requests=0), factory, seed=0
     )
-    assert all(r.status == "error" for r in records)
+    assert len(records) == 2  # every request a record: none dropped
+    assert all(r.status == "error" and r.error for r in records), [r.error for r in records]
 
 
 def test_poisson_point_and_background_class(factory):
