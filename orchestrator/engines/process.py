@@ -171,7 +171,11 @@ class ServerProcess:
             # docker) it may run where this folder does not exist.
             self._rpc_dir = tempfile.mkdtemp(prefix="il-rpc-")
             env[RPC_DIR_ENV] = self._rpc_dir
-        log_file = open(self.log_path, "ab")
+        try:
+            log_file = open(self.log_path, "ab")
+        except BaseException:
+            self.stop()  # nothing started: only the IPC folder to remove
+            raise
         try:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -188,15 +192,17 @@ class ServerProcess:
             raise
         finally:
             log_file.close()
-        _RUNNING.add(self.proc.pid)
-        if self.nice:
-            # Set on the process just started, still one thread at its interpreter's start-up: its
-            # threads and children (vLLM's engine core, its workers) inherit it as they are made.
-            try:
-                os.setpriority(os.PRIO_PROCESS, self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
-            except OSError as exc:
-                log.warning("%s: could not lower its priority (platform.server_nice): %s", self.name, exc)
+        # From here a Ctrl-C (raised wherever the main thread is) or any failure stops the server
+        # just started: it must not run on without its watchdog or its place in _RUNNING.
         try:
+            _RUNNING.add(self.proc.pid)
+            if self.nice:
+                # Set on the process just started, still one thread at its interpreter's start-up: its
+                # threads and children (vLLM's engine core, its workers) inherit it as they are made.
+                try:
+                    os.setpriority(os.PRIO_PROCESS, self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
+                except OSError as exc:
+                    log.warning("%s: could not lower its priority (platform.server_nice): %s", self.name, exc)
             self._watchdog = subprocess.Popen(
                 [
                     sys.executable,

@@ -101,6 +101,26 @@ def test_an_interrupt_terms_the_running_servers_before_anything_unwinds(tmp_path
     assert signal.getsignal(signal.SIGINT) is before  # restored, whatever it was
 
 
+def test_an_interrupt_just_after_the_server_started_stops_it(tmp_path, monkeypatch):
+    """Ctrl-C lands wherever the main thread is: right after the server's Popen, before its
+    watchdog started, the server was left running with nothing to stop it."""
+    s = server(tmp_path, "--spawn-child")
+    s.nice = 1
+    started: list[int] = []
+    folders: list[str | None] = []
+
+    def interrupted(which: int, pid: int, value: int) -> None:
+        started.append(pid)
+        folders.append(s._rpc_dir)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "setpriority", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        s.start()
+    assert started and _wait_group_gone(started[0], 10), "the server outlived the interrupt"
+    assert folders[0] is not None and not Path(folders[0]).exists()  # its IPC folder removed too
+
+
 def test_crash_detected(tmp_path):
     s = server(tmp_path, "--die-after", "1.0")
     with s:
