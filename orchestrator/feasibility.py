@@ -146,7 +146,12 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
                 f"model {spec.model.name} needs ~{need_gb:.0f} GB for its weights on the CPU platform; "
                 f"this host has {have_gb:.0f} GB"
             )
-    reason = adapter_for(spec.engine.name).unsupported(spec) or nsys.unsupported(spec) or lora_unfit(spec)
+    reason = (
+        adapter_for(spec.engine.name).unsupported(spec)
+        or nsys.unsupported(spec)
+        or lora_unfit(spec)
+        or vllm_refuses(spec)
+    )
     if reason:
         return reason
     need = gpus_needed(spec)
@@ -172,6 +177,41 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
                 f"the KV cache holds {cap.tokens} tokens ({cap.kv_budget_gib_per_gpu:.1f} GiB per GPU at "
                 f"{cap.kv_bytes_per_token / 1024:.0f} KiB/token) but one request needs up to {needed}"
             )
+    return None
+
+
+def vllm_refuses(spec: TrialSpec) -> str | None:
+    """Why vLLM would refuse to start with the trial's scheduler and length settings (its
+    SchedulerConfig.verify_max_model_len and ModelConfig's length check), or None: said before the
+    server starts, not as its start-up traceback a minute later. Checked only where the values
+    are set or read here (a default vLLM picks itself is not guessed)."""
+    engine = spec.engine
+    if not isinstance(engine, VLLMEngineSpec):
+        return None
+    from orchestrator.models.shape import max_positions
+
+    found = max_positions(spec.model)
+    allow_long = str(engine.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "")).lower() in ("1", "true")
+    if found is not None and engine.max_model_len is not None and engine.max_model_len > found[0] and not allow_long:
+        return (
+            f"engine.max_model_len {engine.max_model_len} is more than the model takes ({found[0]}, {found[1]}): "
+            "vLLM refuses it (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in engine.env overrides, at the model's risk)"
+        )
+    tokens = engine.max_num_batched_tokens
+    if tokens is None:
+        return None
+    model_len = engine.max_model_len or (found[0] if found is not None else None)
+    if engine.enable_chunked_prefill is False and model_len is not None and tokens < model_len:
+        return (
+            f"engine.max_num_batched_tokens {tokens} is less than max_model_len {model_len} with chunked prefill off: "
+            "vLLM refuses it (a longer prompt could never be scheduled); raise the budget, lower "
+            "engine.max_model_len or turn engine.enable_chunked_prefill on"
+        )
+    if engine.max_num_seqs is not None and tokens < engine.max_num_seqs:
+        return (
+            f"engine.max_num_batched_tokens {tokens} is less than engine.max_num_seqs {engine.max_num_seqs}: "
+            "vLLM refuses it (every running sequence needs a token of the step's budget)"
+        )
     return None
 
 

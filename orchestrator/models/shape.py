@@ -137,6 +137,40 @@ def weight_bytes(cfg: dict[str, Any]) -> float:
     return 4.0 if dtype in ("float32", "float") else 2.0
 
 
+# The config.json keys a model's context length is given by (vLLM's _get_and_verify_max_len reads these)
+_POSITION_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def max_positions(model: ModelSpec) -> tuple[int, str] | None:
+    """The longest sequence the model takes (and where that was read): the tiny model's
+    ``max_position_embeddings``, else the smallest of its config.json's length keys; None when
+    its config is not at hand or scales its positions (RoPE scaling: the engine derives more)."""
+    if model.tiny is not None:
+        return model.tiny.max_position_embeddings, "the tiny model's max_position_embeddings"
+    path = config_path(model)
+    if path is None:
+        return None
+    cfg = _read(str(path))
+    text = cfg.get("text_config")
+    if isinstance(text, dict):  # a multimodal model's language model
+        cfg = text
+    if cfg.get("rope_scaling") or cfg.get("rope_parameters"):
+        return None
+    lengths = [(int(cfg[k]), k) for k in _POSITION_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 0]
+    if not lengths:
+        return None
+    n, key = min(lengths)
+    return n, f"{key} in {path}"
+
+
 def read_arch(model: ModelSpec) -> tuple[ModelArch, str] | None:
     """The shape the model's own ``config.json`` gives, and where it was read; None without one."""
     path = config_path(model)

@@ -208,6 +208,42 @@ def test_infeasible_gpu_trials_say_why(compose):
     assert "the KV cache holds" in assess(tight, cluster_gpus=1)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=256", "engine.max_model_len=2048"],
+            "engine.max_num_batched_tokens 256 is less than max_model_len 2048 with chunked prefill off",
+        ),
+        (  # the model's own length when max_model_len is not set
+            ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=256"],
+            "is less than max_model_len 8192 with chunked prefill off",
+        ),
+        (
+            ["engine.max_num_batched_tokens=64", "engine.max_num_seqs=128"],
+            "engine.max_num_batched_tokens 64 is less than engine.max_num_seqs 128",
+        ),
+        (
+            ["engine.max_model_len=100000"],
+            "engine.max_model_len 100000 is more than the model takes (8192, the tiny model's max_position_embeddings)",
+        ),
+    ],
+)
+def test_what_vllm_would_refuse_at_its_start_is_skipped_with_the_reason_first(compose, overrides, said):
+    """vLLM's scheduler and length checks, said before any server starts (they were its start-up
+    traceback a minute later); the same settings within its rules run."""
+    from orchestrator.feasibility import assess
+
+    spec = to_specs(compose(overrides))[0]
+    assert said in (assess(spec, cluster_gpus=0) or "")
+    fine = ["engine.enable_chunked_prefill=true", "engine.max_num_batched_tokens=256", "engine.max_num_seqs=8"]
+    assert assess(to_specs(compose(fine))[0], cluster_gpus=0) is None
+    allowed = ["engine.max_model_len=100000", "+engine.env.VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"]  # a number: its text
+    long = to_specs(compose(allowed))[0]
+    assert long.engine.env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1"
+    assert "more than the model takes" not in (assess(long, cluster_gpus=0) or "")
+
+
 # The workload card compares two workloads, not configurations: no verdict to give.
 NO_OBJECTIVE = {"serving_workloads"}
 

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    BeforeValidator,
     Field,
     PositiveFloat,
     PositiveInt,
@@ -15,6 +16,19 @@ from pydantic import (
 
 from .base import StrictModel
 from .model import LoraRank
+
+
+def _env_text(value: Any) -> Any:
+    """``engine.env.OMP_NUM_THREADS=4`` (Hydra reads 4 as a number): the environment holds its
+    text; a boolean as 1 / 0; anything else (a list, a mapping) is left for the type to refuse."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+EnvValue = Annotated[str, BeforeValidator(_env_text)]
 
 
 def _check_extra_args(extra_args: list[str | int | float], managed: dict[str, str]) -> None:
@@ -114,7 +128,10 @@ class LaunchedEngineSpec(BaseEngineSpec):
     reset_cache_between_points: bool = Field(default=False, description="empty the prefix cache before each point")
     restart_between_points: bool = Field(default=False, description="a fresh server for every load point")
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to argv as strings")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, EnvValue] = Field(
+        default_factory=dict,
+        description="the servers' environment (a number or a boolean is written as the shell would)",
+    )
     startup_timeout_s: PositiveFloat = 600.0
     python: EnginePython = None
     launch_prefix: LaunchPrefix = Field(default_factory=list)
