@@ -134,8 +134,14 @@ def capacity(spec: TrialSpec) -> Capacity | None:
     return kv_capacity(arch, mem, util, min(_tp_sizes(spec)), e.kv_cache_dtype, e.quantization)
 
 
-def assess(spec: TrialSpec, cluster_gpus: int | None = None) -> str | None:
-    """Why the trial cannot run (it is then SKIPPED), or None. ``cluster_gpus`` None = unknown."""
+def assess(spec: TrialSpec, cluster_gpus: int | None = None, node_cpus: float | None = None) -> str | None:
+    """Why the trial cannot run (it is then SKIPPED), or None. ``cluster_gpus`` None = unknown;
+    ``node_cpus``: the most CPUs one node of the cluster offers (None = unknown)."""
+    if node_cpus is not None and spec.platform.cpus_per_trial > node_cpus:
+        return (
+            f"platform.cpus_per_trial {spec.platform.cpus_per_trial:g} is more than any node offers ({node_cpus:g} CPUs): "
+            "Ray would wait for such a node forever"
+        )
     arch = arch_of(spec.model)
     if spec.platform.device == "cpu" and arch is not None and spec.model.tiny is None:
         dtype = spec.engine.dtype if isinstance(spec.engine, LaunchedEngineSpec) else ""

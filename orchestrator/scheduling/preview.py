@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from orchestrator.config.logs import Progress, print_progress
@@ -34,10 +35,16 @@ def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[d
 
     as_json = jobs[0].settings.dry_run == "json" if jobs else True
     gpus, why = cluster_gpus(jobs[0]) if jobs else (None, "")
+    # the local Ray a sweep starts offers this machine's CPUs (or cluster.num_cpus); a cluster's are not read
+    cpus = (
+        (jobs[0].settings.cluster.num_cpus or os.cpu_count())
+        if jobs and jobs[0].settings.cluster.address is None
+        else None
+    )
     lines, rows = [], []  # what the summary needs: a plan of 10,000 trials keeps no server commands
     model_from = roofs = ""
     for job in jobs:
-        plan = plan_trial(job.spec, gpus)
+        plan = plan_trial(job.spec, gpus, cpus)
         status = "feasible" if plan["feasible"] else "skipped"
         if status == "feasible" and plan.get("engine_environment"):
             status, plan["reason"] = "blocked", plan["engine_environment"]

@@ -264,6 +264,14 @@ def cluster_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
+def largest_node_cpus() -> float | None:
+    """The most CPUs one live node of the connected Ray cluster offers (None: none reported)."""
+    import ray
+
+    cpus = [float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+    return max(cpus) if cpus else None
+
+
 def run_jobs(
     jobs: list[TrialJob],
     workdir_of: Callable[[TrialJob], str],

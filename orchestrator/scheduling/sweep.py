@@ -27,7 +27,14 @@ from orchestrator.scheduling import outcome
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.preview import dry_run, share_key
 from orchestrator.scheduling.race import races, repeat_job, run_race
-from orchestrator.scheduling.ray_exec import RayContext, cluster_gpus, init_ray, prepare_workers, run_jobs
+from orchestrator.scheduling.ray_exec import (
+    RayContext,
+    cluster_gpus,
+    init_ray,
+    largest_node_cpus,
+    prepare_workers,
+    run_jobs,
+)
 from orchestrator.scheduling.recorder import Recorder, log_partial_results, trial_dir
 from orchestrator.scheduling.sweep_report import report_sweep, status_table
 from orchestrator.tracking import MlflowTracker, ui_command
@@ -358,13 +365,13 @@ def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: Recorder) ->
     """Infeasible trials are SKIPPED here, never submitted (Ray would wait forever); the others
     run on Ray, each recorded as it finishes."""
     settings = jobs[0].settings
-    gpus = cluster_gpus()
+    gpus, cpus = cluster_gpus(), largest_node_cpus()
     runnable, skipped = [], []
     for job in jobs:
         if job.trial_hash in done:
             record.counts["ALREADY_FINISHED"] += 1
             continue
-        reason = assess(job.spec, gpus)
+        reason = assess(job.spec, gpus, cpus)
         if reason is None:
             runnable.append(job)
         else:

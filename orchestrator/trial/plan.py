@@ -39,9 +39,9 @@ def check_feasible(spec: TrialSpec, gpu_ids: list[int]) -> None:
             raise ConfigError(mismatch)
 
 
-def plan_trial(spec: TrialSpec, cluster_gpus: int | None = None) -> dict[str, Any]:
+def plan_trial(spec: TrialSpec, cluster_gpus: int | None = None, node_cpus: float | None = None) -> dict[str, Any]:
     """What the trial would do, without starting or building anything (for dry runs)."""
-    reason = assess(spec, cluster_gpus)
+    reason = assess(spec, cluster_gpus, node_cpus)
     plan: dict[str, Any] = {"feasible": reason is None, "reason": reason, **describe(spec)}
     plan["servers"] = [x.redacted() for x in planned_launches(spec)]
     plan["client_processes"] = client_processes_plan(spec)

@@ -300,3 +300,15 @@ def test_a_lab_on_the_adder_trains_the_model_groups_adder(compose, experiment):
     lab, _ = to_specs(compose([f"+experiment={experiment}", "platform=cpu"]))
     assert lab.model.tiny is not None and adder.model.tiny is not None
     assert tiny_dir_name(lab.model.tiny.model_copy(update={"quantization": None})) == tiny_dir_name(adder.model.tiny)
+
+
+def test_a_trial_asking_more_cpus_than_any_node_has_is_skipped_not_left_waiting(compose):
+    """Ray waits forever for a node with the trial's platform.cpus_per_trial: SKIPPED, with why."""
+    from orchestrator.feasibility import assess
+
+    spec = to_specs(compose(["platform.cpus_per_trial=64"]))[0]
+    assert assess(spec, cluster_gpus=0, node_cpus=2) == (
+        "platform.cpus_per_trial 64 is more than any node offers (2 CPUs): Ray would wait for such a node forever"
+    )
+    assert assess(spec, cluster_gpus=0, node_cpus=None) is None  # a cluster's nodes unknown: not judged
+    assert assess(to_specs(compose(["platform.cpus_per_trial=2"]))[0], cluster_gpus=0, node_cpus=2) is None
