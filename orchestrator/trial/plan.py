@@ -15,7 +15,7 @@ from orchestrator.config.secrets import redact_mapping, redact_override
 from orchestrator.engines import adapter_for, envs
 from orchestrator.feasibility import assess, describe, gpu_mismatch
 from orchestrator.loadgen.datasets import load_sharegpt
-from orchestrator.loadgen.traces import read_trace
+from orchestrator.loadgen.traces import read_trace, replay_slice
 from orchestrator.metrics.probes import visible_devices
 from orchestrator.metrics.result import TrialResult
 from orchestrator.models import check_hub_tokenizer, resolve_model
@@ -105,15 +105,27 @@ def check_inputs(spec: TrialSpec) -> list[str]:
             )
     for i, p in enumerate(spec.workload.load_points):
         if p.trace:
+            where = "workload.replay" if spec.workload.replay is not None else f"workload.load_points.{i}"
             try:
                 trace = read_trace(p.trace, p.trace_format, p.trace_block_tokens)
             except ConfigError as exc:
-                raise ConfigError(f"workload.load_points.{i}.trace: {exc}") from None
+                raise ConfigError(f"{where}.trace: {exc}") from None
+            cut = replay_slice(
+                trace, p.trace_start_s, p.length_scale, p.max_context_tokens, p.over_context, time_scale=p.time_scale
+            )
+            if not cut.rows:
+                last = trace.rows[-1].timestamp_s
+                why = (
+                    f"trace_start_s {p.trace_start_s:g} is after the trace's last request ({last:.0f} s)"
+                    if p.trace_start_s > last
+                    else f"all {cut.dropped} of its requests are over max_context_tokens {p.max_context_tokens}"
+                )
+                raise ConfigError(f"{where}: the slice it replays has no request ({why})")
             blocks = f", prefix blocks of {trace.block_tokens} tokens" if trace.block_tokens else ""
             turns = trace.conversations
             chats = f" in {turns} conversations" if turns < len(trace.rows) else ""
             notes.append(
-                f"workload.load_points.{i}: trace {trace.path} ({trace.format}, {len(trace.rows)} requests{chats} "
+                f"{where}: trace {trace.path} ({trace.format}, {len(trace.rows)} requests{chats} "
                 f"over {trace.rows[-1].timestamp_s:.0f} s{blocks}, sha256 {trace.sha256[:12]})"
             )
     return notes

@@ -128,6 +128,34 @@ def test_a_trace_workload_replaces_the_load_points_and_its_fields_need_a_trace(c
         to_specs(compose(["workload.replay={rate:2}"]))
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        (
+            "workload.replay.trace_start_s=100000",
+            "workload.replay: the slice it replays has no request (trace_start_s 100000 is after the trace's last request",
+        ),
+        (
+            "workload.replay.max_context_tokens=1",
+            "workload.replay: the slice it replays has no request (all 756 of its requests are over max_context_tokens 1)",
+        ),
+        (
+            "workload.replay.trace=/nonexistent.jsonl",
+            "workload.replay.trace: trace: file '/nonexistent.jsonl' does not exist",
+        ),
+    ],
+)
+def test_a_replay_that_would_send_nothing_or_reads_no_file_names_workload_replay(compose, override, said):
+    """Before any server starts: an empty slice (the point would measure nothing), a missing
+    trace, each under the key the user set (workload.replay, not load_points.0)."""
+    from orchestrator.trial import check_inputs
+
+    spec, _ = to_specs(compose(["workload=mooncake", override]))
+    with pytest.raises(ConfigError) as err:
+        check_inputs(spec)
+    assert said in str(err.value)
+
+
 BAILIAN = DATA / "bailian_sample.jsonl"
 
 
