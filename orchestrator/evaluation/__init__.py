@@ -16,6 +16,8 @@ server has one, reaches lm-eval through ``OPENAI_API_KEY`` in its environment, n
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 import math
 import os
@@ -40,6 +42,33 @@ class EvalError(TrialError):
 
 def local_task_names() -> list[str]:
     return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+
+
+@functools.lru_cache(maxsize=1)
+def _lm_eval_tasks() -> frozenset[str] | None:
+    """Every task and group lm-eval knows here (its TaskManager reads ~15,000 task files: ~15 s,
+    once per process); None where lm-eval is not installed (the trial's own error says so)."""
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        return None
+    return frozenset(TaskManager().all_tasks)
+
+
+def task_problem(spec: EvalSpec) -> str | None:
+    """Why ``eval.tasks`` cannot run, said before any server starts (it was found only after the
+    load points, when lm-eval ran): a local task not shipped, or a name lm-eval does not know."""
+    if not spec.tasks:
+        return None
+    if spec.local_tasks:
+        missing = [t for t in spec.tasks if not (TASKS_DIR / f"{t}.yaml").exists()]
+        return f"eval.tasks: no local task {missing} (shipped: {', '.join(local_task_names())})" if missing else None
+    known = _lm_eval_tasks()
+    unknown = [t for t in spec.tasks if known is not None and t not in known]
+    if not unknown:
+        return None
+    close = sorted({c for t in unknown for c in difflib.get_close_matches(t, known or (), n=3)})
+    return f"eval.tasks: lm-eval has no task {unknown}" + (f" (closest: {', '.join(close)})" if close else "")
 
 
 def eval_argv(
@@ -89,9 +118,9 @@ def prepare_local_tasks(spec: EvalSpec, workdir: Path) -> Path | None:
     """Copy the shipped tasks (YAML + data) into ``workdir/eval_tasks``; None if not local."""
     if not spec.local_tasks:
         return None
-    missing = [t for t in spec.tasks if not (TASKS_DIR / f"{t}.yaml").exists()]
-    if missing:
-        raise EvalError(f"eval.tasks: no local task {missing} (shipped: {', '.join(local_task_names())})")
+    problem = task_problem(spec)  # the sweep checked it before starting: here for a trial run alone
+    if problem:
+        raise EvalError(problem)
     dest = workdir / "eval_tasks"
     dest.mkdir(parents=True, exist_ok=True)
     for f in TASKS_DIR.iterdir():

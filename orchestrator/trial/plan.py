@@ -13,6 +13,7 @@ from orchestrator.config.hashing import trial_hash
 from orchestrator.config.schema import TrialSpec
 from orchestrator.config.secrets import redact_mapping, redact_override
 from orchestrator.engines import adapter_for, envs
+from orchestrator.evaluation import task_problem
 from orchestrator.feasibility import assess, describe, gpu_mismatch
 from orchestrator.loadgen.datasets import load_sharegpt
 from orchestrator.loadgen.traces import read_trace, replay_slice
@@ -93,6 +94,9 @@ def check_inputs(spec: TrialSpec) -> list[str]:
     if spec.model.tokenizer and not Path(spec.model.tokenizer).expanduser().exists():
         check_hub_tokenizer(spec.model.tokenizer)
     adapter_for(spec.engine.name).api_key(spec)  # a ConfigError naming engine.api_key_env when it is not set
+    problem = task_problem(spec.eval)
+    if problem:
+        raise ConfigError(problem)
     for name, c in spec.workload.classes.items():
         if c.dataset == "sharegpt" and c.path:
             try:

@@ -119,3 +119,21 @@ def test_an_lm_eval_failure_names_its_cause_on_the_first_line(tmp_path, tiny_mod
     text = str(err.value)
     assert "Tasks not found" in text.splitlines()[0] and "no_such_task_here" in text.splitlines()[0], text[:500]
     assert "last log lines" in text
+
+
+def test_tasks_no_one_has_are_refused_before_any_server_starts(compose):
+    """A local task not shipped, or a name lm-eval does not know (with the closest ones), is a
+    config error of the sweep: it was found after the load points had run, when lm-eval did."""
+    from orchestrator.config import ConfigError, to_specs
+    from orchestrator.evaluation import task_problem
+    from orchestrator.trial import check_inputs
+
+    assert task_problem(EvalSpec(tasks=["addition"], local_tasks=True)) is None
+    assert task_problem(EvalSpec(tasks=["gsm8k"])) is None
+    assert (
+        task_problem(EvalSpec(tasks=["gsm8kk"]))
+        == "eval.tasks: lm-eval has no task ['gsm8kk'] (closest: gsm8k, gsm8k_cot)"
+    )
+    spec, _ = to_specs(compose(["eval=addition", "eval.tasks=[nope]"]))
+    with pytest.raises(ConfigError, match=r"eval.tasks: no local task \['nope'\] \(shipped: addition\)"):
+        check_inputs(spec)
