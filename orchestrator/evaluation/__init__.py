@@ -190,6 +190,7 @@ def run_eval(
             argv, cwd=include or workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
+            _guard(proc.pid)
             code = proc.wait(timeout=spec.timeout_s)
         except subprocess.TimeoutExpired:
             _kill(proc)
@@ -206,6 +207,20 @@ def run_eval(
         f"(+/- {metrics.get(M.ACCURACY_STDERR, float('nan')):.3f}) in {metrics[M.EVAL_S]:.0f}s"
     )
     return metrics
+
+
+def _guard(pgid: int) -> None:
+    """The engine servers' watchdog (``orchestrator.engines.watchdog``, run as a program) over
+    lm-eval's process group: if this process dies without stopping it (a Ray worker killed, the
+    node's OOM killer), lm-eval is stopped instead of retrying against a server that is gone."""
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.engines.watchdog", str(os.getpid()), str(pgid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    watchdog.wait(timeout=30)  # it forks a detached watcher and exits at once
 
 
 def _kill(proc: subprocess.Popen) -> None:

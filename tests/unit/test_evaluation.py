@@ -137,3 +137,44 @@ def test_tasks_no_one_has_are_refused_before_any_server_starts(compose):
     spec, _ = to_specs(compose(["eval=addition", "eval.tasks=[nope]"]))
     with pytest.raises(ConfigError, match=r"eval.tasks: no local task \['nope'\] \(shipped: addition\)"):
         check_inputs(spec)
+
+
+def test_lm_eval_is_stopped_when_the_trial_that_started_it_dies(tmp_path):
+    """A Ray worker killed (force-cancel, OOM) while lm-eval runs: the watchdog over lm-eval's
+    process group stops it; it was left retrying against a server that was gone."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    import psutil
+
+    owner_script = tmp_path / "owner.py"
+    owner_script.write_text(
+        textwrap.dedent(
+            """
+            import subprocess, sys, time
+            from orchestrator.evaluation import _guard
+            lm_eval = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+            _guard(lm_eval.pid)
+            print(lm_eval.pid, flush=True)
+            time.sleep(120)
+            """
+        )
+    )
+    owner = subprocess.Popen([sys.executable, str(owner_script)], stdout=subprocess.PIPE, text=True)
+    pid = int(owner.stdout.readline())
+    assert psutil.pid_exists(pid)
+    owner.kill()
+    owner.wait()
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + 30
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert gone(), "lm-eval outlived the trial that started it"
