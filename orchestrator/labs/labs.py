@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -99,6 +100,14 @@ def run_lab(name: str, overrides: list[str], log: Path) -> LabRun:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+
+        def terminated(signum: int, frame: object) -> None:
+            # ``kill`` reaches this runner alone (Ctrl-C reaches the sweep's process group too):
+            # the sweep gets it, to stop its trials and servers, and this runner waits for it
+            proc.send_signal(signal.SIGTERM)
+            raise SystemExit(128 + signum)
+
+        previous = signal.signal(signal.SIGTERM, terminated)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -110,6 +119,8 @@ def run_lab(name: str, overrides: list[str], log: Path) -> LabRun:
         except BaseException:  # Ctrl-C: the sweep handles SIGINT itself (stops its servers)
             proc.wait()
             raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     run = LabRun(name, code, time.monotonic() - t0, log)
     read_outcome(run, lines)
     return run

@@ -115,3 +115,48 @@ def test_the_labs_table_is_read_from_the_console_and_the_results_on_disk(tmp_pat
         in table([failed])
     )
     assert "- quantization / c: EvalError: lm-eval exited with 1: boom" in lines
+
+
+def test_a_terminated_labs_runner_stops_the_sweep_it_runs(tmp_path):
+    """``kill`` reaches the labs runner alone: it passes SIGTERM to the running sweep (which stops
+    its trials and servers) and waits for it; the sweep went on without it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    fake = tmp_path / "fake_sweep"
+    fake.write_text(
+        textwrap.dedent(
+            f"""\
+            #!{sys.executable}
+            import signal, sys, time, pathlib
+            mark = pathlib.Path({str(tmp_path)!r})
+            def term(signum, frame):
+                (mark / "got_term").write_text("1")
+                sys.exit(130)
+            signal.signal(signal.SIGTERM, term)
+            (mark / "started").write_text("1")
+            print("sweep running", flush=True)
+            time.sleep(60)
+            """
+        )
+    )
+    fake.chmod(0o755)
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; from pathlib import Path; sys.executable = {str(fake)!r}; "
+            f"from orchestrator.labs.labs import run_lab; run_lab('x', [], Path({str(tmp_path / 'x.log')!r}))",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(runner.pid, signal.SIGTERM)
+    assert runner.wait(timeout=30) == 128 + signal.SIGTERM
+    assert (tmp_path / "got_term").exists(), "the sweep never heard of it"
