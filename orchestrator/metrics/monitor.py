@@ -102,6 +102,7 @@ class ResourceMonitor:
 
     def reset(self) -> None:
         self.peak_memory_bytes = 0
+        self.memory_read = 0  # samples that read the memory (NVML can fail on a GPU trial)
         self.gauge_max: dict[str, float] = {}
         self.samples = 0
         self.scrapes = 0
@@ -112,11 +113,18 @@ class ResourceMonitor:
         self.sample_gauges()
 
     def sample_memory(self) -> None:
-        mem = gpu_used_bytes(self.gpu_indices) if self.gpu_indices else None
-        if mem is None:
-            mem = sum(tree_rss_bytes(p) for p in self.pids)
-        self.peak_memory_bytes = max(self.peak_memory_bytes, mem)
+        """The GPUs' used memory on a GPU trial (a failed NVML read is a miss: the host memory of
+        the server's processes is another quantity, never mixed into the GPU peak), else the
+        resident memory of the server's process trees."""
         self.samples += 1
+        if self.gpu_indices:
+            mem = gpu_used_bytes(self.gpu_indices)
+        else:
+            mem = sum(tree_rss_bytes(p) for p in self.pids) if self.pids else None
+        if mem is None:
+            return
+        self.peak_memory_bytes = max(self.peak_memory_bytes, mem)
+        self.memory_read += 1
 
     def sample_gauges(self) -> None:
         if self.metrics_url and self.gauges:
@@ -200,6 +208,10 @@ class ResourceMonitor:
         """Stop sampling; return ``memory_peak_gb`` and ``<gauge>_max`` metrics. Idempotent."""
         self.stop_thread()
         self.sample()
-        out = {M.MEMORY_PEAK_GB: self.peak_memory_bytes / 1e9} if (self.pids or self.gpu_indices) else {}
+        out = {}
+        if self.memory_read:
+            out[M.MEMORY_PEAK_GB] = self.peak_memory_bytes / 1e9
+        elif self.gpu_indices:
+            log.warning("GPU memory not measured: NVML could not be read in %d sample(s)", self.samples)
         out.update({f"{k}_max": v for k, v in self.gauge_max.items()})
         return out

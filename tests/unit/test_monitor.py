@@ -129,3 +129,25 @@ def test_engine_counters_join_the_gauges_on_the_timeline():
     assert series(tl.rows, "engine", "preemptions")[1] == [0.0, 1.0]
     assert ratio_of_deltas(tl.rows, "engine", "prefix_cache_hits", "prefix_cache_queries")[1] == [0.25]
     assert mon.gauge_max == {"requests_running": 5.0}  # counters are not gauges: no per-point maximum
+
+
+def test_a_gpu_trial_whose_nvml_fails_has_no_memory_peak_not_the_hosts(monkeypatch, caplog):
+    """On a GPU trial a failed NVML read was replaced by the server's host RSS: two quantities in
+    one 'GPU peak'. A miss is a miss; with no GPU read at all the peak is left out, said in the log."""
+    from orchestrator.metrics import monitor as mon
+
+    readings = iter([None, 3_000_000_000, None])
+    monkeypatch.setattr(mon, "gpu_used_bytes", lambda indices: next(readings))
+    m = ResourceMonitor([os.getpid()], None, {}, gpu_indices=[0])
+    m.sample_memory()
+    m.sample_memory()
+    assert m.stop()["memory_peak_gb"] == 3.0  # the GPU's reading alone (the third sample, by stop, missed)
+    monkeypatch.setattr(mon, "gpu_used_bytes", lambda indices: None)
+    m = ResourceMonitor([os.getpid()], None, {}, gpu_indices=[0])
+    m.sample_memory()
+    with caplog.at_level("WARNING"):
+        assert "memory_peak_gb" not in m.stop()
+    assert "GPU memory not measured: NVML could not be read in 2 sample(s)" in caplog.text
+    cpu = ResourceMonitor([os.getpid()], None, {})
+    assert cpu.stop()["memory_peak_gb"] > 0  # a CPU trial: its processes' resident memory
+    assert ResourceMonitor([], None, {}).stop() == {}  # nothing to measure: nothing said
