@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import tempfile
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
 from orchestrator.metrics.result import TIMELINE_FILE, TrialResult
 from orchestrator.metrics.summary import adapter_key
 from orchestrator.tracking.mlflow_tracker import result_id, trial_params
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -267,9 +270,19 @@ def _trial_of_run(client: Any, run: Any, tmp: str) -> TrialData:
     points: list[Point] = []
     try:
         local = client.download_artifacts(run_id, "points.csv", tmp)
-        points = parse_points_csv(Path(local).read_text())
-    except Exception:  # a skipped trial has no points
-        points = []
+    except Exception:  # a skipped trial (or one that holds, sleep) has no points
+        local = None
+    if local is not None:
+        try:
+            points = parse_points_csv(Path(local).read_text())
+        except (OSError, ValueError, KeyError) as exc:  # there, but unreadable: said, not taken for "no points"
+            log.warning(
+                "trial run %s (%s): its points.csv cannot be read (%s: %s); the report leaves its points out",
+                run_id,
+                run.data.tags.get("variant") or run.data.tags.get("trial_hash", "?"),
+                type(exc).__name__,
+                exc,
+            )
 
     def load(run_id: str = run_id) -> Any:
         import pyarrow.parquet as pq

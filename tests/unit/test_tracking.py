@@ -215,3 +215,34 @@ def test_ui_command_serves_the_store_it_names():
         "--port",
         "5000",
     ]
+
+
+def test_an_unreadable_points_csv_is_said_not_taken_for_no_points(tmp_path, caplog):
+    """Reading a sweep back from MLflow: a trial run without points.csv has no points (skipped);
+    one whose points.csv is there but cannot be parsed is named in a warning (the report had
+    silently treated it as a trial that measured nothing)."""
+    from types import SimpleNamespace
+
+    from orchestrator.tracking.runs import _trial_of_run
+
+    class Store:  # what the read-back asks of MLflow's client: one artifact by its path
+        def __init__(self, text: str | None) -> None:
+            self.text = text
+
+        def download_artifacts(self, run_id: str, path: str, dest: str) -> str:
+            if self.text is None or path != "points.csv":
+                raise OSError(f"no artifact {path}")
+            out = tmp_path / f"{run_id}-{path}"
+            out.write_text(self.text)
+            return str(out)
+
+    run = SimpleNamespace(
+        info=SimpleNamespace(run_id="r1", status="FINISHED"),
+        data=SimpleNamespace(tags={"variant": "budget_256", "trial_hash": "abc"}, params={}, metrics={}),
+    )
+    with caplog.at_level("WARNING"):
+        trial = _trial_of_run(Store("point,label,setting\nnot-a-number,c4,{}\n"), run, str(tmp_path))
+    assert trial.points == []
+    assert "trial run r1 (budget_256): its points.csv cannot be read (ValueError" in caplog.text
+    caplog.clear()
+    assert _trial_of_run(Store(None), run, str(tmp_path)).points == [] and caplog.text == ""
