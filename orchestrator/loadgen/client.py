@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -23,6 +24,8 @@ from orchestrator.loadgen.api import API_PATHS, DELTAS, PAYLOADS, Endpoint, Plan
 from orchestrator.loadgen.sse import SseStream
 from orchestrator.loadgen.wire import WireError, WireSession
 from orchestrator.metrics.records import STATUS_ERROR, RequestRecord
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Endpoint", "HttpSession", "PlannedRequest", "Turn", "now"]
 
@@ -68,8 +71,8 @@ class HttpSession:
         if url.scheme == "http" and url.hostname:
             try:
                 await self.wire.open(url.hostname, url.port or 80, connections)
-            except OSError:  # best effort, as below
-                pass
+            except OSError as exc:  # best effort: the first requests then open their own (in their TTFT)
+                log.warning("could not open %d connection(s) ahead of the point: %s", connections, exc)
             return
 
         async def one() -> None:
@@ -80,8 +83,8 @@ class HttpSession:
                     timeout=aiohttp.ClientTimeout(total=10),
                 ) as resp:
                     await resp.read()
-            except Exception:  # best effort: a refused warm-up changes nothing about the measurement
-                pass
+            except Exception as exc:  # best effort: a refused warm-up changes nothing about the measurement
+                log.debug("warm-up request to %s/v1/models: %s", endpoint.base_url, exc)
 
         await asyncio.gather(*(one() for _ in range(connections)))
 

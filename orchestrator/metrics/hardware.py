@@ -43,5 +43,9 @@ def describe(gpu_indices: list[int] | None = None) -> dict[str, Any]:
         "memory_gb": round(psutil.virtual_memory().total / 1e9, 1),
         "gpus": gpus,
         "gpu_count": len(gpu_indices or []),
-        "summary": f"{len(gpus)}x {gpus[0]}" if gpus else f"cpu:{os.cpu_count()}x {cpu_model()}",
+        "summary": f"{len(gpus)}x {gpus[0]}"
+        if gpus
+        else f"{len(gpu_indices)}x GPU (name unreadable: NVML failed)"
+        if gpu_indices
+        else f"cpu:{os.cpu_count()}x {cpu_model()}",
     }

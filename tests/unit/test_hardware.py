@@ -127,3 +127,14 @@ def test_the_gpu_check_ends_in_a_table_whatever_a_check_does(monkeypatch, capsys
     out = capsys.readouterr().out
     assert "| fine | PASS | ok |" in out and "| broken | FAIL | RuntimeError: no driver |" in out
     assert out.rstrip().endswith("gpu-check: FAILED: broken")
+
+
+def test_a_gpu_trial_whose_gpu_names_cannot_be_read_is_not_called_a_cpu_host(monkeypatch):
+    """The MLflow 'hardware' tag of a GPU trial read 'cpu:...' when NVML failed to name its GPUs."""
+    from orchestrator.metrics import hardware as host
+
+    monkeypatch.setattr(host, "gpu_names", lambda indices: [])
+    assert host.describe([0, 1])["summary"] == "2x GPU (name unreadable: NVML failed)"
+    assert host.describe([])["summary"].startswith("cpu:")
+    monkeypatch.setattr(host, "gpu_names", lambda indices: ["NVIDIA H100 80GB HBM3"] * len(indices))
+    assert host.describe([0, 1])["summary"] == "2x NVIDIA H100 80GB HBM3"
