@@ -72,3 +72,44 @@ def test_cpu_env_and_unset_omp(compose):
     assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert launch.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     assert "OMP_NUM_THREADS" in launch.unset_env
+
+
+def test_the_vllm_value_sets_are_the_installed_vllms_own():
+    """engine.dtype / kv_cache_dtype / quantization are checked against value sets copied from
+    vLLM 0.32 (the CPU build here and engines/vllm-gpu.txt): read back from the installed vLLM's
+    source, so an upgrade that changes them fails here, not as a refused or a let-through value."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+    from typing import get_args
+
+    from orchestrator.config.schema.engines import VLLMCacheDType, VLLMDType, VLLMQuantization
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin is not None
+    root = Path(spec.origin).parent
+
+    def literal(path: str, name: str) -> tuple[str, ...]:
+        for node in ast.walk(ast.parse((root / path).read_text())):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+                items = node.value.slice.elts  # type: ignore[attr-defined]
+                return tuple(e.value for e in items)
+        raise AssertionError(f"{name} not found in vllm/{path}")
+
+    assert get_args(VLLMDType) == literal("config/model.py", "ModelDType")
+    assert get_args(VLLMCacheDType) == literal("config/cache.py", "CacheDType")
+    assert get_args(VLLMQuantization) == literal(
+        "model_executor/layers/quantization/__init__.py", "QuantizationMethods"
+    )
+
+
+def test_a_vllm_value_outside_its_set_names_the_key(compose):
+    from orchestrator.config import ConfigError
+
+    for override, key in (
+        ("engine.kv_cache_dtype=foo", "engine.kv_cache_dtype"),
+        ("engine.quantization=foo", "engine.quantization"),
+        ("platform.dtype=float8", "engine.dtype"),
+    ):
+        with pytest.raises(ConfigError, match=f"{key}: Input should be"):
+            to_specs(compose([override]))

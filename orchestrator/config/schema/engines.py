@@ -142,10 +142,72 @@ class LaunchedEngineSpec(BaseEngineSpec):
         raise NotImplementedError
 
 
+# vLLM 0.32's own value sets (the CPU build and engines/vllm-gpu.txt pin the same version;
+# tests/unit/test_vllm_args.py reads them back from the installed vLLM's source): a typo is an
+# error naming the key here, not argparse's refusal when the server starts.
+VLLMDType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]  # vllm.config.model.ModelDType
+VLLMCacheDType = Literal[  # vllm.config.cache.CacheDType
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
+]
+VLLMQuantization = Literal[  # vllm.model_executor.layers.quantization.QuantizationMethods
+    "awq",
+    "auto_awq",
+    "fp8",
+    "fbgemm_fp8",
+    "fp_quant",
+    "modelopt",
+    "modelopt_fp4",
+    "modelopt_mxfp8",
+    "modelopt_mixed",
+    "auto_gptq",
+    "gptq",
+    "gptq_marlin",
+    "awq_marlin",
+    "humming",
+    "compressed-tensors",
+    "experts_int8",
+    "quark",
+    "moe_wna16",
+    "torchao",
+    "inc",
+    "mxfp4",
+    "gpt_oss_mxfp4",
+    "deepseek_v4_fp8",
+    "online",
+    "fp8_per_tensor",
+    "fp8_per_block",
+    "fp8_per_channel",
+    "int8_per_channel_weight_only",
+    "nvfp4_per_token",
+    "mxfp8",
+]
+
+
 class VLLMEngineSpec(LaunchedEngineSpec):
     """Server knobs of a vLLM trial. ``None`` means "leave vLLM's default"."""
 
     name: Literal["vllm"] = "vllm"
+    dtype: VLLMDType = "auto"
+    kv_cache_dtype: VLLMCacheDType | None = None
+    quantization: VLLMQuantization | None = None
     api_key_env: str | None = Field(
         default=None,
         description="name of an environment variable holding the "
