@@ -383,7 +383,7 @@ def trial_decode_floor(spec: TrialSpec, batch: int = 1, context_tokens: int = 0)
     engine = spec.engine
     launched = engine if isinstance(engine, LaunchedEngineSpec) else None
     quant = launched.quantization if launched else None
-    kv_dtype = launched.kv_cache_dtype if launched else None
+    kv_dtype: str | None = launched.kv_cache_dtype if launched else None
     if spec.platform.dtype in ("float32", "float", "fp32"):  # the CPU build runs fp32 weights and KV here
         if quant is None:
             arch = arch.model_copy(update={"weight_bytes_per_param": 4.0})
