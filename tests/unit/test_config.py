@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from orchestrator.config import ConfigError, to_specs, trial_hash
@@ -232,3 +234,25 @@ def test_an_external_servers_url_is_checked_part_by_part(compose, url, said):
 def test_an_external_servers_root_with_a_slash_is_its_root(compose):
     spec, _ = to_specs(compose(["engine=external", "engine.url=http://h:8000/"]))
     assert spec.engine.url == "http://h:8000"
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ("{num_speculative_tokens:4}", "expected 'method' (ngram, eagle, eagle3, mtp, draft_model, ...) or 'model'"),
+        ("{method:eagle,num_speculative_tokens:4}", "method eagle needs 'model' (its draft model or head)"),
+        ("{method:ngram,num_speculative_tokens:-1}", "num_speculative_tokens: expected a whole number >= 1, got -1"),
+        ("{model:/nonexistent/draft,num_speculative_tokens:4}", "model: no draft model folder at /nonexistent/draft"),
+    ],
+)
+def test_a_speculative_config_vllm_cannot_start_with_is_refused_by_name(compose, config, said):
+    with pytest.raises(ConfigError, match=re.escape(f"engine.speculative_config: {said}")):
+        to_specs(compose([f"engine.speculative_config={config}"]))
+
+
+def test_speculative_configs_vllm_takes_pass(compose):
+    for config in (
+        "{method:ngram,num_speculative_tokens:3,prompt_lookup_max:4}",
+        "{method:mtp,num_speculative_tokens:1}",
+    ):
+        assert to_specs(compose([f"engine.speculative_config={config}"]))[0].engine.speculative_config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -257,6 +258,31 @@ class VLLMEngineSpec(LaunchedEngineSpec):
     enable_prompt_tokens_details: bool = Field(
         default=False, description="each response's usage says its prompt's cached tokens (per-request prefix hits)"
     )
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculation(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        """What vLLM needs of a speculative config, said now (it was a start-up traceback, or on
+        the CPU "speculative method 'None'"): a method or a draft model, a positive token count,
+        a draft model folder that exists."""
+        if v is None:
+            return v
+        method, draft, n = v.get("method"), v.get("model"), v.get("num_speculative_tokens")
+        if method is None and draft is None:
+            raise ValueError(
+                "expected 'method' (ngram, eagle, eagle3, mtp, draft_model, ...) or 'model' (a draft model)"
+            )
+        if method in ("eagle", "eagle3", "medusa", "mlp_speculator", "draft_model") and draft is None:
+            raise ValueError(f"method {method} needs 'model' (its draft model or head)")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"num_speculative_tokens: expected a whole number >= 1, got {n!r}")
+        if (
+            isinstance(draft, str)
+            and draft.startswith(("/", ".", "~"))
+            and not os.path.exists(os.path.expanduser(draft))
+        ):
+            raise ValueError(f"model: no draft model folder at {draft}")
+        return v
 
     @model_validator(mode="after")
     def _extra_args_not_managed(self) -> VLLMEngineSpec:
