@@ -40,6 +40,10 @@ def cli() -> None:
 
     try:
         main()
+    except SystemExit as exc:
+        if exc.code == 1 and not outcome.composed():  # Hydra refused the command line (its message printed)
+            sys.exit(outcome.BAD_INPUT)
+        raise
     except OrchestratorError as exc:  # config mistakes: a clear message, no traceback
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(outcome.BAD_INPUT)

@@ -51,8 +51,10 @@ class OptunaTrialSweeper(Sweeper):
 
         from orchestrator.config import ConfigError
         from orchestrator.config.resolvers import register
+        from orchestrator.scheduling import outcome
         from orchestrator.scheduling.search import run_search
 
+        outcome.reached()
         register()
         try:
             return run_search(self.hydra_context, self.config, self.launcher, arguments, self.options)

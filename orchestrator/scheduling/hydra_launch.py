@@ -45,6 +45,9 @@ def launch_multirun(
     """Hydra launcher body: validate all jobs, run them as one sweep, return JobReturns."""
     from hydra.core.utils import JobReturn, JobStatus, configure_log
 
+    from orchestrator.scheduling.outcome import reached
+
+    reached()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = absolute_dir(str(config.hydra.sweep.dir))
     configs: list[tuple[list[str], Any]] = []
@@ -126,6 +129,9 @@ def run_single(cfg: Any) -> str:
     """Single-run mode (no ``-m``): one trial, logged the same way as a sweep of one."""
     from hydra.core.hydra_config import HydraConfig
 
+    from orchestrator.scheduling import outcome
+
+    outcome.reached()
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     data = config_to_dict(cfg)

@@ -2,7 +2,7 @@
 
 =====  ==========================================================================
 0      every trial FINISHED or was SKIPPED with a reason (and a race, if any, decided)
-2      bad input: a config or file error, before anything started
+2      bad input: a config or file error, before anything started (Hydra's own refusals too)
 3      a trial FAILED (or a race's repeat of one)
 4      the verdict is undecided after the race's budget (the sweep asked to decide)
 130    interrupted (Ctrl-C, SIGTERM): trials and servers were stopped
@@ -18,6 +18,18 @@ _WHY = {TRIAL_FAILED: "a trial FAILED", UNDECIDED: "the verdict is undecided aft
 _RANK = (TRIAL_FAILED, UNDECIDED)  # most serious first
 
 _seen: set[int] = set()
+_reached: list[bool] = [False]  # the orchestrator's own code took over from Hydra's composition
+
+
+def reached() -> None:
+    """The command's config composed: what fails from here is the orchestrator's to say."""
+    _reached[0] = True
+
+
+def composed() -> bool:
+    """Whether Hydra got as far as handing the composed config over (False: Hydra itself
+    refused the command line, a typo in a key or a group option, with exit code 1)."""
+    return _reached[0]
 
 
 def note(status: int) -> None:
@@ -35,3 +47,4 @@ def exit_status() -> tuple[int, str]:
 
 def reset() -> None:
     _seen.clear()
+    _reached[0] = False

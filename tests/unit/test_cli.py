@@ -15,10 +15,14 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_typo_in_existing_group_is_rejected_by_hydra():
+    """Hydra's own refusals exit 2, as the orchestrator's config errors do (a script tells bad
+    input from a failed trial by it); they exited 1."""
     p = run("+experiment=chunked_prefill", "engine.max_num_batched_tokenz=5")
-    assert p.returncode != 0
+    assert p.returncode == 2, p.stderr
     assert "max_num_batched_tokenz" in p.stderr
     assert "starting vllm" not in p.stdout
+    p = run("model=no_such_model", "dry_run=true", "-m")
+    assert p.returncode == 2 and "no_such_model" in p.stderr
 
 
 def test_added_unknown_key_is_rejected_with_allowed_keys():
@@ -31,7 +35,7 @@ def test_added_unknown_key_is_rejected_with_allowed_keys():
 
 def test_unknown_experiment():
     p = run("+experiment=no_such_lab")
-    assert p.returncode != 0
+    assert p.returncode == 2
     assert "no_such_lab" in p.stderr
 
 
