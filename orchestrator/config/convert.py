@@ -358,7 +358,9 @@ def format_validation_error(model: type[BaseModel], exc: ValidationError) -> str
         else:
             given = err.get("input")
             shown_input = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
-            lines.append(f"{path}: {err['msg'].removeprefix('Value error, ')}{shown_input}")
+            message = err["msg"].removeprefix("Value error, ")
+            # a check across sections names its keys itself: no "<root>:" before it
+            lines.append(f"{message}{shown_input}" if path == "<root>" else f"{path}: {message}{shown_input}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

@@ -256,3 +256,11 @@ def test_speculative_configs_vllm_takes_pass(compose):
         "{method:mtp,num_speculative_tokens:1}",
     ):
         assert to_specs(compose([f"engine.speculative_config={config}"]))[0].engine.speculative_config
+
+
+def test_a_check_across_sections_is_said_without_a_root_prefix(compose):
+    """A check that reads two sections names its keys in its message: '<root>:' before it said nothing."""
+    with pytest.raises(ConfigError) as err:
+        to_specs(compose(["engine.max_model_len=64"]))
+    assert "<root>" not in str(err.value)
+    assert "\n  workload 'short_short' needs up to 192 tokens per request" in str(err.value)
