@@ -139,6 +139,15 @@ def run_single(cfg: Any) -> str:
     if hc.output_subdir is not None:  # Hydra saved the config and the overrides there before calling us
         for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
             scrub_file(out_dir / str(hc.output_subdir) / name, secret_values([overrides, data]))
+    variants = data.get("variants") or {}
+    if variants and data.get("variant") is None:
+        print(
+            f"note: experiment '{data.get('experiment')}' is a sweep of {len(variants)} variants "
+            f"({', '.join(list(variants)[:6])}{', ...' if len(variants) > 6 else ''}): add -m to run it; "
+            "without it this is one trial of the experiment's defaults (variant=NAME picks one)",
+            file=sys.stderr,
+            flush=True,
+        )
     jobs = prepare_jobs([(overrides, data)])
     results = run_sweep(jobs, out_dir, out_dir.name, {"sweep_overrides": [redact_override(o) for o in overrides]})
     return results[0].status if results else "DRY_RUN"

@@ -197,3 +197,10 @@ def test_a_misspelt_knob_or_a_point_no_trial_has_fails_before_the_sweep():
     p = run("+experiment=chunked_prefill", "~objective", "+objective={maximize:goodput,at:c999}", "dry_run=true", "-m")
     assert p.returncode == 2
     assert "objective.at: no load point 'c999' in this sweep (its points: c2, c4)" in p.stderr
+
+
+def test_an_experiment_without_m_says_it_is_a_sweep():
+    p = run("+experiment=chunked_prefill", "dry_run=true")
+    assert p.returncode == 0, p.stderr
+    assert "note: experiment 'chunked_prefill' is a sweep of 6 variants" in p.stderr and "add -m to run it" in p.stderr
+    assert "note: experiment" not in run("+experiment=chunked_prefill", "variant=budget_256", "dry_run=true").stderr
