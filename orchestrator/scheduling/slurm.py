@@ -16,6 +16,7 @@ with an argv list. CPUs per node default to a trial's CPUs for each GPU, so ever
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 import subprocess
@@ -46,7 +47,9 @@ class SlurmParams(BaseModel):
         description="CPUs Ray may hand out per node; default: GPUs per node x the sweep's platform.cpus_per_trial "
         "(every GPU busy), 8 without GPUs",
     )
-    mem: str = "64G"
+    mem: str = Field(
+        default="64G", pattern=r"^\d+[KMGT]?$", description="memory per node, as sbatch --mem: 64G, 512000M"
+    )
     time: str = Field(default="04:00:00", pattern=r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$")
     partition: str | None = None
     account: str | None = None
@@ -74,6 +77,12 @@ class SlurmParams(BaseModel):
         return v
 
 
+_FORMS = {
+    "mem": "expected a size as sbatch takes it, such as 64G or 512000M",
+    "time": "expected HH:MM:SS or D-HH:MM:SS",
+}
+
+
 def params_from(values: dict[str, object]) -> SlurmParams:
     """Validated parameters; an unknown one is an error listing the valid ones."""
     unknown = sorted(set(values) - set(SlurmParams.model_fields))
@@ -84,7 +93,13 @@ def params_from(values: dict[str, object]) -> SlurmParams:
     try:
         return SlurmParams.model_validate(values)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        # each named as its flag (--gpus-per-node), the way it was given
+        problems = "; ".join(
+            f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: "
+            f"{_FORMS.get(str(e['loc'][0]), e['msg']) if e['type'] == 'string_pattern_mismatch' else e['msg'].removeprefix('Value error, ')} "
+            f"(got {e.get('input')!r})"
+            for e in exc.errors()
+        )
         raise ConfigError(f"slurm: {problems}") from None
 
 
@@ -95,14 +110,18 @@ def cpus_per_trial(overrides: list[str]) -> int:
 
     for o in overrides:
         if o.startswith(("platform.cpus_per_trial=", "++platform.cpus_per_trial=", "+platform.cpus_per_trial=")):
-            return int(o.split("=", 1)[1])
+            value = o.split("=", 1)[1]
+            try:
+                return max(1, math.ceil(float(value)))  # a fraction of a CPU still takes one of the node's
+            except ValueError:
+                raise ConfigError(f"platform.cpus_per_trial: expected a number, got {value!r}") from None
     name = next((o.split("=", 1)[1] for o in overrides if o.startswith("platform=")), "cpu")
     path = ROOT / "conf" / "platform" / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"slurm: platform={name}: no conf/platform/{name}.yaml")
     data = yaml.safe_load(path.read_text()) or {}
     section = data.get("platform", data)  # a global-package file nests it under platform
-    return int(section.get("cpus_per_trial") or 1)
+    return max(1, math.ceil(float(section.get("cpus_per_trial") or 1)))
 
 
 def node_cpus(params: SlurmParams, overrides: list[str]) -> int:

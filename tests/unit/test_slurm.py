@@ -77,12 +77,17 @@ def test_cli_prints_and_rejects(capsys):
         and "orchestrator +experiment=first_serving cluster.address" in out
     )
     assert main(["--time", "soon", "+experiment=x"]) == 2
-    assert "slurm: time" in capsys.readouterr().err
+    assert "slurm: --time: expected HH:MM:SS or D-HH:MM:SS (got 'soon')" in capsys.readouterr().err
+    assert main(["--mem", "bar", "+experiment=x"]) == 2  # it was written into the script as it was
+    assert (
+        "slurm: --mem: expected a size as sbatch takes it, such as 64G or 512000M (got 'bar')"
+        in capsys.readouterr().err
+    )
 
 
 def test_ray_port_must_avoid_rays_own_ranges():
     # Found on a real SLURM: --port 16380 collides with Ray's worker ports (10002-19999).
-    with pytest.raises(ConfigError, match="ray_port.*collides with Ray"):
+    with pytest.raises(ConfigError, match="--ray-port: 16380 collides with Ray"):
         params_from({"ray_port": 16380})
 
 
@@ -114,6 +119,12 @@ def test_cpus_per_node_let_every_gpu_run_a_trial():
     assert "--cpus-per-task=40" in render_sbatch(params_from({"gpus_per_node": 4, "cpus_per_node": 40}), gpu)
     with pytest.raises(ConfigError, match="platform=tpu"):
         render_sbatch(params_from({"gpus_per_node": 1}), ["platform=tpu"])
+    # a fraction of a CPU (the schema allows 1.5) takes a whole one of the node's: it was a traceback
+    assert "#SBATCH --cpus-per-task=8" in render_sbatch(
+        params_from({"gpus_per_node": 4}), [*gpu, "platform.cpus_per_trial=1.5"]
+    )
+    with pytest.raises(ConfigError, match="platform.cpus_per_trial: expected a number, got 'abc'"):
+        render_sbatch(params_from({"gpus_per_node": 1}), ["platform.cpus_per_trial=abc"])
 
 
 def test_submit_validates_the_sweep_here_before_sbatch(tmp_path, capsys):
