@@ -264,3 +264,16 @@ def test_a_check_across_sections_is_said_without_a_root_prefix(compose):
         to_specs(compose(["engine.max_model_len=64"]))
     assert "<root>" not in str(err.value)
     assert "\n  workload 'short_short' needs up to 192 tokens per request" in str(err.value)
+
+
+def test_a_tracking_uri_mlflow_cannot_open_is_refused_before_anything_starts(compose):
+    with pytest.raises(ConfigError, match=r"tracking.uri: 'foo' is no MLflow store: expected sqlite:///FILE.db"):
+        to_specs(compose(["tracking.uri=foo://bar"]))
+    for uri in (
+        "sqlite:///mlflow.db",
+        "http://mlflow:5000",
+        "postgresql+psycopg2://u@h/db",
+        "file:///tmp/mlruns",
+        "mlruns",
+    ):
+        assert to_specs(compose([f"tracking.uri={uri}"]))[1].tracking.uri == uri

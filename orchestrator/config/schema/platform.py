@@ -8,6 +8,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    field_validator,
 )
 
 from .base import StrictModel
@@ -133,9 +134,29 @@ class ClusterSpec(StrictModel):
     max_attempts: PositiveInt = Field(default=3, description="attempts of a trial lost with its Ray worker or node")
 
 
+# The schemes of MLflow's tracking stores (mlflow.tracking._tracking_service.utils; a database
+# URI may name its driver, postgresql+psycopg2://)
+TRACKING_SCHEMES = frozenset(
+    {"sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc"}
+)
+
+
 class TrackingSpec(StrictModel):
     """Where results go. The driver is the only writer."""
 
     uri: str
     experiment_name: str | None = Field(default=None, description="None = the experiment's name")
     enabled: bool = True
+
+    @field_validator("uri")
+    @classmethod
+    def _store(cls, uri: str) -> str:
+        """A store MLflow can open (its tracking stores' schemes; a plain path is a file store):
+        anything else failed only when the sweep's first result was logged."""
+        scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+        if scheme and scheme.split("+", 1)[0] not in TRACKING_SCHEMES:
+            raise ValueError(
+                f"'{scheme}' is no MLflow store: expected sqlite:///FILE.db, http(s)://HOST:PORT, file:///DIR, "
+                f"a database URI ({', '.join(sorted(TRACKING_SCHEMES - {'sqlite', 'http', 'https', 'file'}))}) or a folder"
+            )
+        return uri
