@@ -29,7 +29,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -389,6 +389,47 @@ def _walk(model: type[BaseModel], loc: list[Any]) -> tuple[list[str], Any]:
     return shown, current
 
 
+def _dict_value(annotation: Any) -> tuple[bool, Any]:
+    """Whether an annotation is a mapping (``dict[str, X] | None`` too), and its values' type."""
+    if get_origin(annotation) in (dict, Mapping):
+        args = get_args(annotation)
+        return True, args[1] if len(args) == 2 else Any
+    for arg in get_args(annotation):
+        found, value = _dict_value(arg)
+        if found:
+            return found, value
+    return False, None
+
+
+def _key_in(models: Sequence[type[BaseModel]], parts: Sequence[str]) -> bool:
+    if not parts:
+        return True
+    head, rest = parts[0], parts[1:]
+    for model in models:
+        field = model.model_fields.get(head)
+        if field is None:
+            continue
+        if not rest:
+            return True
+        is_map, value = _dict_value(field.annotation)
+        if is_map:  # the next part is a key of the mapping: free-form, or one of its models
+            inner = _models_in(value)
+            if not inner or _key_in(inner, rest[1:]):
+                return True
+            continue
+        inner = _models_in(field.annotation)
+        if inner and _key_in(inner, rest):
+            return True
+    return False
+
+
+def is_config_key(path: str) -> bool:
+    """Whether ``path`` names a key a trial's config can hold (any engine's), or one under a
+    free-form mapping (``engine.speculative_config.num_speculative_tokens``): read from the
+    schema, so a key set to null in every trial of a sweep, or in none of a search's batch, is one."""
+    return _key_in([TrialSpec], path.split("."))
+
+
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
     """The pydantic model classes inside an annotation like ``X | None``, ``dict[str, X]``, ``A | B``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -407,5 +448,6 @@ __all__ = [
     "config_to_dict",
     "deep_merge",
     "format_validation_error",
+    "is_config_key",
     "to_specs",
 ]

@@ -62,10 +62,10 @@ def launch_multirun(
     scrub_file(
         sweep_dir / "multirun.yaml", secret_values([list(config.hydra.overrides.task), *(d for _, d in configs)])
     )
-    jobs = prepare_jobs(configs, initial_job_idx)
-    sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
-    # a knob search chooses its own next trials: its batches do not race
+    # a knob search chooses its own next trials: its batches do not race, and hold some of its trials
     searching = "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower()
+    jobs = prepare_jobs(configs, initial_job_idx, whole_sweep=not searching)
+    sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
     results = run_sweep(
         jobs, sweep_dir, sweep_dir.name, sweep_params, continuing=initial_job_idx > 0, race=not searching
     )

@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from orchestrator.config import ConfigError, SweepSettings, TrialSpec, to_specs, trial_hash
+from orchestrator.config.convert import is_config_key
 from orchestrator.config.hashing import first_run_hash
 from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.secrets import redact_override
@@ -43,8 +44,11 @@ class TrialJob:
         return self.spec.engine.num_gpus if self.spec.platform.device == "cuda" else 0
 
 
-def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> list[TrialJob]:
-    """Validate every job's config; one :class:`ConfigError` lists the problems of all jobs."""
+def prepare_jobs(
+    configs: list[tuple[list[str], Any]], first_index: int = 0, whole_sweep: bool = True
+) -> list[TrialJob]:
+    """Validate every job's config; one :class:`ConfigError` lists the problems of all jobs.
+    ``whole_sweep`` False: the jobs are one batch of a search, not all of its trials."""
     jobs: list[TrialJob] = []
     problems: list[str] = []
     for i, (overrides, cfg) in enumerate(configs):
@@ -63,7 +67,7 @@ def prepare_jobs(configs: list[tuple[list[str], Any]], first_index: int = 0) -> 
     if not problems and jobs:
         problems += _shared_settings_problems(jobs)
     if not problems and jobs:
-        problems += _verdict_problems(jobs)
+        problems += _verdict_problems(jobs, whole_sweep)
     if not problems:
         problems += _input_file_problems(jobs) + _engine_environment_problems(jobs) + _gpu_problems(jobs)
     if problems:
@@ -151,20 +155,13 @@ def _keys_under(data: Any, path: str) -> list[str]:
     return list(data) if isinstance(data, dict) else []
 
 
-def _has_path(data: Any, path: str) -> bool:
-    for part in path.split("."):
-        if not isinstance(data, dict) or part not in data:
-            return False
-        data = data[part]
-    return True
-
-
-def _verdict_problems(jobs: list[TrialJob]) -> list[str]:
-    """The knobs and load points the objective and the claims name exist in the sweep's trials: a
-    misspelt knob (``engine.max_num_seqz``) or an ``at`` no trial has (``c999``) would otherwise
-    leave the verdict or the claim empty after the whole sweep ran. A metric's name is checked
-    with the settings; a capacity search's probes are named as it goes, so ``at`` is not checked
-    against a sweep that searches."""
+def _verdict_problems(jobs: list[TrialJob], whole_sweep: bool = True) -> list[str]:
+    """The knobs the objective and the claims name are keys of a trial's config (the schema's,
+    any engine's), and their load points are the sweep's: a misspelt knob (``engine.max_num_seqz``)
+    or an ``at`` no trial has (``c999``) would otherwise leave the verdict or the claim empty after
+    the whole sweep ran. A metric's name is checked with the settings. ``at`` is checked only
+    against a whole sweep (a search's batch holds some of its trials) that does not search
+    capacity (its probes are named as it goes)."""
     settings = jobs[0].settings
     knobs: list[tuple[str, str]] = []
     points: list[tuple[str, str]] = []
@@ -183,15 +180,14 @@ def _verdict_problems(jobs: list[TrialJob]) -> list[str]:
         if claim.at is not None and claim.at not in ("lightest", "heaviest"):
             points.append((f"expect[{i}].at", claim.at))
     problems = []
-    dumps = [j.spec.model_dump(mode="json") for j in jobs] if knobs else []
     for where, knob in knobs:
-        if not any(_has_path(d, knob) for d in dumps):
+        if not is_config_key(knob):
             head, _, tail = knob.rpartition(".")
-            near = sorted({k for d in dumps for k in _keys_under(d, head)})
+            near = sorted({k for j in jobs for k in _keys_under(j.spec.model_dump(mode="json"), head)})
             close = difflib.get_close_matches(tail, near, n=3)
             hint = f"closest: {', '.join(f'{head}.{c}' for c in close)}" if close else f"{head} keys: {', '.join(near)}"
-            problems.append(f"{where}: {knob} is no key of this sweep's trials ({hint})")
-    if points and not any(j.spec.workload.capacity is not None for j in jobs):
+            problems.append(f"{where}: {knob} is no key of a trial's config ({hint})")
+    if points and whole_sweep and not any(j.spec.workload.capacity is not None for j in jobs):
         labels = list(dict.fromkeys(p.label for j in jobs for p in j.spec.workload.load_points))
         for where, at in points:
             if at not in labels:

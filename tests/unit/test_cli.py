@@ -192,7 +192,7 @@ def test_a_misspelt_knob_or_a_point_no_trial_has_fails_before_the_sweep():
     the verdict empty after the whole sweep ran."""
     p = run("+experiment=chunked_prefill", "objective.minimize=engine.max_num_batched_tokenz", "dry_run=true", "-m")
     assert p.returncode == 2
-    assert "objective.minimize: engine.max_num_batched_tokenz is no key of this sweep's trials" in p.stderr
+    assert "objective.minimize: engine.max_num_batched_tokenz is no key of a trial's config" in p.stderr
     assert "closest: engine.max_num_batched_tokens" in p.stderr
     p = run("+experiment=chunked_prefill", "~objective", "+objective={maximize:goodput,at:c999}", "dry_run=true", "-m")
     assert p.returncode == 2

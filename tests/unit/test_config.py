@@ -277,3 +277,21 @@ def test_a_tracking_uri_mlflow_cannot_open_is_refused_before_anything_starts(com
         "mlruns",
     ):
         assert to_specs(compose([f"tracking.uri={uri}"]))[1].tracking.uri == uri
+
+
+def test_a_knob_is_a_key_of_the_schema_not_of_the_trials_at_hand():
+    """The verdict's knobs are checked against the schema (any engine's keys, free-form mappings
+    such as speculative_config): a sweep of the baseline alone (speculative_config null) or one
+    batch of a search was refused for a knob its trials did not happen to set."""
+    from orchestrator.config.convert import is_config_key
+
+    for key in (
+        "engine.max_num_batched_tokens",
+        "engine.speculative_config.num_speculative_tokens",
+        "engine.schedule_policy",  # SGLang's
+        "workload.classes.short.input_tokens",
+        "model.tiny.quantization",
+    ):
+        assert is_config_key(key), key
+    for key in ("engine.max_num_batched_tokenz", "workload.classes.short.nope", "enginex.block_size"):
+        assert not is_config_key(key), key
