@@ -157,6 +157,19 @@ def _put(data: dict[str, Any], path: list[str], value: Any, delete: bool = False
         raise ConfigError(f"{'.'.join(path)}: set on the command line, but its parent is no mapping or list here")
 
 
+def _replaces(overlay: Any, path: list[str]) -> str | None:
+    """The node on ``path`` (the path itself or a key above it) an overlay replaces whole
+    (``_replace_: true``), or None."""
+    node = overlay
+    for i, part in enumerate(path):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+        if isinstance(node, Mapping) and node.get(REPLACE):
+            return ".".join(path[: i + 1])
+    return None
+
+
 def _sets(overlay: Any, path: list[str]) -> bool:
     """Whether an overlay sets ``path``, a key above it or one below it."""
     node = overlay
@@ -207,9 +220,22 @@ def apply_overlays(data: dict[str, Any], overrides: Sequence[str] = ()) -> dict[
         if variant in forms:  # after the variant: a platform's form overrides it, _replace_ included
             _check_overlay(f"per_platform.{platform_name}.variants.{variant}", forms[variant])
             data = deep_merge(data, forms[variant])
+    applied = [per_platform.get(platform_name) if platform_name else None]
+    applied += [variants.get(variant), forms.get(variant)] if variant is not None else []
     for path, deleted in command_line_keys(overrides, typed):
         found, value = _at(typed, path)
         if not deleted and not found:
+            continue
+        replaced = next((r for o in applied if o and (r := _replaces(o, path))), None)
+        if (
+            replaced is not None
+        ):  # the overlay put another node there (another engine): the key was for the one it replaced
+            log.warning(
+                "%s: the command line's value is not applied to %s, whose %s replaces the node it was set in",
+                ".".join(path),
+                f"variant {variant}" if variant is not None else f"per_platform.{platform_name}",
+                replaced,
+            )
             continue
         now_found, now = _at(data, path)
         if now_found == (not deleted) and (deleted or now == value):

@@ -211,6 +211,12 @@ def test_the_command_line_wins_over_an_experiments_overlays(compose, caplog):
         "engine.max_num_batched_tokens: the command line's value replaces variant budget_256's (256 -> 300)"
         in caplog.text
     )
+    # a variant that replaces the engine (another engine's keys): the key typed for the one it
+    # replaced is not put into it (SGLang has no enable_chunked_prefill: the sweep was refused)
+    with caplog.at_level("WARNING"):
+        other = spec_of("+experiment=first_serving", "variant=sglang", "engine.enable_chunked_prefill=false")
+    assert other.engine.name == "sglang"
+    assert "engine.enable_chunked_prefill: the command line's value is not applied to variant sglang" in caplog.text
 
 
 @pytest.mark.parametrize(
