@@ -253,7 +253,7 @@ def run(scenario: Scenario, workdir: Path) -> Outcome:
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        spec, _ = to_specs(compose("config", overrides=scenario.overrides))
+        spec, _ = to_specs(compose("config", overrides=scenario.overrides), scenario.overrides)
     with scenario.around():
         result = run_trial(spec, workdir / scenario.name, progress=lambda m: print(f"  {m}", flush=True))
     out = Outcome(scenario)

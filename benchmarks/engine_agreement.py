@@ -285,7 +285,8 @@ def main() -> None:
             return
         register()
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            spec, _ = to_specs(compose("config", overrides=["engine.max_model_len=2048", *a.server_overrides]))
+            server = ["engine.max_model_len=2048", *a.server_overrides]
+            spec, _ = to_specs(compose("config", overrides=server), server)
         model_path = resolve_model(spec.model)
         launch = adapter_for("vllm").launch(spec, model_path, free_port())
         env = server_env(launch, [])

@@ -51,7 +51,7 @@ def main() -> None:
                 "platform.cpus_per_trial=0.1",
                 f"seed={i}",
             ]
-            spec, settings = to_specs(compose("config", overrides=overrides))
+            spec, settings = to_specs(compose("config", overrides=overrides), overrides)
             jobs.append(TrialJob(i, overrides, spec, settings))
     gpu_seconds = float((sizes * seconds).sum())
     bound = max(gpu_seconds / a.gpus, float(seconds.max()))

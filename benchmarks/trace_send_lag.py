@@ -42,7 +42,7 @@ def stolen_s() -> float:
 
 
 def one_run(overrides: list[str]) -> tuple[list[float], dict[str, float], list[str], float]:
-    spec, _ = to_specs(compose_config([*SLICE, *overrides]))
+    spec, _ = to_specs(compose_config([*SLICE, *overrides]), [*SLICE, *overrides])
     with tempfile.TemporaryDirectory() as folder:
         t0 = time.monotonic()
         result = run_trial(spec, Path(folder), ["trace_send_lag"], progress=lambda line: None)

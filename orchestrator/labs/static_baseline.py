@@ -47,7 +47,7 @@ def compose(overrides: list[str]) -> tuple[TrialSpec, SweepSettings]:
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = hydra_compose("config", overrides=overrides)
-    return to_specs(cfg)
+    return to_specs(cfg, overrides)  # the command line wins over the experiment's overlays, as in a sweep
 
 
 def plan_requests(spec: TrialSpec, factory: PromptFactory) -> list[PlannedRequest]:
