@@ -61,32 +61,43 @@ def redact_override(override: str) -> str:
     return redact_text(override)
 
 
-# One element of a Hydra list or dict value: a quoted string or a bare word.
-_PIECE = re.compile(r"""'[^']*'|"[^"]*"|[^\[\]{},:\s'"]+""")
+# One element of a Hydra list or dict value: a quoted string, or the text up to the next
+# delimiter that is not escaped (Hydra takes `a b c` and `abc\:def` as one value each).
+_PIECE = re.compile(r"""'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"|(?:\\.|[^\[\]{},:'"\\])+""")
 
 
-def _redact_collection(value: str) -> str:
+def _redact_collection(value: str, hidden: list[str] | None = None) -> str:
     """A Hydra list/dict value's text with the element after a secret flag, a secret flag's
-    ``=value`` and a secret key's value hidden; everything else as written."""
+    ``=value`` and a secret key's value hidden; everything else as written. ``hidden`` gets
+    each hidden text as it was written (escapes and all)."""
+    found: list[str] = [] if hidden is None else hidden
     out: list[str] = []
     last, hide = 0, False
     for m in _PIECE.finditer(value):
         out.append(value[last : m.start()])
         last = m.end()
-        piece = m.group(0)
+        raw = m.group(0)
+        piece = raw.strip()
+        if not piece:  # the space between delimiters
+            out.append(raw)
+            continue
+        lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()) :]
         quote = piece[0] if piece[0] in "'\"" else ""
         inner = piece[1:-1] if quote else piece
         if value[m.end() :].lstrip().startswith(":"):  # a dict's key
             hide = is_secret_name(inner)
         elif hide:
+            found.append(inner)
             inner, hide = REDACTED, False
         else:
-            flag, eq, _ = inner.partition("=")
+            flag, eq, held = inner.partition("=")
             if flag.startswith("--") and is_secret_name(flag):
+                if eq:
+                    found.append(held)
                 inner, hide = (f"{flag}={REDACTED}", False) if eq else (inner, True)
             else:
                 inner = redact_text(inner)
-        out.append(f"{quote}{inner}{quote}")
+        out.append(f"{lead}{quote}{inner}{quote}{trail}")
     out.append(value[last:])
     return "".join(out)
 
@@ -137,16 +148,21 @@ def secret_values(value: Any, key: str = "") -> set[str]:
         name, _, held = value.partition("=")
         if held and is_secret_name(name.lstrip("+~").split(".")[-1]):
             found.add(held)
+        elif held.lstrip().startswith(("[", "{")):  # as written in the override (escapes and all)
+            pieces: list[str] = []
+            _redact_collection(held, pieces)
+            found |= set(pieces)
     return found
 
 
 def hide(text: str, secrets: set[str]) -> str:
-    """``text`` with each of ``secrets`` (4 characters or more) and every token-looking value or
-    URL password hidden. Under 4 characters a value is no secret worth the name and would hide
-    every "1" or "yes" of the text."""
+    """``text`` with each of ``secrets`` (4 characters or more, where it stands as a word of its
+    own: a key "test" leaves "pytest" alone) and every token-looking value or URL password
+    hidden. Under 4 characters a value is no secret worth the name and would hide every "1" or
+    "yes" of the text."""
     # the longer first: a secret inside a longer one
     for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
+        text = re.sub(rf"(?<![A-Za-z0-9_-]){re.escape(secret)}(?![A-Za-z0-9_-])", REDACTED, text)
     return redact_text(text)
 
 

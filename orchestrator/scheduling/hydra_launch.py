@@ -38,6 +38,16 @@ def _exit_on_config_error(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _unresolved(cfg: Any) -> Any:
+    """The config as plain data, its interpolations left as written (resolving one may fail)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=False)
+    except Exception:  # not an OmegaConf node: taken as it is
+        return cfg
+
+
 @_exit_on_config_error
 def launch_multirun(
     hydra_context: Any, config: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
@@ -50,6 +60,10 @@ def launch_multirun(
     reached()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = absolute_dir(str(config.hydra.sweep.dir))
+    # Hydra saved the sweep's config (with the command's overrides) before it called us: its
+    # secrets are hidden first (a job that does not compose ends the command), then those only a
+    # composed job shows
+    scrub_file(sweep_dir / "multirun.yaml", secret_values(_unresolved(config)))  # its overrides included
     configs: list[tuple[list[str], Any]] = []
     job_cfgs = []  # Hydra's config of each job's config groups (shared by jobs that differ in values only)
     composer = SweepComposer(hydra_context.config_loader, config)
@@ -58,7 +72,6 @@ def launch_multirun(
         configs.append((list(overrides), data))
         job_cfgs.append(cfg)
     log.debug("composed %d jobs: %s", len(configs), composer.counts)
-    # Hydra saved the sweep's config (with the command's overrides) before it called us
     scrub_file(
         sweep_dir / "multirun.yaml", secret_values([list(config.hydra.overrides.task), *(d for _, d in configs)])
     )
@@ -133,12 +146,13 @@ def run_single(cfg: Any) -> str:
 
     outcome.reached()
     hc = HydraConfig.get()
-    overrides = list(hc.overrides.task)
-    data = config_to_dict(cfg)
     out_dir = absolute_dir(str(hc.runtime.output_dir))
     if hc.output_subdir is not None:  # Hydra saved the config and the overrides there before calling us
+        hidden = secret_values([_unresolved(hc.overrides.task), _unresolved(cfg)])  # before resolving, which may fail
         for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
-            scrub_file(out_dir / str(hc.output_subdir) / name, secret_values([overrides, data]))
+            scrub_file(out_dir / str(hc.output_subdir) / name, hidden)
+    overrides = list(hc.overrides.task)
+    data = config_to_dict(cfg)
     variants = data.get("variants") or {}
     if variants and data.get("variant") is None:
         print(

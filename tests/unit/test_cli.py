@@ -204,3 +204,14 @@ def test_an_experiment_without_m_says_it_is_a_sweep():
     assert p.returncode == 0, p.stderr
     assert "note: experiment 'chunked_prefill' is a sweep of 6 variants" in p.stderr and "add -m to run it" in p.stderr
     assert "note: experiment" not in run("+experiment=chunked_prefill", "variant=budget_256", "dry_run=true").stderr
+
+
+def test_a_secret_is_hidden_in_hydras_files_even_when_the_command_fails(tmp_path):
+    """A config that does not resolve ends the command after Hydra wrote its files: the secret
+    given with it was left there in plain text."""
+    bad = ["+engine.env.HF_TOKEN=plainsecret99", "workload.num_requests=${nope}"]
+    multi = run(*bad, f"hydra.sweep.dir={tmp_path / 'multi'}", "-m")
+    single = run(*bad, f"hydra.run.dir={tmp_path / 'single'}")
+    assert multi.returncode != 0 and single.returncode != 0
+    written = list(tmp_path.rglob("*.yaml"))
+    assert written and all("plainsecret99" not in p.read_text() for p in written), written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.config.secrets import (
+    hide,
     is_secret_name,
     redact_argv,
     redact_mapping,
@@ -188,3 +189,17 @@ def test_a_trials_error_and_server_log_hide_what_it_knows_to_be_secret(compose, 
         assert "plaintoken1234" not in text and "serverkey9876" not in text, text
     assert "bad token *** (key ***)" in (result.error or "")
     assert "token *** and key ***" in result.server_log
+
+
+def test_values_hydra_reads_as_one_are_hidden_whole():
+    """Hydra takes `a b c` and `abc\\:def` (an escaped colon) as one value: hidden whole (the
+    words after the first space and the text after the colon were shown); a secret named in a
+    file is hidden where it stands as a word, not inside another ("test" leaves "pytest")."""
+    assert redact_override(r"+engine.env={HF_TOKEN:abc-def\:ghi9}") == "+engine.env={HF_TOKEN:***}"
+    assert redact_override("engine.extra_args=[--api-key,a b c]") == "engine.extra_args=[--api-key,***]"
+    assert redact_override(r"engine.env={HF_TOKEN:a\,b, X: 1}") == "engine.env={HF_TOKEN:***, X: 1}"
+    assert secret_values([r"+engine.env={HF_TOKEN:abc-def\:ghi9}", "engine.extra_args=[--api-key,a b c]"]) == {
+        r"abc-def\:ghi9",
+        "a b c",
+    }
+    assert hide("pytest ran; key test sent", {"test"}) == "pytest ran; key *** sent"
