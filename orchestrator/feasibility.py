@@ -197,7 +197,9 @@ def vllm_refuses(spec: TrialSpec) -> str | None:
     from orchestrator.models.shape import max_positions
 
     found = max_positions(spec.model)
-    allow_long = str(engine.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "")).lower() in ("1", "true")
+    # the servers' environment: engine.env over the one the trial's worker has
+    allow = engine.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", ""))
+    allow_long = str(allow).lower() in ("1", "true")
     if found is not None and engine.max_model_len is not None and engine.max_model_len > found[0] and not allow_long:
         return (
             f"engine.max_model_len {engine.max_model_len} is more than the model takes ({found[0]}, {found[1]}): "
@@ -206,10 +208,11 @@ def vllm_refuses(spec: TrialSpec) -> str | None:
     tokens = engine.max_num_batched_tokens
     if tokens is None:
         return None
-    model_len = engine.max_model_len or (found[0] if found is not None else None)
+    # against the configured length only: the one vLLM derives by itself also reads the tokenizer
+    model_len = engine.max_model_len
     if engine.enable_chunked_prefill is False and model_len is not None and tokens < model_len:
         return (
-            f"engine.max_num_batched_tokens {tokens} is less than max_model_len {model_len} with chunked prefill off: "
+            f"engine.max_num_batched_tokens {tokens} is less than engine.max_model_len {model_len} with chunked prefill off: "
             "vLLM refuses it (a longer prompt could never be scheduled); raise the budget, lower "
             "engine.max_model_len or turn engine.enable_chunked_prefill on"
         )

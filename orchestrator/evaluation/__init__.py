@@ -191,6 +191,10 @@ def run_eval(
         )
         try:
             _guard(proc.pid)
+        except BaseException:  # no watchdog (or Ctrl-C right here): lm-eval is not left behind
+            _kill(proc)
+            raise
+        try:
             code = proc.wait(timeout=spec.timeout_s)
         except subprocess.TimeoutExpired:
             _kill(proc)

@@ -17,6 +17,7 @@ FAILED.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -101,11 +102,16 @@ def run_lab(name: str, overrides: list[str], log: Path) -> LabRun:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
 
+        stopping: list[int] = []
+
         def terminated(signum: int, frame: object) -> None:
             # ``kill`` reaches this runner alone (Ctrl-C reaches the sweep's process group too):
             # the sweep gets it, to stop its trials and servers, and this runner waits for it
+            # (a second one is passed on too, while it waits)
             proc.send_signal(signal.SIGTERM)
-            raise SystemExit(128 + signum)
+            if not stopping:
+                stopping.append(signum)
+                raise SystemExit(128 + signum)
 
         previous = signal.signal(signal.SIGTERM, terminated)
         try:
@@ -117,6 +123,9 @@ def run_lab(name: str, overrides: list[str], log: Path) -> LabRun:
                 lines.append(line.rstrip("\n"))
             code = proc.wait()
         except BaseException:  # Ctrl-C: the sweep handles SIGINT itself (stops its servers)
+            with contextlib.suppress(Exception):  # its last lines, read on: a full pipe would stall its shutdown
+                for line in proc.stdout or ():
+                    out.write(line)
             proc.wait()
             raise
         finally:

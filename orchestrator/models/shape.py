@@ -146,13 +146,15 @@ _POSITION_KEYS = (
     "max_sequence_length",
     "max_seq_length",
     "seq_len",
+    "max_target_positions",
 )
 
 
 def max_positions(model: ModelSpec) -> tuple[int, str] | None:
-    """The longest sequence the model takes (and where that was read): the tiny model's
-    ``max_position_embeddings``, else the smallest of its config.json's length keys; None when
-    its config is not at hand or scales its positions (RoPE scaling: the engine derives more)."""
+    """The longest engine.max_model_len vLLM accepts for the model (and where that was read): the
+    tiny model's ``max_position_embeddings``; else the smallest of its config.json's length keys,
+    or its ``model_max_length`` where that is larger (vLLM lets a length up to it through); None
+    when its config is not at hand or scales its positions (RoPE scaling: vLLM derives more)."""
     if model.tiny is not None:
         return model.tiny.max_position_embeddings, "the tiny model's max_position_embeddings"
     path = config_path(model)
@@ -168,6 +170,9 @@ def max_positions(model: ModelSpec) -> tuple[int, str] | None:
     if not lengths:
         return None
     n, key = min(lengths)
+    declared = cfg.get("model_max_length")
+    if isinstance(declared, int) and declared > n:
+        n, key = declared, "model_max_length"
     return n, f"{key} in {path}"
 
 

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.config.secrets import redact_text
 from orchestrator.scheduling.ray_exec import ray_kept_between_sweeps
 from orchestrator.tracking import sqlite_file
 
@@ -159,14 +160,14 @@ def _open_study(
         if stored and name in optuna.get_all_study_names(storage):
             optuna.copy_study(from_study_name=name, from_storage=storage, to_storage=memory)
         storage_used: Any = memory
-        where = f"study '{name}' in {storage} (dry run: read, not written)"
+        where = f"study '{name}' in {redact_text(storage)} (dry run: read, not written)"
     else:
         if db is not None:  # as MLflow's store: a study in a folder not made yet is made there
             try:
                 db.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(f"hydra.sweeper.storage: cannot create the folder of {db}: {exc}") from None
-        storage_used, where = storage, f"study '{name}' in {storage}"
+        storage_used, where = storage, f"study '{name}' in {redact_text(storage)}"
     study = optuna.create_study(
         study_name=name, storage=storage_used, load_if_exists=True, sampler=sampler, directions=[d for _, d in goals]
     )

@@ -365,7 +365,8 @@ def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: Recorder) ->
     """Infeasible trials are SKIPPED here, never submitted (Ray would wait forever); the others
     run on Ray, each recorded as it finishes."""
     settings = jobs[0].settings
-    gpus, cpus = cluster_gpus(), largest_node_cpus()
+    # the CPUs a node offers are judged on a local Ray only: a cluster's autoscaler may add nodes
+    gpus, cpus = cluster_gpus(), (largest_node_cpus() if settings.cluster.address is None else None)
     runnable, skipped = [], []
     for job in jobs:
         if job.trial_hash in done:

@@ -17,6 +17,7 @@ import socket
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ def server_answers(uri: str, timeout_s: float = 3.0) -> bool:
     if not uri.startswith(("http://", "https://")):
         return True
     u = urlparse(uri)
+    if urllib.request.getproxies().get(u.scheme) and not urllib.request.proxy_bypass(u.hostname or ""):
+        return True  # reached through a proxy: a direct connection tells nothing
     try:
         with socket.create_connection((u.hostname or "", u.port or (443 if u.scheme == "https" else 80)), timeout_s):
             return True

@@ -213,11 +213,7 @@ def test_infeasible_gpu_trials_say_why(compose):
     [
         (
             ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=256", "engine.max_model_len=2048"],
-            "engine.max_num_batched_tokens 256 is less than max_model_len 2048 with chunked prefill off",
-        ),
-        (  # the model's own length when max_model_len is not set
-            ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=256"],
-            "is less than max_model_len 8192 with chunked prefill off",
+            "engine.max_num_batched_tokens 256 is less than engine.max_model_len 2048 with chunked prefill off",
         ),
         (
             ["engine.max_num_batched_tokens=64", "engine.max_num_seqs=128"],
@@ -238,6 +234,9 @@ def test_what_vllm_would_refuse_at_its_start_is_skipped_with_the_reason_first(co
     assert said in (assess(spec, cluster_gpus=0) or "")
     fine = ["engine.enable_chunked_prefill=true", "engine.max_num_batched_tokens=256", "engine.max_num_seqs=8"]
     assert assess(to_specs(compose(fine))[0], cluster_gpus=0) is None
+    # max_model_len left to vLLM: the length it derives also reads the tokenizer; not guessed
+    unset = ["engine.enable_chunked_prefill=false", "engine.max_num_batched_tokens=256"]
+    assert assess(to_specs(compose(unset))[0], cluster_gpus=0) is None
     allowed = ["engine.max_model_len=100000", "+engine.env.VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"]  # a number: its text
     long = to_specs(compose(allowed))[0]
     assert long.engine.env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1"
@@ -312,3 +311,28 @@ def test_a_trial_asking_more_cpus_than_any_node_has_is_skipped_not_left_waiting(
     )
     assert assess(spec, cluster_gpus=0, node_cpus=None) is None  # a cluster's nodes unknown: not judged
     assert assess(to_specs(compose(["platform.cpus_per_trial=2"]))[0], cluster_gpus=0, node_cpus=2) is None
+
+
+def test_the_longest_length_vllm_accepts_is_read_as_vllm_reads_it(tmp_path, compose, monkeypatch):
+    """models.shape.max_positions: the smallest of a config.json's length keys, or its
+    model_max_length where larger (vLLM lets a length up to it through); none with RoPE scaling.
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN in the trial's own environment is honoured too."""
+    import json
+
+    from orchestrator.config.schema import ModelSpec
+    from orchestrator.feasibility import assess
+    from orchestrator.models.shape import max_positions
+
+    def positions(cfg: dict) -> int | None:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        found = max_positions(ModelSpec(name="m", source="path", path=str(folder)))
+        return found[0] if found else None
+
+    assert positions({"max_position_embeddings": 4096, "max_target_positions": 2048}) == 2048
+    assert positions({"max_position_embeddings": 2048, "model_max_length": 8192}) == 8192
+    assert positions({"max_position_embeddings": 2048, "rope_scaling": {"type": "yarn", "factor": 4}}) is None
+    assert positions({"text_config": {"max_position_embeddings": 1024}}) == 1024
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    assert assess(to_specs(compose(["engine.max_model_len=100000"]))[0], cluster_gpus=0) is None

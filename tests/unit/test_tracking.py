@@ -182,10 +182,14 @@ def test_an_interrupt_before_mlflow_opens_leaves_no_sweep_run(tmp_path):
     assert lines[1:] == ["warning: no MLflow sweep run (store gone); results are kept on disk only"]
 
 
-def test_server_answers_tells_a_listening_server_from_none_at_once():
+def test_server_answers_tells_a_listening_server_from_none_at_once(monkeypatch):
     """A dry run asks a tracking server for earlier durations only when it answers: MLflow's client
-    retries an unreachable one for minutes. A store that is no server always 'answers'."""
+    retries an unreachable one for minutes. A store that is no server always 'answers', and so
+    does one reached through a proxy (a direct connection tells nothing of it)."""
     import socket
+
+    for proxy in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
 
     from orchestrator.tracking import server_answers
 
@@ -199,6 +203,9 @@ def test_server_answers_tells_a_listening_server_from_none_at_once():
         assert not server_answers(f"http://127.0.0.1:{closed.getsockname()[1]}", timeout_s=2.0)
     assert server_answers("sqlite:////nonexistent/mlflow.db")
     assert not server_answers("http://:badport")
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    monkeypatch.setenv("no_proxy", "")
+    assert server_answers("http://mlflow.internal:5000")
 
 
 def test_ui_command_serves_the_store_it_names():
