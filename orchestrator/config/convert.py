@@ -226,10 +226,9 @@ def apply_overlays(data: dict[str, Any], overrides: Sequence[str] = ()) -> dict[
         found, value = _at(typed, path)
         if not deleted and not found:
             continue
+        # an overlay that put another node there (another engine): the key was for the one it replaced
         replaced = next((r for o in applied if o and (r := _replaces(o, path))), None)
-        if (
-            replaced is not None
-        ):  # the overlay put another node there (another engine): the key was for the one it replaced
+        if replaced is not None:
             log.warning(
                 "%s: the command line's value is not applied to %s, whose %s replaces the node it was set in",
                 ".".join(path),
