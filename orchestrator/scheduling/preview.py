@@ -35,12 +35,12 @@ def dry_run(jobs: list[TrialJob], progress: Progress = print_progress) -> list[d
 
     as_json = jobs[0].settings.dry_run == "json" if jobs else True
     gpus, why = cluster_gpus(jobs[0]) if jobs else (None, "")
-    # the local Ray a sweep starts offers this machine's CPUs (or cluster.num_cpus); a cluster's are not read
-    cpus = (
-        (jobs[0].settings.cluster.num_cpus or os.cpu_count())
-        if jobs and jobs[0].settings.cluster.address is None
-        else None
-    )
+    # the local Ray a CPU sweep starts offers this machine's CPUs (or cluster.num_cpus); a GPU sweep is
+    # often planned here for another machine, and a cluster's CPUs are not read
+    local = bool(jobs) and jobs[0].settings.cluster.address is None
+    cpus = jobs[0].settings.cluster.num_cpus if local else None
+    if local and cpus is None and jobs[0].spec.platform.device == "cpu":
+        cpus = os.cpu_count()
     lines, rows = [], []  # what the summary needs: a plan of 10,000 trials keeps no server commands
     model_from = roofs = ""
     for job in jobs:

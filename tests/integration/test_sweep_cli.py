@@ -77,15 +77,15 @@ def test_sweep_logs_finished_and_skipped_trials(tmp_path):
 
 
 def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
-    # No -m: one trial, logged like a sweep of one. vLLM itself refuses a step budget below the
-    # context when chunked prefill is off (a check only the engine makes).
+    # No -m: one trial, logged like a sweep of one. vLLM itself refuses a long-prefill threshold
+    # above the context, given through extra_args (a check only the engine makes; the budget
+    # below the context with chunking off, once used here, is now SKIPPED before the start).
     store = f"sqlite:///{tmp_path}/mlflow.db"
     cmd = [
         sys.executable,
         "-m",
         "orchestrator",
-        "engine.enable_chunked_prefill=false",
-        "engine.max_num_batched_tokens=64",
+        "engine.extra_args=[--long-prefill-token-threshold,1024]",
         "engine.max_model_len=512",
         "workload.num_requests=2",
         "workload.load_points=[{concurrency:1}]",
@@ -99,7 +99,7 @@ def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
     trials = [r for r in runs if r.data.tags.get("run_kind") == "trial"]
     assert len(trials) == 1 and trials[0].info.status == "FAILED"
     error = trials[0].data.tags["error"]
-    assert "ServerStartError" in error and "max_num_batched_tokens" in error
+    assert "ServerStartError" in error and "long_prefill_token_threshold" in error
     saved = list((tmp_path / "run" / "trials").glob("*/result.json"))
     assert len(saved) == 1, "the result is on disk too"
     assert not engine_processes()

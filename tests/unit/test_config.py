@@ -248,7 +248,6 @@ def test_an_external_servers_root_with_a_slash_is_its_root(compose):
         ("{num_speculative_tokens:4}", "expected 'method' (ngram, eagle, eagle3, mtp, draft_model, ...) or 'model'"),
         ("{method:eagle,num_speculative_tokens:4}", "method eagle needs 'model' (its draft model or head)"),
         ("{method:ngram,num_speculative_tokens:-1}", "num_speculative_tokens: expected a whole number >= 1, got -1"),
-        ("{model:/nonexistent/draft,num_speculative_tokens:4}", "model: no draft model folder at /nonexistent/draft"),
     ],
 )
 def test_a_speculative_config_vllm_cannot_start_with_is_refused_by_name(compose, config, said):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -263,8 +262,9 @@ class VLLMEngineSpec(LaunchedEngineSpec):
     @classmethod
     def _speculation(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         """What vLLM needs of a speculative config, said now (it was a start-up traceback, or on
-        the CPU "speculative method 'None'"): a method or a draft model, a positive token count,
-        a draft model folder that exists."""
+        the CPU "speculative method 'None'"): a method or a draft model, a draft model for the
+        methods that need one, a positive token count. A draft folder is not looked for here: a
+        GPU sweep is often planned on another machine than the one it runs on."""
         if v is None:
             return v
         method, draft, n = v.get("method"), v.get("model"), v.get("num_speculative_tokens")
@@ -276,12 +276,6 @@ class VLLMEngineSpec(LaunchedEngineSpec):
             raise ValueError(f"method {method} needs 'model' (its draft model or head)")
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"num_speculative_tokens: expected a whole number >= 1, got {n!r}")
-        if (
-            isinstance(draft, str)
-            and draft.startswith(("/", ".", "~"))
-            and not os.path.exists(os.path.expanduser(draft))
-        ):
-            raise ValueError(f"model: no draft model folder at {draft}")
         return v
 
     @model_validator(mode="after")
