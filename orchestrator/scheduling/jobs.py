@@ -167,11 +167,7 @@ def _verdict_problems(jobs: list[TrialJob], whole_sweep: bool = True) -> list[st
     points: list[tuple[str, str]] = []
     goal = settings.objective
     if goal is not None:
-        named = [("maximize", goal.maximize), ("minimize", goal.minimize)]
-        named += [(f"subject_to.{k}", k) for k in goal.subject_to]
-        named += [(f"show[{i}]", k) for i, k in enumerate(goal.show)]
-        named += [(f"frontier.{d}", k) for d, k in (goal.frontier or {}).items()]
-        knobs += [(f"objective.{where}", k) for where, k in named if k is not None and is_knob(k)]
+        knobs += [(f"objective.{where}", k) for where, k in goal.named() if is_knob(k)]
         if goal.at is not None:
             points.append(("objective.at", goal.at))
     for i, claim in enumerate(settings.expect):

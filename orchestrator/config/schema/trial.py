@@ -277,16 +277,19 @@ class ObjectiveSpec(StrictModel):
     def key(self) -> str:
         return self.maximize or self.minimize  # type: ignore[return-value]
 
-    def check_names(self) -> None:
-        """Raise ``ValueError`` at the first name that is neither a metric a trial can carry nor a
-        knob (a typo would read "not measured" in every trial); the sweep's config is checked."""
+    def named(self) -> list[tuple[str, str]]:
+        """Every metric or knob the objective names, with where (``subject_to.ttft_ms_p99``)."""
         named = [("maximize", self.maximize), ("minimize", self.minimize)]
         named += [(f"subject_to.{k}", k) for k in self.subject_to]
         named += [(f"show[{i}]", k) for i, k in enumerate(self.show)]
         named += [(f"frontier.{d}", k) for d, k in (self.frontier or {}).items()]
-        for where, name in named:
-            if name is not None:
-                check_name(f"objective.{where}", name)
+        return [(where, name) for where, name in named if name is not None]
+
+    def check_names(self) -> None:
+        """Raise ``ValueError`` at the first name that is neither a metric a trial can carry nor a
+        knob (a typo would read "not measured" in every trial); the sweep's config is checked."""
+        for where, name in self.named():
+            check_name(f"objective.{where}", name)
 
 
 class ExpectationSpec(StrictModel):
