@@ -266,13 +266,12 @@ def _conclude(experiment: str, settings: SweepSettings, record: Recorder) -> Non
     progress(f"sweep '{experiment}' done in {time.monotonic() - record.t0:.0f}s: {summary}")
     if tracker is not None:
         uri = settings.tracking.uri
-        progress(f"MLflow: experiment '{experiment}' at {redact_text(uri)}")
+        shown = redact_text(uri)  # a URI's password is not printed
+        progress(f"MLflow: experiment '{experiment}' at {shown}")
         if uri.startswith(("http://", "https://")):
-            progress(f"MLflow UI: {redact_text(uri).rstrip('/')}/{tracker.ui_path()}")
+            progress(f"MLflow UI: {shown.rstrip('/')}/{tracker.ui_path()}")
         else:
-            progress(
-                f"MLflow UI: start it ({ui_command(redact_text(uri))}), then open http://127.0.0.1:5000/{tracker.ui_path()}"
-            )
+            progress(f"MLflow UI: start it ({ui_command(shown)}), then open http://127.0.0.1:5000/{tracker.ui_path()}")
 
 
 def _start_sweep_run(
