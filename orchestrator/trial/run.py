@@ -23,7 +23,7 @@ from orchestrator.config.hashing import first_run_hash, trial_hash
 from orchestrator.config.logs import Progress, mark, print_progress
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialSpec, WorkloadSpec
-from orchestrator.config.secrets import hide, redact_mapping, redact_override, secret_values
+from orchestrator.config.secrets import hide, redact_mapping, redact_override, scrub_file, secret_values
 from orchestrator.engines import ServerLaunch, adapter_for
 from orchestrator.evaluation import run_eval
 from orchestrator.evaluation.adapters import score_adapters
@@ -318,6 +318,15 @@ class TrialRun:
             return logs[0][1].read_text(errors="replace")
         return "".join(f"===== {name} =====\n" + p.read_text(errors="replace") for name, p in logs)
 
+    def scrub_logs(self) -> None:
+        """Hide the trial's secrets in the raw logs left in its folder (every server's, lm-eval's),
+        once their writers have stopped: a server echoes its argv (vLLM's "non-default args"), so
+        a key given as ``engine.extra_args=[--api-key, ...]`` was there in plain text. The copies
+        in the result and MLflow are hidden as they are made (:meth:`result`)."""
+        for _, path in self.server_logs:
+            scrub_file(path, self.secrets)
+        scrub_file(self.workdir / "eval.log", self.secrets)
+
     def floor_at_batch1(self) -> dict[str, float]:
         """The roofline floor of a decode step at batch 1, empty context (week 3's number)."""
         try:
@@ -376,7 +385,10 @@ def run_trial(
     "interrupted after N of M load points"), so a trial killed mid-way keeps its points.
     """
     run = TrialRun(spec, workdir, overrides or [], list(gpu_ids or []), progress)
-    return outcome(run, run.measure)
+    try:
+        return outcome(run, run.measure)
+    finally:  # its servers are stopped by now, on every way out (Ctrl-C included)
+        run.scrub_logs()
 
 
 def outcome(run: TrialRun, body: Callable[[], None]) -> TrialResult:

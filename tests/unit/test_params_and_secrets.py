@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.config.secrets import (
     hide,
     is_secret_name,
@@ -152,7 +154,6 @@ def test_an_endpoint_does_not_show_its_api_key():
 
 def test_a_config_error_does_not_echo_a_secret_override(compose):
     """The error that lists a bad job's overrides hides a token given among them."""
-    import pytest
 
     from orchestrator.config import ConfigError
     from orchestrator.config.convert import config_to_dict
@@ -189,6 +190,31 @@ def test_a_trials_error_and_server_log_hide_what_it_knows_to_be_secret(compose, 
         assert "plaintoken1234" not in text and "serverkey9876" not in text, text
     assert "bad token *** (key ***)" in (result.error or "")
     assert "token *** and key ***" in result.server_log
+
+
+def test_the_raw_logs_left_in_a_trials_folder_lose_its_secrets_once_it_ends(compose, tmp_path, monkeypatch):
+    """vLLM echoes its argv into its log ("non-default args: {'api_key': [...]}"): once the trial's
+    servers are stopped, on every way out (here Ctrl-C), the raw logs in its folder (the servers',
+    lm-eval's) show *** where the trial's secrets were."""
+    from orchestrator.config import to_specs
+    from orchestrator.config.convert import config_to_dict
+    from orchestrator.trial.run import TrialRun, run_trial
+
+    overrides = ["engine.extra_args=[--api-key,argvkey5678]"]
+    spec, _ = to_specs(config_to_dict(compose(overrides)))
+
+    def measure(self: TrialRun, shared: object = None) -> None:
+        log = self.workdir / "server.live.log"
+        log.write_text("non-default args: {'api_key': ['argvkey5678']}\n")
+        self.server_logs.append(("server", log))
+        (self.workdir / "eval.log").write_text("key argvkey5678\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TrialRun, "measure", measure)
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(spec, tmp_path, overrides, progress=lambda _: None)
+    assert (tmp_path / "server.live.log").read_text() == "non-default args: {'api_key': ['***']}\n"
+    assert (tmp_path / "eval.log").read_text() == "key ***\n"
 
 
 def test_values_hydra_reads_as_one_are_hidden_whole():
