@@ -334,7 +334,23 @@ class ServerProcess:
         """TERM the process group, wait up to the grace period, then KILL it. Once the group's
         leader has exited, what is left of the group (its orchestrator gone) gets only
         ``ORPHAN_GRACE_S``. Then the shared-memory segments it left (:mod:`.shm`) are removed.
-        Idempotent."""
+        Idempotent.
+
+        An interrupt during the stop (a second Ctrl-C, Ray cancelling again) does not cut it
+        short: the group is KILLed at once, and then the interrupt goes on. Cut short, the server
+        ran on, unwatched while its owner lived (a Ray worker is kept for the next task)."""
+        grace, interrupted = self.stop_grace_s, None
+        for _ in range(3):  # each try KILLs sooner; a fourth interrupt is let through
+            try:
+                self._stop(grace)
+                break
+            except KeyboardInterrupt as exc:
+                interrupted, grace = exc, 0.0
+                log.warning("%s: interrupted while stopping; killing its process group now", self.name)
+        if interrupted is not None:
+            raise interrupted
+
+    def _stop(self, grace_s: float) -> None:
         proc = self.proc
         if proc is not None:
             pgid = proc.pid  # start_new_session: the pid is the group id
@@ -342,7 +358,7 @@ class ServerProcess:
             if proc.poll() is None or group_alive(pgid):
                 segments = shm.held_by_group(pgid)
                 _signal_group(pgid, signal.SIGTERM)
-                wait_group(pgid, lambda: proc.poll() is not None, self.stop_grace_s)
+                wait_group(pgid, lambda: proc.poll() is not None, grace_s)
                 if proc.poll() is None or group_alive(pgid):
                     log.warning("%s did not stop after TERM; sending KILL", self.name)
                     segments |= shm.held_by_group(pgid)

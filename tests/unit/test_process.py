@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
 from orchestrator.engines import shm
 from orchestrator.engines.ports import free_port, port_is_free
-from orchestrator.engines.process import ServerProcess, group_alive, interrupts_stop_servers
+from orchestrator.engines.process import ServerProcess, group_alive, interrupts_stop_servers, running_groups
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fake_engine.py")
 
@@ -99,6 +100,27 @@ def test_an_interrupt_terms_the_running_servers_before_anything_unwinds(tmp_path
     finally:
         s.stop()
     assert signal.getsignal(signal.SIGINT) is before  # restored, whatever it was
+
+
+def test_a_second_interrupt_during_the_stop_kills_the_group_at_once(tmp_path):
+    """A second Ctrl-C while stop() waits out the grace of a server that ignores TERM: the group is
+    KILLed then, not left running (its owner, a Ray worker, may live on), and the interrupt goes on."""
+    s = server(tmp_path, "--ignore-term", "--spawn-child", grace=60.0)
+    s.start()
+    s.wait_healthy(20)
+    pgid = s.pid
+    again = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupts_stop_servers():
+            again.start()
+            s.stop()
+    finally:
+        again.cancel()
+        s.stop()
+    assert not group_alive(pgid)
+    assert time.monotonic() - t0 < 30, "the stop waited out the grace after the interrupt"
+    assert s.pid not in running_groups()
 
 
 def test_an_interrupt_just_after_the_server_started_stops_it(tmp_path, monkeypatch):
