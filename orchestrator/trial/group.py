@@ -33,7 +33,8 @@ def run_trial_group(
     try:
         with contextlib.ExitStack() as stack:
             # last out: once the shared servers are stopped, their raw logs lose their secrets
-            stack.callback(lambda: [run.scrub_logs() for run in runs])
+            for run in runs:
+                stack.callback(run.scrub_logs)
             group = lead.start_shared(stack)
             started = True
             for run in runs:
