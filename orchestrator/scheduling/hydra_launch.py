@@ -48,6 +48,34 @@ def _unresolved(cfg: Any) -> Any:
         return cfg
 
 
+def shared_part_problems(choices: Any) -> list[str]:
+    """A config group's option whose file name begins with ``_`` (``workload=_common``) is a part
+    the group's files share (its keys at their defaults), not a choice: named, with the group's
+    real options, before validation, which would only say that the keys it lacks are missing."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    problems = []
+    for group, choice in dict(choices or {}).items():
+        if str(group).startswith("hydra/") or not isinstance(choice, str):
+            continue
+        if choice.rsplit("/", 1)[-1].startswith("_"):
+            options = GlobalHydra.instance().config_loader().get_group_options(str(group))
+            real = [o for o in options if not o.rsplit("/", 1)[-1].startswith("_")]
+            problems.append(
+                f"{group}={choice}: a file whose name begins with '_' holds the keys every {group} file "
+                f"shares; it is not one to choose. Choose one of: {', '.join(real)}"
+            )
+    return problems
+
+
+def _refuse_shared_parts(job_choices: Sequence[Any]) -> None:
+    from orchestrator.config import ConfigError
+
+    problems = sorted({p for choices in job_choices for p in shared_part_problems(choices)})
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 @_exit_on_config_error
 def launch_multirun(
     hydra_context: Any, config: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
@@ -77,6 +105,7 @@ def launch_multirun(
     )
     # a knob search chooses its own next trials: its batches do not race, and hold some of its trials
     searching = "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower()
+    _refuse_shared_parts([cfg.hydra.runtime.choices for cfg in job_cfgs])
     jobs = prepare_jobs(configs, initial_job_idx, whole_sweep=not searching)
     sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
     results = run_sweep(
@@ -152,6 +181,7 @@ def run_single(cfg: Any) -> str:
         for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
             scrub_file(out_dir / str(hc.output_subdir) / name, hidden)
     overrides = list(hc.overrides.task)
+    _refuse_shared_parts([hc.runtime.choices])
     data = config_to_dict(cfg)
     variants = data.get("variants") or {}
     if variants and data.get("variant") is None:

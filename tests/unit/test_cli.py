@@ -215,3 +215,14 @@ def test_a_secret_is_hidden_in_hydras_files_even_when_the_command_fails(tmp_path
     assert multi.returncode != 0 and single.returncode != 0
     written = list(tmp_path.rglob("*.yaml"))
     assert written and all("plainsecret99" not in p.read_text() for p in written), written
+
+
+def test_a_groups_shared_part_is_no_choice(tmp_path):
+    """``workload=_common`` (the keys every workload file shares) said only that workload.name was
+    missing: it is named as no choice, with the group's real options, in both modes."""
+    for mode in ([f"hydra.sweep.dir={tmp_path / 'multi'}", "-m"], [f"hydra.run.dir={tmp_path / 'single'}"]):
+        p = run("workload=_common", "dry_run=true", *mode)
+        assert p.returncode == 2, p.stderr
+        assert "workload=_common: a file whose name begins with '_'" in p.stderr, p.stderr
+        assert "Choose one of: long_short, " in p.stderr and "_common," not in p.stderr
+        assert "required key is missing" not in p.stderr
