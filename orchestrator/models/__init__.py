@@ -73,36 +73,53 @@ def resolve_tokenizer(spec: ModelSpec, model_path: str) -> str:
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
-def check_hub_tokenizer(name: str) -> None:
-    """``model.tokenizer`` names no local folder: it is a hub id, which must be in the local
-    Hugging Face cache or be fetched now (not offline); else a ConfigError saying which and how
-    to point at a local copy. A path by its spelling (``/``, ``./``, ``~``) must exist."""
+def check_hub_tokenizer(name: str, key: str = "model.tokenizer") -> None:
+    """``name`` (the value of ``key``: ``model.tokenizer``, or ``model.path`` of a hub model that
+    names no tokenizer of its own) is no local folder: it is a hub id, whose tokenizer must be in
+    the local Hugging Face cache or be fetched now (not offline); else a ConfigError saying which
+    and how to point at a local copy. A path by its spelling (``/``, ``./``, ``~``) must exist."""
     if not hub_like(name):
-        raise ConfigError(f"model.tokenizer: '{name}' does not exist")
+        raise ConfigError(f"{key}: '{name}' does not exist")
     try:
         import huggingface_hub
         from huggingface_hub import constants, try_to_load_from_cache
     except ImportError:  # pragma: no cover - a dependency of transformers
-        raise ConfigError(
-            f"model.tokenizer: '{name}' is no local folder, and huggingface_hub is not installed"
-        ) from None
+        raise ConfigError(f"{key}: '{name}' is no local folder, and huggingface_hub is not installed") from None
     if any(isinstance(try_to_load_from_cache(name, f), str) for f in TOKENIZER_FILES):
         return
     local = "point model.tokenizer at a local copy (a folder with tokenizer.json / tokenizer_config.json)"
+    if key != "model.tokenizer":
+        local += f" or {key} at a local snapshot of the model"
+    where = f"{key}: '{name}' is no local folder, and as a hub id its tokenizer"
     if constants.HF_HUB_OFFLINE:
         raise ConfigError(
-            f"model.tokenizer: '{name}' is no local folder, and as a hub id it is not in the local Hugging Face "
-            f"cache ({constants.HF_HUB_CACHE}) while HF_HUB_OFFLINE is set: download it first "
-            f"(`hf download {name}`) or {local}"
+            f"{where} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) while HF_HUB_OFFLINE "
+            f"is set: download it first (`hf download {name}`) or {local}"
         )
     try:
         huggingface_hub.hf_hub_download(name, "tokenizer_config.json")
     except Exception as exc:  # not found, gated, or no network: say which, with the way out
         raise ConfigError(
-            f"model.tokenizer: '{name}' is no local folder, and as a hub id it could not be fetched "
+            f"{where} could not be fetched "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): check the id and HF_TOKEN, "
             f"or {local}"
         ) from None
 
 
-__all__ = ["check_hub_tokenizer", "ensure_tiny_model", "resolve_adapters", "resolve_model", "resolve_tokenizer"]
+def check_hub_model(spec: ModelSpec) -> None:
+    """A hub model (``model.source=hub``) that names no tokenizer of its own: the client reads the
+    tokenizer from the model's hub id, which must be cached or reachable (:func:`check_hub_tokenizer`,
+    naming ``model.path``). Checked before any server starts; an unreachable hub had let the engine
+    start and fail on its download, or the client fail after it."""
+    if spec.source == "hub" and not spec.tokenizer and spec.path and not Path(str(spec.path)).expanduser().exists():
+        check_hub_tokenizer(str(spec.path), key="model.path")
+
+
+__all__ = [
+    "check_hub_model",
+    "check_hub_tokenizer",
+    "ensure_tiny_model",
+    "resolve_adapters",
+    "resolve_model",
+    "resolve_tokenizer",
+]

@@ -70,6 +70,8 @@ def prepare_jobs(
         problems += _verdict_problems(jobs, whole_sweep)
     if not problems:
         problems += _input_file_problems(jobs) + _engine_environment_problems(jobs) + _gpu_problems(jobs)
+    if not problems:  # the hub last: it may take seconds to answer (or not to)
+        problems += _hub_model_problems(jobs)
     if problems:
         # Most sweeps share one mistake: show it once when every job reports the same text.
         bodies = {p.split("]: ", 1)[-1] for p in problems}
@@ -132,6 +134,27 @@ def _gpu_problems(jobs: list[TrialJob]) -> list[str]:
         else:
             print(f"warning: {mismatch}", flush=True)
     return problems
+
+
+def _hub_model_problems(jobs: list[TrialJob]) -> list[str]:
+    """Each hub model without a tokenizer of its own has its tokenizer cached or reachable
+    (:func:`~orchestrator.models.check_hub_model`), once per model. Not in a dry run: a plan may
+    be made on a machine without the hub or the cache the run will have (the GPU labs' plans here)."""
+    from orchestrator.models import check_hub_model
+
+    if jobs[0].settings.dry_run:
+        return []
+    problems: dict[str, str] = {}
+    for job in jobs:
+        path = str(job.spec.model.path)
+        if path in problems or job.spec.engine.hold_s is not None:  # a trial that sends no request
+            continue
+        try:
+            check_hub_model(job.spec.model)
+            problems[path] = ""
+        except ConfigError as exc:
+            problems[path] = f"job {job.index}: {exc}"
+    return [p for p in problems.values() if p]
 
 
 def _engine_environment_problems(jobs: list[TrialJob]) -> list[str]:

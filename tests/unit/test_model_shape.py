@@ -149,3 +149,24 @@ def test_a_tokenizer_hub_id_is_a_hub_id_cached_or_a_clear_error_offline(tmp_path
     check_hub_tokenizer("org/tok")  # cached: fine, offline too
     with pytest.raises(ConfigError, match="'./my/tok' does not exist"):
         check_hub_tokenizer("./my/tok")  # a path by its spelling is never taken for a hub id
+
+
+def test_a_hub_model_without_a_tokenizer_of_its_own_is_checked_before_the_start(tmp_path, monkeypatch, compose):
+    """``model=tinyllama_1b`` (a hub id, no model.tokenizer): offline and not cached, the sweep is
+    refused naming model.path, before anything starts; a dry run (planned for another machine) and
+    a trial that sends no request (engine=sleep) are not held to it; cached, it passes."""
+    from huggingface_hub import constants
+
+    from orchestrator.scheduling import prepare_jobs
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_id = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
+    over = ["model=tinyllama_1b"]
+    with pytest.raises(ConfigError, match=rf"model.path: '{hub_id}' is no local folder.*HF_HUB_OFFLINE") as err:
+        prepare_jobs([(over, compose(over))])
+    assert "or model.path at a local snapshot" in str(err.value)
+    for fine in (["dry_run=true"], ["engine=sleep"]):
+        assert prepare_jobs([([*over, *fine], compose([*over, *fine]))])
+    _cache(tmp_path / "hub", hub_id, {"tokenizer_config.json": "{}"})
+    assert prepare_jobs([(over, compose(over))])
