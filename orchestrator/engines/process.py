@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -138,7 +139,7 @@ class ServerProcess:
     ) -> None:
         if isinstance(argv, str):  # defensive: commands are argv lists, never shell strings
             raise TypeError("argv must be a sequence of strings, not a shell string")
-        self.argv = [str(a) for a in argv]
+        self.argv, self._slurm_step = slurm_step_argv([str(a) for a in argv])
         self.env = dict(env)
         self.log_path = Path(log_path)
         self.health_url = health_url
@@ -211,6 +212,7 @@ class ServerProcess:
                     str(os.getpid()),
                     str(self.proc.pid),
                     *([self._rpc_dir] if self._rpc_dir else []),
+                    *(["--slurm-step", self._slurm_step] if self._slurm_step else []),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -370,6 +372,10 @@ class ServerProcess:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     log.error("%s (pid %d) did not exit after KILL", self.name, proc.pid)
+            if self._slurm_step:
+                cancelled = cancel_slurm_step(self._slurm_step)
+                if cancelled:
+                    log.warning("%s: its srun was gone, its Slurm step %s was not: cancelled", self.name, cancelled[0])
             _RUNNING.discard(pgid)
             if segments and not group_alive(pgid):
                 removed = shm.remove_unused(segments)  # a KILLed group's resource tracker died with it
@@ -388,6 +394,43 @@ class ServerProcess:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def slurm_step_argv(argv: Sequence[str]) -> tuple[list[str], str | None]:
+    """A server started through ``srun`` (``engine.launch_prefix=[srun, ...]``) runs in a Slurm job
+    step, maybe on another node. Its argv gets a step name of its own (``--job-name=il-...``, first
+    after srun: a name the prefix sets itself comes later and wins, and then the step is not
+    found by name), so a step whose srun was KILLed can still be cancelled. Other argv: as is."""
+    if not argv or os.path.basename(argv[0]) != "srun":
+        return list(argv), None
+    name = f"il-server-{uuid.uuid4().hex[:12]}"
+    return [argv[0], f"--job-name={name}", *argv[1:]], name
+
+
+def cancel_slurm_step(name: str) -> list[str]:
+    """Cancel the Slurm job (srun made one of its own) or else the steps named ``name`` that still
+    run, and return their ids. A KILLed
+    srun (Ray killing a dead worker's children, the OOM killer) leaves its step running: measured
+    on the local Slurm of ``make test-slurm``, the step of a KILLed srun still ran 60 s later,
+    holding what the engine held. srun given TERM cancels its step itself (under a second)."""
+    steps: list[str] = []
+    # a job of that name first: srun outside an allocation made one of its own, which the dead srun
+    # still holds once its step is gone; inside one (an sbatch sweep), only the step has the name
+    for listing in (["squeue", "-h", "-o", "%i %j"], ["squeue", "-h", "-s", "-o", "%i %j"]):
+        try:
+            listed = subprocess.run(listing, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("could not list the Slurm steps to cancel %s: %s", name, exc)
+            return []
+        steps += [line.split()[0] for line in listed.stdout.splitlines() if line.split()[1:] == [name]]
+        if steps:
+            break
+    for step in steps:
+        try:
+            subprocess.run(["scancel", step], capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("could not cancel Slurm step %s (%s): %s", step, name, exc)
+    return steps
 
 
 def _signal_group(pgid: int, sig: int) -> None:

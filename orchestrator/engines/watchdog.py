@@ -1,11 +1,12 @@
-"""Watchdog: ``python -m orchestrator.engines.watchdog OWNER_PID SERVER_PGID [RPC_DIR]``.
+"""Watchdog: ``python -m orchestrator.engines.watchdog OWNER_PID SERVER_PGID [RPC_DIR] [--slurm-step NAME]``.
 
 Runs detached next to an engine server. If the owner process (the one that started the
 server) disappears without stopping it, the watchdog TERMs and then KILLs the server's
 process group, so no engine is left holding cores or GPUs, and removes the shared-memory
 segments the group left (:mod:`orchestrator.engines.shm`) and the server's private folder of
-IPC sockets (``RPC_DIR``, :class:`~orchestrator.engines.process.ServerProcess`). It exits by
-itself once the group is gone.
+IPC sockets (``RPC_DIR``, :class:`~orchestrator.engines.process.ServerProcess`), and cancels the
+Slurm step of a server started through srun (``NAME``: a KILLed srun leaves its step running).
+It exits by itself once the group is gone.
 
 It double-forks at start: a supervisor such as a Ray worker kills its *direct* children
 when it dies (and so would kill a plain child watchdog along with the server's leader,
@@ -24,7 +25,7 @@ import time
 import psutil
 
 from orchestrator.engines import shm
-from orchestrator.engines.process import group_alive, wait_group
+from orchestrator.engines.process import cancel_slurm_step, group_alive, wait_group
 
 
 def started_at(proc: psutil.Process) -> float:
@@ -73,7 +74,14 @@ def kill_group(pgid: int, grace_s: float) -> None:
         pass
 
 
-def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0, rpc_dir: str | None = None) -> int:
+def watch(
+    owner: int,
+    pgid: int,
+    poll_s: float = 0.5,
+    grace_s: float = 10.0,
+    rpc_dir: str | None = None,
+    slurm_step: str | None = None,
+) -> int:
     try:
         owner_created: float | None = started_at(psutil.Process(owner))
     except psutil.Error:
@@ -82,6 +90,8 @@ def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0, rpc
         if not owner_alive(owner, owner_created):
             segments = shm.held_by_group(pgid)
             kill_group(pgid, grace_s)
+            if slurm_step:  # behind srun: a step whose srun was KILLed runs on without it
+                cancel_slurm_step(slurm_step)
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and group_alive(pgid):
                 time.sleep(0.1)
@@ -91,18 +101,26 @@ def watch(owner: int, pgid: int, poll_s: float = 0.5, grace_s: float = 10.0, rpc
                     shutil.rmtree(rpc_dir, ignore_errors=True)
             return 0
         time.sleep(poll_s)
+    if slurm_step and not owner_alive(owner, owner_created):  # its srun KILLed with its owner (Ray does)
+        cancel_slurm_step(slurm_step)
     return 0
 
 
 def main(argv: list[str]) -> int:
-    owner, pgid = int(argv[1]), int(argv[2])
-    rpc_dir = argv[3] if len(argv) > 3 else None
+    args = list(argv[1:])
+    slurm_step = None
+    if "--slurm-step" in args:
+        at = args.index("--slurm-step")
+        slurm_step = args[at + 1]
+        del args[at : at + 2]
+    owner, pgid = int(args[0]), int(args[1])
+    rpc_dir = args[2] if len(args) > 2 else None
     if os.fork() > 0:  # detach: the first child exits, the grandchild watches
         os._exit(0)
     os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the owner's business
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    return watch(owner, pgid, rpc_dir=rpc_dir)
+    return watch(owner, pgid, rpc_dir=rpc_dir, slurm_step=slurm_step)
 
 
 if __name__ == "__main__":

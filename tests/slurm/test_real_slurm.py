@@ -110,3 +110,81 @@ def test_sbatch_sweep_lands_in_mlflow(slurm_cluster, tmp_path):
     # Ray was stopped by the job: nothing of it is left on this machine.
     left = subprocess.run(["pgrep", "-f", "gcs_server.*6391"], capture_output=True, text=True).stdout
     assert not left.strip(), left
+
+
+def _task_running(marker: str) -> bool:
+    import psutil
+
+    def is_task(cmdline: list[str]) -> bool:  # not srun, nor its owner: their argv hold the task's too
+        return (
+            bool(cmdline)
+            and os.path.basename(cmdline[0]) != "srun"
+            and f"time.sleep(600)  # {marker}" in " ".join(cmdline)
+        )
+
+    return any(is_task(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+
+
+def _wait(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    return condition()
+
+
+# A server's stand-in, started through srun (engine.launch_prefix) by an owner process.
+OWNER = """
+import os, sys, time
+from pathlib import Path
+from orchestrator.engines.process import ServerProcess
+marker, log = sys.argv[1], Path(sys.argv[2])
+server = ServerProcess(["srun", "-n1", sys.executable, "-c", f"import time; time.sleep(600)  # {marker}"], dict(os.environ), log,
+                       "http://127.0.0.1:9/health", stop_grace_s=2.0)
+server.start()
+print(server.pid, flush=True)
+for line in sys.stdin:  # "stop": stop it as a trial does; EOF or a KILL: die without stopping it
+    server.stop()
+    print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("owner_killed", [False, True], ids=["owner-stops-it", "owner-killed-too"])
+def test_a_server_whose_srun_was_killed_has_its_slurm_step_cancelled(slurm_cluster, tmp_path, owner_killed):
+    """``engine.launch_prefix=[srun, ...]``: the server runs in a Slurm step. A KILLed srun (Ray
+    killing a dead worker's children, the OOM killer) left the step running, the engine holding the
+    node's GPUs until the allocation ended. Now the step is cancelled by the owner's stop, or, with
+    the owner KILLed too, by its watchdog; no task of it is left."""
+    import psutil
+
+    marker = f"il-srun-{os.getpid()}-{int(owner_killed)}"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, marker, str(tmp_path / "server.log")],
+        cwd=ROOT,
+        env=slurm_cluster,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        srun = psutil.Process(int(owner.stdout.readline()))
+        assert _wait(lambda: _task_running(marker), 60), (tmp_path / "server.log").read_text()
+        if owner_killed:  # a Ray worker dies, then its children are KILLed
+            owner.kill()
+        for p in [*srun.children(recursive=True), srun]:  # every srun of the group
+            if os.path.basename((p.cmdline() or [""])[0]) == "srun":
+                p.kill()
+        time.sleep(2)
+        if not owner_killed:
+            assert _task_running(marker), "the step ended with its srun: nothing left to test"
+            owner.stdin.write("stop\n")
+            owner.stdin.flush()
+            assert owner.stdout.readline().strip() == "stopped"
+        gone = _wait(lambda: not _task_running(marker), 30)
+        queue = subprocess.run(["squeue", "-h", "-s"], capture_output=True, text=True, env=slurm_cluster).stdout
+        assert gone, f"the Slurm step outlived its srun; squeue -s: {queue}"
+    finally:
+        owner.kill()
+        owner.wait()
+        for p in psutil.process_iter(["cmdline"]):  # what a failure left: not for the next test to find
+            if f"# {marker}" in " ".join(p.info["cmdline"] or []):
+                p.kill()

@@ -438,3 +438,22 @@ def test_free_ports_come_from_below_the_ephemeral_range_and_are_bindable():
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         assert held.getsockname()[1] >= low  # what bind(0) gives: the range we stay out of
+
+
+def test_a_server_started_through_srun_gets_a_step_name_of_its_own():
+    """Behind ``engine.launch_prefix=[srun, ...]`` the server's step is named, so a step whose srun
+    was KILLed can be found and cancelled (tests/slurm has the real Slurm); any other argv is as is."""
+    from orchestrator.engines.process import slurm_step_argv
+
+    argv, name = slurm_step_argv(["/usr/bin/srun", "--overlap", "python3", "-m", "vllm.entrypoints.openai.api_server"])
+    assert name and name.startswith("il-server-")
+    assert argv == [
+        "/usr/bin/srun",
+        f"--job-name={name}",
+        "--overlap",
+        "python3",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
+    assert slurm_step_argv(["python3", "-m", "x", "srun"]) == (["python3", "-m", "x", "srun"], None)
+    assert slurm_step_argv(["apptainer", "exec", "img", "srun"])[1] is None
