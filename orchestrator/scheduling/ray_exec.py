@@ -108,7 +108,7 @@ class _Attempts:
 
     history: list[dict[str, Any]] = field(default_factory=list)
 
-    def lost(self, workdir: str, error: str) -> None:
+    def lost(self, workdir: str, error: str, secrets: set[str]) -> None:
         n = len(self.history) + 1
         started = _last_attempt_note(workdir)
         self.history.append(
@@ -119,7 +119,7 @@ class _Attempts:
                 "node_id": started.get("node_id"),
                 "started_at": started.get("started_at"),
                 "ended_at": time.time(),
-                "kept_in": _set_aside(workdir, n),
+                "kept_in": _set_aside(workdir, n, secrets),
             }
         )
 
@@ -144,9 +144,10 @@ def _last_attempt_note(workdir: str) -> dict[str, Any]:
         return {}
 
 
-def _set_aside(workdir: str, n: int) -> str | None:
+def _set_aside(workdir: str, n: int, secrets: set[str]) -> str | None:
     """Move what a lost attempt wrote (points measured so far, server logs) to attempt-N/, so
-    the next attempt starts clean and nothing measured is lost."""
+    the next attempt starts clean and nothing measured is lost; its raw logs, which the lost
+    worker could not scrub, with ``secrets`` hidden."""
     d = Path(workdir)
     entries = (
         [e for e in d.glob("*") if e.name != ATTEMPTS_FILE and not e.name.startswith("attempt-")] if d.is_dir() else []
@@ -157,6 +158,9 @@ def _set_aside(workdir: str, n: int) -> str | None:
     keep.mkdir(exist_ok=True)
     for e in entries:
         shutil.move(str(e), keep / e.name)
+    from orchestrator.trial.run import scrub_logs
+
+    scrub_logs(keep, secrets)
     return str(keep)
 
 
@@ -325,6 +329,8 @@ def run_jobs(
                     queue.insert(0, unit)
                     continue
                 for job, result in zip(unit, _results_of(unit, value, error)):
+                    if error is not None:  # the task died: its worker could not scrub the trial's raw logs
+                        _scrub_lost_logs(workdir_of(job), job)
                     yield job, attempts[job.index].final(result)
     finally:
         _stop_running(list(running))
@@ -344,8 +350,10 @@ def _retried(
     tries = attempts[unit[0].index]
     if lost is None or len(tries.history) + 1 >= max_attempts:
         return False
+    from orchestrator.trial.run import trial_secrets
+
     for job in unit:
-        attempts[job.index].lost(workdir_of(job), lost)
+        attempts[job.index].lost(workdir_of(job), lost, trial_secrets(job.spec))
     progress(
         f"{unit[0].label}{f' (+{len(unit) - 1} sharing its server)' if len(unit) > 1 else ''}: "
         f"attempt {len(tries.history)} lost ({lost.splitlines()[0][:160]}); "
@@ -403,6 +411,13 @@ def _fetch(ref: Any) -> tuple[Any, Exception | None]:
         return ray.get(ref), None
     except ray.exceptions.RayError as exc:
         return None, exc
+
+
+def _scrub_lost_logs(workdir: str, job: TrialJob) -> None:
+    from orchestrator.trial.run import scrub_logs, trial_secrets
+
+    if Path(workdir).is_dir():  # on this node's disk (a shared one, or the driver's own node)
+        scrub_logs(Path(workdir), trial_secrets(job.spec))
 
 
 def _results_of(unit: list[TrialJob], value: Any, error: Exception | None) -> list[TrialResult]:

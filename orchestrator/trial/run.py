@@ -69,6 +69,22 @@ class TrialHeader:
     repeat_of: str | None = None  # a race's later run: its configuration's first run
 
 
+def trial_secrets(spec: TrialSpec) -> set[str]:
+    """What a trial knows to be secret: its config's (engine.env's tokens, a flag's key) and the
+    server's API key read from ``engine.api_key_env``."""
+    found = secret_values(spec.model_dump(mode="json"))
+    with contextlib.suppress(ConfigError):  # an unset key variable fails the trial later, by name
+        found |= {k for k in [adapter_for(spec.engine.name).api_key(spec)] if k}
+    return found
+
+
+def scrub_logs(folder: Path, secrets: set[str]) -> None:
+    """The raw logs a trial leaves in ``folder`` (``*.log``: every server's, lm-eval's) with
+    ``secrets`` hidden, once their writers have stopped."""
+    for path in sorted(folder.glob("*.log")):
+        scrub_file(path, secrets)
+
+
 class TrialRun:
     """The state of one trial while it runs: what it has measured so far and how to report it."""
 
@@ -90,9 +106,7 @@ class TrialRun:
         self.adapter = adapter_for(spec.engine.name)
         # what the trial knows to be secret (engine.env's tokens, a flag's key, the API key): hidden
         # in the error and the server log it returns, wherever a server or lm-eval echoed them
-        self.secrets = secret_values(spec.model_dump(mode="json"))
-        with contextlib.suppress(ConfigError):  # an unset key variable fails the trial later, by name
-            self.secrets |= {k for k in [self.adapter.api_key(spec)] if k}
+        self.secrets = trial_secrets(spec)
         self.points: list[PointResult] = []
         self.records: list[RequestRecord] = []
         self.crash: ServerCrashedError | None = None  # the servers died: no point after it is measured
@@ -325,7 +339,7 @@ class TrialRun:
         in the result and MLflow are hidden as they are made (:meth:`result`)."""
         for _, path in self.server_logs:
             scrub_file(path, self.secrets)
-        scrub_file(self.workdir / "eval.log", self.secrets)
+        scrub_logs(self.workdir, self.secrets)
 
     def floor_at_batch1(self) -> dict[str, float]:
         """The roofline floor of a decode step at batch 1, empty context (week 3's number)."""

@@ -13,6 +13,7 @@ import pytest
 from orchestrator.config import to_specs
 
 pytestmark = pytest.mark.timeout(300)
+PLANTED = "hf_PLANTEDtoken0123456789"  # a lost worker could not scrub its raw logs: the driver does
 
 
 def _result(spec_json: str, status: str, error: str | None = None) -> dict:
@@ -42,11 +43,14 @@ def crash_once(spec_json: str, workdir: str, overrides: list[str]) -> dict:
     note_attempt(workdir, ray.get_runtime_context().get_node_id())
     if not (Path(workdir) / "partial.json").exists() and not list(Path(workdir).glob("attempt-*")):
         (Path(workdir) / "partial.json").write_text('{"points": 1}')
+        (Path(workdir) / "server.live.log").write_text(f"token {PLANTED}\n")  # a server echoed it
         os._exit(1)
     return _result(spec_json, "FINISHED")
 
 
 def always_crash(spec_json: str, workdir: str, overrides: list[str]) -> dict:
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    (Path(workdir) / "server.live.log").write_text(f"token {PLANTED}\n")
     os._exit(1)
 
 
@@ -99,6 +103,7 @@ def test_a_lost_worker_is_retried_and_both_attempts_are_recorded(local_ray, comp
     assert json.loads((tmp_path / "0" / "attempt-1" / "partial.json").read_text()) == {"points": 1}
     assert first["kept_in"] == str(tmp_path / "0" / "attempt-1")
     assert len((tmp_path / "0" / "attempts.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "0" / "attempt-1" / "server.live.log").read_text() == "token ***\n"
     assert any("attempt 1 lost (WorkerCrashedError" in line and "(2/3)" in line for line in lines), lines
 
 
@@ -106,6 +111,8 @@ def test_attempts_are_bounded(local_ray, compose, tmp_path):
     (result,), lines = _run(_jobs(compose), tmp_path, always_crash, max_attempts=2)
     assert result.status == "FAILED" and "WorkerCrashedError" in result.error
     assert [a["outcome"] for a in result.attempts] == ["LOST", "FAILED"]
+    logs = sorted(tmp_path.rglob("server.live.log"))
+    assert len(logs) == 2 and all(p.read_text() == "token ***\n" for p in logs), logs
     assert len(lines) == 1
 
 
