@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -166,13 +167,31 @@ def hide(text: str, secrets: set[str]) -> str:
     return redact_text(text)
 
 
-def scrub_file(path: Path, secrets: set[str]) -> None:
-    """Rewrite a file somebody else wrote (Hydra's ``multirun.yaml``, ``.hydra/*.yaml``) with
-    ``secrets`` hidden (:func:`hide`); a missing file is left missing."""
+def scrub_file(path: Path, secrets: set[str], block_bytes: int = 4 << 20) -> None:
+    """Rewrite a file somebody else wrote (Hydra's ``multirun.yaml``, a server's raw log) with
+    ``secrets`` hidden (:func:`hide`); a missing file is left missing. Read in blocks of whole
+    lines (a log may be large), bytes that are not UTF-8 (a line cut by a KILL) kept as they
+    are, and the file replaced at once (a temporary beside it, renamed): an interrupt leaves the
+    old file or the new one, never half of it; unchanged, it is not rewritten."""
     try:
-        text = path.read_text()
+        src = open(path, "rb")
     except FileNotFoundError:
         return
-    scrubbed = hide(text, secrets)
-    if scrubbed != text:
-        path.write_text(scrubbed)
+    tmp = path.with_name(f".{path.name}.scrub")
+    changed = False
+    try:
+        with src, open(tmp, "wb") as out:
+            while True:
+                block = src.read(block_bytes)
+                if not block:
+                    break
+                block += src.readline()  # to the end of its line: a secret is not cut in two
+                text = block.decode("utf-8", errors="surrogateescape")
+                scrubbed = hide(text, secrets)
+                changed |= scrubbed != text
+                out.write(scrubbed.encode("utf-8", errors="surrogateescape"))
+        if changed:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

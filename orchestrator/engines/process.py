@@ -154,6 +154,7 @@ class ServerProcess:
         self._log_scanned = 0  # bytes of the log already searched for fatal markers
         self._healthy_at = 0  # log size when the server became healthy: later errors are the run's
         self._rpc_dir: str | None = None  # the server's own folder of IPC sockets (start())
+        self._segments: set[str] = set()  # shared memory its group held, kept across an interrupted stop
 
     # -- start / health -------------------------------------------------------------
 
@@ -342,7 +343,7 @@ class ServerProcess:
         short: the group is KILLed at once, and then the interrupt goes on. Cut short, the server
         ran on, unwatched while its owner lived (a Ray worker is kept for the next task)."""
         grace, interrupted = self.stop_grace_s, None
-        for _ in range(3):  # each try KILLs sooner; a fourth interrupt is let through
+        for _ in range(3):  # a later try KILLs at once; an interrupt during the third is let through
             try:
                 self._stop(grace)
                 break
@@ -356,9 +357,9 @@ class ServerProcess:
         proc = self.proc
         if proc is not None:
             pgid = proc.pid  # start_new_session: the pid is the group id
-            segments: set[str] = set()  # the shared memory its processes hold (see engines/shm.py)
+            segments = self._segments  # the shared memory its processes hold (see engines/shm.py)
             if proc.poll() is None or group_alive(pgid):
-                segments = shm.held_by_group(pgid)
+                segments |= shm.held_by_group(pgid)
                 _signal_group(pgid, signal.SIGTERM)
                 wait_group(pgid, lambda: proc.poll() is not None, grace_s)
                 if proc.poll() is None or group_alive(pgid):
@@ -381,6 +382,7 @@ class ServerProcess:
                 removed = shm.remove_unused(segments)  # a KILLed group's resource tracker died with it
                 if removed:
                     log.warning("%s: removed %s", self.name, shm.describe(removed))
+                self._segments = set()
         if self._rpc_dir and (proc is None or not group_alive(proc.pid)):
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
             self._rpc_dir = None
@@ -416,11 +418,16 @@ def cancel_slurm_step(name: str) -> list[str]:
     steps: list[str] = []
     # a job of that name first: srun outside an allocation made one of its own, which the dead srun
     # still holds once its step is gone; inside one (an sbatch sweep), only the step has the name
-    for listing in (["squeue", "-h", "-o", "%i %j"], ["squeue", "-h", "-s", "-o", "%i %j"]):
+    # (a job already COMPLETING, as after srun's own stop, is not listed: nothing to cancel)
+    jobs = ["squeue", "-h", "-n", name, "-t", "PENDING,RUNNING,SUSPENDED,CONFIGURING", "-o", "%i %j"]
+    for listing in (jobs, ["squeue", "-h", "-s", "-n", name, "-o", "%i %j"]):
         try:
             listed = subprocess.run(listing, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.warning("could not list the Slurm steps to cancel %s: %s", name, exc)
+            return []
+        if listed.returncode != 0:
+            log.warning("could not list the Slurm steps to cancel %s: %s", name, listed.stderr.strip()[-300:])
             return []
         steps += [line.split()[0] for line in listed.stdout.splitlines() if line.split()[1:] == [name]]
         if steps:

@@ -96,8 +96,16 @@ def check_hub_tokenizer(name: str, key: str = "model.tokenizer") -> None:
             f"{where} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) while HF_HUB_OFFLINE "
             f"is set: download it first (`hf download {name}`) or {local}"
         )
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
     try:
-        huggingface_hub.hf_hub_download(name, "tokenizer_config.json")
+        for i, file in enumerate(TOKENIZER_FILES):  # a repo may have either one
+            try:
+                huggingface_hub.hf_hub_download(name, file)
+                break
+            except EntryNotFoundError as exc:  # the hub has no such file (not: it cannot be reached)
+                if isinstance(exc, LocalEntryNotFoundError) or i == len(TOKENIZER_FILES) - 1:
+                    raise
     except Exception as exc:  # not found, gated, or no network: say which, with the way out
         raise ConfigError(
             f"{where} could not be fetched "

@@ -140,20 +140,24 @@ def _hub_model_problems(jobs: list[TrialJob]) -> list[str]:
     """Each hub model without a tokenizer of its own has its tokenizer cached or reachable
     (:func:`~orchestrator.models.check_hub_model`), once per model. Not in a dry run: a plan may
     be made on a machine without the hub or the cache the run will have (the GPU labs' plans here)."""
+    from orchestrator.feasibility import assess
     from orchestrator.models import check_hub_model
 
     if jobs[0].settings.dry_run:
         return []
-    problems: dict[str, str] = {}
+    problems: dict[tuple[str, str, str | None], str] = {}
     for job in jobs:
-        path = str(job.spec.model.path)
-        if path in problems or job.spec.engine.hold_s is not None:  # a trial that sends no request
+        model = job.spec.model
+        key = (model.source, str(model.path), model.tokenizer)
+        if key in problems or job.spec.engine.hold_s is not None:  # a trial that sends no request
+            continue
+        if assess(job.spec) is not None:  # SKIPPED before it starts (the CPU quantization lab's fp8)
             continue
         try:
-            check_hub_model(job.spec.model)
-            problems[path] = ""
+            check_hub_model(model)
+            problems[key] = ""
         except ConfigError as exc:
-            problems[path] = f"job {job.index}: {exc}"
+            problems[key] = f"job {job.index}: {exc}"
     return [p for p in problems.values() if p]
 
 

@@ -82,7 +82,16 @@ def scrub_logs(folder: Path, secrets: set[str]) -> None:
     """The raw logs a trial leaves in ``folder`` (``*.log``: every server's, lm-eval's) with
     ``secrets`` hidden, once their writers have stopped."""
     for path in sorted(folder.glob("*.log")):
+        _scrub(path, secrets)
+
+
+def _scrub(path: Path, secrets: set[str]) -> None:
+    """:func:`scrub_file`, which must not end what called it (a trial's result, a sweep): a file
+    it cannot rewrite is said in a warning."""
+    try:
         scrub_file(path, secrets)
+    except OSError as exc:
+        log.warning("could not hide the secrets in %s: %s", path, exc)
 
 
 class TrialRun:
@@ -338,7 +347,7 @@ class TrialRun:
         a key given as ``engine.extra_args=[--api-key, ...]`` was there in plain text. The copies
         in the result and MLflow are hidden as they are made (:meth:`result`)."""
         for _, path in self.server_logs:
-            scrub_file(path, self.secrets)
+            _scrub(path, self.secrets)
         scrub_logs(self.workdir, self.secrets)
 
     def floor_at_batch1(self) -> dict[str, float]:

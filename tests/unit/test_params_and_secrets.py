@@ -127,6 +127,22 @@ def test_secret_values_and_scrub_file(tmp_path):
     assert not (tmp_path / "missing.yaml").exists()
 
 
+def test_scrub_file_keeps_bytes_that_are_not_utf8_and_reads_in_blocks(tmp_path):
+    """A server KILLed mid-write leaves a cut character: the log is scrubbed anyway (it had raised
+    UnicodeDecodeError, which replaced the trial's result), its other bytes as they were; read in
+    blocks of whole lines, a secret on a block's edge is hidden too; nothing is left beside it."""
+    log = tmp_path / "server.live.log"
+    lines = [f"line {i} with some padding to cross blocks\n".encode() for i in range(200)]
+    lines[57] = b"non-default args: {'api_key': ['argvkey5678']}\n"
+    lines[120] = b"a cut character \xe2\x82 then argvkey5678\n"
+    log.write_bytes(b"".join(lines))
+    scrub_file(log, {"argvkey5678"}, block_bytes=64)
+    out = log.read_bytes()
+    assert b"argvkey5678" not in out and out.count(b"***") == 2
+    assert b"a cut character \xe2\x82 then ***\n" in out and out.startswith(b"line 0 with")
+    assert len(out.splitlines()) == 200 and [p.name for p in tmp_path.iterdir()] == ["server.live.log"]
+
+
 def test_secrets_inside_a_list_or_dict_override_are_hidden():
     """engine.extra_args=[--api-key, X] and engine.env={HF_TOKEN: X} carry secrets in an override's
     value: the value after a secret flag, a secret flag's =value and a secret key's value are
