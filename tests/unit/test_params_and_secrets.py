@@ -233,6 +233,36 @@ def test_the_raw_logs_left_in_a_trials_folder_lose_its_secrets_once_it_ends(comp
     assert (tmp_path / "eval.log").read_text() == "key ***\n"
 
 
+def test_a_shared_servers_raw_log_is_scrubbed_after_its_last_lines(compose, tmp_path, monkeypatch):
+    """Trials sharing one server start: its raw log is scrubbed once the servers have stopped, so
+    what they write while stopping (vLLM's shutdown lines) is scrubbed too."""
+    from orchestrator.config import to_specs
+    from orchestrator.config.convert import config_to_dict
+    from orchestrator.trial import run_trial_group
+    from orchestrator.trial.run import TrialRun
+
+    overrides = ["engine.extra_args=[--api-key,argvkey5678]"]
+    spec, _ = to_specs(config_to_dict(compose(overrides)))
+
+    def start_shared(self: TrialRun, stack) -> object:
+        log = self.workdir / "server.live.log"
+        log.write_text("args: argvkey5678\n")
+        self.server_logs.append(("server", log))
+
+        def stop() -> None:  # the server's last lines, written as it stops
+            with log.open("a") as f:
+                f.write("shutting down argvkey5678\n")
+
+        stack.callback(stop)
+        return object()
+
+    monkeypatch.setattr(TrialRun, "start_shared", start_shared)
+    monkeypatch.setattr(TrialRun, "measure", lambda self, shared=None: None)
+    (result,) = run_trial_group([(spec, tmp_path, overrides)], progress=lambda _: None)
+    assert result.status == "FINISHED"
+    assert (tmp_path / "server.live.log").read_text() == "args: ***\nshutting down ***\n"
+
+
 def test_values_hydra_reads_as_one_are_hidden_whole():
     """Hydra takes `a b c` and `abc\\:def` (an escaped colon) as one value: hidden whole (the
     words after the first space and the text after the colon were shown); a secret named in a
