@@ -96,6 +96,12 @@ def check_hub_tokenizer(name: str, key: str = "model.tokenizer") -> None:
             f"{where} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) while HF_HUB_OFFLINE "
             f"is set: download it first (`hf download {name}`) or {local}"
         )
+    unreachable = hub_unreachable(constants.ENDPOINT)
+    if unreachable:
+        raise ConfigError(
+            f"{where} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}), and the hub cannot be "
+            f"reached from here ({unreachable}): download it where it can (`hf download {name}`) or {local}"
+        )
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     try:
@@ -114,6 +120,25 @@ def check_hub_tokenizer(name: str, key: str = "model.tokenizer") -> None:
         ) from None
 
 
+def hub_unreachable(endpoint: str) -> str | None:
+    """Why the hub at ``endpoint`` surely cannot be reached from here (its host name does not
+    resolve), or None. huggingface_hub itself retried an unresolvable host for 24 s here, five
+    warnings long, before its error. Behind a proxy (``HTTPS_PROXY``, ...) the proxy resolves the
+    name: not judged here."""
+    import socket
+    import urllib.parse
+    import urllib.request
+
+    host = urllib.parse.urlparse(endpoint).hostname
+    if not host or urllib.request.getproxies():
+        return None
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as exc:
+        return f"{host} does not resolve: {exc}"
+    return None
+
+
 def check_hub_model(spec: ModelSpec) -> None:
     """A hub model (``model.source=hub``) that names no tokenizer of its own: the client reads the
     tokenizer from the model's hub id, which must be cached or reachable (:func:`check_hub_tokenizer`,
@@ -127,6 +152,7 @@ __all__ = [
     "check_hub_model",
     "check_hub_tokenizer",
     "ensure_tiny_model",
+    "hub_unreachable",
     "resolve_adapters",
     "resolve_model",
     "resolve_tokenizer",

@@ -173,3 +173,29 @@ def test_a_hub_model_without_a_tokenizer_of_its_own_is_checked_before_the_start(
     assert prepare_jobs([(fp8, compose(fp8))])
     _cache(tmp_path / "hub", hub_id, {"tokenizer_config.json": "{}"})
     assert prepare_jobs([(over, compose(over))])
+
+
+def test_a_hub_that_cannot_be_resolved_is_said_at_once(tmp_path, monkeypatch):
+    """Not offline by HF_HUB_OFFLINE, but the hub's host does not resolve (this machine): the error
+    comes at once, naming the host, not after huggingface_hub's 24 s of retries. Behind a proxy the
+    name is the proxy's to resolve."""
+    import socket
+
+    from huggingface_hub import constants
+
+    from orchestrator.models import check_hub_tokenizer, hub_unreachable
+
+    def no_dns(host, *args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(
+        ConfigError, match=r"model.path: 'org/m' .*cannot be reached from here \(huggingface.co does not"
+    ):
+        check_hub_tokenizer("org/m", key="model.path")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert hub_unreachable("https://huggingface.co") is None
