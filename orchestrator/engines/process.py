@@ -411,8 +411,8 @@ def slurm_step_argv(argv: Sequence[str]) -> tuple[list[str], str | None]:
 
 def cancel_slurm_step(name: str) -> list[str]:
     """Cancel the Slurm job (srun made one of its own) or else the steps named ``name`` that still
-    run, and return their ids. A KILLed
-    srun (Ray killing a dead worker's children, the OOM killer) leaves its step running: measured
+    run, and return their ids. A KILLed srun (Ray killing a dead worker's children, the OOM
+    killer) leaves its step running: measured
     on the local Slurm of ``make test-slurm``, the step of a KILLed srun still ran 60 s later,
     holding what the engine held. srun given TERM cancels its step itself (under a second)."""
     steps: list[str] = []

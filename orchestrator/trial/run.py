@@ -345,9 +345,8 @@ class TrialRun:
         """Hide the trial's secrets in the raw logs left in its folder (every server's, lm-eval's),
         once their writers have stopped: a server echoes its argv (vLLM's "non-default args"), so
         a key given as ``engine.extra_args=[--api-key, ...]`` was there in plain text. The copies
-        in the result and MLflow are hidden as they are made (:meth:`result`)."""
-        for _, path in self.server_logs:
-            _scrub(path, self.secrets)
+        in the result and MLflow are hidden as they are made (:meth:`result`). Every server logs
+        into the trial's folder (``_start``'s ``log_name``), so its ``*.log`` files are all of them."""
         scrub_logs(self.workdir, self.secrets)
 
     def floor_at_batch1(self) -> dict[str, float]:
