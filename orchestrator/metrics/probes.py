@@ -148,6 +148,7 @@ class NvmlProbe:
             pynvml.nvmlShutdown()
             raise
         self._energy_ok = [True] * len(self.handles)
+        self._power_window_s = [power_window_s(pynvml, h) for h in self.handles]
         # "Clocks event reasons" is the newer name of the throttle reasons (same bitmask).
         self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
             pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -159,6 +160,7 @@ class NvmlProbe:
             util = nv.nvmlDeviceGetUtilizationRates(h)
             values = {
                 "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                "power_window_s": self._power_window_s[k],
                 "sm_util_pct": float(util.gpu),
                 "mem_util_pct": float(util.memory),
                 "mem_used_gb": nv.nvmlDeviceGetMemoryInfo(h).used / 1e9,
@@ -180,6 +182,17 @@ class NvmlProbe:
 
     def close(self) -> None:
         self.nv.nvmlShutdown()
+
+
+def power_window_s(nv: Any, handle: Any) -> float:
+    """Seconds NVML's power reading averages over: 1 on Ampere (GA100 excepted) and later GPUs,
+    0 (an instant reading) on GA100 (compute capability 8.0) and older (NVML's
+    ``nvmlDeviceGetPowerUsage``); 1 when the capability cannot be read."""
+    try:
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
+    except Exception:  # an NVML too old for the call, or a device that does not answer it
+        return 1.0
+    return 1.0 if (major, minor) >= (8, 6) else 0.0
 
 
 def nvml_text(x: bytes | str) -> str:

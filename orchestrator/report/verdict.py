@@ -107,7 +107,8 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
         if estimated:
             verdict.lines.append(
                 "Caution: the energy of " + ", ".join(estimated) + " was ESTIMATED from power samples (no energy "
-                "counter bracketed the point): such estimates were off by -18% to +53% on an H100; compare with care."
+                "counter bracketed the point): on an H200 such estimates were within 2% of the counter, but a short "
+                "window or a sparse sampling can miss more; compare with care."
             )
     judged = [  # a constraint judged at an INVALID point, whatever the objective's own value
         f"{t.name} ({k})"

@@ -65,6 +65,56 @@ def test_power_read_as_averages_over_the_second_before_each_sample_integrates_ex
     assert integrate_averaged([], [], 0.0, 1.0) == 0.0 and integrate_averaged(ts, vs, 3.0, 3.0) == 0.0
 
 
+def test_power_averages_read_closer_than_their_window_count_each_second_once():
+    """The sampler reads at a point's edges as well as every second, so two reads can be half a
+    second apart while each averages the whole second before it. Holding each value since the read
+    before counted the load's first half second twice: +18% over a decay, -13% on a burst on the
+    lent H200; the running energy counts it once."""
+
+    def true_power(t: float) -> float:
+        return 700.0 if 3.5 <= t < 5.0 else 100.0
+
+    def read(t: float) -> float:  # NVML: the mean over the second before
+        return sum(true_power(t - 1 + k / 1000) for k in range(1000)) / 1000
+
+    ts = sorted([float(i) for i in range(1, 12)] + [3.5, 5.0])  # the edges of a 1.5 s burst
+    vs = [read(t) for t in ts]
+    burst, decay = 700.0 * 1.5, 100.0 * 6.0
+    assert integrate_averaged(ts, vs, 3.5, 5.0) == pytest.approx(burst, rel=0.02)
+    assert integrate_averaged(ts, vs, 5.0, 11.0) == pytest.approx(decay, rel=0.02)
+    assert integrate_averaged(ts, vs, 1.0, 11.0) == pytest.approx(burst + 100.0 * 8.5, rel=0.01)
+    # a gap of 3 s between reads of 1 s windows: the uncovered 2 s take the mean of the values beside them
+    assert integrate_averaged([1.0, 4.0], [100.0, 300.0], 1.0, 4.0) == pytest.approx(2 * 200.0 + 300.0)
+
+
+def test_instant_power_integrates_as_trapezoids():
+    """On GA100 (the A100) and older GPUs NVML's power is an instant reading: the probe says so
+    (power_window_s 0) and the fallback integrates trapezoids."""
+    counter: tuple[list[float], list[float]] = ([], [])
+    power = ([0.0, 1.0, 2.0], [100.0, 300.0, 100.0])
+    assert energy_in_window(counter, power, 0.0, 2.0, averaged_s=0.0) == (pytest.approx(400.0), "power")
+    assert energy_in_window(counter, power, 0.0, 2.0)[0] == pytest.approx(integrate_averaged(*power, 0.0, 2.0))
+
+
+def test_nvml_power_window_by_compute_capability():
+    from orchestrator.metrics.probes import power_window_s
+
+    class FakeNvml:
+        def __init__(self, cc: tuple[int, int] | None) -> None:
+            self.cc = cc
+
+        def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:  # noqa: N802 (NVML's name)
+            if self.cc is None:
+                raise RuntimeError("not supported")
+            return self.cc
+
+    assert power_window_s(FakeNvml((9, 0)), None) == 1.0  # H100, H200
+    assert power_window_s(FakeNvml((8, 6)), None) == 1.0  # A10, A40
+    assert power_window_s(FakeNvml((8, 0)), None) == 0.0  # A100 (GA100): instant
+    assert power_window_s(FakeNvml((7, 0)), None) == 0.0  # V100
+    assert power_window_s(FakeNvml(None), None) == 1.0
+
+
 def test_energy_prefers_the_counter_when_it_brackets_the_window():
     counter = ([0.0, 1.0, 2.0, 3.0], [1000.0, 1300.0, 1600.0, 1900.0])  # 300 W, as a counter
     power = ([0.0, 1.0, 2.0, 3.0], [50.0, 50.0, 50.0, 50.0])  # a sensor that disagrees
