@@ -10,7 +10,11 @@ keeps to a time budget: after a sample that took ``w`` seconds, the next one of 
 waits ``max(interval_s, w / budget)`` (1% of wall time by default, so ~1 s between scrapes
 of vLLM's page on a CPU server), measured in docs/benchmarks.md ("observer effect"). A
 scrape's ``w`` is the fastest any scrape has taken: under load an answer also waits its turn
-behind the server's own work, which is not what the scrape costs.
+behind the server's own work, which is not what the scrape costs. The fastest is kept over the
+trial's points, a scrape that failed costs nothing (the next comes after the interval), and one
+scrape alone is no measure: the second comes after the interval. A CI run on two cores had no
+gauge sample over a whole 9 s point held at ``max_num_seqs``: a point's first scrape had set the
+pace alone, and a failed one counted as a 2 s cost.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ class ResourceMonitor:
         self.timeline = timeline  # every gauge sample also goes here (the engine's state over time)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._fastest = [float("inf")] * len(self._kinds())  # each kind's cheapest sample, over all points
         self.reset()
 
     def reset(self) -> None:
@@ -112,7 +117,7 @@ class ResourceMonitor:
         self.sample_memory()
         self.sample_gauges()
 
-    def sample_memory(self) -> None:
+    def sample_memory(self) -> bool:
         """The GPUs' used memory on a GPU trial (a failed NVML read is a miss: the host memory of
         the server's processes is another quantity, never mixed into the GPU peak), else the
         resident memory of the server's process trees."""
@@ -122,66 +127,76 @@ class ResourceMonitor:
         else:
             mem = sum(tree_rss_bytes(p) for p in self.pids) if self.pids else None
         if mem is None:
-            return
+            return False
         self.peak_memory_bytes = max(self.peak_memory_bytes, mem)
         self.memory_read += 1
+        return True
 
-    def sample_gauges(self) -> None:
-        if self.metrics_url and self.gauges:
-            self.scrapes += 1
-            try:
-                families = [ref.family for ref in (*self.gauges.values(), *self.counters.values())]
-                scraped = prometheus.scrape(self.metrics_url, timeout_s=2.0, families=families)
-            except OSError as exc:
-                log.debug("gauge scrape failed: %s", exc)
-            else:
-                seen = {}
-                for name, ref in self.gauges.items():
-                    v = prometheus.gauge(scraped, ref.family)
-                    if v is not None:
-                        self.gauge_max[name] = max(self.gauge_max.get(name, v), v)
-                        seen[name] = v
-                for name, ref in self.counters.items():
-                    c = prometheus.counter(scraped, ref.family)
-                    if c is not None:
-                        seen[name] = c
-                if self.timeline is not None and seen:
-                    self.timeline.add(telemetry.now(), "engine", seen)
+    def sample_gauges(self) -> bool:
+        """One scrape of the engine's gauges; False when it failed (no answer in 2 s)."""
+        if not (self.metrics_url and self.gauges):
+            return False
+        self.scrapes += 1
+        try:
+            families = [ref.family for ref in (*self.gauges.values(), *self.counters.values())]
+            scraped = prometheus.scrape(self.metrics_url, timeout_s=2.0, families=families)
+        except OSError as exc:
+            log.debug("gauge scrape failed: %s", exc)
+            return False
+        seen = {}
+        for name, ref in self.gauges.items():
+            v = prometheus.gauge(scraped, ref.family)
+            if v is not None:
+                self.gauge_max[name] = max(self.gauge_max.get(name, v), v)
+                seen[name] = v
+        for name, ref in self.counters.items():
+            c = prometheus.counter(scraped, ref.family)
+            if c is not None:
+                seen[name] = c
+        if self.timeline is not None and seen:
+            self.timeline.add(telemetry.now(), "engine", seen)
+        return True
 
-    def _kinds(self) -> list[tuple[Callable[[], None], Callable[[], float], bool]]:
+    def _kinds(self) -> list[tuple[Callable[[], bool], Callable[[], float], bool]]:
         # What a sample costs: reading /proc, our CPU (its wall time under a busy GIL is not a
         # cost); a scrape, the fastest wall time a scrape has taken (the server's API process
         # answering it). Not each scrape's own wall time: on a saturated server an answer waits
         # behind the server's work, so its wall time is the load, not the scrape's cost, and
         # scrapes would thin out to one every tens of seconds exactly when the engine's state
         # matters (a CI run: 1 gauge sample over an 8 s point held at max_num_seqs).
-        kinds: list[tuple[Callable[[], None], Callable[[], float], bool]] = [
+        kinds: list[tuple[Callable[[], bool], Callable[[], float], bool]] = [
             (self.sample_memory, time.thread_time, False)
         ]
         if self.metrics_url and self.gauges:
             kinds.append((self.sample_gauges, time.monotonic, True))
         return kinds
 
-    def _round(self, kinds: list[Any], due: list[float], fastest: list[float]) -> None:
+    def _round(self, kinds: list[Any], due: list[float]) -> None:
         """Every kind of sample that is due, each then due again after the interval (or longer,
         to keep within the budget)."""
+        fastest = self._fastest
         for i, (kind, cost_clock, service_time) in enumerate(kinds):
             t0 = time.monotonic()
             if t0 < due[i]:
                 continue
             c0 = cost_clock()
             try:
-                kind()
+                ok = kind()
             except Exception as exc:  # a sampling hiccup must not kill the measurement
                 log.debug("monitor sample failed: %s", exc)
+                ok = False
             cost = cost_clock() - c0
             if service_time:
+                if not ok or fastest[i] == float("inf"):  # no measure of the cost yet: try again soon
+                    fastest[i] = min(fastest[i], cost) if ok else fastest[i]
+                    due[i] = t0 + self.interval_s
+                    continue
                 fastest[i] = cost = min(fastest[i], cost)
             due[i] = t0 + max(self.interval_s, cost / self.budget)
 
-    def _loop(self, stop: threading.Event, kinds: list[Any], due: list[float], fastest: list[float]) -> None:
+    def _loop(self, stop: threading.Event, kinds: list[Any], due: list[float]) -> None:
         while not stop.wait(max(0.0, min(due) - time.monotonic())):
-            self._round(kinds, due, fastest)
+            self._round(kinds, due)
 
     def start(self) -> None:
         """Sample now, in the caller's thread (a point's start, before its clock and its first
@@ -190,11 +205,11 @@ class ResourceMonitor:
         between the first and second request of a trace's burst (docs/benchmarks.md)."""
         self.stop_thread()
         kinds = self._kinds()
-        due, fastest = [0.0] * len(kinds), [float("inf")] * len(kinds)
-        self._round(kinds, due, fastest)
+        due = [0.0] * len(kinds)
+        self._round(kinds, due)
         self._stop = threading.Event()  # fresh per start: a slow old thread cannot be revived
         self._thread = threading.Thread(
-            target=self._loop, args=(self._stop, kinds, due, fastest), name="resource-monitor", daemon=True
+            target=self._loop, args=(self._stop, kinds, due), name="resource-monitor", daemon=True
         )
         self._thread.start()
 

@@ -78,7 +78,9 @@ def _slots(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | Non
     samples = s["samples"]
     running, waiting = dict(samples.get("requests_running", [])), dict(samples.get("requests_waiting", []))
     if not running or not waiting:
-        s["unmeasured"].append("batch slots: the engine exports no running/waiting gauges")
+        s["unmeasured"].append(
+            "batch slots: no running/waiting gauge sample over the point (none exported, or no scrape answered)"
+        )
         return None
     kv = dict(samples.get("kv_cache_usage", []))
     times = sorted(set(running) & set(waiting))
