@@ -13,8 +13,8 @@ scrape's ``w`` is the fastest any scrape has taken: under load an answer also wa
 behind the server's own work, which is not what the scrape costs. The fastest is kept over the
 trial's points, a scrape that failed costs nothing (the next comes after the interval), and one
 scrape alone is no measure: the second comes after the interval. A CI run on two cores had no
-gauge sample over a whole 9 s point held at ``max_num_seqs``: a point's first scrape had set the
-pace alone, and a failed one counted as a 2 s cost.
+gauge sample over a whole 9 s point held at ``max_num_seqs``; before, a point's first scrape set
+the pace alone and a failed one counted as a 2 s cost, the two ways left to lose a whole point.
 """
 
 from __future__ import annotations
