@@ -223,17 +223,17 @@ class PointSender:
     async def run(self, start: float | None = None) -> list[RequestRecord]:
         """Send the plan; its clock starts at ``start`` (a ``now()`` instant shared by every
         client process of the point) or at once."""
-        if start is not None and start > now():
-            await asyncio.sleep(start - now())
-        start, cpu0 = now() if start is None else start, time.process_time()
-        self._start = start
-        wall0 = now()
         plan = self.plan
-        deadline = start + plan.duration_s if plan.duration_s is not None else None
-        background = [asyncio.ensure_future(self._background(b, start)) for b in plan.background]
-        lags: list[float] = []
-        watcher = asyncio.ensure_future(self._watch_loop(lags))
-        with collector_paused():
+        with collector_paused():  # from before the start: a collection then would make it late
+            if start is not None and start > now():  # the loop is up and waiting at the first instant
+                await asyncio.sleep(start - now())
+            start, cpu0 = now() if start is None else start, time.process_time()
+            self._start = start
+            wall0 = now()
+            deadline = start + plan.duration_s if plan.duration_s is not None else None
+            background = [asyncio.ensure_future(self._background(b, start)) for b in plan.background]
+            lags: list[float] = []
+            watcher = asyncio.ensure_future(self._watch_loop(lags))
             try:
                 if plan.offsets is None:
                     await self._closed_loop(deadline)

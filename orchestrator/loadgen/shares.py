@@ -102,9 +102,11 @@ def thread_refill(make: MakeMore) -> Refill:
 
 class InProcessShare:
     """One share sent by this process, on the trial's event loop (``runner``): the sender runs in
-    :meth:`finish`, so it is started last and finished first."""
+    :meth:`finish`, so it is started last and finished first. Its start instant is ``lead_s``
+    after it is chosen, so the event loop is running and waiting when the first sends are due
+    (as every later instant finds it), not starting up then."""
 
-    lead_s = 0.0
+    lead_s = 0.02
 
     def __init__(self, runner: asyncio.Runner, http: HttpSession, endpoint: Endpoint, workload: WorkloadSpec) -> None:
         self.runner, self.http, self.endpoint, self.workload = runner, http, endpoint, workload

@@ -43,11 +43,19 @@ def test_a_mooncake_slice_replays_on_time_with_its_prefix_reuse(compose, tmp_pat
     # the server's cache reused what the trace shares, and never more (the fidelity check)
     assert m["server_prefix_cache_hit_rate"] > 0 and 0 < m["prefix_reuse_efficiency"] <= 1.6
     # the replay kept to the scaled schedule: its send lag is reported, and the point is valid
-    assert "send_lag_ms_p99" in m and not point.invalid_reasons, point.invalid_reasons
+    everything = table_to_records(parquet_bytes_to_table(result.records_parquet))
+    first = min(r.intended_send_s for r in everything if r.point == 0)
+    lags = [  # (the instant in the trace, ms late) for each send: what to read when this fails
+        (round(r.intended_send_s - first, 2), round((r.sent_s - r.intended_send_s) * 1e3, 1))
+        for r in sorted(everything, key=lambda r: (r.intended_send_s, r.sent_s))
+        if r.point == 0
+    ]
+    loop = {k: round(v, 1) for k, v in m.items() if k.startswith("loop_lag_ms")}
+    assert "send_lag_ms_p99" in m and not point.invalid_reasons, (point.invalid_reasons, lags, loop)
     assert m["ttft_from_schedule_ms_p50"] >= m["ttft_ms_p50"]
     # the multi-turn file: 2 conversations, 6 requests; a follower after its parent's reply
     assert chats.metrics["completed"] == 6 and chats.metrics["trace_conversations"] == 2
-    recs = [r for r in table_to_records(parquet_bytes_to_table(result.records_parquet)) if r.point == 1]
+    recs = [r for r in everything if r.point == 1]
     by_turn = {(r.conversation_id, r.turn): r for r in recs}
     for r in recs:
         if r.turn:
