@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.config.logs import mark
 from orchestrator.config.schema import ClusterSpec
-from orchestrator.config.secrets import hide, redact_mapping, redact_override, secret_values
+from orchestrator.config.secrets import hide, redact_mapping, redact_override
 from orchestrator.engines.process import interrupts_stop_servers
 from orchestrator.metrics.census import DRIVER_ENV
 from orchestrator.metrics.result import TrialResult
@@ -423,6 +423,8 @@ def _scrub_lost_logs(workdir: str, job: TrialJob) -> None:
 def _results_of(unit: list[TrialJob], value: Any, error: Exception | None) -> list[TrialResult]:
     """The unit's results, in job order (a group task returns one per job)."""
     if error is not None:
+        from orchestrator.trial.run import trial_secrets
+
         now = time.time()
         return [
             TrialResult(
@@ -432,7 +434,7 @@ def _results_of(unit: list[TrialJob], value: Any, error: Exception | None) -> li
                 overrides=[redact_override(o) for o in job.overrides],
                 spec=redact_mapping(job.spec.model_dump(mode="json")),
                 status="FAILED",
-                error=hide(f"{type(error).__name__}: {error}", secret_values(job.spec.model_dump(mode="json"))),
+                error=hide(f"{type(error).__name__}: {error}", trial_secrets(job.spec)),  # the API key too
                 started_at=now,
                 ended_at=now,
             )

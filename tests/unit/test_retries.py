@@ -175,3 +175,19 @@ def test_a_local_ray_ignores_a_stale_cluster_address():
     env = dict(os.environ, RAY_ADDRESS="127.0.0.1:9")  # nothing listens there
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "cpus 1.0" in p.stdout, p.stderr[-2000:]
+
+
+def test_a_dead_tasks_error_hides_the_servers_api_key(compose, monkeypatch):
+    """A task that died is reported by the driver with the error Ray gave; a key the server was
+    started with (read from ``engine.api_key_env``) is hidden in it like the config's secrets."""
+    from orchestrator.scheduling.jobs import TrialJob
+    from orchestrator.scheduling.ray_exec import _results_of
+
+    monkeypatch.setenv("LAB_TEST_SERVER_KEY", "zebra-orchard-42")  # a passphrase: no token's look
+    overrides = ["engine.api_key_env=LAB_TEST_SERVER_KEY", f"+engine.env.HF_TOKEN={PLANTED}"]
+    spec, settings = to_specs(compose(overrides))
+    job = TrialJob(0, overrides, spec, settings)
+    error = RuntimeError("worker died; its environment held zebra-orchard-42 and " + PLANTED)
+    (result,) = _results_of([job], None, error)
+    assert result.status == "FAILED" and "worker died" in result.error
+    assert "zebra-orchard-42" not in result.error and PLANTED not in result.error
