@@ -11,7 +11,8 @@ waits ``max(interval_s, w / budget)`` (1% of wall time by default, so ~1 s betwe
 of vLLM's page on a CPU server), measured in docs/benchmarks.md ("observer effect"). A
 scrape's ``w`` is the fastest any scrape has taken: under load an answer also waits its turn
 behind the server's own work, which is not what the scrape costs. The fastest is kept over the
-trial's points, a scrape that failed costs nothing (the next comes after the interval), and one
+trial's points, a scrape that failed costs nothing (the next comes after the interval, doubled
+at each failure in a row, never later than the budget would put it), and one
 scrape alone is no measure: the second comes after the interval. A CI run on two cores had no
 gauge sample over a whole 9 s point held at ``max_num_seqs``; before, a point's first scrape set
 the pace alone and a failed one counted as a 2 s cost, the two ways left to lose a whole point.
@@ -103,6 +104,7 @@ class ResourceMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fastest = [float("inf")] * len(self._kinds())  # each kind's cheapest sample, over all points
+        self._failed = [0] * len(self._fastest)  # each kind's failures in a row
         self.reset()
 
     def reset(self) -> None:
@@ -187,8 +189,14 @@ class ResourceMonitor:
                 ok = False
             cost = cost_clock() - c0
             if service_time:
-                if not ok or fastest[i] == float("inf"):  # no measure of the cost yet: try again soon
-                    fastest[i] = min(fastest[i], cost) if ok else fastest[i]
+                if not ok:  # no answer: not a cost; again after the interval, doubled at each failure in a row
+                    self._failed[i] += 1
+                    wait = self.interval_s * 2 ** min(self._failed[i] - 1, 20)
+                    due[i] = t0 + min(wait, max(self.interval_s, cost / self.budget))
+                    continue
+                self._failed[i] = 0
+                if fastest[i] == float("inf"):  # one scrape alone is no measure of the cost: again soon
+                    fastest[i] = cost
                     due[i] = t0 + self.interval_s
                     continue
                 fastest[i] = cost = min(fastest[i], cost)

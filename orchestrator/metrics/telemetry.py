@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import io
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -153,9 +154,11 @@ def integrate_averaged(ts: Sequence[float], vs: Sequence[float], t0: float, t1: 
     +1.7% over the 6 s decay after it and +0.1% on a 1.5 s burst. Holding each value since the
     sample before read -3.5%, +18% and -13% there (the reads at the edges are half a second apart
     but each still averages the whole second before it), and trapezoids -9%, +49% and -34%."""
-    knots, total = _running_energy(ts, vs, window_s)
-    if not knots or t1 <= t0:
+    pairs = [(t, v) for t, v in zip(ts, vs, strict=True) if math.isfinite(v)]  # a bad read spoils no window
+    if not pairs or t1 <= t0:
         return 0.0
+    ts, vs = [t for t, _ in pairs], [v for _, v in pairs]
+    knots, total = _running_energy(ts, vs, window_s)
     return _energy_at(knots, total, vs[0], vs[-1], t1) - _energy_at(knots, total, vs[0], vs[-1], t0)
 
 

@@ -248,9 +248,10 @@ def hardware_section(trials: list[TrialData]) -> list[str]:
             "Energy ESTIMATED from power samples (no energy counter bracketed the window): "
             + ", ".join(estimated)
             + ". They integrate NVML's power as what it is (the mean over the second before each read on Ampere, "
-            "GA100 excepted, and later; an instant reading on older GPUs). On the lent H200, over 1 s samples, the "
-            "averages integrated that way were within 2% of the counter (-0.3% on a steady load, +1.7% on the 6 s "
-            "decay after it, +0.1% on a 1.5 s burst), where trapezoids read -9%, +49% and -34%: "
+            "GA100 excepted, and later; an instant reading on older GPUs, integrated as trapezoids). On the lent "
+            "H200, over 1 s samples, the averages integrated that way were within 2% of the counter (-0.3% on a "
+            "steady load, +1.7% on the 6 s decay after it, +0.1% on a 1.5 s burst), where trapezoids through the "
+            "same averages read -9%, +49% and -34%; the instant readings of older GPUs were not checked: "
             "compare them with care.",
         ]
     keys = ("energy", "price", "roofs")

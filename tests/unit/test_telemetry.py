@@ -91,9 +91,22 @@ def test_instant_power_integrates_as_trapezoids():
     """On GA100 (the A100) and older GPUs NVML's power is an instant reading: the probe says so
     (power_window_s 0) and the fallback integrates trapezoids."""
     counter: tuple[list[float], list[float]] = ([], [])
-    power = ([0.0, 1.0, 2.0], [100.0, 300.0, 100.0])
-    assert energy_in_window(counter, power, 0.0, 2.0, averaged_s=0.0) == (pytest.approx(400.0), "power")
-    assert energy_in_window(counter, power, 0.0, 2.0)[0] == pytest.approx(integrate_averaged(*power, 0.0, 2.0))
+    power = ([0.0, 1.0, 2.0], [100.0, 300.0, 300.0])
+    assert energy_in_window(counter, power, 0.0, 2.0, averaged_s=0.0) == (pytest.approx(500.0), "power")
+    assert energy_in_window(counter, power, 0.0, 2.0) == (pytest.approx(600.0), "power")  # as 1 s averages
+    # the probe's word reaches a point's window: no counter, instant readings, trapezoids
+    rows = [(t, "gpu0", "power_w", v) for t, v in zip(*power)]
+    instant = rows + [(t, "gpu0", "power_window_s", 0.0) for t in power[0]]
+    assert window_metrics(instant, 0.0, 2.0)["energy_j"] == pytest.approx(500.0)
+    averaged = rows + [(t, "gpu0", "power_window_s", 1.0) for t in power[0]]
+    assert window_metrics(averaged, 0.0, 2.0)["energy_j"] == pytest.approx(600.0)
+    assert window_metrics(rows, 0.0, 2.0)["energy_j"] == pytest.approx(600.0)  # an older timeline: averages
+
+
+def test_a_bad_power_read_spoils_no_window():
+    ts, vs = [0.0, 1.0, 2.0, 3.0], [100.0, float("nan"), 100.0, 100.0]
+    assert integrate_averaged(ts, vs, 2.0, 3.0) == pytest.approx(100.0)
+    assert integrate_averaged(ts, vs, 0.0, 3.0) == pytest.approx(300.0)
 
 
 def test_nvml_power_window_by_compute_capability():
