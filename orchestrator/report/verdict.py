@@ -108,7 +108,8 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
             verdict.lines.append(
                 "Caution: the energy of " + ", ".join(estimated) + " was ESTIMATED from power samples (no energy "
                 "counter bracketed the point): from NVML's 1 s averages they were within 2% of the counter on an H200; "
-                "from instant readings (GA100 and older) they are not checked; compare with care."
+                "from instant readings (GA100 and older), integrated as trapezoids, a stand-in on the H200 was off by up "
+                "to 15%; compare with care."
             )
     judged = [  # a constraint judged at an INVALID point, whatever the objective's own value
         f"{t.name} ({k})"
