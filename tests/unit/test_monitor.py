@@ -148,3 +148,78 @@ def test_a_failed_scrape_is_not_a_cost_and_failures_in_a_row_back_off():
     assert sum(gaps[:5]) < 2.0, gaps  # not one wait of 2 s, the failed scrape's time over the budget
     # the first answer is one scrape's cost alone: the next after the interval, failures forgotten
     assert gaps[5] < 1.0, gaps
+
+
+def test_no_gauges_means_no_scrape():
+    mon = ResourceMonitor([os.getpid()], None, {}, interval_s=0.01)
+    mon.start()
+    time.sleep(0.2)
+    assert mon.stop()["memory_peak_gb"] > 0 and mon.scrapes == 0
+
+
+def test_engine_counters_join_the_gauges_on_the_timeline():
+    """Each scrape puts the gauges and the preemption and prefix-cache counters on the trial's
+    timeline; the hit rate of each interval is the ratio of the counters' deltas."""
+    import http.server
+    import threading
+
+    from orchestrator.engines.vllm import METRICS
+    from orchestrator.metrics.telemetry import Timeline, ratio_of_deltas, series
+
+    pages = iter(
+        [
+            "vllm:num_requests_running 2\nvllm:num_preemptions_total 0\n"
+            "vllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n",
+            "vllm:num_requests_running 5\nvllm:num_preemptions_total 1\n"
+            "vllm:prefix_cache_hits_total 30\nvllm:prefix_cache_queries_total 120\n",
+        ]
+    )
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = next(pages).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tl = Timeline()
+        mon = ResourceMonitor(
+            [os.getpid()], f"http://127.0.0.1:{server.server_address[1]}/metrics", METRICS, timeline=tl
+        )
+        mon.sample_gauges()
+        mon.sample_gauges()
+    finally:
+        server.shutdown()
+    assert series(tl.rows, "engine", "requests_running")[1] == [2.0, 5.0]
+    assert series(tl.rows, "engine", "preemptions")[1] == [0.0, 1.0]
+    assert ratio_of_deltas(tl.rows, "engine", "prefix_cache_hits", "prefix_cache_queries")[1] == [0.25]
+    assert mon.gauge_max == {"requests_running": 5.0}  # counters are not gauges: no per-point maximum
+
+
+def test_a_gpu_trial_whose_nvml_fails_has_no_memory_peak_not_the_hosts(monkeypatch, caplog):
+    """On a GPU trial a failed NVML read was replaced by the server's host RSS: two quantities in
+    one 'GPU peak'. A miss is a miss; with no GPU read at all the peak is left out, said in the log."""
+    from orchestrator.metrics import monitor as mon
+
+    readings = iter([None, 3_000_000_000, None])
+    monkeypatch.setattr(mon, "gpu_used_bytes", lambda indices: next(readings))
+    m = ResourceMonitor([os.getpid()], None, {}, gpu_indices=[0])
+    m.sample_memory()
+    m.sample_memory()
+    assert m.stop()["memory_peak_gb"] == 3.0  # the GPU's reading alone (the third sample, by stop, missed)
+    monkeypatch.setattr(mon, "gpu_used_bytes", lambda indices: None)
+    m = ResourceMonitor([os.getpid()], None, {}, gpu_indices=[0])
+    m.sample_memory()
+    with caplog.at_level("WARNING"):
+        assert "memory_peak_gb" not in m.stop()
+    assert "GPU memory not measured: NVML could not be read in 2 sample(s)" in caplog.text
+    cpu = ResourceMonitor([os.getpid()], None, {})
+    assert cpu.stop()["memory_peak_gb"] > 0  # a CPU trial: its processes' resident memory
+    assert ResourceMonitor([], None, {}).stop() == {}  # nothing to measure: nothing said
