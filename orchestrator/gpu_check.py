@@ -118,7 +118,8 @@ def _nvml_reader(h: object, reads: list[tuple[float, ...]], stop: threading.Even
 def check_energy(load_s: float = 6.0, raw: Path | None = None) -> tuple[str, str]:
     """The telemetry sampler's energy over three windows (a steady matmul load, the decay after
     it, a 1.5 s burst) against the 20 ms reader, and the power-integration fallback beside it:
-    as NVML's averages (what a trial uses) and as trapezoids (what it used before)."""
+    as a trial's fallback integrates NVML's readings (1 s averages, or instant readings) and as
+    trapezoids through them."""
     import pynvml
     import torch
 
@@ -127,8 +128,8 @@ def check_energy(load_s: float = 6.0, raw: Path | None = None) -> tuple[str, str
         Timeline,
         energy_in_window,
         integrate,
-        integrate_averaged,
         interp_at,
+        power_window,
         series,
     )
 
@@ -158,7 +159,7 @@ def check_energy(load_s: float = 6.0, raw: Path | None = None) -> tuple[str, str
     pynvml.nvmlShutdown()
     rows = timeline.snapshot()
     counter, power = series(rows, "gpu0", "energy_j"), series(rows, "gpu0", "power_w")
-    window = (series(rows, "gpu0", "power_window_s")[1] or [1.0])[-1]  # 0: NVML's power is an instant reading
+    window = power_window(rows, "gpu0")  # 0: NVML's power is an instant reading
     ts, vs = [r[0] for r in reads], [r[1] for r in reads]
     if raw is not None:
         raw.write_text(
@@ -174,7 +175,8 @@ def check_energy(load_s: float = 6.0, raw: Path | None = None) -> tuple[str, str
             return "FAIL", f"{name}: no energy over the window ({how})"
         err = ours / ref - 1
         ok = ok and how == "counter" and abs(err) < 0.02
-        avg = (integrate_averaged(*power, t0, t1, window) if window else integrate(*power, t0, t1)) / ref - 1
+        estimate = energy_in_window(([], []), power, t0, t1, window)[0] or 0.0  # the fallback, as a trial's
+        avg = estimate / ref - 1
         trap = integrate(*power, t0, t1) / ref - 1
         words.append(
             f"{name} {t1 - t0:.1f} s: {ref:.0f} J, sampler {err:+.2%} ({how}); power as {as_what} {avg:+.1%}, "

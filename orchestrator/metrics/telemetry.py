@@ -163,9 +163,7 @@ def integrate_averaged(ts: Sequence[float], vs: Sequence[float], t0: float, t1: 
 
 
 def _running_energy(ts: Sequence[float], vs: Sequence[float], w: float) -> tuple[list[float], list[float]]:
-    """Knots and the running energy at them, for :func:`integrate_averaged`."""
-    if not ts:
-        return [], []
+    """Knots and the running energy at them, for :func:`integrate_averaged` (``ts`` not empty)."""
     knots, total = [ts[0] - w, ts[0]], [0.0, w * vs[0]]
     before = vs[0]
     for t, v in zip(ts[1:], vs[1:], strict=True):
@@ -192,6 +190,13 @@ def _energy_at(knots: list[float], total: list[float], first: float, last: float
         return total[-1] + (t - knots[-1]) * last
     i = bisect.bisect_right(knots, t) - 1
     return total[i] + (total[i + 1] - total[i]) * (t - knots[i]) / (knots[i + 1] - knots[i])
+
+
+def power_window(rows: Sequence[Row], source: str) -> float:
+    """Seconds ``source``'s power readings average over, as its probe recorded them
+    (``power_window_s``: 0 for instant readings); 1 for a timeline from before it was recorded."""
+    recorded = series(rows, source, "power_window_s")[1]
+    return recorded[-1] if recorded else 1.0
 
 
 def energy_in_window(
@@ -289,8 +294,7 @@ def _gpu_window(
         out[M.TELEMETRY_GPU_THROTTLED_SHARE] = sum(1 for v in throttled if int(v) & ~1) / len(throttled)
     total, methods = 0.0, set()
     for g in gpus:
-        window = series(rows, g, "power_window_s")[1]  # the probe's word on how NVML averages power
-        averaged = window[-1] if window else 1.0
+        averaged = power_window(rows, g)
         joules, method = energy_in_window(series(rows, g, "energy_j"), series(rows, g, "power_w"), t0, t1, averaged)
         if joules is None:
             return
