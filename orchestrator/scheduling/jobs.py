@@ -66,6 +66,8 @@ def prepare_jobs(
         jobs.append(TrialJob(first_index + i, list(overrides), spec, settings))
     if not problems and jobs:
         problems += _shared_settings_problems(jobs)
+    if not problems and jobs and whole_sweep:  # a search's batch may ask a configuration again
+        problems += _same_configuration_problems(jobs)
     if not problems and jobs:
         problems += _verdict_problems(jobs, whole_sweep)
     if not problems:
@@ -239,5 +241,36 @@ def _shared_settings_problems(jobs: list[TrialJob]) -> list[str]:
         if other is not None:
             problems.append(
                 f"{key}: must be the same for every trial of a sweep (job {first.index} and job {other.index} differ)"
+            )
+    return problems
+
+
+def _same_configuration_problems(jobs: list[TrialJob]) -> list[str]:
+    """Two jobs of one sweep with one trial hash are one configuration under two names: they would
+    share one identity (result, MLflow run, resume, a race's runs), each one's runs counted as the
+    other's. Refused, naming the overrides that differ (none of them changes a measurement)."""
+    by_hash: dict[str, list[TrialJob]] = {}
+    for job in jobs:
+        by_hash.setdefault(job.trial_hash, []).append(job)
+    problems = []
+    for h, same in by_hash.items():
+        if len(same) < 2:
+            continue
+        first = same[0]
+        for other in same[1:]:
+            mine = " ".join(redact_override(o) for o in first.overrides if o not in other.overrides)
+            theirs = " ".join(redact_override(o) for o in other.overrides if o not in first.overrides)
+            what = (
+                f"they differ only in {mine or '(none)'} vs {theirs or '(none)'}, which changes nothing measured "
+                "(names, where the server listens, timeouts and how the client is sized are not part of a "
+                "trial's identity)"
+                if mine or theirs
+                else "their overrides are the same"
+            )
+            problems.append(
+                f"job {first.index} ({first.label}) and job {other.index} ({other.label}) are one configuration "
+                f"(trial hash {h}): {what}. "
+                "A sweep measures each configuration once: drop one, or race it against run-to-run noise "
+                "with objective.max_repeats"
             )
     return problems

@@ -108,8 +108,8 @@ def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
 @pytest.mark.long  # in CI another way: the tie and its resume through real sweeps on fake servers
 # (unit/test_race.py), which configurations share a start (unit/test_server_reuse.py)
 def test_two_names_for_one_configuration_share_server_starts_and_race_to_no_winner(tmp_path):
-    """A warm-up of 0 or 1 request cannot matter at concurrency 2: two names for one
-    configuration, whose servers are the same, so they share one start per round. The race runs
+    """A request timeout of 300 or 301 s, which no request comes near, cannot matter: two trials
+    measured alike, whose servers are the same, so they share one start per round. The race runs
     both trials twice (real vLLM, fresh requests each round) and must not name a winner. (Which
     configurations share a start is unit-tested: tests/unit/test_server_reuse.py.)"""
     store = f"sqlite:///{tmp_path}/mlflow.db"
@@ -117,13 +117,13 @@ def test_two_names_for_one_configuration_share_server_starts_and_race_to_no_winn
         sys.executable,
         "-m",
         "orchestrator",
-        "workload.warmup_requests=0,1",
+        "workload.request_timeout_s=300,301",
         "workload.num_requests=8",
         "workload.classes={main:{input_tokens:64,output_tokens:16}}",
         "workload.load_points=[{concurrency:2}]",
         "engine.max_model_len=512",
         "engine.max_num_seqs=4",
-        # 99%: a false winner between two identical names stays under 1% (this test must not flake)
+        # 99%: a false winner between two trials measured alike stays under 1% (this test must not flake)
         "+objective={maximize:tokens_per_second,max_repeats:2,budget:10,confidence:0.99}",
         f"tracking.uri={store}",
         f"hydra.sweep.dir={tmp_path}/multirun",

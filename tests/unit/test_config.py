@@ -124,7 +124,29 @@ def test_sweep_settings_must_not_vary_between_jobs(compose):
     b = config_to_dict(compose(["tracking.uri=sqlite:////tmp/b.db"]))
     with pytest.raises(ConfigError, match="tracking: must be the same for every trial"):
         prepare_jobs([(["x"], a), (["y"], b)])
-    assert len(prepare_jobs([(["x"], a), (["y"], a)])) == 2
+    c = config_to_dict(compose(["tracking.uri=sqlite:////tmp/a.db", "workload.num_requests=9"]))
+    assert len(prepare_jobs([(["x"], a), (["y"], c)])) == 2
+
+
+def test_two_jobs_of_one_configuration_are_refused_naming_what_differs(compose):
+    """Two names for one configuration (one trial hash) would share a result's identity, and a
+    race would count each one's runs as the other's: refused before anything starts."""
+    from orchestrator.config.convert import config_to_dict
+    from orchestrator.scheduling.jobs import prepare_jobs
+
+    extra = ["+variants.a={}", "+variants.b={}"]
+    a = config_to_dict(compose([*extra, "variant=a"]))
+    b = config_to_dict(compose([*extra, "variant=b", "engine.port=8123"]))
+    with pytest.raises(ConfigError) as err:
+        prepare_jobs([(["variant=a"], a), (["variant=b", "engine.port=8123"], b)])
+    msg = str(err.value)
+    assert "job 0 (a) and job 1 (b) are one configuration (trial hash" in msg
+    assert "they differ only in variant=a vs variant=b engine.port=8123, which changes nothing measured" in msg
+    assert "objective.max_repeats" in msg
+    with pytest.raises(ConfigError, match="their overrides are the same"):
+        prepare_jobs([(["x=1"], a), (["x=1"], a)])
+    # a search's batch may ask one configuration twice (its answer is read back)
+    assert len(prepare_jobs([(["x"], a), (["y"], a)], whole_sweep=False)) == 2
 
 
 def test_unknown_key_lists_the_keys_of_the_chosen_engine(compose):
