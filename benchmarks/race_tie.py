@@ -3,8 +3,9 @@
     python -m benchmarks.race_tie [--sweeps 20] [--drift 0.1] [--jitter 0.1] [--max-repeats auto|N]
 
 Each sweep is the CLI a user runs (``python -m orchestrator``, Ray, MLflow in a throw-away sqlite
-file) over two trials that differ only in a knob that cannot matter (``workload.warmup_requests``
-0 or 1), against a fake server in its own process (tests/fake_openai_server.py) whose pace
+file) over two trials that differ only in a knob that cannot matter (``workload.request_timeout_s``
+300 or 301, which no request comes near; until 2026-12-04 ``workload.warmup_requests`` 0 or 1,
+which differs in the client's first request), against a fake server in its own process (tests/fake_openai_server.py) whose pace
 drifts: every ``--drift-every`` seconds the whole server's speed is redrawn (log-normal of
 sigma ``--drift``, the between-run noise a race meets on a real machine), and each request's
 pace varies by ``--jitter`` on top. The race runs with its defaults (confidence 0.95, margin
