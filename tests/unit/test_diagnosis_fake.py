@@ -66,9 +66,21 @@ def test_a_scripted_cause_is_named(case, compose, tmp_path, tiny_model_dir):
         lines: list[str] = []
         result = run_trial(spec, tmp_path, progress=lines.append)
     assert result.status == "FINISHED", result.error
-    d = result.points[0].diagnosis
-    assert d["limiter"] == expected, d["text"]
-    wrong = [f for f in d["findings"] if f["confidence"] == "strong" and f["cause"] != expected]
+    point = result.points[0]
+    d = point.diagnosis
+    # On two cores the client shares them with the fake server: now and then it is starved (send
+    # lag, loop lag; a CI run of the vLLM test: send lag p95 248 ms). Such a point is INVALID and
+    # its diagnosis names the client first, with the validity check's own reasons; the scripted
+    # cause must still be found beside it.
+    starved = d["limiter"] == "client"
+    if starved:
+        said = d["findings"][0]["detail"].split("; ")
+        assert said and all(r in point.invalid_reasons for r in said), (point.invalid_reasons, d["text"])
+        assert expected == "none" or any(f["cause"] == expected for f in d["findings"]), d["text"]
+    else:
+        assert d["limiter"] == expected, d["text"]
+    allowed = {expected, "client"} if starved else {expected}
+    wrong = [f for f in d["findings"] if f["confidence"] == "strong" and f["cause"] not in allowed]
     assert not wrong, d["text"]
     assert any(d["headline"] in line for line in lines)  # the console line at the end of the point
     m = result.points[0].metrics

@@ -244,19 +244,27 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     out = p.stdout
     assert p.returncode in (0, 4), out[-3000:] + p.stderr[-3000:]
     assert "race: run 2 of" in out and "run-to-run noise is not known yet" in out, out[-3000:]
-    assert "race: planning " in out, out[-4000:]
-    rounds = [
-        line.split("race: run ", 1)[1].split(" of ", 1)[1].split(" (")[0]
-        for line in out.splitlines()
-        if "race: run " in line
-    ]
-    assert rounds[0].split(", ") == rounds[1].split(", ")[::-1], rounds  # each round starts with another trial
-    # max_repeats: auto, planned after the third run (and again at later looks, only ever longer)
-    plans = [int(part.split()[0]) for part in out.split("race: planning ")[1:]]
-    planned = plans[-1]
-    assert 2 <= plans[0] <= planned <= AUTO_MAX_RUNS and plans == sorted(plans), plans
     verdict = next(line for line in out.splitlines() if line.startswith("Verdict:"))
     assert " wins" not in verdict, verdict
+    # A tie at the first look (2 runs) is honest: its share of the error (0.05 (1/59)^2) needs the
+    # runs within ~0.05% of each other, which a quiet machine's 0.3-0.5% spread gives now and then.
+    # Then no plan is made (the pilot is 3 runs) and one round was run.
+    early = "race: decided after 2 runs (tie)" in out
+    planned = 2
+    if early:
+        assert p.returncode == 0 and "race: planning " not in out and "tie within the margin" in verdict, out[-3000:]
+    else:
+        assert "race: planning " in out, out[-4000:]
+        rounds = [
+            line.split("race: run ", 1)[1].split(" of ", 1)[1].split(" (")[0]
+            for line in out.splitlines()
+            if "race: run " in line
+        ]
+        assert rounds[0].split(", ") == rounds[1].split(", ")[::-1], rounds  # each round starts with another trial
+        # max_repeats: auto, planned after the third run (and again at later looks, only ever longer)
+        plans = [int(part.split()[0]) for part in out.split("race: planning ")[1:]]
+        planned = plans[-1]
+        assert 2 <= plans[0] <= planned <= AUTO_MAX_RUNS and plans == sorted(plans), plans
     assert ("tie within the margin of 10%" in verdict) == (p.returncode == 0), verdict
     assert "95% confidence for all its statements together" in verdict
     runs = search_runs(store, "default")
@@ -275,7 +283,7 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     assert (
         sweep.data.tags["verdict_decision"] in ("tie", "undecided") and sweep.data.tags["verdict_confidence"] == "0.95"
     )
-    assert sweep.data.tags["race_planned_runs"] == str(planned)
+    assert sweep.data.tags.get("race_planned_runs") == (None if early else str(planned))
     from orchestrator.report import from_mlflow
     from orchestrator.report.verdict import decide
 
