@@ -85,20 +85,21 @@ def test_repeats_give_fresh_requests_and_confidence_intervals(compose, tmp_path,
 
 
 def test_capacity_search_on_a_scripted_latency_curve(compose, tmp_path, tiny_model_dir):
-    # TTFT = 2 ms + 50 ms per other request in flight: the p99 SLO of 250 ms holds up to 5 streams
-    # (202 ms: 48 ms of room for a loaded machine's overhead, which only adds; c6 is 252 ms: fails).
-    # The p99 of 12 requests is their slowest: with 20 ms a stream and an SLO of 100 ms (18 ms of
-    # room) c5 read over it on 2 cores (2026-12-03, a unit run with nothing else running); with
-    # 10 ms base (c5 at 90 ms, 10 ms of room), once on a busy machine before that.
+    # TTFT = 2 ms + 100 ms per other request in flight: the p99 SLO of 500 ms holds up to 5 streams
+    # (402 ms: 98 ms of room for a loaded machine's overhead, which only adds; c6 is 502 ms: fails).
+    # The p99 of 12 requests is their slowest, and this machine stalls a process 35-60 ms about once
+    # a run: with 20 ms a stream and an SLO of 100 ms (18 ms of room) c5 read over it on 2 cores
+    # (2026-12-03, a unit run with nothing else running); with 10 ms base (c5 at 90 ms, 10 ms of
+    # room), once on a busy machine before that; 50 ms a stream (48 ms of room) until 2026-12-04.
     progress: list[str] = []
-    with IsolatedFakeServer(Script(ttft_s=0.002, itl_s=0.001, ttft_per_in_flight_s=0.05)) as srv:
+    with IsolatedFakeServer(Script(ttft_s=0.002, itl_s=0.001, ttft_per_in_flight_s=0.1)) as srv:
         spec = external_spec(
             compose,
             srv.base_url,
             "workload.load_points=[{concurrency:1}]",
             "workload.num_requests=12",
             # one run per probe: the bracket is what this checks (reruns of a probe too close to call: test_capacity)
-            "workload.capacity={knob:concurrency,start:2,high:32,runs:1,slo:{ttft_ms_p99:250}}",
+            "workload.capacity={knob:concurrency,start:2,high:32,runs:1,slo:{ttft_ms_p99:500}}",
         )
         result = run_trial(spec, tmp_path, progress=progress.append)
     assert result.status == "FINISHED", result.error
