@@ -262,8 +262,8 @@ def _same_configuration_problems(jobs: list[TrialJob]) -> list[str]:
             theirs = " ".join(redact_override(o) for o in other.overrides if o not in first.overrides)
             what = (
                 f"they differ only in {mine or '(none)'} vs {theirs or '(none)'}, which changes nothing measured "
-                "(names, where the server listens, timeouts and how the client is sized are not part of a "
-                "trial's identity)"
+                "(names, where and how the server is launched and watched, and how the client is sized are "
+                "not part of a trial's identity: config.hashing)"
                 if mine or theirs
                 else "their overrides are the same"
             )
