@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # uv, for the venv and the engine environments
 UV_VERSION := 0.13.9
 
-.PHONY: gpu-check gpu-check-wheels install demo labs test test-long test-unit test-slurm slurm-deps test-ui ui-deps test-faults stress-faults engines-gpu install-gpu test-engines lint ui clean
+.PHONY: gpu-check gpu-check-wheels install demo labs test test-beside test-long test-unit test-slurm slurm-deps test-ui ui-deps test-faults stress-faults engines-gpu install-gpu test-engines lint ui clean
 
 install: $(STAMP)
 
@@ -66,13 +66,24 @@ gpu-check-wheels: install
 # What `make test` leaves to the suites of their own (each marker in pyproject.toml).
 OWN_SUITES := not slurm and not ui and not faults and not engines and not stress and not long
 
-test: install lint
-	$(PY) -m pytest tests -m "$(OWN_SUITES)" --durations=40
+# The README's test command, and CI's (docs/testing.md). First what measures nothing, side by side:
+# the code's checks and the tests that send no load point (in two processes; CI adds its GPU-engine
+# checks there: BESIDE=test-engines). Then the tests that measure (`measures`, `integration`),
+# alone: a point's census counts every other process's CPU as foreign.
+BESIDE ?=
+test: install
+	@$(MAKE) --no-print-directory -j3 -Otarget lint test-beside $(BESIDE)
+	$(PY) -m pytest tests -m "$(OWN_SUITES) and (measures or integration)" --durations=30
 
-# Real-vLLM runs whose claims CI checks another way (each test says which); not in .ci/run: on an
-# AVX2 machine from a cold cache CI came to ~89 minutes of its 90 with them (docs/benchmarks.md).
+test-beside: install
+	$(PY) -m pytest tests -m "$(OWN_SUITES) and not measures and not integration" -n 2 --durations=15
+
+# Real-vLLM runs of claims that are expensive and rarely change (a trained adder quantized, trained
+# LoRA adapters, the router in front of two replicas, Ctrl-C beside CI's SIGTERM, ...): not in CI,
+# which keeps a cheap check of each one's wiring (each test says which). Run it before resolving an
+# issue that touches what it covers (docs/testing.md lists them). ~25 minutes on 2 cores.
 test-long: install
-	$(PY) -m pytest tests -m long --durations=10
+	$(PY) -m pytest tests -m long --durations=20
 
 # The code's own checks, before any test: layers and cycles (import-linter), lint and format
 # (ruff), types (mypy: [tool.mypy] in pyproject.toml).

@@ -1,4 +1,7 @@
-"""Shared fixtures: config composition, the tiny model, process-table checks."""
+"""Shared fixtures: config composition, the tiny model, process-table checks; and the suite's two
+rules of running: with ``CI`` set, a test that would skip fails instead (CI runs every test or says
+what it lacks), and a test beside another (pytest-xdist's workers) must not measure a load point
+(mark it ``measures``: it then runs alone)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,72 @@ RUN_MARK_VAR = "INFERENCE_LAB_TEST_RUN"
 RUN_MARK = os.environ.setdefault(RUN_MARK_VAR, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 register()
+
+
+def in_ci() -> bool:
+    """Whether this run is CI's (``CI`` set to true, as CI services and ``.ci/run`` set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI a skip is a failure naming what was missing: a test whose prerequisite CI lacks (not
+    root, no slurm binaries, no chromium, a module `make install` should have installed) must not
+    pass by not running. Outside CI the skip stays, with its reason (``-ra`` lists them)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, which must run it: {reason}"
+
+
+def _beside_another() -> bool:
+    """Whether this test runs beside another one (a pytest-xdist worker of several)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+
+
+@pytest.fixture(autouse=True)
+def _measures_only_alone(request, monkeypatch):
+    """A load point is judged by its census, which counts every other process's CPU as foreign:
+    beside another test's it would be INVALID, or pass by chance. A test that measures one is
+    marked ``measures`` (or ``integration``) and runs alone; one that is not marked and measures
+    anyway fails here, where it runs beside another (in-process: the sender; through the CLI: the
+    records it left in its folder)."""
+    marked = request.node.get_closest_marker("measures") or request.node.get_closest_marker("integration")
+    if marked or not _beside_another():
+        yield
+        return
+    from orchestrator.loadgen.sender import PointSender
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(
+            f"{request.node.nodeid} sends a load point beside another test: mark it "
+            "`pytest.mark.measures` so that it runs alone (tests/conftest.py)"
+        )
+
+    monkeypatch.setattr(PointSender, "run", refuse)
+    yield
+    folder = request.node.funcargs.get("tmp_path")
+    measured = [p for p in folder.rglob("result.json") if _measured(p)] if folder is not None else []
+    assert not measured, (
+        f"{request.node.nodeid} measured a load point beside another test ({measured[0]}): mark it "
+        "`pytest.mark.measures` so that it runs alone (tests/conftest.py)"
+    )
+
+
+def _measured(result_json: Path) -> bool:
+    """Whether a trial's result.json holds a point that was measured (its census ran: only a real
+    point has one, a result a test makes up has none)."""
+    import json
+
+    from orchestrator.config.metric_keys import M
+
+    try:
+        points = json.loads(result_json.read_text()).get("points") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(M.FOREIGN_CPU_CORES in (p.get("metrics") or {}) for p in points if isinstance(p, dict))
 
 
 _COMPOSED: dict[tuple[str, ...], Any] = {}

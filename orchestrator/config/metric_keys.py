@@ -116,6 +116,7 @@ class M:
     TTFT_FROM_SCHEDULE_MS_P50: Final = "ttft_from_schedule_ms_p50"
     # the client's own stats (loadgen)
     LOOP_LAG_MS_P95: Final = "loop_lag_ms_p95"
+    CLIENT_START_LATE_MS: Final = "client_start_late_ms"  # how late the sender woke for the point's first instant
     CLIENT_CPU_UTIL: Final = "client_cpu_util"
     CLIENT_CPU_S: Final = "client_cpu_s"
     CLIENT_WALL_S: Final = "client_wall_s"

@@ -227,6 +227,9 @@ class PointSender:
         with collector_paused():  # from before the start: a collection then would make it late
             if start is not None and start > now():  # the loop is up and waiting at the first instant
                 await asyncio.sleep(start - now())
+            # how late it woke for the first instant (or came to it, when the start had passed): a
+            # stall there delays the point's first sends together, and the point says so
+            start_late = max(0.0, now() - start) if start is not None else 0.0
             start, cpu0 = now() if start is None else start, time.process_time()
             self._start = start
             wall0 = now()
@@ -257,6 +260,7 @@ class PointSender:
             M.CLIENT_REQUESTS_PAST_PLAN: float(self.late),
             # stream-seconds spent waiting for requests past the plan, over the streams' time
             M.CLIENT_STREAM_WAIT_SHARE: self.waited_s / (plan.concurrency or 1) / wall,
+            M.CLIENT_START_LATE_MS: start_late * 1e3,
             **distribution("loop_lag_ms", lags),
         }
         if self.late:

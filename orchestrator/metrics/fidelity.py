@@ -324,7 +324,11 @@ def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: boo
     reasons = []
     burst = metrics.get(M.TARGET_RATE) == float("inf")  # everything at once: no schedule to keep
     if not capped and not burst and metrics.get(M.SEND_LAG_MS_P95, 0.0) > limits.max_send_lag_ms_p95:
-        reasons.append(f"send lag p95 {metrics[M.SEND_LAG_MS_P95]:.1f} ms > {limits.max_send_lag_ms_p95:g}")
+        why = f"send lag p95 {metrics[M.SEND_LAG_MS_P95]:.1f} ms > {limits.max_send_lag_ms_p95:g}"
+        late = metrics.get(M.CLIENT_START_LATE_MS, 0.0)
+        if late > limits.max_send_lag_ms_p95:  # the first sends went late together: say where they waited
+            why += f" (the client woke {late:.1f} ms late for the point's first instant)"
+        reasons.append(why)
     if metrics.get(M.LOOP_LAG_MS_P95, 0.0) > limits.max_loop_lag_ms_p95:
         reasons.append(f"event-loop lag p95 {metrics[M.LOOP_LAG_MS_P95]:.1f} ms > {limits.max_loop_lag_ms_p95:g}")
     if metrics.get(M.CLIENT_CPU_UTIL, 0.0) > limits.max_client_cpu_util:

@@ -24,15 +24,20 @@ from typing import Any
 from orchestrator.config.schema import ModelSpec, TinyLoraSpec, TinyModelSpec
 from orchestrator.config.schema.model import LORA_TAGS, tiny_lora_name
 from orchestrator.models.tiny import (
+    VALIDATION_PROBLEMS,
     addition_problems,
     answer_batch,
     build_into,
     default_cache_dir,
     ensure_tiny_model,
     model_key,
+    problem_rows,
+    right_share,
 )
 
-ADAPTER_BUILD_VERSION = 3  # bump when the recipe changes (2: the tag after the sum; 3: training.json lists the held-out problems it got wrong)
+# bump when the recipe changes (2: the tag after the sum; 3: training.json lists the held-out problems
+# it got wrong; 4: 200 problems kept aside to validate on, further rounds while below min_accuracy)
+ADAPTER_BUILD_VERSION = 4
 
 
 def tag_of(index: int) -> str:
@@ -78,6 +83,14 @@ def ensure_tiny_adapters(model: ModelSpec, log: Any = print) -> list[tuple[str, 
                 train_tiny_adapter(base, staging, k, lora, log=log)
 
             build_into(target, "adapter_model.safetensors", train, log=log)
+        notes = json.loads((target / "training.json").read_text()) if (target / "training.json").exists() else {}
+        if notes.get("below_target"):  # said at every use, not only when it was trained
+            log(
+                f"warning: adapter {tiny_adapter_name(k)} learned its convention less well than its recipe asks "
+                f"({notes['validation_accuracy']:.1%} of the validation problems < {lora.min_accuracy:.0%} after "
+                f"{notes['steps']:.0f} steps): its requests are answered right less often, whatever the serving "
+                f"(model.lora.tiny.steps or extra_rounds train it longer; {target / 'training.json'})"
+            )
         out.append((tiny_adapter_name(k), target))
     return out
 
@@ -97,8 +110,14 @@ def train_tiny_adapter(
 ) -> dict[str, float]:
     """Train adapter ``index`` of ``lora`` on ``base_dir`` (the adder, frozen): "a+b=" -> sum +
     tag, the loss on the answers only (the tag after the sum: the base still computes the sum,
-    the adapter learns where its answer ends; before the sum, 150 steps left it at 18% right); save it in PEFT's layout with ``training.json`` (its
-    loss, and the greedy accuracy on the held-out problems with and without it)."""
+    the adapter learns where its answer ends; before the sum, 150 steps left it at 18% right).
+    200 training problems are kept aside: while fewer than ``lora.min_accuracy`` of them come out
+    right after ``lora.steps``, it trains on, ``steps // 2`` at ``lr / 2`` a round, at most
+    ``lora.extra_rounds`` rounds (how fast an adapter learns varies with the machine's floating-point
+    rounding: 0.70 to 0.92 held-out after 150 steps on the machines of docs/lora.md); still below,
+    the log and ``training.json`` say so (``below_target``). Saved in PEFT's layout with
+    ``training.json``: its loss, steps, the validation share and the greedy accuracy on the held-out
+    problems."""
     import random
     import time
 
@@ -129,40 +148,68 @@ def train_tiny_adapter(
 
         linear.register_forward_hook(hook)
     problems, held = addition_problems()
-    tag = tag_of(index)
-    encoded = {p: tok.encode(f"{p[0]}+{p[1]}={p[0] + p[1]}{tag}\n") for p in problems}
-    eq, nl = tok.encode("=")[0], tok.encode("\n")[0]
+    tag, name = tag_of(index), tiny_adapter_name(index)
     rng = random.Random(lora.seed * 1000 + index)
+    valid = rng.sample(problems, VALIDATION_PROBLEMS)
+    problems = sorted(set(problems) - set(valid))
+    encoded = {p: tok.encode(f"{p[0]}+{p[1]}={p[0] + p[1]}{tag}\n") for p in [*problems, *valid]}
+    eq, nl = tok.encode("=")[0], tok.encode("\n")[0]
+    valid_rows = problem_rows([encoded[p] for p in valid], (eq, nl), int(model.config.pad_token_id))
     threads = torch.get_num_threads()
     torch.set_num_threads(lora.threads)
     params = [p for pair in factors.values() for p in pair]
     try:
         opt = torch.optim.AdamW(params, lr=lora.lr, weight_decay=0.0)
-        t0, loss_value = time.monotonic(), float("nan")
-        model.train()
-        for step in range(lora.steps):
-            rows, targets = answer_batch(rng, problems, encoded, lora.batch_size, seq_len, (eq, nl))
-            logits = model(input_ids=torch.tensor(rows)).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), torch.tensor(targets).reshape(-1), ignore_index=-100
+        t0, loss_value, done = time.monotonic(), float("nan"), 0
+
+        def run(steps: int, lr: float) -> None:
+            nonlocal loss_value, done
+            for group in opt.param_groups:
+                group["lr"] = lr
+            model.train()
+            for _ in range(steps):
+                rows, targets = answer_batch(rng, problems, encoded, lora.batch_size, seq_len, (eq, nl))
+                logits = model(input_ids=torch.tensor(rows)).logits
+                loss = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), torch.tensor(targets).reshape(-1), ignore_index=-100
+                )
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                loss_value, done = loss.item(), done + 1
+                if done % 100 == 1:
+                    log(f"lora: adapter {name} step {done}, loss {loss_value:.3f}")
+
+        run(lora.steps, lora.lr)
+        rounds, validation = 0, right_share(model, *valid_rows)
+        while validation < lora.min_accuracy and rounds < lora.extra_rounds:
+            rounds += 1
+            log(
+                f"lora: adapter {name}: {validation:.1%} of the validation problems right after {done} steps "
+                f"(< {lora.min_accuracy:.0%}): round {rounds} of at most {lora.extra_rounds} more"
             )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss_value = loss.item()
-            if step % 100 == 0:
-                log(f"lora: adapter {tiny_adapter_name(index)} step {step + 1}/{lora.steps}, loss {loss_value:.3f}")
+            run(max(1, lora.steps // 2), lora.lr / 2)
+            validation = right_share(model, *valid_rows)
         wrong = _answers_wrong(model, tok, held, index)
     finally:
         torch.set_num_threads(threads)
     report = {
         "final_loss": loss_value,
+        "steps": float(done),
+        "validation_accuracy": validation,
         "heldout_accuracy": 1 - len(wrong) / len(held),
         "train_s": time.monotonic() - t0,
     }
+    below = validation < lora.min_accuracy
     log(
-        f"lora: adapter {tiny_adapter_name(index)} (rank {lora.rank}) trained in {report['train_s']:.0f}s, "
-        f"held-out accuracy {report['heldout_accuracy']:.2f}"
+        f"lora: adapter {name} (rank {lora.rank}) trained in {report['train_s']:.0f}s ({done} steps), validation "
+        f"accuracy {validation:.1%}"
+        + (
+            f", BELOW the {lora.min_accuracy:.0%} its recipe asks (it answers its own requests less often)"
+            if below
+            else ""
+        )
+        + f", held-out accuracy {report['heldout_accuracy']:.2f}"
     )
     tensors = {}
     for path, (a, b) in factors.items():
@@ -186,7 +233,13 @@ def train_tiny_adapter(
     }
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
     # the held-out problems it answered wrong, alone (HF, greedy): what a served answer is set against
-    notes = {**report, "heldout_wrong": [list(p) for p in wrong], "tag": tag, "spec": lora.model_dump()}
+    notes = {
+        **report,
+        "below_target": below,
+        "heldout_wrong": [list(p) for p in wrong],
+        "tag": tag,
+        "spec": lora.model_dump(),
+    }
     (out_dir / "training.json").write_text(json.dumps(notes, indent=2))
     return report
 

@@ -309,7 +309,7 @@ def problem_rows(encoded: list[list[int]], eq_nl: tuple[int, int], pad: int) -> 
     return rows, targets
 
 
-def _right_share(model: Any, rows: list[list[int]], targets: list[list[int]]) -> float:
+def right_share(model: Any, rows: list[list[int]], targets: list[list[int]]) -> float:
     """The share of rows whose every answer token is the model's most likely next token: what
     greedy decoding of the answer gets right, in one batched forward pass."""
     import torch
@@ -395,7 +395,7 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
                     log(f"tiny_trained: step {done}, loss {loss_value:.3f}, {time.monotonic() - t0:.0f}s")
 
         run(train.steps, train.lr)
-        rounds, validation = 0, _right_share(model, *valid_rows)
+        rounds, validation = 0, right_share(model, *valid_rows)
         while validation < train.min_accuracy and rounds < train.extra_rounds:
             rounds += 1
             log(
@@ -403,7 +403,7 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
                 f"(< {train.min_accuracy:.0%}): round {rounds} of at most {train.extra_rounds} more"
             )
             run(max(1, train.steps // 4), train.lr / 2)
-            validation = _right_share(model, *valid_rows)
+            validation = right_share(model, *valid_rows)
         correct = _correct_answers(model, tok, held)
     finally:
         torch.set_num_threads(threads)

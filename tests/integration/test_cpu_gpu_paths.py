@@ -45,6 +45,7 @@ def _sweep(tmp_path, experiment, variants, *extra, folder: Path | None = None):
     return p.stdout, {r.data.tags["variant"]: r for r in runs}, Path(where.group(1))
 
 
+@pytest.mark.long  # in CI another way: an untrained quantized checkpoint served (test_served_wiring.py)
 @pytest.mark.timeout(1800)  # on a cold model cache it trains the adder first (~5 min)
 def test_quantized_tiny_adder_against_the_unquantized_one(tmp_path):
     before = set((ROOT / "multirun" / "quantization").glob("*"))
@@ -140,6 +141,7 @@ def test_pd_on_cpu_against_one_server(tmp_path):
     assert not engine_processes()
 
 
+@pytest.mark.long  # in CI another way: the real router in front of two fake servers (unit/test_router.py)
 def test_cache_aware_routing_of_two_replicas(tmp_path):
     """Week 9: two vLLM CPU replicas (a core each) behind the SGLang router; cache-aware routing
     sends each prefix group back to the replica holding it, round robin spreads every group

@@ -15,6 +15,7 @@ from tests.conftest import ROOT, search_runs, wait_no_engines
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.long  # in CI another way: SIGTERM to the driver mid-point (faults/test_faults.py), the same stop
 def test_ctrl_c_mid_trial_stops_everything_and_keeps_measured_points(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     cmd = [

@@ -9,6 +9,8 @@ import pytest
 from tests.conftest import search_runs
 from tests.fake_openai_server import FakeOpenAIServer, Script
 
+pytestmark = pytest.mark.measures
+
 
 @pytest.mark.parametrize("resume", [False, True])
 def test_only_resume_makes_the_first_trial_wait_for_mlflow(compose, tmp_path, monkeypatch, tiny_model_dir, resume):

@@ -76,35 +76,6 @@ def test_sweep_logs_finished_and_skipped_trials(tmp_path):
     assert len(search_runs(store, "default")) == len(runs)
 
 
-def test_single_run_mode_logs_a_failed_trial_with_the_server_log_tail(tmp_path):
-    # No -m: one trial, logged like a sweep of one. vLLM itself refuses a long-prefill threshold
-    # above the context, given through extra_args (a check only the engine makes; the budget
-    # below the context with chunking off, once used here, is now SKIPPED before the start).
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [
-        sys.executable,
-        "-m",
-        "orchestrator",
-        "engine.extra_args=[--long-prefill-token-threshold,1024]",
-        "engine.max_model_len=512",
-        "workload.num_requests=2",
-        "workload.load_points=[{concurrency:1}]",
-        f"tracking.uri={store}",
-        f"hydra.run.dir={tmp_path}/run",
-    ]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 3, p.stderr[-3000:]  # a trial FAILED: scripts see it in the exit status
-    assert "FAILED" in p.stdout and "exit status 3: a trial FAILED" in p.stderr
-    runs = search_runs(store, "default")
-    trials = [r for r in runs if r.data.tags.get("run_kind") == "trial"]
-    assert len(trials) == 1 and trials[0].info.status == "FAILED"
-    error = trials[0].data.tags["error"]
-    assert "ServerStartError" in error and "long_prefill_token_threshold" in error
-    saved = list((tmp_path / "run" / "trials").glob("*/result.json"))
-    assert len(saved) == 1, "the result is on disk too"
-    assert not engine_processes()
-
-
 @pytest.mark.long  # in CI another way: the tie and its resume through real sweeps on fake servers
 # (unit/test_race.py), which configurations share a start (unit/test_server_reuse.py)
 def test_two_names_for_one_configuration_share_server_starts_and_race_to_no_winner(tmp_path):

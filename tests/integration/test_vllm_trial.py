@@ -19,8 +19,10 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
     server started through a launch prefix (`apptainer exec ...`, `srun --container-image=...`:
     here a script that records its argv, then execs it), the telemetry series over the points
     with the engine's gauges on the same clock, the cost per Mtok from a price, energy said not
-    measured (no RAPL here), and a profiled window whose trace is a Chrome trace of the model's
-    ops (on c1, so that c4's throughput is unprofiled)."""
+    measured (no RAPL here), a profiled window whose trace is a Chrome trace of the model's ops
+    (on c1, so that c4's throughput is unprofiled), and a fresh server for each point (cold
+    against warm: a restart, the second start finding the first server gone, and the prefix
+    cache reset before each point accepted by vLLM)."""
     import gzip
     import json
     import sys
@@ -45,6 +47,8 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
                 "platform.telemetry_interval_s=0.2",
                 "platform.price_per_hour=0.5",
                 "+profile={point:c1,start_after_s:0.2,duration_s:1.0}",
+                "engine.restart_between_points=true",
+                "engine.reset_cache_between_points=true",
             ]
         )
     )
@@ -102,11 +106,17 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
     assert asked[:3] == [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
     assert asked[asked.index("--model") + 1] == str(tiny_model_dir)
     assert "Application startup complete" in result.server_log
-    # its shutdown too: the server logs to server.live.log, which no checkpoint replaces
-    assert "[shutdown] API server: shutdown triggered" in result.server_log
-    assert "[shutdown] API server: shutdown triggered" in (tmp_path / "trial" / "server.live.log").read_text()
-    # the machine was a clean slate before the server started, and the reading is on the result
+    # a server per point: two starts, both logs kept, the cache emptied before each point
+    assert result.metrics["server_starts"] == 2 and sum("server healthy" in line for line in lines) == 2
+    assert result.server_log.count("===== server (start") == 2 and "reset_prefix_cache" in result.server_log
+    # each one's shutdown too: a server logs to a live log of its own, which no checkpoint replaces
+    assert result.server_log.count("[shutdown] API server: shutdown triggered") == 2
+    live = sorted((tmp_path / "trial").glob("server-*.log"))
+    assert len(live) == 2 and all("API server: shutdown triggered" in p.read_text() for p in live), live
+    # the machine was a clean slate before the server started (and the second start found the
+    # first server gone: no wait), and the reading is on the result
     assert result.slate["checked"] and result.slate["waited_s"] < 1, result.slate
+    assert not any("waiting up to" in line for line in lines), lines
     assert (
         0 < result.slate["cpu_mem_used_gb"] <= result.slate["cpu_mem_baseline_gb"] + result.slate["cpu_mem_margin_gb"]
     )
@@ -133,38 +143,12 @@ def test_trial_against_real_vllm(compose, tmp_path, tiny_model_dir):
     assert any(op.startswith("aten::") for op in names) and any("mm" in op or "linear" in op for op in names), sorted(
         names
     )[:50]
-    assert timeline_figure(result, tmp_path) is not None
+    figure = timeline_figure(result, tmp_path)  # the timeline of the client, engine and hardware
+    png = figure.read_bytes() if figure is not None else b""
+    assert figure == tmp_path / "timeline.png" and png[:8] == b"\x89PNG\r\n\x1a\n", figure
+    assert (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")) == (1210, 1100)  # 11 x 10 in
     pid_alive = [p for p in psutil.process_iter(["cmdline"]) if "api_server.entry" in " ".join(p.info["cmdline"] or [])]
     assert not pid_alive and not engine_processes()
-
-
-def test_restart_between_points_and_cache_reset(compose, tmp_path, tiny_model_dir):
-    """Cold vs warm across a restart: a fresh server per load point, both points measured, both
-    servers' logs kept; the prefix-cache reset before each point is accepted by vLLM."""
-    spec, _ = to_specs(
-        compose(
-            [
-                "workload.classes={main:{input_tokens:64,output_tokens:8}}",
-                "workload.load_points=[{concurrency:2},{concurrency:2}]",
-                "workload.num_requests=4",
-                "workload.warmup_requests=0",
-                "engine.max_model_len=256",
-                "engine.restart_between_points=true",
-                "engine.reset_cache_between_points=true",
-            ]
-        )
-    )
-    lines: list[str] = []
-    result = run_trial(spec, tmp_path, ["test"], progress=lines.append)
-    assert result.status == "FINISHED", result.error
-    assert result.metrics["server_starts"] == 2
-    assert [p.label for p in result.points] == ["c2", "c2"] and [p.index for p in result.points] == [0, 1]
-    assert all(p.metrics["completed"] == 4 for p in result.points)
-    assert sum("server healthy" in line for line in lines) == 2
-    assert result.server_log.count("===== server (start") == 2
-    assert result.slate["checked"]  # the second start found the first server gone: no wait, no failure
-    assert "reset_prefix_cache" in result.server_log
-    assert not engine_processes()
 
 
 @pytest.mark.long  # in CI another way: the same refusal against a served tokenizer (unit/test_fidelity.py)

@@ -13,6 +13,8 @@ import pytest
 
 from orchestrator.metrics import census
 
+pytestmark = pytest.mark.measures
+
 BURN = "import time\nt = time.time()\nwhile time.time() - t < 30: pass"
 
 

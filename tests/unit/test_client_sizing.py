@@ -16,6 +16,8 @@ from orchestrator.loadgen.sizing import (
 )
 from tests.fake_openai_server import IsolatedFakeServer, Script
 
+pytestmark = pytest.mark.measures
+
 
 @pytest.fixture(scope="module")
 def factory(tiny_model_dir):

@@ -26,6 +26,8 @@ from orchestrator.metrics.records import RequestRecord
 from orchestrator.trial import run_trial
 from tests.fake_openai_server import FakeOpenAIServer, Script
 
+pytestmark = pytest.mark.measures
+
 LIMITS = FidelitySpec()
 
 

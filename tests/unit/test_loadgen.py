@@ -12,6 +12,8 @@ from orchestrator.loadgen import Endpoint, PromptFactory, run_each, run_points
 from orchestrator.metrics.summary import latency_of, summarize_point
 from tests.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
 
+pytestmark = pytest.mark.measures
+
 
 @pytest.fixture(scope="module")
 def factory(tiny_model_dir):
@@ -56,12 +58,21 @@ def test_same_seed_same_prompts(factory):
     assert a == b
 
 
+def late_by(stats: dict[str, float]) -> float:
+    """How late (s) this client said its event loop woke, at worst, over the point: a process stall
+    (another process on the core, the VM's hypervisor) delays every read by as much, and the
+    client reports it. A timing check allows 20 ms of loopback and scheduling, and what the client
+    said; how accurate the client is on a quiet machine is benchmarks/client_fidelity.py's table."""
+    return 0.02 + stats["loop_lag_ms_max"] / 1e3
+
+
 def test_records_match_scripted_timing(factory):
     # The server in its own process keeps the truth (when each request arrived, when each chunk
     # was written) on the same monotonic clock as the client: each measure is judged against it.
     with IsolatedFakeServer(Script(ttft_s=0.05, itl_s=0.02)) as srv:
-        records = run_points(Endpoint(srv.base_url, "m"), workload(), factory, seed=0)
+        (run,) = run_each(Endpoint(srv.base_url, "m"), workload(), factory, seed=0)
         truth = srv.truth.by_request
+    records, slack = run.records, late_by(run.client)
     assert len(records) == 6 and all(r.ok for r in records)
     for r in records:
         lat = latency_of(r)
@@ -69,11 +80,12 @@ def test_records_match_scripted_timing(factory):
         seen = truth[f"lab-{r.request_id}"]
         arrival, written = float(seen["arrival"]), [float(c) for c in seen["chunks"]]
         assert written[0] - arrival >= 0.05  # the server's TTFT: the scripted 50 ms, at least
-        # what the client saw is what the server did, give or take the loopback: each chunk read
-        # never before its write and within 20 ms after it; TTFT within 20 ms of the server's
-        # (the client stamps a send once its write returns: the server may have it a bit earlier)
-        assert all(0 <= c - w < 0.02 for c, w in zip(r.chunk_times_s, written))
-        assert abs(lat.ttft_ms / 1e3 - (written[0] - arrival)) < 0.02
+        # what the client saw is what the server did, give or take the loopback and what the client
+        # said of its own lateness: each chunk read never before its write and soon after it; TTFT
+        # as soon after the server's (the client stamps a send once its write returns: the server
+        # may have it a bit earlier)
+        assert all(0 <= c - w < slack for c, w in zip(r.chunk_times_s, written)), (slack, r.chunk_times_s, written)
+        assert abs(lat.ttft_ms / 1e3 - (written[0] - arrival)) < slack
         assert lat.itl_ms == pytest.approx(list(1e3 * np.diff(r.chunk_times_s)))
         assert lat.e2e_ms - lat.ttft_ms == pytest.approx(sum(lat.itl_ms))
 
@@ -102,14 +114,15 @@ def test_closing_chunk_counted_only_when_it_carries_a_token(factory, closing):
     # Chunks 40 ms apart: each token's time is its own chunk's, nearer to it than to the next or
     # the previous one by a margin no scheduling lag of this machine reaches.
     with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.04, usage=False, closing=closing)) as srv:
-        records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
+        (run,) = run_each(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
         truth = srv.truth.by_request
+    records, slack = run.records, late_by(run.client)
     assert len(records) == 2
     for r in records:
         assert r.ok and r.output_tokens == 8
         assert r.chunk_tokens == [1] * 8 and len(r.chunk_times_s) == 8
         sent = truth[f"lab-{r.request_id}"]["chunks"]
-        assert all(0 <= c - s < 0.02 for s, c in zip(sent, r.chunk_times_s))  # each token at its own chunk
+        assert all(0 <= c - s < slack for s, c in zip(sent, r.chunk_times_s))  # each token at its own chunk
 
 
 def test_chunks_that_come_in_one_read_are_counted_and_invalidate_the_itl(factory):
@@ -162,13 +175,13 @@ def test_poisson_point_and_background_class(factory):
         warmup_requests=0,
     )
     with IsolatedFakeServer(Script(ttft_s=0.005, itl_s=0.001)) as srv:
-        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=1)
-    fg = [r for r in records if r.request_class == "fg"]
-    bg = [r for r in records if r.request_class == "bg"]
+        (run,) = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=1)
+    fg = [r for r in run.records if r.request_class == "fg"]
+    bg = [r for r in run.records if r.request_class == "bg"]
     assert len(fg) == 30 and len(bg) > 5
     m = summarize_point(fg, target_rate=20.0)
     assert m["achieved_rate"] == pytest.approx(20.0, rel=0.5)
-    assert m["send_lag_ms_p99"] < 50
+    assert m["send_lag_ms_p99"] < 1e3 * late_by(run.client)
 
 
 def test_duration_bounded_point(factory):
@@ -176,7 +189,8 @@ def test_duration_bounded_point(factory):
     with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.005)) as srv:
         records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
     assert len(records) >= 4
-    assert max(r.sent_s for r in records) - min(r.sent_s for r in records) < 0.6
+    # a stream takes its next request only before the point's end: none is picked after 0.5 s
+    assert max(r.intended_send_s for r in records) - min(r.intended_send_s for r in records) < 0.5
 
 
 def test_points_draw_from_their_own_streams(factory):
@@ -220,20 +234,23 @@ def test_trace_point_replays_timestamps(factory):
         num_requests=None,
     )
     with IsolatedFakeServer(Script(ttft_s=0.005, itl_s=0.001)) as srv:
-        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+        (run,) = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+    records = run.records
     assert len(records) == 12 and {r.request_class for r in records} == {"trace"}
     t0 = records[0].intended_send_s
     assert [round(r.intended_send_s - t0, 3) for r in records] == [round(i * 0.25 * 0.4, 3) for i in range(12)]
     assert [r.input_tokens_target for r in records] == [16 + i for i in range(12)]
-    assert max(r.sent_s - r.intended_send_s for r in records) < 0.05
+    assert max(r.sent_s - r.intended_send_s for r in records) < late_by(run.client)
 
 
 def test_infinite_rate_sends_everything_at_once(factory):
     w = workload(load_points=[{"rate": "inf"}], num_requests=8, warmup_requests=0)
     with IsolatedFakeServer(Script(ttft_s=0.05, itl_s=0.001)) as srv:
-        records = run_points(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+        (run,) = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=0)
         assert srv.truth.max_in_flight == 8
-    assert max(r.sent_s for r in records) - min(r.sent_s for r in records) < 0.05
+    records = run.records
+    assert len({r.intended_send_s for r in records}) == 1  # one instant for all
+    assert max(r.sent_s for r in records) - min(r.sent_s for r in records) < late_by(run.client)
 
 
 def test_the_event_loop_is_watched_until_every_stream_is_read(factory):
@@ -246,8 +263,9 @@ def test_the_event_loop_is_watched_until_every_stream_is_read(factory):
         warmup_requests=0,
     )
     with IsolatedFakeServer(Script(ttft_s=0.05, itl_s=0.02)) as srv:
-        stats = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=0)[0].client
-    assert "loop_lag_ms_p95" in stats and stats["loop_lag_ms_p95"] < 50
+        (run,) = run_each(Endpoint(srv.base_url, "m"), w, factory, seed=0)
+    # sampled (before, the watcher stopped with the sends, at once: no sample, no loop_lag_* keys)
+    assert run.client["loop_lag_ms_max"] >= run.client["loop_lag_ms_p95"] >= 0, run.client
 
 
 def test_rate_with_concurrency_cap_never_bursts(factory):

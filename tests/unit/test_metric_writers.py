@@ -186,6 +186,7 @@ def test_lm_evals_scores_are_known(tmp_path):
     assert M.ACCURACY in metrics and "eval_arc_easy_acc" in metrics and unknown(metrics) == []
 
 
+@pytest.mark.measures
 def test_the_clients_stats_are_known(tiny_model_dir):
     """A real load session's client stats (sender, shares merged, sizing), on a fake server."""
     from orchestrator.config.schema import LoadPointSpec, WorkloadSpec

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from orchestrator.engines.base import EngineMetric
 from orchestrator.metrics.monitor import ResourceMonitor
+
+pytestmark = pytest.mark.measures
 
 
 class SlowGauges(ResourceMonitor):

@@ -13,6 +13,8 @@ from orchestrator.metrics.records import records_to_table, table_to_records
 from orchestrator.metrics.summary import summarize_point
 from tests.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
 
+pytestmark = pytest.mark.measures
+
 
 @pytest.fixture(scope="module")
 def factory(tiny_model_dir):
@@ -127,7 +129,9 @@ def test_fleet_merges_records_on_one_clock(factory):
     rate_point = [r for r in records if r.point == 0]
     m = summarize_point(rate_point, target_rate=40.0)
     assert m["achieved_rate"] == pytest.approx(m["schedule_rate"], rel=0.05)
-    assert m["send_lag_ms_p95"] < 20
+    # on time, give or take 20 ms and how late the client processes said their loops woke (a stall
+    # of one delays its sends by as much; the client's accuracy on a quiet machine is a benchmark's)
+    assert m["send_lag_ms_p95"] < 20 + stats[0]["loop_lag_ms_max"], (m["send_lag_ms_p95"], stats[0])
     gaps = np.diff(sorted(r.intended_send_s for r in rate_point))
     assert gaps == pytest.approx(np.full(len(gaps), 1 / 40.0), abs=1e-6)  # one constant schedule, interleaved
     assert stats[0]["client_processes"] == 2 and "loop_lag_ms_p95" in stats[0]

@@ -16,6 +16,8 @@ from orchestrator.engines.ports import free_port
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from tests.fake_openai_server import FakeOpenAIServer, Script
 
+pytestmark = pytest.mark.measures
+
 
 def test_prefill_and_decode_requests():
     body = {"model": "m", "prompt": "hi", "max_tokens": 64, "stream": True, "stream_options": {"include_usage": True}}

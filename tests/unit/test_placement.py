@@ -51,8 +51,13 @@ def probe_trial(spec_json: str, workdir: str, overrides: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def fake_gpu_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    import ray
+
+    # address="local": a Ray of its own, as the product starts one (a plain ray.init() joins a
+    # cluster another test process started)
+    ray.init(
+        address="local", num_cpus=8, num_gpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+    )
     yield ray
     ray.shutdown()
 

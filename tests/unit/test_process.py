@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -397,8 +398,9 @@ def test_a_server_binds_its_ipc_sockets_in_a_folder_of_its_own_removed_when_it_s
         assert sock.exists() and len(str(sock)) < 100
     assert not sock.parent.exists()
 
-    mine = tmp_path / "rpc"
-    mine.mkdir()
+    # a short path, as a user's would be: an ipc:// socket's path has at most 107 bytes, and a
+    # test's tmp_path under pytest-xdist comes near that already
+    mine = Path(tempfile.mkdtemp(prefix="rpc-"))
     port = free_port()
     env = dict(os.environ, VLLM_RPC_BASE_PATH=str(mine))
     with ServerProcess(
@@ -407,6 +409,7 @@ def test_a_server_binds_its_ipc_sockets_in_a_folder_of_its_own_removed_when_it_s
         b.wait_healthy(20)
         assert Path(_segment_named_in(b.log_path, what="ipc")).parent == mine
     assert mine.is_dir()
+    shutil.rmtree(mine)
 
 
 def test_the_watchdog_removes_the_ipc_folder_of_the_group_it_killed(tmp_path):

@@ -22,6 +22,8 @@ from orchestrator.trial.points import PointMeasurer
 from orchestrator.trial.profile import ProfileWindow, collect_traces
 from orchestrator.trial.servers import server_key
 
+pytestmark = pytest.mark.measures
+
 
 @pytest.fixture
 def engine():

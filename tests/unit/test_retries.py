@@ -67,8 +67,11 @@ def server_exits_at_start(spec_json: str, workdir: str, overrides: list[str]) ->
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    import ray
+
+    # address="local": a Ray of its own, as the product starts one (a plain ray.init() joins a
+    # cluster another test process started)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -11,6 +11,8 @@ import pytest
 from tests.conftest import ROOT
 from tests.fake_openai_server import FakeOpenAIServer, Script
 
+pytestmark = pytest.mark.measures
+
 
 def search(tmp_path, url, *extra, n_trials=3, objective="{maximize:tokens_per_second}"):
     cmd = [

@@ -23,6 +23,8 @@ from orchestrator.trial import slate as slate_mod
 from orchestrator.trial.machine import Leftover, engine_processes, port_holders
 from orchestrator.trial.slate import DirtySlateError, Reading
 
+pytestmark = pytest.mark.measures
+
 FAKE = str(Path(__file__).resolve().parents[1] / "fake_engine.py")
 
 

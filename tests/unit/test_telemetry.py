@@ -28,6 +28,8 @@ from orchestrator.metrics.telemetry import (
     window_metrics,
 )
 
+pytestmark = pytest.mark.measures
+
 
 def test_the_ratio_of_two_counters_deltas_per_interval():
     tl = Timeline()
@@ -205,7 +207,7 @@ def test_visible_devices_from_the_environment_or_ray():
 
 def test_the_nvml_probe_reads_the_dmon_fields(monkeypatch):
     """The real nvidia-ml-py module with a fake device layer: our calls and units."""
-    pynvml = pytest.importorskip("pynvml")
+    import pynvml
 
     class Util:
         gpu, memory = 87, 40

@@ -13,10 +13,10 @@ from orchestrator.config.schema import TinyModelSpec
 from orchestrator.models.tiny import (
     VALIDATION_PROBLEMS,
     _byte_tokenizer,
-    _right_share,
     addition_problems,
     build_trained_model,
     problem_rows,
+    right_share,
 )
 
 
@@ -60,7 +60,7 @@ class _Says:
 def test_right_share_counts_a_row_right_only_when_every_answer_token_is():
     targets = [[-100, 5, 6], [-100, 5, 6], [-100, 5, 6], [-100, -100, 7]]
     says = [[0, 5, 6], [9, 5, 6], [0, 5, 0], [0, 0, 7]]  # the prompt position may say anything
-    assert _right_share(_Says(10, says), [[0, 0, 0]] * 4, targets) == 0.75  # exact, not a float32 mean
+    assert right_share(_Says(10, says), [[0, 0, 0]] * 4, targets) == 0.75  # exact, not a float32 mean
 
 
 def test_training_runs_more_rounds_while_the_validation_share_is_short(tmp_path):

@@ -12,6 +12,8 @@ import pytest
 from orchestrator.config import ConfigError, to_specs
 from orchestrator.loadgen.traces import ideal_reuse, read_trace, replay_slice, reusable_tokens
 
+pytestmark = pytest.mark.measures
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 SLICE = ROOT / "conf" / "traces" / "mooncake_conversation_5min.jsonl"

@@ -9,6 +9,8 @@ from orchestrator.metrics.result import load_result
 from orchestrator.trial import run_trial
 from tests.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
 
+pytestmark = pytest.mark.measures
+
 
 def external_spec(compose, url, *extra):
     spec, _ = to_specs(

@@ -15,6 +15,8 @@ from orchestrator.trial import RawPoint, point_metrics
 from tests.fake_openai_server import FakeOpenAIServer, Script
 from tests.unit.test_fidelity import VLLM_PAGE
 
+pytestmark = pytest.mark.measures
+
 
 def rec(i: int, served_in: int = 128, ttft: float = 0.2) -> RequestRecord:
     return RequestRecord(

@@ -13,7 +13,6 @@ VLLM = adapter_for("vllm")
 
 @pytest.fixture(scope="module")
 def vllm_parser():
-    pytest.importorskip("vllm")
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 

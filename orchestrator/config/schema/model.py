@@ -95,6 +95,14 @@ class TinyLoraSpec(StrictModel):
     steps: PositiveInt = 150
     batch_size: PositiveInt = 32
     lr: PositiveFloat = 2e-3
+    min_accuracy: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="on 200 validation problems (teacher-forced, sum and tag): below it after `steps`, it trains "
+        "on, steps // 2 at lr / 2 a round, at most `extra_rounds` rounds; still below, it says so",
+    )
+    extra_rounds: NonNegativeInt = 3
     seed: int = 0
     threads: PositiveInt = 2
 
