@@ -133,19 +133,23 @@ def test_chunks_that_come_in_one_read_are_counted_and_invalidate_the_itl(factory
     from orchestrator.metrics.fidelity import client_validity
 
     with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.02, burst=2)) as srv:
-        records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
-    for r in records:
+        (run,) = run_each(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
+    # pairs 40 ms apart are read apart unless the client stalled longer, which it would have said
+    stalled = run.client["loop_lag_ms_max"] > 30
+    for r in run.records:
         assert r.ok and r.chunk_tokens == [1] * 8
-        assert r.coalesced_chunks == 4  # chunks 2, 4, 6, 8
         gaps = np.diff(r.chunk_times_s)
-        assert max(gaps[0::2]) < 0.005 < 0.015 < min(gaps[1::2])  # pairs share a read; pairs ~40 ms apart
-    metrics = summarize_point(records)
-    assert metrics["coalesced_chunk_share"] == 0.5
+        assert max(gaps[0::2]) == 0.0  # a pair's second chunk came in its first's read: one instant...
+        assert r.coalesced_chunks == 4 or (stalled and r.coalesced_chunks > 4), (r.coalesced_chunks, run.client)
+        assert stalled or min(gaps[1::2]) > 0.015, (gaps, run.client)  # ...and the pairs in reads of their own
+    metrics = summarize_point(run.records)
+    assert metrics["coalesced_chunk_share"] >= 0.5  # counted: ITL between them is read times
     valid, reasons = client_validity(metrics, ValiditySpec())
     assert not valid and "ITL is not the server's" in reasons[0]
     with IsolatedFakeServer(Script(ttft_s=0.01, itl_s=0.02)) as srv:  # one chunk a write: none coalesced
-        records = run_points(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
-    assert summarize_point(records)["coalesced_chunk_share"] < ValiditySpec().max_coalesced_share
+        (run,) = run_each(Endpoint(srv.base_url, "m"), workload(num_requests=2), factory, seed=0)
+    share = summarize_point(run.records)["coalesced_chunk_share"]
+    assert share < ValiditySpec().max_coalesced_share or run.client["loop_lag_ms_max"] > 15, (share, run.client)
 
 
 def test_errors_become_records(factory):
