@@ -81,7 +81,7 @@ test-beside: install
 # Real-vLLM runs of claims that are expensive and rarely change (a trained adder quantized, trained
 # LoRA adapters, the router in front of two replicas, Ctrl-C beside CI's SIGTERM, ...): not in CI,
 # which keeps a cheap check of each one's wiring (each test says which). Run it before resolving an
-# issue that touches what it covers (docs/testing.md lists them). ~25 minutes on 2 cores.
+# issue that touches what it covers (docs/testing.md lists them). ~14 minutes on 2 cores, cold.
 test-long: install
 	$(PY) -m pytest tests -m long --durations=20
 

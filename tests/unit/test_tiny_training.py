@@ -83,6 +83,43 @@ def test_training_runs_more_rounds_while_the_validation_share_is_short(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
 
 
+def test_an_adapter_below_its_bar_trains_on_then_says_so_at_every_use(tmp_path):
+    """A tiny LoRA adapter asked to get every validation problem right after 2 steps cannot: it
+    trains two more rounds of 2 // 2 steps, then says it fell short, in the log, in its
+    training.json (below_target) and again whenever it is used (a cached adapter)."""
+    from orchestrator.config.schema import ModelSpec
+    from orchestrator.models.lora import ensure_tiny_adapters
+
+    model = ModelSpec(
+        name="m",
+        source="tiny_trained",
+        cache_dir=str(tmp_path),
+        tiny={
+            "num_layers": 1,
+            "hidden_size": 64,
+            "num_heads": 1,
+            "num_kv_heads": 1,
+            "intermediate_size": 128,
+            "vocab_size": 300,
+            "train": {"steps": 2, "batch_size": 4, "min_accuracy": 0.01, "extra_rounds": 0, "threads": 1},
+        },
+        lora={"tiny": {"count": 1, "rank": 1, "steps": 2, "batch_size": 4, "min_accuracy": 1.0, "extra_rounds": 2}},
+    )
+    lines: list[str] = []
+    ((name, folder),) = ensure_tiny_adapters(model, log=lines.append)
+    training = json.loads((folder / "training.json").read_text())
+    assert name == "lora-a" and (folder / "adapter_model.safetensors").exists()
+    assert training["steps"] == 2 + 2 * 1 and training["below_target"] and training["validation_accuracy"] < 1.0
+    assert [k for k in (1, 2, 3) if any(f"round {k} of at most 2 more" in line for line in lines)] == [1, 2], lines
+    assert any("BELOW the 100% its recipe asks" in line for line in lines), lines
+    assert any(line.startswith("warning: adapter lora-a learned its convention less well") for line in lines)
+    again: list[str] = []
+    ensure_tiny_adapters(model, log=again.append)  # cached: not trained again, still said
+    assert not any("of at most 2 more" in line for line in again) and again[-1].startswith("warning: adapter lora-a"), (
+        again
+    )
+
+
 def test_validation_problems_are_training_problems_never_the_eval_set():
     train, held = addition_problems()
     assert not set(train) & set(held) and len(held) == 100
