@@ -33,6 +33,7 @@ from orchestrator.models.tiny import (
     model_key,
     problem_rows,
     right_share,
+    train_on_while_short,
 )
 
 # bump when the recipe changes (2: the tag after the sum; 3: training.json lists the held-out problems
@@ -181,15 +182,15 @@ def train_tiny_adapter(
                     log(f"lora: adapter {name} step {done}, loss {loss_value:.3f}")
 
         run(lora.steps, lora.lr)
-        rounds, validation = 0, right_share(model, *valid_rows)
-        while validation < lora.min_accuracy and rounds < lora.extra_rounds:
-            rounds += 1
-            log(
-                f"lora: adapter {name}: {validation:.1%} of the validation problems right after {done} steps "
-                f"(< {lora.min_accuracy:.0%}): round {rounds} of at most {lora.extra_rounds} more"
-            )
-            run(max(1, lora.steps // 2), lora.lr / 2)
-            validation = right_share(model, *valid_rows)
+        validation = train_on_while_short(
+            run,
+            lambda: right_share(model, *valid_rows),
+            (lora.min_accuracy, lora.extra_rounds, max(1, lora.steps // 2), lora.lr / 2),
+            lambda share, k: log(
+                f"lora: adapter {name}: {share:.1%} of the validation problems right after {done} steps "
+                f"(< {lora.min_accuracy:.0%}): round {k} of at most {lora.extra_rounds} more"
+            ),
+        )
         wrong = _answers_wrong(model, tok, held, index)
     finally:
         torch.set_num_threads(threads)

@@ -309,6 +309,25 @@ def problem_rows(encoded: list[list[int]], eq_nl: tuple[int, int], pad: int) -> 
     return rows, targets
 
 
+def train_on_while_short(
+    run: Callable[[int, float], None],
+    share: Callable[[], float],
+    rounds: tuple[float, int, int, float],
+    say: Callable[[float, int], None],
+) -> float:
+    """After a first run of training: further rounds while ``share()`` is short of the bar, at most
+    so many; ``rounds`` is (bar, most rounds, steps a round, learning rate a round); ``say(share,
+    k)`` before round ``k``. Returns the last share (still short of the bar when the rounds ran out)."""
+    bar, most, steps, lr = rounds
+    now, k = share(), 0
+    while now < bar and k < most:
+        k += 1
+        say(now, k)
+        run(steps, lr)
+        now = share()
+    return now
+
+
 def right_share(model: Any, rows: list[list[int]], targets: list[list[int]]) -> float:
     """The share of rows whose every answer token is the model's most likely next token: what
     greedy decoding of the answer gets right, in one batched forward pass."""
@@ -395,15 +414,15 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
                     log(f"tiny_trained: step {done}, loss {loss_value:.3f}, {time.monotonic() - t0:.0f}s")
 
         run(train.steps, train.lr)
-        rounds, validation = 0, right_share(model, *valid_rows)
-        while validation < train.min_accuracy and rounds < train.extra_rounds:
-            rounds += 1
-            log(
-                f"tiny_trained: {validation:.1%} of the validation problems right after {done} steps "
-                f"(< {train.min_accuracy:.0%}): round {rounds} of at most {train.extra_rounds} more"
-            )
-            run(max(1, train.steps // 4), train.lr / 2)
-            validation = right_share(model, *valid_rows)
+        validation = train_on_while_short(
+            run,
+            lambda: right_share(model, *valid_rows),
+            (train.min_accuracy, train.extra_rounds, max(1, train.steps // 4), train.lr / 2),
+            lambda share, k: log(
+                f"tiny_trained: {share:.1%} of the validation problems right after {done} steps "
+                f"(< {train.min_accuracy:.0%}): round {k} of at most {train.extra_rounds} more"
+            ),
+        )
         correct = _correct_answers(model, tok, held)
     finally:
         torch.set_num_threads(threads)

@@ -66,14 +66,16 @@ def untrained_adapter(base: Path, out: Path, rank: int, seed: int) -> Path:
     return out
 
 
-def test_a_checkpoint_quantized_here_loads_as_compressed_tensors(compose, tmp_path):
+def served(compose, tmp_path, overrides: list[str], requests: int, streams: int):
+    """One trial of ``requests`` (64 tokens in, 16 out) at ``streams`` on the real vLLM CPU server,
+    FINISHED, every request answered: its result, its point, and the server's argv."""
     spec, _ = to_specs(
         compose(
             [
-                "model.tiny.quantization=w8a8",
+                *overrides,
                 "workload.classes={main:{input_tokens:64,output_tokens:16}}",
-                "workload.load_points=[{concurrency:2}]",
-                "workload.num_requests=4",
+                f"workload.load_points=[{{concurrency:{streams}}}]",
+                f"workload.num_requests={requests}",
                 "engine.max_model_len=512",
             ]
         )
@@ -81,9 +83,13 @@ def test_a_checkpoint_quantized_here_loads_as_compressed_tensors(compose, tmp_pa
     result = run_trial(spec, tmp_path / "trial", ["test"], progress=lambda _: None)
     assert result.status == "FINISHED", result.error
     (point,) = result.points
-    assert point.metrics["completed"] == 4 and point.metrics["errors"] == 0, point.metrics
+    assert point.metrics["completed"] == requests and point.metrics["errors"] == 0, point.metrics
+    return result, point, result.servers[0]["argv"]
+
+
+def test_a_checkpoint_quantized_here_loads_as_compressed_tensors(compose, tmp_path):
+    result, _, argv = served(compose, tmp_path, ["model.tiny.quantization=w8a8"], 4, 2)
     # the server was started on the checkpoint quantized here, and loaded it as compressed-tensors
-    argv = result.servers[0]["argv"]
     config = json.loads((Path(argv[argv.index("--model") + 1]) / "config.json").read_text())
     assert config["quantization_config"]["format"] == "int-quantized", config.get("quantization_config")
     assert "quantization=compressed-tensors," in result.server_log
@@ -93,24 +99,9 @@ def test_a_checkpoint_quantized_here_loads_as_compressed_tensors(compose, tmp_pa
 def test_adapters_are_served_and_named_by_the_load(compose, tmp_path, tiny_model_dir):
     adapters = [untrained_adapter(tiny_model_dir, tmp_path / f"lora-{k}", 8, k) for k in (1, 2)]
     listed = ",".join(f"{{name:ad{k},path:{path}}}" for k, path in enumerate(adapters))
-    spec, _ = to_specs(
-        compose(
-            [
-                f"model.lora={{adapters:[{listed}]}}",
-                "workload.adapters={include_base:true}",
-                "workload.classes={main:{input_tokens:64,output_tokens:16}}",
-                "workload.load_points=[{concurrency:3}]",
-                "workload.num_requests=12",
-                "engine.max_model_len=512",
-            ]
-        )
-    )
-    result = run_trial(spec, tmp_path / "trial", ["test"], progress=lambda _: None)
-    assert result.status == "FINISHED", result.error
-    (point,) = result.points
-    assert point.metrics["completed"] == 12 and point.metrics["errors"] == 0, point.metrics
+    lora = [f"model.lora={{adapters:[{listed}]}}", "workload.adapters={include_base:true}"]
+    result, point, argv = served(compose, tmp_path, lora, 12, 3)
     # the adapters were served (argv) and named by the load: the records, the per-adapter metrics
-    argv = result.servers[0]["argv"]
     assert "--enable-lora" in argv and f"ad0={adapters[0]}" in argv and f"ad1={adapters[1]}" in argv, argv
     table = parquet_bytes_to_table(result.records_parquet)
     assert set(table.column("adapter").to_pylist()) == {"ad0", "ad1", None}
