@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from orchestrator.config.schema import TinyModelSpec
 from orchestrator.models.tiny import build_trained_model
-from tests.conftest import compose_config
+from testkit.compose import compose_config
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     python -m benchmarks.capacity_search [--slots 8] [--slo-ttft-p99 100] [--probe-s 8]
 
-A fake OpenAI server (``tests/fake_openai_server.py``, its own process) serves at most
+A fake OpenAI server (``testkit/fake_openai_server.py``, its own process) serves at most
 ``--slots`` requests at once (the others queue; their wait is part of their TTFT), each
 taking ``ttft + tokens x itl`` seconds: it saturates near ``slots / service time`` req/s.
 Both sides run through the trial layer (``engine=external``):
@@ -27,9 +27,9 @@ from hydra import compose, initialize_config_dir
 
 from orchestrator.config import to_specs
 from orchestrator.config.resolvers import register
-from orchestrator.loadgen.capacity import judge
+from orchestrator.decide.capacity import judge
 from orchestrator.trial import run_trial
-from tests.fake_openai_server import FakeServerProcess
+from testkit.fake_openai_server import FakeServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@
     python -m benchmarks.client_fidelity --streams 64 --rates 20 --no-vllm
     python -m benchmarks.client_fidelity --client-processes 1 2   # also scale-out over 2 processes
 
-A fake OpenAI server (``tests/fake_openai_server.py``, its own process) answers with a
+A fake OpenAI server (``testkit/fake_openai_server.py``, its own process) answers with a
 scripted TTFT and ITL and records when each request arrived and when each chunk was
 actually written. Client and server share one monotonic clock (same machine), so:
 
@@ -32,7 +32,7 @@ from orchestrator.config.schema import TinyModelSpec, WorkloadSpec
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
 from orchestrator.metrics.summary import latency_of, summarize_point
 from orchestrator.models.tiny import ensure_tiny_model
-from tests.fake_openai_server import FakeServerProcess
+from testkit.fake_openai_server import FakeServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from tests.fake_openai_server import FakeServerProcess
+from testkit.fake_openai_server import FakeServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 64

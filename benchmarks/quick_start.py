@@ -29,7 +29,7 @@ from statistics import median
 from orchestrator.config.schema import TinyModelSpec
 from orchestrator.models.tiny import ensure_tiny_model
 from orchestrator.scheduling.sweep import PROJECT_ROOT
-from tests.fake_openai_server import FakeServerProcess
+from testkit.fake_openai_server import FakeServerProcess
 
 
 def one_run(

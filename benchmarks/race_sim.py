@@ -15,8 +15,8 @@ import argparse
 import time
 from collections import Counter
 
-from orchestrator.objective.race import TIED, WIN
-from tests.unit.test_race import simulate
+from orchestrator.decide.race import TIED, WIN
+from testkit.races import simulate
 
 NOISE = ((0.03, 0.0), (0.08, 0.0), (0.10, 0.0), (0.07, 0.05), (0.02, 0.10))
 

@@ -5,7 +5,7 @@
 Each sweep is the CLI a user runs (``python -m orchestrator``, Ray, MLflow in a throw-away sqlite
 file) over two trials that differ only in a knob that cannot matter (``workload.request_timeout_s``
 300 or 301, which no request comes near; until 2026-12-04 ``workload.warmup_requests`` 0 or 1,
-which differs in the client's first request), against a fake server in its own process (tests/fake_openai_server.py) whose pace
+which differs in the client's first request), against a fake server in its own process (testkit/fake_openai_server.py) whose pace
 drifts: every ``--drift-every`` seconds the whole server's speed is redrawn (log-normal of
 sigma ``--drift``, the between-run noise a race meets on a real machine), and each request's
 pace varies by ``--jitter`` on top. The race runs with its defaults (confidence 0.95, margin
@@ -24,8 +24,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.fake_openai_server import IsolatedFakeServer, Script
-from tests.unit.test_race import two_names_sweep
+from testkit.fake_openai_server import IsolatedFakeServer, Script
+from testkit.races import two_names_sweep
 
 
 def one_sweep(url: str, folder: Path, max_repeats: str = "3") -> tuple[str, str, int, float]:

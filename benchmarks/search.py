@@ -2,7 +2,7 @@
 
     python -m benchmarks.search [--n-trials 20] [--batch-size 4]
 
-A fake OpenAI server (``tests/fake_openai_server.py``, its own process) whose TTFT grows
+A fake OpenAI server (``testkit/fake_openai_server.py``, its own process) whose TTFT grows
 with the requests in flight (10 ms + 20 ms per other request) serves every trial
 (``engine=external``). The space: 10 concurrencies x 5 output lengths = 50 configurations;
 the objective: maximize ``goodput`` (requests per second meeting TTFT <= 100 ms). Goodput
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.fake_openai_server import FakeServerProcess
+from testkit.fake_openai_server import FakeServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = list(range(1, 11))

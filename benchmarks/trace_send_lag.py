@@ -25,7 +25,7 @@ from orchestrator.config.schema import TinyModelSpec
 from orchestrator.metrics.records import parquet_bytes_to_table, table_to_records
 from orchestrator.models.tiny import ensure_tiny_model
 from orchestrator.trial import run_trial
-from tests.conftest import compose_config
+from testkit.compose import compose_config
 
 SLICE = [
     "+experiment=prefix_caching",

@@ -1,7 +1,7 @@
 """``make gpu-check``: every GPU-side path that needs no engine and no network, checked on the
 GPU machine it runs on, in about a minute, ending in a PASS / FAIL / SKIP table.
 
-1. detection: the GPUs NVML reports, mapped to the GPU table (:mod:`orchestrator.models.hardware`);
+1. detection: the GPUs NVML reports, mapped to the GPU table (:mod:`orchestrator.perf.roofs`);
 2. calibration: this node's memory bandwidth and dense matmul rates, cached for the roofline;
 3. energy: the telemetry sampler's energy over a window of known matmul load against an
    independent 20 ms reader of the same NVML counter, and the power-integration estimate;
@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +50,7 @@ def _run(name: str, fn: Callable[[], tuple[str, str]], rows: list[Row]) -> None:
 
 
 def check_detection() -> tuple[str, str]:
-    from orchestrator.models.hardware import detect_gpus
+    from orchestrator.perf.roofs import detect_gpus
 
     gpus, why = detect_gpus()
     if not gpus:
@@ -62,8 +63,8 @@ def check_detection() -> tuple[str, str]:
 def check_calibration() -> tuple[str, str]:
     import torch
 
-    from orchestrator.models.gpus import GPUS
-    from orchestrator.models.hardware import calibrate, detect_gpus, measure_roofs
+    from orchestrator.perf.gpus import GPUS
+    from orchestrator.perf.roofs import calibrate, detect_gpus, measure_roofs
 
     if not torch.cuda.is_available():
         return "SKIP", f"torch {torch.__version__} sees no CUDA device"
@@ -115,26 +116,14 @@ def _nvml_reader(h: object, reads: list[tuple[float, ...]], stop: threading.Even
         time.sleep(0.02)
 
 
-def check_energy(load_s: float = 6.0, raw: Path | None = None) -> tuple[str, str]:
-    """The telemetry sampler's energy over three windows (a steady matmul load, the decay after
-    it, a 1.5 s burst) against the 20 ms reader, and the power-integration fallback beside it:
-    as a trial's fallback integrates NVML's readings (1 s averages, or instant readings) and as
-    trapezoids through them."""
+def _energy_windows(load_s: float) -> tuple[list[Any], list[tuple[float, ...]], list[float]]:
+    """The telemetry sampler's rows and the 20 ms reader's over three windows, with their edges:
+    a steady matmul load of ``load_s``, the decay after it, a 1.5 s burst."""
     import pynvml
-    import torch
 
     from orchestrator.metrics.probes import NvmlProbe, TelemetrySampler
-    from orchestrator.metrics.telemetry import (
-        Timeline,
-        energy_in_window,
-        integrate,
-        interp_at,
-        power_window,
-        series,
-    )
+    from orchestrator.metrics.telemetry import Timeline
 
-    if not torch.cuda.is_available():
-        return "SKIP", "no CUDA device"
     timeline = Timeline()
     sampler = TelemetrySampler([NvmlProbe(["0"])], timeline, interval_s=1.0, budget=0.05)
     pynvml.nvmlInit()
@@ -157,7 +146,21 @@ def check_energy(load_s: float = 6.0, raw: Path | None = None) -> tuple[str, str
     thread.join()
     sampler.stop()
     pynvml.nvmlShutdown()
-    rows = timeline.snapshot()
+    return timeline.snapshot(), reads, edges
+
+
+def check_energy(load_s: float = 6.0, raw: Path | None = None) -> tuple[str, str]:
+    """The telemetry sampler's energy over three windows (a steady matmul load, the decay after
+    it, a 1.5 s burst) against the 20 ms reader, and the power-integration fallback beside it:
+    as a trial's fallback integrates NVML's readings (1 s averages, or instant readings) and as
+    trapezoids through them."""
+    import torch
+
+    from orchestrator.metrics.telemetry import energy_in_window, integrate, interp_at, power_window, series
+
+    if not torch.cuda.is_available():
+        return "SKIP", "no CUDA device"
+    rows, reads, edges = _energy_windows(load_s)
     counter, power = series(rows, "gpu0", "energy_j"), series(rows, "gpu0", "power_w")
     window = power_window(rows, "gpu0")  # 0: NVML's power is an instant reading
     ts, vs = [r[0] for r in reads], [r[1] for r in reads]

@@ -5,17 +5,16 @@ what it lacks), and a test beside another (pytest-xdist's workers) must not meas
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from orchestrator.config.resolvers import register
+from testkit.compose import compose_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -93,26 +92,6 @@ def _measured(result_json: Path) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return any(M.FOREIGN_CPU_CORES in (p.get("metrics") or {}) for p in points if isinstance(p, dict))
-
-
-_COMPOSED: dict[tuple[str, ...], Any] = {}
-
-
-def compose_config(overrides: list[str] | None = None):
-    """The composed DictConfig of ``overrides``, as `python -m orchestrator` would see it.
-
-    Composing is pure in the overrides and conf/ (interpolations such as ``${oc.env:...}``
-    resolve when read, not here), and Hydra takes 0.3-0.5 s per compose where a copy takes
-    13 ms: each distinct list is composed once per test session, and every caller gets its own
-    deep copy to change as it likes."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    key = tuple(overrides or [])
-    if key not in _COMPOSED:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            _COMPOSED[key] = hydra_compose("config", overrides=list(key))
-    return copy.deepcopy(_COMPOSED[key])
 
 
 @pytest.fixture

@@ -243,7 +243,7 @@ class M:
     SLO_CAPACITY_CONCURRENCY: Final = "slo_capacity_concurrency"
 
 
-# Read at the probe that sets a capacity: ``slo_capacity_<metric>`` (trial.capacity).
+# Read at the probe that sets a capacity: ``slo_capacity_<metric>`` (trial.capacity_probes).
 AT_CAPACITY: Final = (
     M.COST_PER_MTOK_OUTPUT,
     M.COST_PER_MTOK_TOTAL,
@@ -302,7 +302,7 @@ KNOB_SECTIONS: Final = ("engine", "model", "workload", "platform", "eval", "prof
 
 
 def is_knob(name: str) -> bool:
-    """Whether the objective would read ``name`` as a knob (``orchestrator.objective.value_of``)."""
+    """Whether the objective would read ``name`` as a knob (``orchestrator.decide.objective.value_of``)."""
     return "." in name and "/" not in name and name.split(".", 1)[0] in KNOB_SECTIONS
 
 

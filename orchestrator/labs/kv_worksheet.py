@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.labs.roofline import load_arch
-from orchestrator.models.capacity import GIB, kv_capacity
-from orchestrator.models.gpus import GPUS, gpu_spec
+from orchestrator.labs.roofline_worksheet import load_arch
+from orchestrator.perf.gpus import GPUS, gpu_spec
+from orchestrator.perf.kv import GIB, kv_capacity
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,7 +5,7 @@ requests are resampled with replacement (a whole request at a time, its inter-to
 it, so the gaps of one request stay together), the statistic is recomputed on each resample,
 and the 2.5th and 97.5th percentiles of those are ``<key>_within95_low`` / ``_high``. It does
 not see what changes from one run to the next (a server's start, the machine's other work, the
-drawn requests): that is the interval between runs (:mod:`orchestrator.objective`), and the
+drawn requests): that is the interval between runs (:mod:`orchestrator.decide.objective`), and the
 only one a verdict may call the uncertainty of its answer.
 
 Statistics are read as the inverted empirical CDF of the resample (the smallest value with at

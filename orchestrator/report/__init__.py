@@ -3,8 +3,9 @@
 python -m orchestrator.report experiment=chunked_prefill      # latest sweep, from MLflow
 """
 
+from orchestrator.decide.trials import SweepData, TrialData
 from orchestrator.report.build import best_configuration, build_report, summary_markdown
-from orchestrator.tracking.runs import SweepData, TrialData, from_mlflow, from_results
+from orchestrator.tracking.runs import from_mlflow, from_results
 
 __all__ = [
     "SweepData",

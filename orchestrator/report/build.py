@@ -12,13 +12,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.config.metric_keys import M
-from orchestrator.objective import value_of
+from orchestrator.decide.knobs import knob_effects
+from orchestrator.decide.objective import value_of
+from orchestrator.decide.trials import Point, SweepData, TrialData
+from orchestrator.decide.verdict import decide
 from orchestrator.report import expectations
 from orchestrator.report.explain import limits_section, why_winner
 from orchestrator.report.figures import frontier, generic
 from orchestrator.report.plots import LAB_PLOTS
-from orchestrator.report.verdict import decide, knob_effects
-from orchestrator.tracking.runs import EXPECT_FILE, Point, SweepData, TrialData
+from orchestrator.tracking.runs import EXPECT_FILE
 
 log = logging.getLogger(__name__)
 

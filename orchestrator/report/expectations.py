@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ExpectationSpec
-from orchestrator.objective import fixed_points, fmt, read_at, value_of
-from orchestrator.tracking.runs import Point, TrialData
+from orchestrator.decide.objective import fixed_points, fmt, read_at, value_of
+from orchestrator.decide.trials import Point, TrialData
 
 OBSERVED, NOT_OBSERVED, UNMEASURABLE = "observed", "not observed", "not measurable here"
 

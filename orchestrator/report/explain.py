@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.objective import fixed_points, short
-from orchestrator.objective.race import OPEN, TIED, WIN
-from orchestrator.tracking.runs import Point, TrialData
+from orchestrator.decide.objective import fixed_points, short
+from orchestrator.decide.race import OPEN, TIED, WIN
+from orchestrator.decide.trials import Point, TrialData
 
 
 def _cause(key: str) -> str:

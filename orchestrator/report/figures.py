@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.metric_keys import M
-from orchestrator.objective import Value, between_runs, read_at
-from orchestrator.tracking.runs import Point, SweepData, TrialData
+from orchestrator.decide.objective import Value, between_runs, read_at
+from orchestrator.decide.trials import Point, SweepData, TrialData
 
 
 def pyplot() -> Any:

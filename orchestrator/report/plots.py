@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.config.metric_keys import M
+from orchestrator.decide.trials import Point, SweepData, TrialData
 from orchestrator.report.figures import (
     by_param,
     draw,
@@ -27,7 +28,6 @@ from orchestrator.report.figures import (
     raced,
     save_figure,
 )
-from orchestrator.tracking.runs import Point, SweepData, TrialData
 
 Builder = Callable[[SweepData, Path], list[Path]]
 

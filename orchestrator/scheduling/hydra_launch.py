@@ -132,7 +132,7 @@ def trial_outcomes(jobs: list[Any], results: list[Any]) -> list[dict[str, Any]]:
     declares an objective, ``values`` ({metric: value} of the objective and its frontier's
     metrics) and ``feasible`` (its constraints hold; ``why`` not). A trial FINISHED in an
     earlier sweep (resume) is read back from MLflow: a search is told its numbers again."""
-    from orchestrator.objective import constraints_hold, value_of
+    from orchestrator.decide.objective import constraints_hold, value_of
     from orchestrator.tracking.runs import finished_trial_data, from_results
 
     settings = jobs[0].settings if jobs else None

@@ -122,7 +122,7 @@ def _input_file_problems(jobs: list[TrialJob]) -> list[str]:
 def _gpu_problems(jobs: list[TrialJob]) -> list[str]:
     """A configured platform.gpu_name that is not this node's GPU: an error before anything
     starts (``gpu_name_check: warn``: said once, and planned as configured)."""
-    from orchestrator.feasibility import gpu_mismatch
+    from orchestrator.perf.gpus import gpu_mismatch
 
     problems: list[str] = []
     said: set[str] = set()

@@ -15,7 +15,8 @@ from typing import Any
 from orchestrator.config.logs import Progress, print_progress
 from orchestrator.config.schema import LaunchedEngineSpec
 from orchestrator.config.secrets import redact_override, redact_text
-from orchestrator.feasibility import estimate_seconds, gpu_memory_gb
+from orchestrator.feasibility import estimate_seconds
+from orchestrator.perf.gpus import gpu_memory_gb
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.tracking import MlflowTracker, server_answers, sqlite_file
 
@@ -81,7 +82,7 @@ def cluster_gpus(job: TrialJob) -> tuple[int | None, str]:
     if known == 0:
         return 0, "the CPU platform"
     if job.settings.cluster.address is None:
-        from orchestrator.models.hardware import detect_gpus
+        from orchestrator.perf.roofs import detect_gpus
 
         found, trouble = detect_gpus()
         if found:

@@ -26,7 +26,6 @@ from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling import outcome
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.preview import dry_run, share_key
-from orchestrator.scheduling.race import races, repeat_job, run_race
 from orchestrator.scheduling.ray_exec import (
     RayContext,
     cluster_gpus,
@@ -36,6 +35,7 @@ from orchestrator.scheduling.ray_exec import (
     run_jobs,
 )
 from orchestrator.scheduling.recorder import Recorder, log_partial_results, trial_dir
+from orchestrator.scheduling.rounds import races, repeat_job, run_race
 from orchestrator.scheduling.sweep_report import report_sweep, status_table
 from orchestrator.tracking import MlflowTracker, ui_command
 
@@ -72,7 +72,7 @@ def run_sweep(
 
     ``continuing``: a later batch of the same Hydra multirun (a search's next trials): its
     trials join the batch before's MLflow parent run instead of starting a new one. ``race``:
-    after the first pass, the objective's race (``scheduling.race``; off for a search's batches).
+    after the first pass, the objective's race (``scheduling.rounds``; off for a search's batches).
 
     The steps: :class:`_SweepStart` (MLflow in its own thread while Ray starts or connects; on
     resume, the trials FINISHED already left out), :func:`_run_recorded` (the trials, each

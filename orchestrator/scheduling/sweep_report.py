@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.logs import Progress
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
+from orchestrator.decide.race import OPEN
 from orchestrator.metrics.result import TrialResult
-from orchestrator.objective.race import OPEN
 from orchestrator.scheduling import outcome
 from orchestrator.tracking import MlflowTracker
 
 if TYPE_CHECKING:
-    from orchestrator.report.verdict import Verdict
-    from orchestrator.tracking.runs import SweepData
+    from orchestrator.decide.trials import SweepData
+    from orchestrator.decide.verdict import Verdict
 
 
 def point_summary(result: TrialResult) -> str:
@@ -124,7 +124,7 @@ def _log_between_runs(
 ) -> None:
     """On each raced trial's run: the objective's mean over its runs, how many, and the 95%
     t-interval between them (``<key>_ci95_low`` / ``_high``)."""
-    from orchestrator.objective import value_of
+    from orchestrator.decide.objective import value_of
 
     for t in trials:
         v = value_of(t, objective.key, objective.at)
@@ -141,8 +141,8 @@ def _log_between_runs(
 def _say_verdict(data: SweepData, objective: ObjectiveSpec | None, progress: Progress) -> Verdict | None:
     """The objective's verdict on the console, and why its winner won; without an objective, the
     report's fallback (the best configuration) said here too."""
+    from orchestrator.decide.verdict import decide
     from orchestrator.report.build import best_configuration
-    from orchestrator.report.verdict import decide
 
     verdict = decide(data.finished, objective) if objective is not None else None
     if verdict is not None and objective is not None:

@@ -14,12 +14,13 @@ from orchestrator.config.schema import TrialSpec
 from orchestrator.config.secrets import redact_mapping, redact_override
 from orchestrator.engines import adapter_for, envs
 from orchestrator.evaluation import task_problem
-from orchestrator.feasibility import assess, describe, gpu_mismatch
+from orchestrator.feasibility import assess, describe
 from orchestrator.loadgen.datasets import load_sharegpt
 from orchestrator.loadgen.traces import read_trace, replay_slice
 from orchestrator.metrics.probes import visible_devices
 from orchestrator.metrics.result import TrialResult
 from orchestrator.models import check_hub_tokenizer, resolve_model
+from orchestrator.perf.gpus import gpu_mismatch
 from orchestrator.trial.servers import planned_launches
 
 

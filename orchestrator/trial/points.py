@@ -14,7 +14,6 @@ from orchestrator.config.logs import Progress
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import LoadPointSpec, TrialSpec
 from orchestrator.engines import EngineAdapter, EngineMetric
-from orchestrator.feasibility import floor_metrics
 from orchestrator.loadgen.traces import read_trace
 from orchestrator.metrics import prometheus, telemetry
 from orchestrator.metrics.diagnosis import engine_batch
@@ -32,6 +31,7 @@ from orchestrator.metrics.summary import (
 )
 from orchestrator.metrics.telemetry import Timeline
 from orchestrator.metrics.within_run import within_run
+from orchestrator.perf.floors import floor_metrics
 from orchestrator.trial.diagnose import STALLS_KEPT, Census, foreign_bound, point_diagnosis
 from orchestrator.trial.profile import ProfileWindow
 from orchestrator.trial.servers import ServerGroup

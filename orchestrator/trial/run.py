@@ -27,17 +27,17 @@ from orchestrator.config.secrets import hide, redact_mapping, redact_override, s
 from orchestrator.engines import ServerLaunch, adapter_for
 from orchestrator.evaluation import run_eval
 from orchestrator.evaluation.adapters import score_adapters
-from orchestrator.feasibility import roofs_used, trial_decode_floor
 from orchestrator.loadgen import Endpoint, LoadSession, PromptFactory
 from orchestrator.loadgen.preflight import preflight
 from orchestrator.loadgen.prompts import prompt_factory
-from orchestrator.metrics import hardware
+from orchestrator.metrics import host
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, save_result
 from orchestrator.metrics.summary import adapter_key
 from orchestrator.metrics.telemetry import Timeline
 from orchestrator.models import resolve_adapters, resolve_model, resolve_tokenizer
-from orchestrator.trial.capacity import CapacityProbes, unmeasured
+from orchestrator.perf.floors import roofs_used, trial_decode_floor
+from orchestrator.trial.capacity_probes import CapacityProbes, unmeasured
 from orchestrator.trial.plan import check_feasible, client_cores
 from orchestrator.trial.points import PointMeasurer, trial_metrics
 from orchestrator.trial.profile import collect_traces
@@ -136,7 +136,7 @@ class TrialRun:
             overrides=[redact_override(o) for o in overrides],
             spec=redact_mapping(spec.model_dump(mode="json")),
             started_at=time.time(),
-            hardware={**hardware.describe(gpu_ids), "gpu_ids": gpu_ids},
+            hardware={**host.describe(gpu_ids), "gpu_ids": gpu_ids},
             engine_version=self.adapter.version(spec),
             repeat_of=first_run_hash(spec),
         )

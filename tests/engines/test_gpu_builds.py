@@ -16,7 +16,8 @@ from orchestrator.engines import adapter_for, envs
 from orchestrator.engines import vllm as vllm_adapter
 from orchestrator.engines.verify import Check, checks_for, run_checks
 from orchestrator.models import resolve_adapters
-from tests.conftest import CONF, ROOT, compose_config
+from testkit.compose import compose_config
+from tests.conftest import CONF, ROOT
 
 pytestmark = pytest.mark.engines
 

@@ -105,7 +105,7 @@ def _quantized(tmp_path):
 
     from orchestrator.config.schema import TinyModelSpec
     from orchestrator.models.tiny import ensure_tiny_model
-    from tests.conftest import compose_config
+    from testkit.compose import compose_config
 
     adder = OmegaConf.to_container(compose_config(["model=tiny_adder"]).model.tiny)  # the shipped adder's spec
     for q, fmt in (("w8a8", "int-quantized"), ("w4a16", "pack-quantized")):

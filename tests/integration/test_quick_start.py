@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from testkit.fake_openai_server import FakeOpenAIServer, Script
 from tests.conftest import search_runs
-from tests.fake_openai_server import FakeOpenAIServer, Script
 
 pytestmark = pytest.mark.measures
 

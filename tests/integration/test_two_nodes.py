@@ -130,7 +130,7 @@ def test_a_point_is_sent_from_two_nodes_on_one_clock(two_nodes, tiny_model_dir, 
     from orchestrator.config.schema import WorkloadSpec
     from orchestrator.loadgen import Endpoint, run_each
     from orchestrator.loadgen.prompts import prompt_factory
-    from tests.fake_openai_server import IsolatedFakeServer, Script
+    from testkit.fake_openai_server import IsolatedFakeServer, Script
 
     w = WorkloadSpec.model_validate(
         {
@@ -168,7 +168,7 @@ def test_shards_of_a_closed_loop_that_outruns_its_plan_get_more_requests(two_nod
     from orchestrator.config.schema import WorkloadSpec
     from orchestrator.loadgen import Endpoint, run_each
     from orchestrator.loadgen.prompts import prompt_factory
-    from tests.fake_openai_server import IsolatedFakeServer, Script
+    from testkit.fake_openai_server import IsolatedFakeServer, Script
 
     w = WorkloadSpec.model_validate(
         {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.loadgen.capacity import CapacitySearch, Judgement, judge
+from orchestrator.decide.capacity import CapacitySearch, Judgement, judge
 
 
 def curve(capacity: float):
@@ -192,7 +192,7 @@ def test_a_probe_whose_interval_holds_the_limit_runs_again_then_decides_on_all_i
     import numpy as np
 
     from orchestrator.config.schema import CapacitySpec
-    from orchestrator.trial.capacity import CapacityProbes
+    from orchestrator.trial.capacity_probes import CapacityProbes
 
     rng = np.random.default_rng(0)
     said: list[str] = []
@@ -221,9 +221,9 @@ def test_a_goodput_share_too_close_to_its_floor_runs_again_and_is_judged_on_all_
     """min_goodput_fraction is judged like a latency SLO: a 95% interval (Wilson) of the share of
     requests that met the SLOs, over the probe's requests; one holding the floor is indeterminate."""
     from orchestrator.config.schema import CapacitySpec
-    from orchestrator.loadgen.capacity import share_interval
+    from orchestrator.decide.capacity import share_interval
     from orchestrator.metrics.result import PointResult
-    from orchestrator.trial.capacity import CapacityProbes
+    from orchestrator.trial.capacity_probes import CapacityProbes
 
     lo, hi = share_interval(36, 40) or (0.0, 0.0)
     assert 0.76 < lo < 0.77 and 0.96 < hi < 0.97  # Wilson, 95%: 0.9 of 40 requests
@@ -264,7 +264,7 @@ def test_a_goodput_share_too_close_to_its_floor_runs_again_and_is_judged_on_all_
 
 def test_an_invalid_probe_stops_the_search_in_the_points_own_reasons():
     from orchestrator.config.schema import CapacitySpec
-    from orchestrator.trial.capacity import CapacityProbes
+    from orchestrator.trial.capacity_probes import CapacityProbes
 
     said: list[str] = []
     cap = CapacitySpec(knob="concurrency", slo={"ttft_ms_p50": 100.0}, start=2, high=8)

@@ -14,7 +14,7 @@ from orchestrator.loadgen.sizing import (
     planned_chunk_rate,
     size_clients,
 )
-from tests.fake_openai_server import IsolatedFakeServer, Script
+from testkit.fake_openai_server import IsolatedFakeServer, Script
 
 pytestmark = pytest.mark.measures
 

@@ -1,4 +1,8 @@
-"""Rules of the code's layout that import-linter does not check (it checks layers and cycles)."""
+"""Rules of the code's layout that import-linter does not check (it checks layers and cycles):
+no module imports another's private names; the limits docs/architecture.md states: no module of
+the product over 400 lines, no function over 60; and the benchmarks import nothing from the
+tests (what both use lives in ``testkit/`` or in the product). Each failure names the file and
+what to do."""
 
 from __future__ import annotations
 
@@ -6,19 +10,25 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ROOT / "orchestrator"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
 PACKAGES = ("orchestrator", "hydra_plugins")
 
 
-def _modules():
-    for package in PACKAGES:
-        yield from sorted((ROOT / package).rglob("*.py"))
+def _modules(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
 
 
 def test_no_module_imports_another_modules_private_names():
     """``from orchestrator.x import _name`` reaches into x's insides (fleet used runner's
     ``_loop_factory``): what another module needs is public."""
     found = []
-    for path in _modules():
+    for path in [p for package in PACKAGES for p in _modules(ROOT / package)]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
                 found += [
@@ -27,3 +37,48 @@ def test_no_module_imports_another_modules_private_names():
                     if a.name.startswith("_") and not a.name.startswith("__")
                 ]
     assert found == []
+
+
+def test_no_module_of_the_product_is_over_400_lines():
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in _modules(PRODUCT) if (n := _lines(p)) > MAX_MODULE_LINES]
+    assert not long, f"over {MAX_MODULE_LINES} lines (split by concept, a sibling module per idea): {long}"
+
+
+def test_no_function_of_the_product_is_over_60_lines():
+    long = []
+    for path in _modules(PRODUCT):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
+    assert not long, f"over {MAX_FUNCTION_LINES} lines (extract its steps): {long}"
+
+
+def _imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_the_benchmarks_import_nothing_from_the_tests():
+    reach = {
+        str(p.relative_to(ROOT)): sorted(m for m in _imported(p) if m == "tests" or m.startswith("tests."))
+        for p in _modules(ROOT / "benchmarks")
+    }
+    reach = {k: v for k, v in reach.items() if v}
+    assert not reach, f"benchmarks importing tests (move what both use to testkit/): {reach}"
+
+
+def test_the_limits_see_what_they_claim_to():
+    """The checks above read every module: a long function and an import from tests are found."""
+    source = "def f():\n" + "    x = 1\n" * 70 + "\nfrom tests.conftest import ROOT\n"
+    tree = ast.parse(source)
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    assert (fn.end_lineno or 0) - fn.lineno + 1 == 71
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "tests.conftest" for n in ast.walk(tree))
+    assert len(_modules(PRODUCT)) > 100 and any(p.name == "verdict.py" for p in _modules(PRODUCT))

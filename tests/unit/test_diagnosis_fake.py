@@ -10,8 +10,8 @@ import pytest
 from orchestrator.config import to_specs
 from orchestrator.metrics.result import load_result
 from orchestrator.trial import run_trial
-from tests.fake_engine_model import EngineScript
-from tests.fake_openai_server import IsolatedFakeServer, Script
+from testkit.fake_engine_model import EngineScript
+from testkit.fake_openai_server import IsolatedFakeServer, Script
 
 pytestmark = pytest.mark.measures
 

@@ -24,7 +24,7 @@ from orchestrator.metrics.fidelity import (
 from orchestrator.metrics.prometheus import histogram_quantile, server_latency
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.trial import run_trial
-from tests.fake_openai_server import FakeOpenAIServer, Script
+from testkit.fake_openai_server import FakeOpenAIServer, Script
 
 pytestmark = pytest.mark.measures
 

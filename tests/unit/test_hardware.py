@@ -8,8 +8,10 @@ import pytest
 
 from orchestrator import feasibility, gpu_check
 from orchestrator.config import ConfigError, to_specs
-from orchestrator.models import hardware
-from orchestrator.models.hardware import DetectedGPU, Roofs, cached_roofs, calibrate, measure_roofs, table_name
+from orchestrator.perf import floors, gpus
+from orchestrator.perf import roofs as roofs_mod
+from orchestrator.perf.gpus import DetectedGPU, table_name
+from orchestrator.perf.roofs import Roofs, cached_roofs, calibrate, measure_roofs
 from orchestrator.trial import machine
 
 
@@ -37,8 +39,8 @@ H100 = DetectedGPU(0, "NVIDIA H100 80GB HBM3", "GPU-1234", 85.5, "9.0", "580.159
 
 @pytest.fixture
 def on_an_h100(monkeypatch, tmp_path):
-    monkeypatch.setattr(feasibility, "node_gpus", lambda devices=None: ((H100,), None))
-    monkeypatch.setattr(hardware, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(gpus, "node_gpus", lambda devices=None: ((H100,), None))
+    monkeypatch.setattr(roofs_mod, "CACHE_DIR", tmp_path)
     return tmp_path
 
 
@@ -49,23 +51,23 @@ def test_a_configured_gpu_that_is_not_the_nodes_is_an_error_before_anything_star
     with pytest.raises(ConfigError, match=r"platform.gpu_name is A100-80GB but GPU 0 here is NVIDIA H100 80GB HBM3"):
         prepare_jobs([(over, compose(over))])
     jobs = prepare_jobs([(over, compose([*over, "platform.gpu_name_check=warn"]))])  # planned as configured
-    assert feasibility.gpu_model(jobs[0].spec).name == "A100-80GB"
+    assert gpus.gpu_model(jobs[0].spec).name == "A100-80GB"
 
 
 def test_auto_plans_for_the_detected_gpu_and_its_calibrated_roofs(compose, on_an_h100):
     spec, _ = to_specs(compose(["platform=gpu"]))
     assert spec.platform.gpu_name == "auto"
-    model = feasibility.gpu_model(spec)
+    model = gpus.gpu_model(spec)
     assert (model.name, model.memory_gb) == ("H100-SXM-80GB", 85.5) and "detected here" in model.source
-    roof = feasibility.roofs_used(spec)
+    roof = floors.roofs_used(spec)
     assert (roof.bandwidth_gb_s, roof.peak_tflops) == (3350, 989) and roof.source.startswith("GPU table")
     measured = Roofs("H100-SXM-80GB", 3023.0, 795.0, 1500.0, 0.0, "a test")
     calibrate("H100-SXM-80GB", lambda: measured)
-    roof = feasibility.roofs_used(spec)
+    roof = floors.roofs_used(spec)
     assert (roof.bandwidth_gb_s, roof.peak_tflops) == (3023.0, 795.0)
     assert roof.source.startswith("measured on this node") and "table: 3350 GB/s" in roof.source
     table, _ = to_specs(compose(["platform=gpu", "platform.roofs=table"]))
-    assert feasibility.roofs_used(table).bandwidth_gb_s == 3350
+    assert floors.roofs_used(table).bandwidth_gb_s == 3350
     plan = feasibility.describe(spec)
     assert plan["gpu_model"] == "H100-SXM-80GB" and plan["roofs"].startswith("3023 GB/s, 795 TFLOP/s: measured")
 
@@ -85,11 +87,11 @@ def test_the_dry_run_names_the_detected_gpu_and_the_roofs_it_will_use(compose, o
 
 
 def test_no_gpu_here_plans_for_the_courses_gpu_and_says_so(compose, monkeypatch):
-    monkeypatch.setattr(feasibility, "node_gpus", lambda devices=None: ((), "no GPU detected: NVML unavailable"))
+    monkeypatch.setattr(gpus, "node_gpus", lambda devices=None: ((), "no GPU detected: NVML unavailable"))
     spec, _ = to_specs(compose(["platform=gpu"]))
-    model = feasibility.gpu_model(spec)
+    model = gpus.gpu_model(spec)
     assert model.name == "A100-80GB" and model.source == "no GPU detected: NVML unavailable; planned for A100-80GB"
-    assert feasibility.gpu_mismatch(spec) is None
+    assert gpus.gpu_mismatch(spec) is None
 
 
 def test_roofs_are_measured_with_torch_and_cached_per_node(tmp_path):
@@ -131,7 +133,7 @@ def test_the_gpu_check_ends_in_a_table_whatever_a_check_does(monkeypatch, capsys
 
 def test_a_gpu_trial_whose_gpu_names_cannot_be_read_is_not_called_a_cpu_host(monkeypatch):
     """The MLflow 'hardware' tag of a GPU trial read 'cpu:...' when NVML failed to name its GPUs."""
-    from orchestrator.metrics import hardware as host
+    from orchestrator.metrics import host as host
 
     monkeypatch.setattr(host, "gpu_names", lambda indices: [])
     assert host.describe([0, 1])["summary"] == "2x GPU (name unreadable: NVML failed)"

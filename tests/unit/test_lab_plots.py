@@ -8,9 +8,9 @@ import math
 
 import pytest
 
+from orchestrator.decide.trials import Point, SweepData, TrialData
 from orchestrator.report import plots
 from orchestrator.report.plots import LAB_PLOTS
-from orchestrator.tracking.runs import Point, SweepData, TrialData
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config.schema import ModelArch
-from orchestrator.models.capacity import kv_bytes_per_token, kv_capacity
-from orchestrator.models.roofline import decode_floor
+from orchestrator.perf.kv import kv_bytes_per_token, kv_capacity
+from orchestrator.perf.roofline import decode_floor
 
 LLAMA_8B = ModelArch(num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, params_b=8.03)
 
@@ -32,16 +32,16 @@ def test_decode_floor_is_memory_bound_at_batch_1():
 
 
 def test_roofline_and_worksheet_cli(capsys):
-    from orchestrator.labs import kv_worksheet, roofline
+    from orchestrator.labs import kv_worksheet, roofline_worksheet
 
-    roofline.main(["--batch", "1", "256"])
+    roofline_worksheet.main(["--batch", "1", "256"])
     out = capsys.readouterr().out
     assert "memory" in out and "ridge 153 FLOP/byte" in out
     kv_worksheet.main(["--gpu", "L4-24GB", "--max-model-len", "131072"])
     out = capsys.readouterr().out
     assert "128 KiB" in out and "NO:" in out
     with pytest.raises(SystemExit):
-        roofline.main(["--model", "nope"])
+        roofline_worksheet.main(["--model", "nope"])
 
 
 def test_static_baseline_times_every_token(tiny_model_dir):

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen import Endpoint, PromptFactory, run_each, run_points
 from orchestrator.metrics.summary import latency_of, summarize_point
-from tests.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
+from testkit.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
 
 pytestmark = pytest.mark.measures
 

@@ -37,8 +37,8 @@ NOT_METRICS = {
     "config/schema/workload.py": {"input_tokens", "output_tokens", "trace_block_tokens"},  # config fields
     "loadgen/datasets.py": {"input_tokens", "output_tokens"},  # a trace file's columns
     "metrics/records.py": {"output_tokens"},  # a record's column
-    "loadgen/capacity.py": {"invalid"},  # a probe's verdict
-    "trial/capacity.py": {"invalid"},  # a probe's verdict
+    "decide/capacity.py": {"invalid"},  # a probe's verdict
+    "trial/capacity_probes.py": {"invalid"},  # a probe's verdict
     "trial/plan.py": {"client_processes"},  # the trial plan's field
     "scheduling/preview.py": {"server_starts"},  # the preview's count
     "metrics/probes.py": {"energy_j"},  # a telemetry row's name

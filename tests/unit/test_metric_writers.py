@@ -12,13 +12,13 @@ from orchestrator.config import to_specs
 from orchestrator.config.metric_keys import M, is_known
 from orchestrator.config.schema import CapacitySpec, SLOSpec
 from orchestrator.engines import sglang, vllm
-from orchestrator.feasibility import floor_metrics
 from orchestrator.metrics.diagnosis import PointEvidence, diagnose
 from orchestrator.metrics.fidelity import judge_point
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.result import PointResult
 from orchestrator.metrics.summary import summarize_by_class, summarize_point, summarize_repeats
 from orchestrator.metrics.telemetry import hardware_metrics
+from orchestrator.perf.floors import floor_metrics
 from orchestrator.trial import RawPoint, point_metrics
 from orchestrator.trial.points import trial_metrics
 
@@ -157,7 +157,7 @@ def test_repeats_multi_turn_and_slo_summaries_are_known():
 
 
 def test_a_capacity_search_and_the_trials_own_numbers_are_known():
-    from orchestrator.trial.capacity import CapacityProbes
+    from orchestrator.trial.capacity_probes import CapacityProbes
 
     cap = CapacitySpec(slo={"ttft_ms_p99": 100.0}, start=2.0, max_probes=2)
     probes = CapacityProbes(cap, ["main"], lambda _: None)
@@ -193,7 +193,7 @@ def test_the_clients_stats_are_known(tiny_model_dir):
     from orchestrator.loadgen import Endpoint, LoadSession, PromptFactory
     from orchestrator.loadgen.shares import clock_stats
     from orchestrator.loadgen.sizing import ClientSizing
-    from tests.fake_openai_server import FakeOpenAIServer, Script
+    from testkit.fake_openai_server import FakeOpenAIServer, Script
 
     w = WorkloadSpec.model_validate(
         {

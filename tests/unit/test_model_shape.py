@@ -10,8 +10,8 @@ import pytest
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ModelArch, ModelSpec
-from orchestrator.models.capacity import arch_of, kv_bytes_per_token
 from orchestrator.models.shape import KNOWN, arch_from_config, weight_bytes
+from orchestrator.perf.kv import arch_of, kv_bytes_per_token
 from tests.conftest import ROOT
 
 # The published config.json values of these models (the fields the shape needs).

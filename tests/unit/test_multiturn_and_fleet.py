@@ -11,7 +11,7 @@ from orchestrator.loadgen import Endpoint, PromptFactory, run_each, run_points
 from orchestrator.loadgen.plan import RequestPlanner, plan_point
 from orchestrator.metrics.records import records_to_table, table_to_records
 from orchestrator.metrics.summary import summarize_point
-from tests.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
+from testkit.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
 
 pytestmark = pytest.mark.measures
 

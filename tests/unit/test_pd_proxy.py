@@ -14,7 +14,7 @@ from orchestrator.config.schema import WorkloadSpec
 from orchestrator.engines.pd_proxy import PDProxy, decode_request, prefill_request
 from orchestrator.engines.ports import free_port
 from orchestrator.loadgen import Endpoint, PromptFactory, run_points
-from tests.fake_openai_server import FakeOpenAIServer, Script
+from testkit.fake_openai_server import FakeOpenAIServer, Script
 
 pytestmark = pytest.mark.measures
 

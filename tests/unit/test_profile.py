@@ -14,10 +14,10 @@ from orchestrator.config import to_specs
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.hashing import trial_hash
 from orchestrator.config.schema import ObjectiveSpec, ProfileSpec
+from orchestrator.decide.trials import Point, TrialData
+from orchestrator.decide.verdict import decide
 from orchestrator.engines.base import Profiler
 from orchestrator.metrics.result import TrialResult, load_result, save_result
-from orchestrator.report.verdict import decide
-from orchestrator.tracking.runs import Point, TrialData
 from orchestrator.trial.points import PointMeasurer
 from orchestrator.trial.profile import ProfileWindow, collect_traces
 from orchestrator.trial.servers import server_key

@@ -1,83 +1,23 @@
-"""The race: between-run comparisons that say how sure the verdict is (objective.race), the
-rounds that repeat only the undecided trials (scheduling.race), and a sweep on the fake server
+"""The race: between-run comparisons that say how sure the verdict is (decide.race), the
+rounds that repeat only the undecided trials (scheduling.rounds), and a sweep on the fake server
 whose two identical configurations must never get a winner."""
 
 from __future__ import annotations
 
 import json
 import math
-import random
 import subprocess
-import sys
 
 import pytest
 
 from orchestrator.config.schema.trial import AUTO_MAX_RUNS
-from orchestrator.objective.race import (
-    BETTER,
-    OPEN,
-    TIE,
-    TIED,
-    WIN,
-    RaceState,
-    Schedule,
-    interim_looks,
-    look_share,
-    planned_runs,
-    race_state,
-    runs_needed,
-)
+from orchestrator.decide.looks import Schedule, interim_looks, look_share, runs_needed
+from orchestrator.decide.race import BETTER, OPEN, TIE, TIED, WIN, planned_runs, race_state
+from testkit.fake_openai_server import FakeOpenAIServer, Script
+from testkit.races import simulate, two_names_sweep
 from tests.conftest import ROOT, search_runs
-from tests.fake_openai_server import FakeOpenAIServer, Script
 
 pytestmark = pytest.mark.measures
-
-
-def simulate(
-    truth: dict[str, float],
-    cv: float,
-    seed: int,
-    max_repeats: int | str = 3,
-    margin: float = 0.1,
-    affordable: int = 99,
-    shared: float = 0.0,
-    runs_out: list[int] | None = None,
-) -> str:
-    """The race's procedure on a simulated machine (log-normal noise of ``cv`` each run, and of
-    ``shared`` each round, common to the trials of the round: its requests, its server start, the
-    machine's moment), round by round as scheduling.race runs it (its :class:`Schedule`): every
-    trial runs twice, then at each look the leader and the undecided go on, up to ``max_repeats``
-    runs (``auto``: as planned after the third run and at each later look, with ``affordable``
-    runs in the budget); the verdict's answer (and the runs made, into ``runs_out``)."""
-    rng = random.Random(seed)
-    runs: dict[str, dict[int, float]] = {k: {} for k in truth}
-    auto = max_repeats == "auto"
-    schedule = Schedule(AUTO_MAX_RUNS if auto else int(max_repeats), auto)
-
-    def play(names: list[str], r: int) -> None:
-        common = rng.gauss(0, shared)
-        for k in names:
-            runs[k][r] = truth[k] * math.exp(common + rng.gauss(0, cv))
-
-    def judge(final: bool | None = False) -> RaceState:
-        return race_state(runs, True, 0.95, margin, schedule.limit, final)
-
-    play(list(truth), 0)
-    names, r = list(truth), 1
-    while True:
-        play(names, r)
-        r += 1
-        if not (schedule.looks_at(r) or schedule.last(r)):
-            continue  # between looks the same trials run again (the race's standing is not read)
-        state = judge()
-        if schedule.plans_at(r):
-            schedule.replan(planned_runs(state, affordable, AUTO_MAX_RUNS))
-        if schedule.last(r) or state.answer != OPEN:
-            break
-        names = state.to_repeat()
-    if runs_out is not None:
-        runs_out.append(r)
-    return judge(None).answer
 
 
 def test_identical_configurations_never_get_a_winner():
@@ -213,28 +153,6 @@ def test_one_run_each_is_not_a_race_and_values_that_never_vary_are_exact():
     assert not state.comparisons[0].log_scale and state.leader == "b"
 
 
-def two_names_sweep(url: str, store: str, folder: str, objective: str, num_requests: int = 40) -> list[str]:
-    """The CLI of a sweep of two trials measured alike (a request's timeout of 300 or 301 s, which
-    no request comes near: the same requests, warm-up and server) against the (fake) server at
-    ``url``, racing with ``objective``. (Two empty variants are one trial: the sweep refuses them.
-    Warm-up 0 or 1 request, as before, differs in the client's first request.)"""
-    return [
-        sys.executable,
-        "-m",
-        "orchestrator",
-        "engine=external",
-        f"engine.url={url}",
-        "engine.metrics=none",
-        "workload.load_points=[{concurrency:4}]",
-        f"workload.num_requests={num_requests}",
-        "workload.request_timeout_s=300,301",
-        f"objective={objective}",
-        f"tracking.uri={store}",
-        f"hydra.sweep.dir={folder}",
-        "-m",
-    ]
-
-
 def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tmp_path):
     """Two trials measured alike (a timeout no request comes near) on a fake
     server whose every request's pace varies by ~10%: all run twice, then only while undecided;
@@ -285,8 +203,8 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     sweep = next(r for r in runs if r.data.tags.get("run_kind") == "sweep")
     assert sweep.data.tags["verdict_decision"] == "tie" and sweep.data.tags["verdict_confidence"] == "0.95"
     assert sweep.data.tags.get("race_planned_runs") == (None if early else str(planned))
+    from orchestrator.decide.verdict import decide
     from orchestrator.report import from_mlflow
-    from orchestrator.report.verdict import decide
 
     data = from_mlflow(store, "default")
     # the verdict needs no plan to spend its error as the race did: the objective as the user set it
@@ -336,7 +254,7 @@ def test_a_resumed_sweep_reads_its_race_back_from_mlflow_and_races_on(tmp_path):
 
 def _trial(name: str, budget: int, ttfts: list[float]):
     """A chunked-prefill trial whose runs measured these long-prompt TTFT p99s."""
-    from orchestrator.tracking.runs import Point, TrialData
+    from orchestrator.decide.trials import Point, TrialData
 
     def one(ttft: float, suffix: str = ""):
         point = Point(0, "c4", {"concurrency": 4}, {"long/ttft_ms_p99": ttft})
@@ -353,7 +271,7 @@ def test_a_knob_objective_is_sure_only_of_the_constraints():
     one run of two is uncertain, so the verdict is undecided; once it misses in every run, the
     next budget wins, having met the bound in all of its runs."""
     from orchestrator.config.schema import ObjectiveSpec
-    from orchestrator.report.verdict import decide
+    from orchestrator.decide.verdict import decide
 
     objective = ObjectiveSpec(minimize="engine.max_num_batched_tokens", subject_to={"long/ttft_ms_p99": 2000})
     small, mid = _trial("b256", 256, [1900.0, 2300.0]), _trial("b512", 512, [900.0, 1000.0])
@@ -385,9 +303,9 @@ def test_a_knob_race_runs_on_until_its_limits_hold_and_plans_the_runs_they_need(
     again, and the plan is the runs at which the limits would hold at the spread measured. With
     its runs far from the bound it is decided; between looks nothing is told."""
     from orchestrator.config.schema import ObjectiveSpec
-    from orchestrator.objective.race import planned_runs
-    from orchestrator.report.verdict import decide
-    from orchestrator.scheduling.race import _knob_standing
+    from orchestrator.decide.race import planned_runs
+    from orchestrator.decide.verdict import decide
+    from orchestrator.scheduling.rounds import _knob_standing
 
     objective = ObjectiveSpec(minimize="engine.max_num_batched_tokens", subject_to={"long/ttft_ms_p99": 2000})
     # after the first pass: the best and the better knob run again, not a worse knob (b1024)
@@ -424,7 +342,7 @@ def test_rounds_are_blocks_once_they_pay_and_then_the_comparison_is_the_paired_t
     import numpy as np
     from scipy import stats
 
-    from orchestrator.objective.race import blocked_fit
+    from orchestrator.decide.race import blocked_fit
 
     a = [100.0, 131.0, 92.0, 118.0, 104.0]
     b = [97.0, 126.0, 95.0, 112.0, 99.0]

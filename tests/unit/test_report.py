@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from orchestrator.decide.trials import Point, TrialData
 from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
 from orchestrator.metrics.result import PointResult, TrialResult
 from orchestrator.report import best_configuration, build_report, from_mlflow, from_results
 from orchestrator.report.figures import knee, pareto
-from orchestrator.tracking.runs import Point, TrialData
 
 
 def _result(variant, engine, points, metrics=None, records=b"", workload=None):
@@ -282,8 +282,8 @@ def _trial(name, budget, points, metrics=None):
 
 def test_verdict_smallest_budget_within_the_long_prompt_slo(tmp_path):
     from orchestrator.config.schema import ObjectiveSpec
-    from orchestrator.report.verdict import decide
-    from orchestrator.tracking.runs import SweepData
+    from orchestrator.decide.trials import SweepData
+    from orchestrator.decide.verdict import decide
 
     objective = ObjectiveSpec.model_validate(
         {
@@ -332,7 +332,7 @@ def test_verdict_smallest_budget_within_the_long_prompt_slo(tmp_path):
 
 def test_verdict_calls_overlapping_intervals_a_tie_and_checks_accuracy_against_the_baseline():
     from orchestrator.config.schema import ObjectiveSpec
-    from orchestrator.report.verdict import decide
+    from orchestrator.decide.verdict import decide
 
     objective = ObjectiveSpec.model_validate({"maximize": "slo_capacity_rps", "subject_to": {"accuracy": "base-0.01"}})
     trials = [
@@ -402,9 +402,9 @@ def test_the_labs_claims_are_checked_in_the_report_and_read_back_from_mlflow(chu
 def test_the_frontier_leaves_out_invalid_points_and_draws_intervals(tmp_path):
     """A value read at an INVALID point is drawn hollow and is not on the Pareto frontier; a
     race's interval between runs is drawn as error bars."""
-    from orchestrator.objective import Value
+    from orchestrator.decide.objective import Value
+    from orchestrator.decide.trials import SweepData
     from orchestrator.report.figures import frontier, frontier_set
-    from orchestrator.tracking.runs import SweepData
 
     good, bad, slow = Value(100.0, 5.0, "c4", 3), Value(50.0, None, "c4"), Value(300.0, None, "c4")
     pts = [(good, Value(200.0, 10.0, "c4", 3), "a", False), (bad, Value(400.0, None, "c4"), "b", True)]
@@ -422,7 +422,7 @@ def test_the_frontier_leaves_out_invalid_points_and_draws_intervals(tmp_path):
 
 def test_a_constraint_judged_at_an_invalid_point_is_flagged_whatever_the_objective():
     from orchestrator.config.schema import ObjectiveSpec
-    from orchestrator.report.verdict import decide
+    from orchestrator.decide.verdict import decide
 
     objective = ObjectiveSpec(minimize="engine.max_num_batched_tokens", subject_to={"long/ttft_ms_p99": 2000})
     ok = Point(0, "c4", {"concurrency": 4}, {"long/ttft_ms_p99": 900.0})
@@ -436,7 +436,7 @@ def test_a_value_read_at_an_invalid_point_of_a_later_run_is_flagged():
     """A race's later run whose point was INVALID (its client fell behind) is part of the value
     the verdict compares: the verdict says so, as for the first run."""
     from orchestrator.config.schema import ObjectiveSpec
-    from orchestrator.report.verdict import decide
+    from orchestrator.decide.verdict import decide
 
     objective = ObjectiveSpec(maximize="tokens_per_second")
     ok = Point(0, "c4", {"concurrency": 4}, {"tokens_per_second": 100.0})
@@ -449,9 +449,9 @@ def test_a_value_read_at_an_invalid_point_of_a_later_run_is_flagged():
 
 
 def test_the_chunked_prefill_plot_draws_the_race_between_runs(tmp_path):
+    from orchestrator.decide.trials import SweepData
     from orchestrator.report.figures import point_between_runs
     from orchestrator.report.plots import chunked_prefill
-    from orchestrator.tracking.runs import SweepData
 
     def run(name, itl):
         return _trial(name, 256, [Point(0, "c4", {"concurrency": 4}, {"short/itl_ms_p99": itl})])
@@ -471,9 +471,9 @@ def test_every_lab_plot_draws_a_races_intervals_between_runs(tmp_path, monkeypat
     import matplotlib.axes
     import matplotlib.figure
 
+    from orchestrator.decide.trials import SweepData
     from orchestrator.report.figures import generic
     from orchestrator.report.plots import LAB_PLOTS
-    from orchestrator.tracking.runs import SweepData
 
     def run(name, k, scale):
         params = {
@@ -536,7 +536,7 @@ def test_every_lab_plot_draws_a_races_intervals_between_runs(tmp_path, monkeypat
 
 def test_an_energy_verdict_says_which_energies_were_estimated_from_power():
     from orchestrator.config.schema import ObjectiveSpec
-    from orchestrator.report.verdict import decide
+    from orchestrator.decide.verdict import decide
 
     objective = ObjectiveSpec.model_validate({"minimize": "joules_per_output_token", "at": "p0"})
     counted = _point(0, {"concurrency": 4}, joules_per_output_token=0.5, energy_from_counter=1.0)

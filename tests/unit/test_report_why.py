@@ -7,9 +7,9 @@ import pytest
 
 from orchestrator.config import ConfigError, to_specs
 from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
+from orchestrator.decide.trials import Point, TrialData
 from orchestrator.report import expectations
 from orchestrator.report.explain import limits_section, why_winner
-from orchestrator.tracking.runs import Point, TrialData
 
 
 def diag(limiter, confidence="strong", detail="evidence"):
@@ -232,8 +232,8 @@ def test_a_small_step_back_is_a_tie_not_a_broken_trend():
 
 
 def test_a_section_set_in_one_trial_and_null_in_the_other_is_said_once():
+    from orchestrator.decide.trials import TrialData
     from orchestrator.report.explain import knob_changes
-    from orchestrator.tracking.runs import TrialData
 
     lora = TrialData(
         "a",

@@ -18,7 +18,7 @@ from orchestrator.config import to_specs
 from orchestrator.engines import free_port, server_for
 from orchestrator.engines.router import router_launch
 from orchestrator.trial.servers import server_env
-from tests.fake_openai_server import FakeOpenAIServer, Script
+from testkit.fake_openai_server import FakeOpenAIServer, Script
 
 GROUPS = {g: f"group {g}: " + " ".join(f"shared{g}-{i}" for i in range(200)) for g in "xyz"}
 

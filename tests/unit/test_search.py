@@ -8,8 +8,8 @@ import sys
 import optuna
 import pytest
 
+from testkit.fake_openai_server import FakeOpenAIServer, Script
 from tests.conftest import ROOT
-from tests.fake_openai_server import FakeOpenAIServer, Script
 
 pytestmark = pytest.mark.measures
 

@@ -207,7 +207,7 @@ def test_a_bailian_replay_sends_every_follower_after_its_parents_reply_with_that
     from orchestrator.config.schema import WorkloadSpec
     from orchestrator.loadgen import Endpoint, PromptFactory, run_each
     from orchestrator.metrics.summary import summarize_point
-    from tests.fake_openai_server import FakeOpenAIServer, Script
+    from testkit.fake_openai_server import FakeOpenAIServer, Script
 
     w = WorkloadSpec.model_validate(
         {

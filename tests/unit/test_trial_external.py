@@ -7,7 +7,7 @@ import pytest
 from orchestrator.config import ConfigError, to_specs
 from orchestrator.metrics.result import load_result
 from orchestrator.trial import run_trial
-from tests.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
+from testkit.fake_openai_server import FakeOpenAIServer, IsolatedFakeServer, Script
 
 pytestmark = pytest.mark.measures
 

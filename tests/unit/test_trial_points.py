@@ -12,7 +12,7 @@ from orchestrator.metrics import prometheus
 from orchestrator.metrics.fidelity import judge_point
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.trial import RawPoint, point_metrics
-from tests.fake_openai_server import FakeOpenAIServer, Script
+from testkit.fake_openai_server import FakeOpenAIServer, Script
 from tests.unit.test_fidelity import VLLM_PAGE
 
 pytestmark = pytest.mark.measures

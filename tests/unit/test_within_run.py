@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from orchestrator.decide.trials import Point, TrialData
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.summary import summarize_point
 from orchestrator.metrics.within_run import LEAST, within_run
-from orchestrator.tracking.runs import Point, TrialData
 
 RNG = np.random.default_rng(7)
 
@@ -79,7 +79,7 @@ def test_a_class_alone_and_too_few_requests_give_no_interval():
 
 def test_a_verdict_from_one_run_each_says_its_interval_is_within_that_run():
     from orchestrator.config.schema import ObjectiveSpec
-    from orchestrator.report.verdict import decide
+    from orchestrator.decide.verdict import decide
 
     def trial(name, p99, lo, hi):
         metrics = {"ttft_ms_p99": p99, "ttft_ms_p99_within95_low": lo, "ttft_ms_p99_within95_high": hi}

@@ -92,7 +92,7 @@ class PlatformSpec(StrictModel):
     )
     gpu_name: str | None = Field(
         default=None,
-        description="auto: the GPU NVML reports on this node, mapped to orchestrator/models/gpus.py; else a key "
+        description="auto: the GPU NVML reports on this node, mapped to orchestrator/perf/gpus.py; else a key "
         "of that table (e.g. A100-80GB), checked against the node's GPU when it has one",
     )
     gpu_name_check: Literal["error", "warn"] = Field(
@@ -102,7 +102,7 @@ class PlatformSpec(StrictModel):
     )
     gpu_memory_gb: PositiveFloat | None = Field(default=None, description="None = from gpu_name")
     # The roofline of a decode step (week 3): set, these win; else this node's measured roofs
-    # (roofs: measured, once calibrated: python -m orchestrator.models.hardware), else the GPU
+    # (roofs: measured, once calibrated: python -m orchestrator.perf.roofs), else the GPU
     # table's data-sheet figures; on CPU the bandwidth is measured (a numpy copy, cached per node)
     # and the peak is an estimate.
     memory_bandwidth_gb_s: PositiveFloat | None = None

@@ -256,7 +256,7 @@ class ObjectiveSpec(StrictModel):
     @property
     def most_runs(self) -> int:
         """The runs a trial may have: ``max_repeats``, or with ``auto`` the most the race may plan
-        (the race replaces ``auto`` with its plan: :func:`orchestrator.scheduling.race.run_race`)."""
+        (the race replaces ``auto`` with its plan: :func:`orchestrator.scheduling.rounds.run_race`)."""
         return AUTO_MAX_RUNS if self.max_repeats == "auto" else self.max_repeats
 
     @model_validator(mode="after")

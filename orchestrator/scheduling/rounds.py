@@ -1,100 +1,39 @@
 """The race after a sweep's first pass: the trials that cannot yet be told apart from the leader
 run again (fresh requests, the same for every trial of a round) until the verdict is decided at
-one of the race's looks (:func:`orchestrator.objective.race.interim_looks`), a trial has run
+one of the race's looks (:func:`orchestrator.decide.looks.interim_looks`), a trial has run
 ``objective.max_repeats`` times (``auto``: as many as planned after the third run and again at
-each later look, :func:`orchestrator.objective.race.planned_runs`), or the next round would pass
-the budget (``objective.budget`` first passes). A knob's race (:func:`_knob_standing`) runs on
-until its verdict's one-sided limits between runs hold. The statistics are ``objective.race``'s;
+each later look, :func:`orchestrator.decide.race.planned_runs`), or the next round would pass
+the budget (``objective.budget`` first passes). A knob's race (:func:`orchestrator.decide.verdict.knob_standing`) runs on
+until its verdict's one-sided limits between runs hold. The statistics are :mod:`orchestrator.decide.race`'s;
 the verdict reads the same runs (docs/statistics.md)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.config.schema.trial import AUTO_MAX_RUNS
+from orchestrator.decide.looks import PILOT_RUNS, Schedule
+from orchestrator.decide.race import OPEN, RaceState, planned_runs, planning_sd, races
+from orchestrator.decide.verdict import decide, knob_standing, race_over
 from orchestrator.metrics.result import TrialResult
-from orchestrator.objective import value_of
-from orchestrator.objective.race import (
-    OPEN,
-    PILOT_RUNS,
-    UNDECIDED,
-    WIN,
-    Comparison,
-    RaceState,
-    Schedule,
-    look_share,
-    planned_runs,
-    planning_sd,
-)
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.recorder import Recorder
-
-if TYPE_CHECKING:
-    from orchestrator.report.verdict import Verdict
-
-
-def races(objective: ObjectiveSpec | None) -> bool:
-    """Whether a sweep with this objective races: a metric, or a knob under constraints (a knob
-    does not vary between runs; whether a trial meets the constraints does)."""
-    if objective is None or objective.most_runs <= 1:
-        return False
-    return not is_knob(objective.key) or bool(objective.subject_to)
+from orchestrator.tracking.runs import from_results
 
 
 def standing(results: list[TrialResult], objective: ObjectiveSpec, final: bool = False) -> RaceState | None:
     """The race over every run recorded so far, at an interim look (``final``: its last look);
     None: nothing left to compare."""
-    from orchestrator.report.verdict import decide, race_over
-    from orchestrator.tracking.runs import from_results
-
     data = from_results(results, "race", objective=objective)
     verdict = decide(data.finished, objective)  # who meets the constraints
     if is_knob(objective.key):
-        return _knob_standing(verdict, objective, final)
+        return knob_standing(verdict, objective, final)
     if len(verdict.feasible) < 2:
         return None
     return race_over(verdict.feasible, objective, final)
-
-
-def _knob_standing(verdict: Verdict, objective: ObjectiveSpec, final: bool) -> RaceState | None:
-    """A knob race's look: undecided while a trial with a better knob than the best's met the
-    constraints in some runs only (:func:`knob_doubts`), then while the verdict's one-sided limits
-    do not all hold at this look's share of the error (:func:`knob_limits`; between looks none is
-    spent): the best and the trials whose limits do not hold run again. Only the best and the
-    trials with a better knob are raced (from the first run on): a worse knob's runs would not
-    change the verdict while the best meets the constraints. ``state.need``: the runs
-    each at which they would hold at the spread measured (None: not within the race's runs)."""
-    from orchestrator.report.verdict import knob_alpha, knob_better, knob_doubts, knob_limits
-
-    trials = verdict.judged
-    measured = [t for t in trials if value_of(t, objective.key, objective.at) is not None]
-    if len(measured) < 2:
-        return None
-    best = verdict.best
-    doubts = [t.name for t in knob_doubts(trials, objective, verdict)]
-    state = RaceState(best.name if best is not None else None, runs={t.name: 1 + len(t.runs) for t in measured})
-    if doubts or best is None:
-        state.answer = OPEN if doubts else WIN
-        state.comparisons = [Comparison(n, UNDECIDED, 1.0, 1.0, 1.0, False) for n in doubts]
-        return state
-    better = knob_better(trials, objective, best)
-    n = 1 + len(best.runs)
-    share = look_share(n, objective.most_runs, final)
-    unsure = [(name, lim) for name, lim in knob_limits(best, better, objective, trials, share) if not lim.holds]
-    names = list(dict.fromkeys(name for name, _ in unsure))
-    if share == 0.0:  # the first run, or between looks: nothing is told, the same trials run again
-        names = [t.name for t in [best, *better]]
-    state.answer = OPEN if names else WIN
-    state.comparisons = [Comparison(name, UNDECIDED, 1.0, 1.0, 1.0, False) for name in names if name != best.name]
-    alpha = knob_alpha(best, better, objective, trials, look_share(max(n, PILOT_RUNS), objective.most_runs, True))
-    needs = [lim.runs_to_hold(alpha, objective.most_runs) for _, lim in unsure]
-    if needs and all(k is not None for k in needs):
-        state.need = max(k for k in needs if k is not None)
-    return state
 
 
 def run_race(
@@ -139,11 +78,7 @@ def run_race(
         chosen = [j for j in jobs if _name(j) in names and j.trial_hash in by_hash]
         if not chosen:
             return
-        # each round starts with another trial (a rotation: for two, AB then BA, a crossover), so
-        # what a round's first or last place brings (the fresh server start, the machine after
-        # the last round) falls on every trial alike and never passes for a difference between them
-        turn = run % len(chosen)
-        chosen = chosen[turn:] + chosen[:turn]
+        chosen = _rotated(chosen, run)
         round_s = _round_s(record, chosen, concurrent)
         left = deadline - time.monotonic()
         if round_s > left:
@@ -153,14 +88,28 @@ def run_race(
             )
             return
         who = ", ".join(_name(j) for j in chosen)
-        why = f"not yet told apart from {state.leader}"
-        if run == 1:
-            why = "every trial's run-to-run noise is not known yet"
-        elif is_knob(objective.key):
-            why = f"the verdict on {state.leader}'s constraints is not yet sure"
-        progress(f"race: run {run + 1} of {who} ({why}; fresh requests, the same for each)")
+        progress(
+            f"race: run {run + 1} of {who} ({_why_again(run, state, objective)}; fresh requests, the same for each)"
+        )
         run_round([repeat_job(j, run) for j in chosen])
         run += 1
+
+
+def _rotated(chosen: list[TrialJob], run: int) -> list[TrialJob]:
+    """Each round starts with another trial (a rotation: for two, AB then BA, a crossover), so
+    what a round's first or last place brings (the fresh server start, the machine after the
+    last round) falls on every trial alike and never passes for a difference between them."""
+    turn = run % len(chosen)
+    return chosen[turn:] + chosen[:turn]
+
+
+def _why_again(run: int, state: RaceState, objective: ObjectiveSpec) -> str:
+    """Why the trials of the next round run again, in words."""
+    if run == 1:
+        return "every trial's run-to-run noise is not known yet"
+    if is_knob(objective.key):
+        return f"the verdict on {state.leader}'s constraints is not yet sure"
+    return f"not yet told apart from {state.leader}"
 
 
 def _plan(

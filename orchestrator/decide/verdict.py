@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.objective import (
-    Limit,
+from orchestrator.decide.knobs import knob_alpha, knob_better, knob_confidence, knob_doubts, knob_limits
+from orchestrator.decide.looks import PILOT_RUNS, look_share
+from orchestrator.decide.objective import (
     Value,
     check_constraint,
-    constraint_limits,
     constraint_text,
     fixed_points,
     fmt,
@@ -26,8 +26,8 @@ from orchestrator.objective import (
     show,
     value_of,
 )
-from orchestrator.objective.race import ONE_RUN, OPEN, TIED, WIN, RaceState, look_share, race_state
-from orchestrator.tracking.runs import TrialData
+from orchestrator.decide.race import ONE_RUN, OPEN, TIED, UNDECIDED, WIN, Comparison, RaceState, race_state
+from orchestrator.decide.trials import TrialData
 
 
 @dataclass
@@ -79,7 +79,7 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
         verdict.undecided = [by_name[n][0] for n in race.undecided]
         verdict.lines = [_race_headline(verdict, bv)]
     elif bv.where == "knob" and any(t.runs for t in trials):  # a knob: sure only of the constraints
-        verdict.undecided = knob_doubts(trials, objective, verdict)
+        verdict.undecided = knob_doubts(trials, objective, verdict.best, verdict.excluded)
         verdict.race = RaceState(best.name, answer=OPEN if verdict.undecided else WIN)
         verdict.lines = [_knob_headline(verdict, bv)]
     else:
@@ -96,16 +96,27 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
             )
             + "."
         )
+    verdict.lines += _cautions(verdict, scored)
+    if verdict.excluded:
+        verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded) + ".")
+    return verdict
+
+
+def _cautions(verdict: Verdict, scored: list[tuple[TrialData, Value]]) -> list[str]:
+    """What to read with care: values or constraints read at an INVALID point, energy estimated
+    from power samples rather than a counter."""
+    objective = verdict.objective
+    lines: list[str] = []
     flagged = [t.name for t, v in scored if read_at(t, v, M.INVALID)]
     if flagged:
-        verdict.lines.append(
+        lines.append(
             "Caution: the value of " + ", ".join(flagged) + " was read at a load point flagged "
             "INVALID (the client could not keep up, or the server failed): compare with care."
         )
-    if key in ENERGY_KEYS:
+    if objective.key in ENERGY_KEYS:
         estimated = [t.name for t, v in scored if _energy_estimated(t, v)]
         if estimated:
-            verdict.lines.append(
+            lines.append(
                 "Caution: the energy of " + ", ".join(estimated) + " was ESTIMATED from power samples (no energy "
                 "counter bracketed the point): from NVML's 1 s averages they were within 2% of the counter on an H200; "
                 "from instant readings (GA100 and older), integrated as trapezoids, a stand-in on the H200 was off by up "
@@ -118,13 +129,11 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
         if (c := value_of(t, k, objective.at)) is not None and read_at(t, c, M.INVALID)
     ]
     if judged:
-        verdict.lines.append(
+        lines.append(
             "Caution: the constraint of " + ", ".join(judged) + " was judged at a load point flagged INVALID: "
             "whether it is met is not known."
         )
-    if verdict.excluded:
-        verdict.lines.append("Not meeting them: " + "; ".join(f"{t.name} ({why})" for t, why in verdict.excluded) + ".")
-    return verdict
+    return lines
 
 
 ENERGY_KEYS = (M.ENERGY_J, M.JOULES_PER_OUTPUT_TOKEN, M.OUTPUT_TOKENS_PER_JOULE, M.JOULES_PER_REQUEST)
@@ -206,9 +215,9 @@ def _race(scored: list[tuple[TrialData, Value]], objective: ObjectiveSpec) -> Ra
 
 def race_over(trials: list[TrialData], objective: ObjectiveSpec, final: bool | None = None) -> RaceState:
     """The objective's value in each run of ``trials`` compared with the leader's, the error spent
-    over the race's looks (objective.race.look_share: interim looks of a race of ``max_repeats``
+    over the race's looks (decide.looks.look_share: interim looks of a race of ``max_repeats``
     runs at most, ``auto``'s cap with auto, then its last), divided over the contenders.
-    ``final``: as :func:`orchestrator.objective.race.race_state` (None: the verdict after the race)."""
+    ``final``: as :func:`orchestrator.decide.race.race_state` (None: the verdict after the race)."""
     values = {t.name: round_values(t, objective.key, objective.at) for t in trials}
     maximize = objective.maximize is not None
     return race_state(values, maximize, objective.confidence, objective.margin, objective.most_runs, final)
@@ -261,21 +270,6 @@ def _runs_to_decide(race: RaceState) -> str:
     )
 
 
-def knob_doubts(trials: list[TrialData], objective: ObjectiveSpec, verdict: Verdict) -> list[TrialData]:
-    """A knob objective is exact; what is uncertain is whether a trial meets the constraints.
-    The trials with a better knob than the best's whose constraints held in some runs only: the
-    verdict is not decided while any is left (with no best yet, every uncertain one)."""
-    sign = 1.0 if objective.maximize else -1.0
-    best = value_of(verdict.best, objective.key, objective.at) if verdict.best is not None else None
-    names = {t.name for t, why in verdict.excluded if ": uncertain" in why}
-    out = []
-    for t in trials:
-        v = value_of(t, objective.key, objective.at)
-        if t.name in names and v is not None and (best is None or sign * v.value > sign * best.value):
-            out.append(t)
-    return out
-
-
 def _knob_headline(verdict: Verdict, bv: Value) -> str:
     """A knob objective over several runs: the best knob whose constraints held in every run."""
     objective, best = verdict.objective, verdict.best
@@ -297,111 +291,44 @@ def _knob_headline(verdict: Verdict, bv: Value) -> str:
         if better
         else f"no trial has a {'greater' if objective.maximize else 'smaller'} {objective.key}"
     )
-    sure = _knob_confidence(best, better, objective, verdict.judged)
+    sure = knob_confidence(best, better, objective, verdict.judged)
     return (
         f"**Verdict:** {best.name} wins: {value}; it met the constraints in all {n} of its runs, and {rest}{sure}. "
         f"{goal}"
     )
 
 
-def knob_better(trials: list[TrialData], objective: ObjectiveSpec, best: TrialData) -> list[TrialData]:
-    """The trials with a better knob than ``best``'s (they missed the constraints)."""
-    sign = 1.0 if objective.maximize else -1.0
-    bv = value_of(best, objective.key, objective.at)
-    return [
-        t
-        for t in trials
-        if t is not best
-        and bv is not None
-        and (v := value_of(t, objective.key, objective.at))
-        and sign * v.value > sign * bv.value
-    ]
+def knob_standing(verdict: Verdict, objective: ObjectiveSpec, final: bool) -> RaceState | None:
+    """A knob race's look: undecided while a trial with a better knob than the best's met the
+    constraints in some runs only (:func:`knob_doubts`), then while the verdict's one-sided limits
+    do not all hold at this look's share of the error (:func:`knob_limits`; between looks none is
+    spent): the best and the trials whose limits do not hold run again. Only the best and the
+    trials with a better knob are raced (from the first run on): a worse knob's runs would not
+    change the verdict while the best meets the constraints. ``state.need``: the runs
+    each at which they would hold at the spread measured (None: not within the race's runs)."""
 
-
-def knob_limits(
-    best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData], share: float
-) -> list[tuple[str, Limit]]:
-    """A knob verdict's statements: each of the best's constraints and, for each trial with a better
-    knob, the constraint it misses most clearly, as one-sided limits between runs, the share
-    ``share`` of the error ``1 - confidence`` (a look's, :func:`orchestrator.objective.race.look_share`)
-    split over these statements (Bonferroni). Empty without constraints, with one run, or at no share."""
-    if not objective.subject_to or not best.runs or share <= 0.0:
-        return []
-    alpha = knob_alpha(best, better, objective, trials, share)
-    statements = [(best.name, lim) for lim in constraint_limits(best, objective, trials, alpha)]
-    for t in better:
-        missed = constraint_limits(t, objective, trials, alpha, missed=True)
-        if missed:  # the constraint it misses most clearly: its limit furthest past the bound
-            statements.append(
-                (
-                    t.name,
-                    max(missed, key=lambda x: (x.limit - x.bound) / (abs(x.bound) or 1.0) * (-1 if x.above else 1)),
-                )
-            )
-    return statements
-
-
-def knob_alpha(
-    best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData], share: float
-) -> float:
-    """Each of a knob verdict's statements' error: the share ``share`` of ``1 - confidence`` split
-    over the best's constraints and the trials with a better knob (Bonferroni)."""
-    count = len(constraint_limits(best, objective, trials, 0.05)) + len(better)
-    return (1.0 - objective.confidence) * share / max(count, 1)
-
-
-def knob_share(best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData]) -> float:
-    """The share of the error a knob verdict read from the runs alone spends, as the race spent it:
-    the interim look's at the best's runs where its statements all held there (the race stopped on
-    them), else the race's last look's (what the interim looks before it left)."""
+    trials = verdict.judged
+    measured = [t for t in trials if value_of(t, objective.key, objective.at) is not None]
+    if len(measured) < 2:
+        return None
+    best = verdict.best
+    doubts = [t.name for t in knob_doubts(trials, objective, verdict.best, verdict.excluded)]
+    state = RaceState(best.name if best is not None else None, runs={t.name: 1 + len(t.runs) for t in measured})
+    if doubts or best is None:
+        state.answer = OPEN if doubts else WIN
+        state.comparisons = [Comparison(n, UNDECIDED, 1.0, 1.0, 1.0, False) for n in doubts]
+        return state
+    better = knob_better(trials, objective, best)
     n = 1 + len(best.runs)
-    interim = look_share(n, objective.most_runs, False)
-    said = knob_limits(best, better, objective, trials, interim)
-    if said and all(lim.holds for _, lim in said):
-        return interim
-    return look_share(n, objective.most_runs, True)
-
-
-def _knob_confidence(
-    best: TrialData, better: list[TrialData], objective: ObjectiveSpec, trials: list[TrialData]
-) -> str:
-    """How sure a knob verdict is (:func:`knob_limits` at :func:`knob_share`). Empty without
-    constraints or with one run."""
-    statements = knob_limits(best, better, objective, trials, knob_share(best, better, objective, trials))
-    if not statements:
-        return ""
-    conf = f"{objective.confidence * 100:.4g}%"
-    said = "; ".join(f"{'' if name == best.name else name + ': '}{lim.words()}" for name, lim in statements)
-    if all(lim.holds for _, lim in statements):
-        return f", with {conf} confidence for all these statements together (one-sided limits between runs: {said})"
-    failing = "; ".join(f"{name}: {lim.words()}" for name, lim in statements if not lim.holds)
-    return (
-        f", but not yet with {conf} confidence (one-sided limits between runs: {failing}): more runs would tell "
-        "(objective.max_repeats, objective.budget)"
-    )
-
-
-def knob_effects(trials: list[TrialData], varied: list[str], objective: ObjectiveSpec) -> list[str]:
-    """For each varied knob, a markdown table: its value per trial and what the objective's
-    metric and constraints measured there."""
-    keys = [
-        k
-        for k in dict.fromkeys([objective.key, *objective.subject_to, *objective.show])
-        if not ("." in k and "/" not in k)
-    ]
-    out: list[str] = []
-    for knob in varied:
-        if knob in keys:
-            continue
-        rows = sorted(trials, key=lambda t: (t.num(knob) is None, t.num(knob) or 0.0, str(t.param(knob))))
-        out += [
-            f"What `{knob}` changed:",
-            "",
-            "| " + " | ".join([knob, "trial", *keys]) + " |",
-            "|" + "---|" * (2 + len(keys)),
-        ]
-        for t in rows:
-            cells = [(lambda v: show(v) if v else "")(value_of(t, k, objective.at)) for k in keys]
-            out.append("| " + " | ".join([str(t.param(knob)), t.name, *cells]) + " |")
-        out.append("")
-    return out
+    share = look_share(n, objective.most_runs, final)
+    unsure = [(name, lim) for name, lim in knob_limits(best, better, objective, trials, share) if not lim.holds]
+    names = list(dict.fromkeys(name for name, _ in unsure))
+    if share == 0.0:  # the first run, or between looks: nothing is told, the same trials run again
+        names = [t.name for t in [best, *better]]
+    state.answer = OPEN if names else WIN
+    state.comparisons = [Comparison(name, UNDECIDED, 1.0, 1.0, 1.0, False) for name in names if name != best.name]
+    alpha = knob_alpha(best, better, objective, trials, look_share(max(n, PILOT_RUNS), objective.most_runs, True))
+    needs = [lim.runs_to_hold(alpha, objective.most_runs) for _, lim in unsure]
+    if needs and all(k is not None for k in needs):
+        state.need = max(k for k in needs if k is not None)
+    return state

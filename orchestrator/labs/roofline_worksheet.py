@@ -1,11 +1,11 @@
 """Week 3's roofline calculator: the floor of a decode step for a model on a GPU.
 
-    python -m orchestrator.labs.roofline                                  # Llama-3.1-8B on an A100-80GB
-    python -m orchestrator.labs.roofline --model mixtral_8x7b --gpu H100-SXM-80GB --tp 2
-    python -m orchestrator.labs.roofline --batch 1 8 64 256 --context 2048
+    python -m orchestrator.labs.roofline_worksheet                                  # Llama-3.1-8B on an A100-80GB
+    python -m orchestrator.labs.roofline_worksheet --model mixtral_8x7b --gpu H100-SXM-80GB --tp 2
+    python -m orchestrator.labs.roofline_worksheet --batch 1 8 64 256 --context 2048
 
 Model shapes come from conf/model/<name>.yaml (``arch``), GPU numbers from
-orchestrator/models/gpus.py. Prints, per batch size: bytes read per step, FLOPs, the
+orchestrator/perf/gpus.py. Prints, per batch size: bytes read per step, FLOPs, the
 memory and compute floors, which one binds, and the arithmetic intensity against the
 GPU's ridge point. Compare the floor with a measured TPOT (the roofline experiment logs
 ``tpot_ms_p50`` per concurrency).
@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 
 from orchestrator.config.schema import ModelArch, ModelSpec
-from orchestrator.models.capacity import arch_of
-from orchestrator.models.gpus import GPUS, gpu_spec
-from orchestrator.models.roofline import decode_floor
+from orchestrator.perf.gpus import GPUS, gpu_spec
+from orchestrator.perf.kv import arch_of
+from orchestrator.perf.roofline import decode_floor
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

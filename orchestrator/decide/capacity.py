@@ -10,7 +10,7 @@ A probe the client could not drive (the point is flagged invalid) decides nothin
 search stops there and says so, in the point's own reasons, rather than call the server's
 limit what was the client's. A probe whose SLO metric is too close to its limit to tell from
 one run (its interval within the run straddles the limit) is run again before it decides
-(:class:`orchestrator.trial.capacity.CapacityProbes`); the search sees only decided probes.
+(:class:`orchestrator.trial.capacity_probes.CapacityProbes`); the search sees only decided probes.
 """
 
 from __future__ import annotations

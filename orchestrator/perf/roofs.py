@@ -1,6 +1,5 @@
-"""The hardware a trial runs on, read rather than assumed: the GPUs NVML reports (name,
-memory, UUID, driver, CUDA capability) mapped to the GPU table, and roofs measured on this
-node (memory bandwidth, dense matmul rate) beside the table's data-sheet figures.
+"""Roofs measured on this node (memory bandwidth, dense matmul rate) beside the GPU table's
+data-sheet figures (:mod:`orchestrator.perf.gpus` reads which GPUs the node has).
 
 Measured on one H100 80GB HBM3 (2026-11): 3,023 GB/s device copy (read + write) and 795
 bf16 TFLOP/s (8192^3), against the table's 3,350 and 989: a roofline from the data sheet
@@ -16,94 +15,14 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.metrics.probes import nvml_handle, nvml_text
-from orchestrator.models.gpus import GPUS
+from orchestrator.perf.gpus import detect_gpus
 
 CACHE_DIR = Path(os.environ.get("INFERENCE_LAB_CACHE", "~/.cache/inference-lab")).expanduser() / "roofs"
-
-
-@dataclass(frozen=True)
-class DetectedGPU:
-    """One GPU as NVML reports it."""
-
-    index: int
-    name: str  # NVML's, e.g. "NVIDIA H100 80GB HBM3"
-    uuid: str
-    memory_gb: float
-    capability: str  # CUDA compute capability, e.g. "9.0"
-    driver: str
-
-    @property
-    def table_name(self) -> str | None:
-        return table_name(self.name, self.memory_gb)
-
-    def describe(self) -> str:
-        known = self.table_name
-        as_known = f" = {known}" if known else " (not in the GPU table: its measured memory and roofs are used)"
-        return (
-            f"GPU {self.index}: {self.name}{as_known}, {self.memory_gb:.0f} GB, capability {self.capability}, "
-            f"driver {self.driver}, {self.uuid}"
-        )
-
-
-# NVML's product names to the GPU table's keys (orchestrator/models/gpus.py), first match wins.
-_NAMES: list[tuple[str, Callable[[float], str | None]]] = [
-    (r"\bH200\b", lambda gb: "H200-141GB"),
-    (r"\bH100\b.*\bNVL\b", lambda gb: None),  # 94 GB, its own bandwidth: not in the table
-    (r"\bH100\b.*\bPCIe\b", lambda gb: "H100-PCIe-80GB"),
-    (r"\bH100\b", lambda gb: "H100-SXM-80GB"),  # "H100 80GB HBM3", "H100 SXM5 80GB"
-    (r"\bA100\b", lambda gb: "A100-80GB" if gb > 60 else "A100-40GB"),
-    (r"\bL40S\b", lambda gb: "L40S-48GB"),
-    (r"\bL4\b", lambda gb: "L4-24GB"),
-    (r"\bA10G\b", lambda gb: "A10G-24GB"),
-]
-
-
-def table_name(nvml_name: str, memory_gb: float) -> str | None:
-    """The GPU table's key for a GPU as NVML names it, or None when the table lacks it."""
-    for pattern, pick in _NAMES:
-        if re.search(pattern, nvml_name, re.IGNORECASE):
-            name = pick(memory_gb)
-            return name if name in GPUS else None
-    return None
-
-
-def detect_gpus(devices: Sequence[str] | None = None) -> tuple[list[DetectedGPU], str | None]:
-    """The GPUs of this node (``devices``: indices or UUIDs as CUDA_VISIBLE_DEVICES gives them;
-    None: all of them), and why none were read (no NVML, no driver)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:
-        return [], f"no GPU detected: NVML unavailable ({type(exc).__name__}: {exc})"
-    try:
-        driver = nvml_text(pynvml.nvmlSystemGetDriverVersion())
-        wanted = list(devices) if devices is not None else [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        out = []
-        for d in wanted:
-            h = nvml_handle(pynvml, d)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            out.append(
-                DetectedGPU(
-                    index=int(pynvml.nvmlDeviceGetIndex(h)),
-                    name=nvml_text(pynvml.nvmlDeviceGetName(h)),
-                    uuid=nvml_text(pynvml.nvmlDeviceGetUUID(h)),
-                    memory_gb=float(pynvml.nvmlDeviceGetMemoryInfo(h).total) / 1e9,
-                    capability=f"{major}.{minor}",
-                    driver=driver,
-                )
-            )
-    except Exception as exc:
-        return [], f"no GPU detected: NVML failed ({type(exc).__name__}: {exc})"
-    finally:
-        pynvml.nvmlShutdown()
-    return out, (None if out else "no GPU detected: NVML reports none")
 
 
 @dataclass(frozen=True)
@@ -150,7 +69,7 @@ def measure_roofs(device: str = "cuda", copy_mib: int = 1024, n: int = 8192, rou
     def copy_gb_s() -> float:  # its buffers are freed before the matmuls
         src = torch.ones(copy_mib * 1024 * 1024 // 4, dtype=torch.float32, device=dev)
         dst = torch.empty_like(src)
-        return 2 * src.numel() * 4 / _best_seconds(lambda: dst.copy_(src), sync, rounds) / 1e9
+        return 2 * float(src.numel()) * 4 / _best_seconds(lambda: dst.copy_(src), sync, rounds) / 1e9
 
     bandwidth = copy_gb_s()
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
@@ -208,7 +127,7 @@ def calibrate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m orchestrator.models.hardware [--calibrate] [--again]``: this node's GPUs, and
+    """``python -m orchestrator.perf.roofs [--calibrate] [--again]``: this node's GPUs, and
     with ``--calibrate`` each GPU model's roofs measured (or read from the cache) and kept for
     the roofline. Run it with the engine environment's python (its torch sees the GPUs), before
     a sweep, never beside a running trial."""

@@ -1,5 +1,5 @@
 """The SLO capacity search inside a trial: probes chosen one after the other, each from the
-verdicts of the ones before (:mod:`orchestrator.loadgen.capacity` holds the search itself).
+verdicts of the ones before (:mod:`orchestrator.decide.capacity` holds the search itself).
 
 A probe decides the bracket only when it can: one whose SLO metric's 95% interval within the
 run (:mod:`orchestrator.metrics.within_run`) straddles its limit, or whose share of requests
@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.config.logs import Progress
 from orchestrator.config.metric_keys import AT_CAPACITY, M
 from orchestrator.config.schema import CapacitySpec, LoadPointSpec
-from orchestrator.loadgen.capacity import (
+from orchestrator.decide.capacity import (
     CapacitySearch,
     Judgement,
     goodput_counts,

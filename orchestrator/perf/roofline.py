@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from orchestrator.config.schema import ModelArch
-from orchestrator.models.capacity import kv_bytes_per_token, weight_bytes
+from orchestrator.perf.kv import kv_bytes_per_token, weight_bytes
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.metric_keys import WITHIN95, M, is_knob
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.tracking.runs import Point, TrialData
+from orchestrator.decide.trials import Point, TrialData
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Limit:
         """The fewest runs (``runs`` at least, ``cap`` at most) at which this limit, at one-sided
         level ``1 - alpha``, would hold were the mean and spread measured the true ones; None: not
         within ``cap``, or a mean on the wrong side of the bound (more runs would not make it hold)."""
-        from orchestrator.objective.race import t_upper
+        from orchestrator.decide.looks import t_upper
 
         gap = (self.bound - self.mean) if self.above else (self.mean - self.bound)
         if not gap >= 0:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.config.schema import ModelArch, ModelSpec
+from orchestrator.config.schema import LaunchedEngineSpec, ModelArch, ModelSpec, TrialSpec
 from orchestrator.models.shape import KNOWN, arch_from_config, check_declared, read_arch
+from orchestrator.perf.gpus import gpu_memory_gb
 
 GIB = 1024**3
 
@@ -100,3 +101,23 @@ def kv_capacity(
     budget = gpu_memory_gb * 1e9 * utilization - weights
     tokens = int(budget // kv_token) if budget > 0 else 0
     return Capacity(weights / GIB, kv_token * tp, max(budget, 0) / GIB, tokens)
+
+
+def tp_sizes(spec: TrialSpec) -> list[int]:
+    """The tensor-parallel sizes of the trial's servers (a P/D pair: its two), none for an external one."""
+    e = spec.engine
+    if isinstance(e, LaunchedEngineSpec):
+        if e.disaggregation is not None:
+            return [e.disaggregation.prefill_tp, e.disaggregation.decode_tp]
+        return [e.tensor_parallel_size]
+    return []
+
+
+def trial_kv_capacity(spec: TrialSpec) -> Capacity | None:
+    """KV capacity of the trial's (smallest) TP group on its GPUs, when the shape and memory are known."""
+    arch, mem = arch_of(spec.model), gpu_memory_gb(spec)
+    e = spec.engine
+    if spec.platform.device != "cuda" or arch is None or mem is None or not isinstance(e, LaunchedEngineSpec):
+        return None
+    util = e.gpu_memory_share
+    return kv_capacity(arch, mem, util, min(tp_sizes(spec)), e.kv_cache_dtype, e.quantization)

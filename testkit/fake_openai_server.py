@@ -5,7 +5,7 @@ arrived and when each chunk was actually written, so tests and benchmarks can co
 a client measured with what happened. Use it in-process (tests) or as its own process
 (benchmarks, so it does not share a GIL with the client):
 
-    python -m tests.fake_openai_server --port 8100 --ttft 0.02 --itl 0.01
+    python -m testkit.fake_openai_server --port 8100 --ttft 0.02 --itl 0.01
 
 ``GET /truth`` returns the recorded truth as JSON; ``POST /truth/reset`` clears it.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fake_engine_model import EngineModel, EngineScript
+from testkit.fake_engine_model import EngineModel, EngineScript
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Script:
     tokenize_endpoint: bool = False  # POST /tokenize as vLLM's (needs a tokenizer)
     ignore_max_tokens: int = 0  # > 0: every stream has this many tokens, whatever was asked
     burst: int = 1  # > 1: chunks go out this many at a time, in one write (a server that batches its output)
-    # A scripted engine (tests/fake_engine_model.py): queueing for ``slots`` and KV, prefills that
+    # A scripted engine (testkit/fake_engine_model.py): queueing for ``slots`` and KV, prefills that
     # stall every stream, preemptions, pauses; /metrics then answers vLLM's page of its state.
     engine: EngineScript | dict | None = None
     # > 0: each request's pace (its TTFT and ITL) times a log-normal factor of this sigma, drawn
@@ -367,7 +367,7 @@ class FakeServerProcess:
         self.port = free_port()  # below the ephemeral range: nothing takes it while the server imports
         self._err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [*(command or (sys.executable, "-m", "tests.fake_openai_server")), "--port", str(self.port), *args],
+            [*(command or (sys.executable, "-m", "testkit.fake_openai_server")), "--port", str(self.port), *args],
             cwd=Path(__file__).resolve().parents[1],
             stdout=subprocess.DEVNULL,
             stderr=self._err,
