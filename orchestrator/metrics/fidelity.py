@@ -278,7 +278,7 @@ class PointVerdict:
 def judge_point(
     workload: WorkloadSpec,
     records: Sequence[RequestRecord],
-    metrics: dict[str, float],
+    metrics: Mapping[str, float],
     capped: bool = False,
     front: str | None = None,
     foreign_limit: float | None = None,
@@ -313,7 +313,7 @@ def judge_point(
 COALESCED = "of token chunks arrived in one read with an earlier one"  # the coalesced-reads check's words
 
 
-def client_validity(metrics: dict[str, float], limits: ValiditySpec, capped: bool = False) -> tuple[bool, list[str]]:
+def client_validity(metrics: Mapping[str, float], limits: ValiditySpec, capped: bool = False) -> tuple[bool, list[str]]:
     """Whether the client kept up: (valid, reasons). Reads the point's metrics.
 
     With ``capped`` (a rate point with ``max_concurrency``) late sends and a lower achieved

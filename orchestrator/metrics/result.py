@@ -1,4 +1,5 @@
-"""The typed result of one trial, as returned by the worker and written to disk by the driver."""
+"""The typed result of one trial, as returned by the worker and written to disk by the driver, and
+what is gathered around one of its load points before any arithmetic (:class:`RawPoint`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,8 +15,26 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.config.errors import DiskFullError
 from orchestrator.config.metric_keys import M
+from orchestrator.metrics import prometheus, telemetry
+from orchestrator.metrics.records import RequestRecord
+from orchestrator.metrics.summary import adapter_key
 
 TrialStatus = Literal["FINISHED", "FAILED", "SKIPPED"]
+
+
+@dataclass
+class RawPoint:
+    """What was gathered around one load point, before any arithmetic."""
+
+    records: list[RequestRecord]
+    client: dict[str, float]  # the client's own stats (CPU, loop lag; the worst process's)
+    resources: dict[str, float]  # the resource monitor's summary (memory peak, engine gauges)
+    before: prometheus.Sample  # the engines' counters and histograms before the point...
+    after: prometheus.Sample  # ...and after it
+    window: tuple[float, float] = (0.0, 0.0)  # the point's start and end, on the trial's clock
+    rows: list[telemetry.Row] = field(default_factory=list)  # the trial's timeline so far
+    foreign: dict[str, Any] | None = None  # the census: CPU used outside the trial over the point
+    profiled: dict[str, float] = field(default_factory=dict)  # the profiler's window over it, when traced
 
 
 class PointResult(BaseModel):
@@ -38,6 +58,18 @@ class PointResult(BaseModel):
         default_factory=dict,
         description="what limited the point (metrics.diagnosis): limiter, confidence, words, findings, worst stalls",
     )
+
+    def grouped_metrics(self) -> dict[str, float]:
+        """Each request class's metrics as ``<class>/<metric>`` and each adapter's as
+        ``adapter.<name>.<metric>``: the point's grouped numbers under their flat keys."""
+        out = {f"{cls}/{k}": v for cls, m in self.class_metrics.items() for k, v in m.items()}
+        out.update({adapter_key(name, k): v for name, m in self.adapter_metrics.items() for k, v in m.items()})
+        return out
+
+    def flat_metrics(self) -> dict[str, float]:
+        """The point's metrics and its grouped ones (:meth:`grouped_metrics`) under one flat key each,
+        as MLflow, ``points.csv`` and the report read them."""
+        return {**self.metrics, **self.grouped_metrics()}
 
     def said(self, sent: int) -> str:
         """The point's console line (``sent``: the requests it sent, every repeat's)."""

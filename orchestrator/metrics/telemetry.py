@@ -29,7 +29,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.config.metric_keys import M
@@ -323,7 +323,7 @@ def energy_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def cost_metrics(metrics: dict[str, float], price_per_hour: float | None, devices: float) -> dict[str, float]:
+def cost_metrics(metrics: Mapping[str, float], price_per_hour: float | None, devices: float) -> dict[str, float]:
     """What a point's tokens cost: ``price_per_hour`` per device (GPU-hour, or node-hour on the
     CPU) for the ``devices`` the trial held, over the point's ``duration_s``. No price: nothing
     (the trial says "no price set"; never $0)."""
@@ -342,7 +342,7 @@ def cost_metrics(metrics: dict[str, float], price_per_hour: float | None, device
 def hardware_metrics(
     rows: Sequence[Row],
     window: tuple[float, float],
-    metrics: dict[str, float],
+    metrics: Mapping[str, float],
     price_per_hour: float | None,
     devices: float,
 ) -> dict[str, float]:

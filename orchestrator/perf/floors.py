@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.config.metric_keys import M
@@ -97,7 +98,7 @@ def trial_decode_floor(spec: TrialSpec, batch: int = 1, context_tokens: int = 0)
 
 
 def floor_metrics(
-    spec: TrialSpec, metrics: dict[str, float], batch: float | None = None, concurrency: int | None = None
+    spec: TrialSpec, metrics: Mapping[str, float], batch: float | None = None, concurrency: int | None = None
 ) -> dict[str, float]:
     """The decode-step floor at a point's batch and context, and its measured TPOT over it.
 

@@ -20,7 +20,6 @@ from typing import Any
 from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
 from orchestrator.decide.trials import Point, SweepData, TrialData
 from orchestrator.metrics.result import TIMELINE_FILE, TrialResult
-from orchestrator.metrics.summary import adapter_key
 from orchestrator.tracking.mlflow_tracker import result_id, trial_params
 
 log = logging.getLogger(__name__)
@@ -53,13 +52,10 @@ def from_results(
     for r in results:
         points = []
         for p in r.points:
-            metrics = dict(p.metrics)
-            for cls, m in p.class_metrics.items():
-                metrics.update({f"{cls}/{k}": v for k, v in m.items()})
-            for name, m in p.adapter_metrics.items():
-                metrics.update({adapter_key(name, k): v for k, v in m.items()})
             points.append(
-                Point(p.index, p.label, dict(p.setting), metrics, "; ".join(p.invalid_reasons), dict(p.diagnosis))
+                Point(
+                    p.index, p.label, dict(p.setting), p.flat_metrics(), "; ".join(p.invalid_reasons), dict(p.diagnosis)
+                )
             )
         params = trial_params(r)  # the very params MLflow gets: a report reads the same either way
         parquet = r.records_parquet

@@ -7,9 +7,11 @@ The parts, in the order a trial meets them:
 * :mod:`~orchestrator.trial.servers`: ports, each server's GPUs and environment, starting the
   group (:class:`ServerGroup`), emptying caches, which trials can share one start;
 * :mod:`~orchestrator.trial.points`: one load point measured: the :class:`PointMeasurer` of a
-  running group gathers what a point's analysis needs around it (:class:`RawPoint`), then makes
-  its result from that (metrics, the verdict of :mod:`orchestrator.metrics.fidelity`, the decode
-  floor, the diagnosis);
+  running group gathers what a point's analysis needs around it (:class:`RawPoint`), then
+  :func:`point_stages` makes its result from that alone, stage by stage (:class:`PointStages`:
+  the client's summary and the servers' deltas, the hardware, the verdict of
+  :mod:`orchestrator.metrics.fidelity`, the decode floor, the diagnosis), each stage from the
+  ones before it, flattened to the metric keys once;
 * :mod:`~orchestrator.trial.run`: :class:`TrialRun` sequences it all and owns the loop over the
   load points (each prepared and sent by the load session, measured around it; then the capacity
   search's probes, each chosen from the results before it); :func:`run_trial` is the entry point,
@@ -20,12 +22,14 @@ Every failure becomes a FAILED (or SKIPPED) result with the reason; the servers 
 every exit path by their context managers.
 """
 
+from orchestrator.metrics.result import RawPoint
 from orchestrator.trial.group import run_trial_group
 from orchestrator.trial.plan import check_feasible, check_inputs, plan_trial, skipped_result
 from orchestrator.trial.points import (
     PointMeasurer,
-    RawPoint,
+    PointStages,
     point_metrics,
+    point_stages,
     trial_metrics,
 )
 from orchestrator.trial.run import TrialRun, run_trial
@@ -41,6 +45,7 @@ from orchestrator.trial.servers import (
 
 __all__ = [
     "PointMeasurer",
+    "PointStages",
     "RawPoint",
     "ServerGroup",
     "TrialRun",
@@ -49,6 +54,7 @@ __all__ = [
     "describe_servers",
     "plan_trial",
     "point_metrics",
+    "point_stages",
     "reset_caches",
     "run_trial",
     "run_trial_group",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -17,8 +17,7 @@ from orchestrator.config.schema import LoadPointSpec, SGLangEngineSpec, TrialSpe
 from orchestrator.engines.process import SERVER_OWNER_ENV
 from orchestrator.metrics import census
 from orchestrator.metrics.diagnosis import Diagnosis, PointEvidence, diagnose
-from orchestrator.metrics.records import RequestRecord
-from orchestrator.metrics.telemetry import Row
+from orchestrator.metrics.result import RawPoint
 from orchestrator.trial.machine import is_engine
 
 STALLS_KEPT = 200  # the worst stalls of a point kept in its result (the timeline marks them)
@@ -124,31 +123,29 @@ class Census:
 def point_diagnosis(
     spec: TrialSpec,
     point: LoadPointSpec,
-    records: Sequence[RequestRecord],
-    metrics: dict[str, float],
-    class_metrics: dict[str, dict[str, float]],
-    rows: Sequence[Row],
-    window: tuple[float, float],
+    raw: RawPoint,
+    metrics: Mapping[str, float],
+    class_metrics: Mapping[str, Mapping[str, float]],
     client_reasons: Sequence[str],
-    foreign: dict[str, Any] | None,
     disaggregated: bool,
     server_failed: bool,
 ) -> Diagnosis:
-    """The point's diagnosis from what the trial measured around it."""
+    """The point's diagnosis from what the trial gathered around it (``raw``) and the stages
+    measured before it (``metrics``)."""
     rate = point.rate if point.concurrency is None and not point.trace else None
     evidence = PointEvidence(
         metrics=metrics,
         class_metrics=class_metrics,
-        records=records,
-        rows=rows,
-        window=window,
+        records=raw.records,
+        rows=raw.rows,
+        window=raw.window,
         rate=rate,
         capped=point.max_concurrency is not None,
         slots=engine_slots(spec),
         cores=machine_cores() if spec.platform.device == "cpu" else None,
         device=spec.platform.device,
         client_reasons=client_reasons,
-        foreign=foreign,
+        foreign=raw.foreign,
         foreign_limit=foreign_bound(spec),
         disaggregated=disaggregated,
         engine=spec.engine.name,

@@ -5,8 +5,9 @@ from that (:func:`point_metrics`, pure), the verdict on them (:func:`judge_point
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from orchestrator.config.errors import ServerCrashedError
@@ -16,12 +17,12 @@ from orchestrator.config.schema import LoadPointSpec, TrialSpec
 from orchestrator.engines import EngineAdapter, EngineMetric
 from orchestrator.loadgen.traces import read_trace
 from orchestrator.metrics import prometheus, telemetry
-from orchestrator.metrics.diagnosis import engine_batch
+from orchestrator.metrics.diagnosis import Diagnosis, engine_batch
 from orchestrator.metrics.fidelity import PointVerdict, judge_point
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.probes import TelemetrySampler, start_telemetry
 from orchestrator.metrics.records import RequestRecord
-from orchestrator.metrics.result import PointResult
+from orchestrator.metrics.result import PointResult, RawPoint
 from orchestrator.metrics.summary import (
     server_failure,
     summarize_by_adapter,
@@ -34,24 +35,9 @@ from orchestrator.metrics.within_run import within_run
 from orchestrator.perf.floors import floor_metrics
 from orchestrator.trial.diagnose import STALLS_KEPT, Census, foreign_bound, point_diagnosis
 from orchestrator.trial.profile import ProfileWindow
-from orchestrator.trial.servers import ServerGroup
+from orchestrator.trial.servers import GroupView, ServerGroup
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RawPoint:
-    """What was gathered around one load point, before any arithmetic."""
-
-    records: list[RequestRecord]
-    client: dict[str, float]  # the client's own stats (CPU, loop lag; the worst process's)
-    resources: dict[str, float]  # the resource monitor's summary (memory peak, engine gauges)
-    before: prometheus.Sample  # the engines' counters and histograms before the point...
-    after: prometheus.Sample  # ...and after it
-    window: tuple[float, float] = (0.0, 0.0)  # the point's start and end, on the trial's clock
-    rows: list[telemetry.Row] = field(default_factory=list)  # the trial's timeline so far
-    foreign: dict[str, Any] | None = None  # the census: CPU used outside the trial over the point
-    profiled: dict[str, float] = field(default_factory=dict)  # the profiler's window over it, when traced
 
 
 def point_metrics(
@@ -105,6 +91,87 @@ def point_setting(point: LoadPointSpec) -> dict[str, object]:
     if point.trace is not None:
         setting["trace_sha256"] = read_trace(point.trace, point.trace_format, point.trace_block_tokens).sha256
     return setting
+
+
+@dataclass(frozen=True)
+class PointStages:
+    """One point's result by stage, in the order they are made, each from the stages before it
+    (read through a read-only view: no stage writes into another's numbers): the client's
+    summary and the servers' deltas (:func:`point_metrics`), the hardware over the window, the
+    validity verdict, the roofline floor at the batch the engine ran, and the diagnosis.
+    Flattened to the named metric keys only in :meth:`metrics` (a later stage's key wins)."""
+
+    measured: Mapping[str, float]
+    hardware: Mapping[str, float]
+    verdict: PointVerdict
+    floor: Mapping[str, float]
+    diagnosis: Diagnosis
+    classes: Mapping[str, Mapping[str, float]]  # per class, the diagnosis's per-class numbers added
+    adapters: Mapping[str, Mapping[str, float]]
+
+    def before_diagnosis(self) -> Mapping[str, float]:
+        """What the verdict's console lines and the floor read: the stages up to the verdict."""
+        return _view(self.measured, self.hardware, self.verdict.metrics)
+
+    def metrics(self) -> dict[str, float]:
+        """The point's metrics under their named keys."""
+        return {**self.measured, **self.hardware, **self.verdict.metrics, **self.floor, **self.diagnosis.metrics}
+
+    def result(self, index: int, label: str, setting: dict[str, object], window: tuple[float, float]) -> PointResult:
+        return PointResult(
+            index=index,
+            label=label,
+            setting=setting,
+            metrics=self.metrics(),
+            class_metrics={cls: dict(m) for cls, m in self.classes.items()},
+            adapter_metrics={name: dict(m) for name, m in self.adapters.items()},
+            invalid_reasons=self.verdict.reasons,
+            window=window,
+            diagnosis=self.diagnosis.as_json(STALLS_KEPT),
+        )
+
+
+def _view(*stages: Mapping[str, float]) -> Mapping[str, float]:
+    """The stages so far as one read-only mapping (a later stage's key wins)."""
+    merged: dict[str, float] = {}
+    for stage in stages:
+        merged.update(stage)
+    return MappingProxyType(merged)
+
+
+def point_stages(
+    spec: TrialSpec,
+    point: LoadPointSpec,
+    raw: RawPoint,
+    engine_metrics: dict[str, EngineMetric],
+    view: GroupView,
+    foreign_limit: float | None,
+    crash: ServerCrashedError | None,
+) -> PointStages:
+    """The point's stages from what was gathered around it (``crash``: the servers were not
+    serving; its numbers are then neither valid nor the client's fault)."""
+    records, window, rows = raw.records, raw.window, raw.rows
+    measured = MappingProxyType(point_metrics(spec, point, raw, engine_metrics, view.disaggregated))
+    devices = float(spec.engine.num_gpus or 1) if spec.platform.device == "cuda" else 1.0
+    hardware = MappingProxyType(
+        telemetry.hardware_metrics(rows, window, measured, spec.platform.price_per_hour, devices)
+    )
+    if crash is not None:
+        reason = f"the server failed: {str(crash).splitlines()[0]}"
+        verdict = PointVerdict({M.INVALID: 1.0, M.SERVER_FAILED: 1.0}, server=[reason])
+    else:
+        capped = point.max_concurrency is not None
+        verdict = judge_point(spec.workload, records, _view(measured, hardware), capped, view.front, foreign_limit)
+    so_far = _view(measured, hardware, verdict.metrics)
+    batch = engine_batch(so_far, rows, window)
+    floor = MappingProxyType(floor_metrics(spec, so_far, batch, point.concurrency))
+    classes = summarize_by_class(records) if len(spec.workload.classes) > 1 else {}
+    diagnosis = point_diagnosis(
+        spec, point, raw, _view(so_far, floor), classes, verdict.client, view.disaggregated, crash is not None
+    )
+    for cls, extra in diagnosis.class_metrics.items():
+        classes[cls] = {**classes.get(cls, {}), **extra}
+    return PointStages(measured, hardware, verdict, floor, diagnosis, classes, summarize_by_adapter(records))
 
 
 class PointMeasurer:
@@ -212,52 +279,12 @@ class PointMeasurer:
         spec = self.spec
         raw = self._gather(records, client)
         crash = self._server_failure(records)
-        window, rows, foreign = raw.window, raw.rows, raw.foreign
-        metrics = point_metrics(spec, point, raw, self.engine_metrics, self.view.disaggregated)
-        devices = float(spec.engine.num_gpus or 1) if spec.platform.device == "cuda" else 1.0
-        metrics.update(telemetry.hardware_metrics(rows, window, metrics, spec.platform.price_per_hour, devices))
-        if crash is not None:  # numbers of a server that was not serving: neither valid nor the client's fault
-            reason = f"the server failed: {str(crash).splitlines()[0]}"
-            verdict = PointVerdict({M.INVALID: 1.0, M.SERVER_FAILED: 1.0}, server=[reason])
-        else:
-            capped = point.max_concurrency is not None
-            verdict = judge_point(spec.workload, records, metrics, capped, self.view.front, self.foreign_limit)
-        metrics.update(verdict.metrics)
-        for line in verdict.said(self.label, metrics):
+        stages = point_stages(spec, point, raw, self.engine_metrics, self.view, self.foreign_limit, crash)
+        for line in stages.verdict.said(self.label, stages.before_diagnosis()):
             self.progress(line)
-        batch = engine_batch(metrics, rows, window)
-        metrics.update(floor_metrics(spec, metrics, batch, point.concurrency))
-        classes = summarize_by_class(records) if len(spec.workload.classes) > 1 else {}
-        adapters = summarize_by_adapter(records)
-        diagnosis = point_diagnosis(
-            spec,
-            point,
-            records,
-            metrics,
-            classes,
-            rows,
-            window,
-            verdict.client,
-            foreign,
-            self.view.disaggregated,
-            crash is not None,
-        )
-        metrics.update(diagnosis.metrics)
-        for cls, extra in diagnosis.class_metrics.items():
-            classes.setdefault(cls, {}).update(extra)
-        result = PointResult(
-            index=index,
-            label=self.label,
-            setting=point_setting(point),
-            metrics=metrics,
-            class_metrics=classes,
-            adapter_metrics=adapters,
-            invalid_reasons=verdict.reasons,
-            window=window,
-            diagnosis=diagnosis.as_json(STALLS_KEPT),
-        )
+        result = stages.result(index, self.label, point_setting(point), raw.window)
         self.progress(f"{self.which(index)} {self.label}: {result.said(len(records))}")
-        self.progress(f"{self.which(index)} {self.label}: {diagnosis.headline}")
+        self.progress(f"{self.which(index)} {self.label}: {stages.diagnosis.headline}")
         return result, crash
 
     def _gather(self, records: list[RequestRecord], client: dict[str, float]) -> RawPoint:
