@@ -7,7 +7,7 @@ import math
 import random
 import sys
 
-from orchestrator.config.schema.trial import AUTO_MAX_RUNS
+from orchestrator.config.schema.goals import AUTO_MAX_RUNS
 from orchestrator.decide.looks import Schedule
 from orchestrator.decide.race import OPEN, RaceState, planned_runs, race_state
 

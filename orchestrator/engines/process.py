@@ -3,7 +3,9 @@
 :class:`ServerProcess` is a context manager, so every exit path (exception, Ctrl-C) stops the
 server: TERM to the whole process group, a grace period, then KILL. A watchdog process
 (:mod:`orchestrator.engines.watchdog`) also kills the group if the process that started it
-dies without cleaning up (e.g. a Ray worker killed with SIGKILL).
+dies without cleaning up (e.g. a Ray worker killed with SIGKILL). The process group's own
+operations are in :mod:`.procgroup`, the owner's mark in :mod:`.owner`, a Slurm step's in
+:mod:`.srun`.
 """
 
 from __future__ import annotations
@@ -20,17 +22,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-
-import psutil
 
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
 from orchestrator.config.logs import cause_line, explain
 from orchestrator.config.secrets import redact_argv
 from orchestrator.engines import shm
+from orchestrator.engines.owner import SERVER_OWNER_ENV, owner_mark
+from orchestrator.engines.procgroup import group_alive, signal_group, wait_group
+from orchestrator.engines.srun import cancel_slurm_step, slurm_step_argv
 
 log = logging.getLogger(__name__)
 
@@ -38,50 +40,7 @@ log = logging.getLogger(__name__)
 # Process groups of the servers this process started and has not stopped yet: an interrupt
 # TERMs them at once (:func:`terminate_running`), before the code unwinding it gets there.
 _RUNNING: set[int] = set()
-# After the group leader (the API server, which orchestrates its engine's shutdown) is gone,
-# what is left of its group gets this long before KILL: measured here, vLLM's EngineCore
-# orphaned by a killed API server took 9.1 s to exit on TERM (waiting on its dead worker's reply).
-ORPHAN_GRACE_S = 2.0
-
-
-# Every server process we start, and every process it forks (the environment is inherited), carries
-# its owner in this variable: "<pid>:<start stamp>" of the process that started it. A later trial
-# tells a leftover (owner gone, or owner here but the server not running) from a running server.
-SERVER_OWNER_ENV = "INFERENCE_LAB_SERVER_OWNER"
 RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM binds its IPC sockets (start())
-
-
-def start_stamp(pid: int) -> str:
-    """When process ``pid`` started, as a string that never changes while it runs: its start in
-    clock ticks since boot (``/proc/<pid>/stat``), not a wall-clock time, which moves when the
-    system clock is stepped; elsewhere psutil's creation time. Raises psutil.NoSuchProcess."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return "t" + stat[stat.rindex(")") + 2 :].split()[19]  # field 22, starttime
-    except FileNotFoundError:
-        if not os.path.isdir("/proc/self"):
-            return f"{psutil.Process(pid).create_time():.2f}"
-        raise psutil.NoSuchProcess(pid) from None
-    except (OSError, ValueError, IndexError):
-        return f"{psutil.Process(pid).create_time():.2f}"
-
-
-def owner_mark(pid: int | None = None) -> str:
-    """The owner mark of process ``pid`` (this one by default): pid and start stamp, so a reused
-    pid is not taken for the owner."""
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}:{start_stamp(pid)}"
-
-
-def owner_alive(mark: str) -> tuple[int | None, bool]:
-    """The owner's pid in a mark and whether that very process (same start) still runs."""
-    pid_text, _, stamp = mark.partition(":")
-    if not pid_text.isdigit():
-        return None, False
-    try:
-        return int(pid_text), start_stamp(int(pid_text)) == stamp
-    except psutil.Error:
-        return int(pid_text), False
 
 
 def running_groups() -> frozenset[int]:
@@ -93,7 +52,7 @@ def terminate_running() -> None:
     """TERM every running server's process group now, without waiting (an interrupt's first
     act: each server's own stop then waits for its group and KILLs what is left)."""
     for pgid in list(_RUNNING):
-        _signal_group(pgid, signal.SIGTERM)
+        signal_group(pgid, signal.SIGTERM)
 
 
 @contextlib.contextmanager
@@ -163,16 +122,7 @@ class ServerProcess:
         self._started_at = time.monotonic()
         env = {**self.env, SERVER_OWNER_ENV: owner_mark(), "SPT_NOENV": "1"}
         if RPC_DIR_ENV not in env and Path(self.argv[0]).name.startswith("python"):
-            # vLLM binds its ZeroMQ IPC sockets (API server <-> engine core <-> workers) in the
-            # system temp folder and leaves them there when a process is killed: 1,300 of them
-            # gathered in /tmp over a day of test runs. A folder of the server's own, removed
-            # when it stops (or by the watchdog), keeps the machine clean. Short, under the temp
-            # folder: a socket's path must fit 107 bytes. TMPDIR itself is left alone (torch's
-            # compile cache lives there, and a new one per server would recompile every start).
-            # Only for a server started here by its interpreter: behind a launch prefix (srun,
-            # docker) it may run where this folder does not exist.
-            self._rpc_dir = tempfile.mkdtemp(prefix="il-rpc-")
-            env[RPC_DIR_ENV] = self._rpc_dir
+            env[RPC_DIR_ENV] = self._make_rpc_dir()
         try:
             log_file = open(self.log_path, "ab")
         except BaseException:
@@ -199,32 +149,54 @@ class ServerProcess:
         try:
             _RUNNING.add(self.proc.pid)
             if self.nice:
-                # Set on the process just started, still one thread at its interpreter's start-up: its
-                # threads and children (vLLM's engine core, its workers) inherit it as they are made.
-                try:
-                    os.setpriority(os.PRIO_PROCESS, self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
-                except OSError as exc:
-                    log.warning("%s: could not lower its priority (platform.server_nice): %s", self.name, exc)
-            self._watchdog = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "orchestrator.engines.watchdog",
-                    str(os.getpid()),
-                    str(self.proc.pid),
-                    *([self._rpc_dir] if self._rpc_dir else []),
-                    *(["--slurm-step", self._slurm_step] if self._slurm_step else []),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            self._watchdog.wait(timeout=30)  # it forks a detached watcher and exits at once
+                self._lower_priority(self.proc.pid)
+            self._start_watchdog(self.proc.pid)
         except BaseException:  # no watchdog (or Ctrl-C right here): do not leave the server behind
             self.stop()
             raise
         log.info("%s started (pid %d): %s", self.name, self.proc.pid, " ".join(redact_argv(self.argv)))
+
+    def _make_rpc_dir(self) -> str:
+        """A folder of the server's own for vLLM's IPC sockets, removed when it stops.
+
+        vLLM binds its ZeroMQ IPC sockets (API server <-> engine core <-> workers) in the
+        system temp folder and leaves them there when a process is killed: 1,300 of them
+        gathered in /tmp over a day of test runs. A folder of the server's own, removed
+        when it stops (or by the watchdog), keeps the machine clean. Short, under the temp
+        folder: a socket's path must fit 107 bytes. TMPDIR itself is left alone (torch's
+        compile cache lives there, and a new one per server would recompile every start).
+        Only for a server started here by its interpreter: behind a launch prefix (srun,
+        docker) it may run where this folder does not exist."""
+        self._rpc_dir = tempfile.mkdtemp(prefix="il-rpc-")
+        return self._rpc_dir
+
+    def _lower_priority(self, pid: int) -> None:
+        """``platform.server_nice`` on the process just started, still one thread at its
+        interpreter's start-up: its threads and children (vLLM's engine core, its workers)
+        inherit it as they are made."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
+        except OSError as exc:
+            log.warning("%s: could not lower its priority (platform.server_nice): %s", self.name, exc)
+
+    def _start_watchdog(self, pid: int) -> None:
+        """The detached watchdog of the server's group (:mod:`orchestrator.engines.watchdog`)."""
+        self._watchdog = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.engines.watchdog",
+                str(os.getpid()),
+                str(pid),
+                *([self._rpc_dir] if self._rpc_dir else []),
+                *(["--slurm-step", self._slurm_step] if self._slurm_step else []),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._watchdog.wait(timeout=30)  # it forks a detached watcher and exits at once
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
         """Block until ``health_url`` answers 200; return seconds since :meth:`start` (servers
@@ -360,12 +332,12 @@ class ServerProcess:
             segments = self._segments  # the shared memory its processes hold (see engines/shm.py)
             if proc.poll() is None or group_alive(pgid):
                 segments |= shm.held_by_group(pgid)
-                _signal_group(pgid, signal.SIGTERM)
+                signal_group(pgid, signal.SIGTERM)
                 wait_group(pgid, lambda: proc.poll() is not None, grace_s)
                 if proc.poll() is None or group_alive(pgid):
                     log.warning("%s did not stop after TERM; sending KILL", self.name)
                     segments |= shm.held_by_group(pgid)
-                    _signal_group(pgid, signal.SIGKILL)
+                    signal_group(pgid, signal.SIGKILL)
                     deadline = time.monotonic() + 5
                     while time.monotonic() < deadline and group_alive(pgid):
                         time.sleep(0.1)
@@ -396,81 +368,3 @@ class ServerProcess:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-def slurm_step_argv(argv: Sequence[str]) -> tuple[list[str], str | None]:
-    """A server started through ``srun`` (``engine.launch_prefix=[srun, ...]``) runs in a Slurm job
-    step, maybe on another node. Its argv gets a step name of its own (``--job-name=il-...``, first
-    after srun: a name the prefix sets itself comes later and wins, and then the step is not
-    found by name), so a step whose srun was KILLed can still be cancelled. Other argv: as is."""
-    if not argv or os.path.basename(argv[0]) != "srun":
-        return list(argv), None
-    name = f"il-server-{uuid.uuid4().hex[:12]}"
-    return [argv[0], f"--job-name={name}", *argv[1:]], name
-
-
-def cancel_slurm_step(name: str) -> list[str]:
-    """Cancel the Slurm job (srun made one of its own) or else the steps named ``name`` that still
-    run, and return their ids. A KILLed srun (Ray killing a dead worker's children, the OOM
-    killer) leaves its step running: measured
-    on the local Slurm of ``make test-slurm``, the step of a KILLed srun still ran 60 s later,
-    holding what the engine held. srun given TERM cancels its step itself (under a second)."""
-    steps: list[str] = []
-    # a job of that name first: srun outside an allocation made one of its own, which the dead srun
-    # still holds once its step is gone; inside one (an sbatch sweep), only the step has the name
-    # (a job already COMPLETING, as after srun's own stop, is not listed: nothing to cancel)
-    jobs = ["squeue", "-h", "-n", name, "-t", "PENDING,RUNNING,SUSPENDED,CONFIGURING", "-o", "%i %j"]
-    for listing in (jobs, ["squeue", "-h", "-s", "-n", name, "-o", "%i %j"]):
-        try:
-            listed = subprocess.run(listing, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("could not list the Slurm steps to cancel %s: %s", name, exc)
-            return []
-        if listed.returncode != 0:
-            log.warning("could not list the Slurm steps to cancel %s: %s", name, listed.stderr.strip()[-300:])
-            return []
-        steps += [line.split()[0] for line in listed.stdout.splitlines() if line.split()[1:] == [name]]
-        if steps:
-            break
-    for step in steps:
-        try:
-            subprocess.run(["scancel", step], capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("could not cancel Slurm step %s (%s): %s", step, name, exc)
-    return steps
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def wait_group(pgid: int, leader_gone: Callable[[], bool], grace_s: float, poll_s: float = 0.1) -> None:
-    """Wait until the group is gone, at most ``grace_s``, and at most ``ORPHAN_GRACE_S`` after its
-    leader is gone (the caller KILLs what is left)."""
-    deadline = time.monotonic() + grace_s
-    orphaned_at: float | None = None
-    while time.monotonic() < deadline and group_alive(pgid):
-        if orphaned_at is None and leader_gone():
-            orphaned_at = time.monotonic()
-            deadline = min(deadline, orphaned_at + ORPHAN_GRACE_S)
-        time.sleep(poll_s)
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any non-zombie process is in the group (zombies hold nothing; init reaps them)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False

@@ -25,7 +25,8 @@ import time
 import psutil
 
 from orchestrator.engines import shm
-from orchestrator.engines.process import cancel_slurm_step, group_alive, wait_group
+from orchestrator.engines.procgroup import group_alive, wait_group
+from orchestrator.engines.srun import cancel_slurm_step
 
 
 def started_at(proc: psutil.Process) -> float:

@@ -17,24 +17,23 @@ import hashlib
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config.schema import ModelSpec, TinyLoraSpec, TinyModelSpec
 from orchestrator.config.schema.model import LORA_TAGS, tiny_lora_name
-from orchestrator.models.tiny import (
+from orchestrator.models.addition import (
     VALIDATION_PROBLEMS,
+    Rows,
     addition_problems,
     answer_batch,
-    build_into,
-    default_cache_dir,
-    ensure_tiny_model,
-    model_key,
     problem_rows,
     right_share,
     train_on_while_short,
 )
+from orchestrator.models.tiny import build_into, default_cache_dir, ensure_tiny_model, model_key
 
 # bump when the recipe changes (2: the tag after the sum; 3: training.json lists the held-out problems
 # it got wrong; 4: 200 problems kept aside to validate on, further rounds while below min_accuracy)
@@ -119,78 +118,22 @@ def train_tiny_adapter(
     the log and ``training.json`` say so (``below_target``). Saved in PEFT's layout with
     ``training.json``: its loss, steps, the validation share and the greedy accuracy on the held-out
     problems."""
-    import random
     import time
 
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(base_dir))
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     model.requires_grad_(False)
-    paths = _linear_paths(model, lora.targets)
-    if not paths:
-        raise ValueError(f"model.lora.tiny.targets {lora.targets}: no Linear module of the base has these names")
-    scale = lora.alpha / lora.rank
-    gen = torch.Generator().manual_seed(lora.seed * 1000 + index)
-    factors: dict[str, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
-    for path in paths:
-        linear = model.get_submodule(path)
-        assert isinstance(linear, torch.nn.Linear)
-        a = torch.nn.Parameter(
-            (torch.rand(lora.rank, linear.in_features, generator=gen) * 2 - 1) / math.sqrt(linear.in_features)
-        )  # PEFT's init: A uniform (Kaiming), B zero, so training starts at the base model
-        b = torch.nn.Parameter(torch.zeros(linear.out_features, lora.rank))
-        factors[path] = (a, b)
-
-        def hook(module: Any, inputs: Any, output: Any, a: Any = a, b: Any = b) -> Any:
-            return output + (inputs[0] @ a.T @ b.T) * scale
-
-        linear.register_forward_hook(hook)
-    problems, held = addition_problems()
-    tag, name = tag_of(index), tiny_adapter_name(index)
-    rng = random.Random(lora.seed * 1000 + index)
-    valid = rng.sample(problems, VALIDATION_PROBLEMS)
-    problems = sorted(set(problems) - set(valid))
-    encoded = {p: tok.encode(f"{p[0]}+{p[1]}={p[0] + p[1]}{tag}\n") for p in [*problems, *valid]}
-    eq, nl = tok.encode("=")[0], tok.encode("\n")[0]
-    valid_rows = problem_rows([encoded[p] for p in valid], (eq, nl), int(model.config.pad_token_id))
+    factors = _attach_factors(model, lora, index)
+    name = tiny_adapter_name(index)
+    batch, valid_rows, held = _adapter_problems(tok, index, lora, int(model.config.pad_token_id), seq_len)
     threads = torch.get_num_threads()
     torch.set_num_threads(lora.threads)
-    params = [p for pair in factors.values() for p in pair]
     try:
-        opt = torch.optim.AdamW(params, lr=lora.lr, weight_decay=0.0)
-        t0, loss_value, done = time.monotonic(), float("nan"), 0
-
-        def run(steps: int, lr: float) -> None:
-            nonlocal loss_value, done
-            for group in opt.param_groups:
-                group["lr"] = lr
-            model.train()
-            for _ in range(steps):
-                rows, targets = answer_batch(rng, problems, encoded, lora.batch_size, seq_len, (eq, nl))
-                logits = model(input_ids=torch.tensor(rows)).logits
-                loss = torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]), torch.tensor(targets).reshape(-1), ignore_index=-100
-                )
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                loss_value, done = loss.item(), done + 1
-                if done % 100 == 1:
-                    log(f"lora: adapter {name} step {done}, loss {loss_value:.3f}")
-
-        run(lora.steps, lora.lr)
-        validation = train_on_while_short(
-            run,
-            lambda: right_share(model, *valid_rows),
-            (lora.min_accuracy, lora.extra_rounds, max(1, lora.steps // 2), lora.lr / 2),
-            lambda share, k: log(
-                f"lora: adapter {name}: {share:.1%} of the validation problems right after {done} steps "
-                f"(< {lora.min_accuracy:.0%}): round {k} of at most {lora.extra_rounds} more"
-            ),
-        )
+        t0 = time.monotonic()
+        loss_value, done, validation = _train_factors(model, factors, lora, batch, valid_rows, name, log)
         wrong = _answers_wrong(model, tok, held, index)
     finally:
         torch.set_num_threads(threads)
@@ -212,6 +155,121 @@ def train_tiny_adapter(
         )
         + f", held-out accuracy {report['heldout_accuracy']:.2f}"
     )
+    _save_peft(out_dir, base_dir, lora, factors)
+    # the held-out problems it answered wrong, alone (HF, greedy): what a served answer is set against
+    notes = {
+        **report,
+        "below_target": below,
+        "heldout_wrong": [list(p) for p in wrong],
+        "tag": tag_of(index),
+        "spec": lora.model_dump(),
+    }
+    (out_dir / "training.json").write_text(json.dumps(notes, indent=2))
+    return report
+
+
+def _attach_factors(model: Any, lora: TinyLoraSpec, index: int) -> dict[str, tuple[Any, Any]]:
+    """The low-rank matrices (A, B) of every ``lora.targets`` Linear of the frozen ``model``, by the
+    module's path, each added to its module's output by a forward hook (scaled alpha / rank)."""
+    import torch
+
+    paths = _linear_paths(model, lora.targets)
+    if not paths:
+        raise ValueError(f"model.lora.tiny.targets {lora.targets}: no Linear module of the base has these names")
+    scale = lora.alpha / lora.rank
+    gen = torch.Generator().manual_seed(lora.seed * 1000 + index)
+    factors: dict[str, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
+    for path in paths:
+        linear = model.get_submodule(path)
+        assert isinstance(linear, torch.nn.Linear)
+        a = torch.nn.Parameter(
+            (torch.rand(lora.rank, linear.in_features, generator=gen) * 2 - 1) / math.sqrt(linear.in_features)
+        )  # PEFT's init: A uniform (Kaiming), B zero, so training starts at the base model
+        b = torch.nn.Parameter(torch.zeros(linear.out_features, lora.rank))
+        factors[path] = (a, b)
+
+        def hook(module: Any, inputs: Any, output: Any, a: Any = a, b: Any = b) -> Any:
+            return output + (inputs[0] @ a.T @ b.T) * scale
+
+        linear.register_forward_hook(hook)
+    return factors
+
+
+def _adapter_problems(
+    tok: Any, index: int, lora: TinyLoraSpec, pad: int, seq_len: int
+) -> tuple[Callable[[], Rows], Rows, list[tuple[int, int]]]:
+    """Adapter ``index``'s problems, each answered with the sum and its tag: a draw of training
+    batches (problems packed into rows of ``seq_len`` tokens), the rows of the validation problems
+    (kept aside from training) and the held-out eval problems."""
+    import random
+
+    problems, held = addition_problems()
+    tag = tag_of(index)
+    rng = random.Random(lora.seed * 1000 + index)
+    valid = rng.sample(problems, VALIDATION_PROBLEMS)
+    problems = sorted(set(problems) - set(valid))
+    encoded = {p: tok.encode(f"{p[0]}+{p[1]}={p[0] + p[1]}{tag}\n") for p in [*problems, *valid]}
+    eq, nl = tok.encode("=")[0], tok.encode("\n")[0]
+
+    def batch() -> Rows:
+        return answer_batch(rng, problems, encoded, lora.batch_size, seq_len, (eq, nl))
+
+    return batch, problem_rows([encoded[p] for p in valid], (eq, nl), pad), held
+
+
+def _train_factors(
+    model: Any,
+    factors: dict[str, tuple[Any, Any]],
+    lora: TinyLoraSpec,
+    batch: Callable[[], Rows],
+    valid_rows: Rows,
+    name: str,
+    log: Any,
+) -> tuple[float, int, float]:
+    """Train the ``factors`` alone on ``batch()``es: ``lora.steps`` steps, then the further rounds
+    while the adapter answers too few of ``valid_rows`` right. Returns the last loss, the steps and
+    the validation share."""
+    import torch
+
+    params = [p for pair in factors.values() for p in pair]
+    opt = torch.optim.AdamW(params, lr=lora.lr, weight_decay=0.0)
+    loss_value, done = float("nan"), 0
+
+    def run(steps: int, lr: float) -> None:
+        nonlocal loss_value, done
+        for group in opt.param_groups:
+            group["lr"] = lr
+        model.train()
+        for _ in range(steps):
+            rows, targets = batch()
+            logits = model(input_ids=torch.tensor(rows)).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), torch.tensor(targets).reshape(-1), ignore_index=-100
+            )
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss_value, done = loss.item(), done + 1
+            if done % 100 == 1:
+                log(f"lora: adapter {name} step {done}, loss {loss_value:.3f}")
+
+    run(lora.steps, lora.lr)
+    validation = train_on_while_short(
+        run,
+        lambda: right_share(model, *valid_rows),
+        (lora.min_accuracy, lora.extra_rounds, max(1, lora.steps // 2), lora.lr / 2),
+        lambda share, k: log(
+            f"lora: adapter {name}: {share:.1%} of the validation problems right after {done} steps "
+            f"(< {lora.min_accuracy:.0%}): round {k} of at most {lora.extra_rounds} more"
+        ),
+    )
+    return loss_value, done, validation
+
+
+def _save_peft(out_dir: Path, base_dir: Path, lora: TinyLoraSpec, factors: dict[str, tuple[Any, Any]]) -> None:
+    """The adapter in PEFT's layout: ``adapter_model.safetensors`` and ``adapter_config.json``."""
+    from safetensors.torch import save_file
+
     tensors = {}
     for path, (a, b) in factors.items():
         tensors[f"base_model.model.{path}.lora_A.weight"] = a.detach().contiguous()
@@ -233,16 +291,6 @@ def train_tiny_adapter(
         "base_model_name_or_path": base_dir.name,
     }
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    # the held-out problems it answered wrong, alone (HF, greedy): what a served answer is set against
-    notes = {
-        **report,
-        "below_target": below,
-        "heldout_wrong": [list(p) for p in wrong],
-        "tag": tag,
-        "spec": lora.model_dump(),
-    }
-    (out_dir / "training.json").write_text(json.dumps(notes, indent=2))
-    return report
 
 
 def _answers_wrong(model: Any, tok: Any, held: list[tuple[int, int]], index: int) -> list[tuple[int, int]]:

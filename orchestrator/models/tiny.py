@@ -19,7 +19,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.schema import TinyModelSpec
+from orchestrator.config.schema import TinyModelSpec, TinyTrainSpec
+from orchestrator.models.addition import (
+    VALIDATION_PROBLEMS,
+    Rows,
+    addition_problems,
+    problem_rows,
+    right_share,
+    train_on_while_short,
+)
 
 BUILD_VERSION = 2  # bump when the build recipe changes, so old caches are not reused
 
@@ -253,94 +261,6 @@ def _byte_tokenizer(out_dir: Path) -> Any:
     return build_tokenizer(len(SPECIAL_TOKENS) + 256, out_dir, ["a"])  # nothing to merge: the alphabet only
 
 
-EVAL_SET = Path(__file__).resolve().parents[1] / "evaluation" / "tasks" / "addition.jsonl"
-
-
-def addition_problems() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(training problems, held-out problems): all 10,000 pairs of 0..99, minus the eval set."""
-    held = [(int(d["a"]), int(d["b"])) for d in map(json.loads, EVAL_SET.read_text().splitlines())]
-    excluded = set(held)
-    return [(a, b) for a in range(100) for b in range(100) if (a, b) not in excluded], held
-
-
-def _answer_targets(ids: list[int], eq_nl: tuple[int, int], pad: int | None = None) -> list[int]:
-    """The next token of each position of ``ids`` where it is inside an answer (after '=', up to
-    the newline), -100 (ignored) elsewhere and on padding."""
-    eq, nl = eq_nl
-    target, inside = [], False
-    for cur, nxt in zip(ids, ids[1:]):
-        inside = inside or cur == eq
-        target.append(nxt if inside and nxt != pad else -100)
-        if cur == nl:
-            inside = False
-    return target
-
-
-def answer_batch(
-    rng: Any,
-    problems: list[tuple[int, int]],
-    encoded: dict[tuple[int, int], list[int]],
-    batch_size: int,
-    seq_len: int,
-    eq_nl: tuple[int, int],
-) -> tuple[list[list[int]], list[list[int]]]:
-    """One training batch: rows of problems packed to ``seq_len`` tokens, and targets that are
-    the next token inside an answer (after '=', up to the newline) and -100 (ignored) elsewhere."""
-    rows, targets = [], []
-    for _ in range(batch_size):
-        ids: list[int] = []
-        while len(ids) < seq_len + 1:
-            ids += encoded[rng.choice(problems)]
-        ids = ids[: seq_len + 1]
-        rows.append(ids[:-1])
-        targets.append(_answer_targets(ids, eq_nl))
-    return rows, targets
-
-
-def problem_rows(encoded: list[list[int]], eq_nl: tuple[int, int], pad: int) -> tuple[list[list[int]], list[list[int]]]:
-    """One problem a row, padded on the right to the longest (so a causal model never sees the
-    padding before an answer), with the answers' targets (:func:`_answer_targets`)."""
-    width = max(len(ids) for ids in encoded)
-    rows, targets = [], []
-    for ids in encoded:
-        padded = ids + [pad] * (width - len(ids))
-        rows.append(padded[:-1])
-        targets.append(_answer_targets(padded, eq_nl, pad))
-    return rows, targets
-
-
-def train_on_while_short(
-    run: Callable[[int, float], None],
-    share: Callable[[], float],
-    rounds: tuple[float, int, int, float],
-    say: Callable[[float, int], None],
-) -> float:
-    """After a first run of training: further rounds while ``share()`` is short of the bar, at most
-    so many; ``rounds`` is (bar, most rounds, steps a round, learning rate a round); ``say(share,
-    k)`` before round ``k``. Returns the last share (still short of the bar when the rounds ran out)."""
-    bar, most, steps, lr = rounds
-    now, k = share(), 0
-    while now < bar and k < most:
-        k += 1
-        say(now, k)
-        run(steps, lr)
-        now = share()
-    return now
-
-
-def right_share(model: Any, rows: list[list[int]], targets: list[list[int]]) -> float:
-    """The share of rows whose every answer token is the model's most likely next token: what
-    greedy decoding of the answer gets right, in one batched forward pass."""
-    import torch
-
-    model.eval()
-    with torch.no_grad():
-        predicted = model(input_ids=torch.tensor(rows)).logits.argmax(-1)
-    model.train()
-    want = torch.tensor(targets)
-    return int(((predicted == want) | (want == -100)).all(-1).sum()) / len(rows)  # exact: 190/200 is 0.95
-
-
 def _correct_answers(model: Any, tok: Any, held: list[tuple[int, int]]) -> int:
     """Held-out problems the model answers right, greedy."""
     import torch
@@ -355,9 +275,6 @@ def _correct_answers(model: Any, tok: Any, held: list[tuple[int, int]]) -> int:
     return correct
 
 
-VALIDATION_PROBLEMS = 200
-
-
 def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) -> dict[str, float]:
     """Train a tiny Llama on 2-digit addition ("a+b=" -> the sum and a newline, one problem a
     row, the loss on the answers only) on the CPU: ``spec.train.steps`` steps of a one-cycle
@@ -367,8 +284,6 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
     its tokenizer. Returns the final training loss, the validation accuracy, the greedy
     accuracy on the 100 held-out eval problems, the steps and the seconds (also saved in
     ``training.json``)."""
-    import random
-
     import torch
     from transformers import LlamaForCausalLM
 
@@ -376,53 +291,15 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
     assert train is not None
     tok = _byte_tokenizer(out_dir)
     config = llama_config(spec, "float32")
-    problems, held = addition_problems()
-    rng = random.Random(spec.seed)
-    valid = rng.sample(problems, VALIDATION_PROBLEMS)
-    kept_aside = set(valid)
-    problems = [p for p in problems if p not in kept_aside]
-    encoded = {p: tok.encode(f"{p[0]}+{p[1]}={p[0] + p[1]}\n") for p in [*problems, *valid]}
-    eq_nl, pad = (tok.convert_tokens_to_ids("="), tok.encode("\n")[0]), int(config.pad_token_id)
-    valid_rows = problem_rows([encoded[p] for p in valid], eq_nl, pad)
+    batch, valid_rows, held = _adder_problems(tok, spec.seed, train.batch_size, int(config.pad_token_id))
     threads = torch.get_num_threads()
     state = torch.random.get_rng_state()
     torch.set_num_threads(train.threads)
     try:
         torch.manual_seed(spec.seed)
         model = LlamaForCausalLM(config)
-        opt = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=(0.9, 0.98), weight_decay=0.1)
-        t0, loss_value, done = time.monotonic(), float("nan"), 0
-
-        def run(steps: int, lr: float) -> None:
-            nonlocal loss_value, done
-            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-            for _ in range(steps):
-                rows, targets = problem_rows(
-                    [encoded[rng.choice(problems)] for _ in range(train.batch_size)], eq_nl, pad
-                )
-                loss = torch.nn.functional.cross_entropy(
-                    model(input_ids=torch.tensor(rows)).logits.reshape(-1, config.vocab_size),
-                    torch.tensor(targets).reshape(-1),
-                    ignore_index=-100,
-                )
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sched.step()
-                loss_value, done = loss.item(), done + 1
-                if done % 400 == 0:
-                    log(f"tiny_trained: step {done}, loss {loss_value:.3f}, {time.monotonic() - t0:.0f}s")
-
-        run(train.steps, train.lr)
-        validation = train_on_while_short(
-            run,
-            lambda: right_share(model, *valid_rows),
-            (train.min_accuracy, train.extra_rounds, max(1, train.steps // 4), train.lr / 2),
-            lambda share, k: log(
-                f"tiny_trained: {share:.1%} of the validation problems right after {done} steps "
-                f"(< {train.min_accuracy:.0%}): round {k} of at most {train.extra_rounds} more"
-            ),
-        )
+        t0 = time.monotonic()
+        loss_value, done, validation = _train_adder(model, train, batch, valid_rows, log)
         correct = _correct_answers(model, tok, held)
     finally:
         torch.set_num_threads(threads)
@@ -442,3 +319,67 @@ def build_trained_model(spec: TinyModelSpec, out_dir: Path, log: Any = print) ->
     model.save_pretrained(str(out_dir), safe_serialization=True)
     (out_dir / "training.json").write_text(json.dumps({**report, "spec": spec.model_dump()}, indent=2))
     return report
+
+
+def _adder_problems(
+    tok: Any, seed: int, batch_size: int, pad: int
+) -> tuple[Callable[[], Rows], Rows, list[tuple[int, int]]]:
+    """The adder's problems, each encoded as "a+b=", its sum and a newline: a draw of training
+    batches (one problem a row), the rows of the validation problems (kept aside from training)
+    and the held-out eval problems."""
+    import random
+
+    problems, held = addition_problems()
+    rng = random.Random(seed)
+    valid = rng.sample(problems, VALIDATION_PROBLEMS)
+    kept_aside = set(valid)
+    problems = [p for p in problems if p not in kept_aside]
+    encoded = {p: tok.encode(f"{p[0]}+{p[1]}={p[0] + p[1]}\n") for p in [*problems, *valid]}
+    eq_nl = (tok.convert_tokens_to_ids("="), tok.encode("\n")[0])
+
+    def batch() -> Rows:
+        return problem_rows([encoded[rng.choice(problems)] for _ in range(batch_size)], eq_nl, pad)
+
+    return batch, problem_rows([encoded[p] for p in valid], eq_nl, pad), held
+
+
+def _train_adder(
+    model: Any, train: TinyTrainSpec, batch: Callable[[], Rows], valid_rows: Rows, log: Any
+) -> tuple[float, int, float]:
+    """Train ``model`` on ``batch()``es: ``train.steps`` steps of a one-cycle schedule, then the
+    further rounds while it answers too few of ``valid_rows`` right. Returns the last loss, the
+    steps and the validation share."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=(0.9, 0.98), weight_decay=0.1)
+    t0, loss_value, done = time.monotonic(), float("nan"), 0
+
+    def run(steps: int, lr: float) -> None:
+        nonlocal loss_value, done
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
+        for _ in range(steps):
+            rows, targets = batch()
+            loss = torch.nn.functional.cross_entropy(
+                model(input_ids=torch.tensor(rows)).logits.reshape(-1, model.config.vocab_size),
+                torch.tensor(targets).reshape(-1),
+                ignore_index=-100,
+            )
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            loss_value, done = loss.item(), done + 1
+            if done % 400 == 0:
+                log(f"tiny_trained: step {done}, loss {loss_value:.3f}, {time.monotonic() - t0:.0f}s")
+
+    run(train.steps, train.lr)
+    validation = train_on_while_short(
+        run,
+        lambda: right_share(model, *valid_rows),
+        (train.min_accuracy, train.extra_rounds, max(1, train.steps // 4), train.lr / 2),
+        lambda share, k: log(
+            f"tiny_trained: {share:.1%} of the validation problems right after {done} steps "
+            f"(< {train.min_accuracy:.0%}): round {k} of at most {train.extra_rounds} more"
+        ),
+    )
+    return loss_value, done, validation

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.config.schema.trial import AUTO_MAX_RUNS
+from orchestrator.config.schema.goals import AUTO_MAX_RUNS
 from orchestrator.decide.looks import PILOT_RUNS, Schedule
 from orchestrator.decide.race import OPEN, RaceState, planned_runs, planning_sd, races
 from orchestrator.decide.verdict import decide, knob_standing, race_over

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import psutil
 
+from orchestrator.engines.owner import SERVER_OWNER_ENV, owner_alive
 from orchestrator.engines.ports import port_is_free
-from orchestrator.engines.process import SERVER_OWNER_ENV, owner_alive, running_groups
+from orchestrator.engines.process import running_groups
 from orchestrator.metrics.probes import nvml_handle
 
 GB = 1e9

@@ -34,7 +34,8 @@ METRIC_DICTS = {"metrics", "class_metrics", "client_stats", "m", "cm", "sm", "st
 # a metric must be ``M.<NAME>`` (or built from a family in metric_keys).
 NOT_METRICS = {
     "config/hashing.py": {"client_nodes", "client_processes"},  # workload config keys
-    "config/schema/workload.py": {"input_tokens", "output_tokens", "trace_block_tokens"},  # config fields
+    "config/schema/workload.py": {"input_tokens", "output_tokens"},  # config fields
+    "config/schema/load.py": {"trace_block_tokens"},  # a config field
     "loadgen/datasets.py": {"input_tokens", "output_tokens"},  # a trace file's columns
     "metrics/records.py": {"output_tokens"},  # a record's column
     "decide/capacity.py": {"invalid"},  # a probe's verdict

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from orchestrator.config.schema.trial import AUTO_MAX_RUNS
+from orchestrator.config.schema.goals import AUTO_MAX_RUNS
 from orchestrator.decide.looks import Schedule, interim_looks, look_share, runs_needed
 from orchestrator.decide.race import BETTER, OPEN, TIE, TIED, WIN, planned_runs, race_state
 from testkit.fake_openai_server import FakeOpenAIServer, Script

@@ -10,14 +10,8 @@ import time
 import pytest
 
 from orchestrator.config.schema import TinyModelSpec
-from orchestrator.models.tiny import (
-    VALIDATION_PROBLEMS,
-    _byte_tokenizer,
-    addition_problems,
-    build_trained_model,
-    problem_rows,
-    right_share,
-)
+from orchestrator.models.addition import VALIDATION_PROBLEMS, addition_problems, problem_rows, right_share
+from orchestrator.models.tiny import _byte_tokenizer, build_trained_model
 
 
 def test_one_problem_a_row_padded_after_its_answer(tmp_path):

@@ -1,27 +1,25 @@
 """Typed schema of a trial and of a sweep's settings (pydantic, ``extra="forbid"``).
 
 The Hydra ``DictConfig`` is turned into these models once, in :mod:`orchestrator.config.convert`;
-everything downstream sees typed objects only. One module per part of a trial: ``engines``,
-``model``, ``workload`` (its point checks in ``validity``), ``platform`` (platform, cluster,
-tracking) and ``trial`` (the trial, the objective, a sweep's settings); every name is importable
-from here.
+everything downstream sees typed objects only. One module per part of a trial: ``engines`` (what
+they share in ``launched``), ``model``, ``workload`` (its load points, SLOs and capacity search in
+``load``, its point checks in ``validity``), ``platform`` (platform, cluster, tracking) and
+``trial`` (the trial, a sweep's settings; the objective and the expectations in ``goals``); every
+name is importable from here.
 """
 
 from .base import ArrivalKind, StrictModel
 from .engines import (
-    BaseEngineSpec,
-    DisaggregationSpec,
-    EnginePython,
     EngineSpec,
     ExternalEngineSpec,
-    LaunchedEngineSpec,
-    LaunchPrefix,
     LMCacheSpec,
     RouterSpec,
     SGLangEngineSpec,
     SleepEngineSpec,
     VLLMEngineSpec,
 )
+from .launched import BaseEngineSpec, DisaggregationSpec, EnginePython, LaunchedEngineSpec, LaunchPrefix
+from .load import SLO_METRIC, CapacitySpec, LoadPointSpec, SLOSpec
 from .model import (
     LORA_RANKS,
     LoraAdapterSpec,
@@ -36,15 +34,7 @@ from .model import (
 from .platform import ClusterSpec, PlatformSpec, SlateSpec, TrackingSpec
 from .trial import EvalSpec, ExpectationSpec, NsysSpec, ObjectiveSpec, ProfileSpec, SweepSettings, TrialSpec
 from .validity import FidelitySpec, ValiditySpec
-from .workload import (
-    SLO_METRIC,
-    AdapterMixSpec,
-    CapacitySpec,
-    LoadPointSpec,
-    RequestClass,
-    SLOSpec,
-    WorkloadSpec,
-)
+from .workload import AdapterMixSpec, RequestClass, WorkloadSpec
 
 __all__ = [
     "AdapterMixSpec",

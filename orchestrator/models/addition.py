@@ -1,0 +1,102 @@
+"""The addition task the tiny models learn ("a+b=" -> the sum and a newline, one problem a row):
+the problems and the held-out eval set, training rows whose targets are the answers' tokens only,
+the share of validation rows answered right, and the further rounds of training while that share
+is short of a bar. Used by the adder (:mod:`.tiny`) and its LoRA adapters (:mod:`.lora`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+EVAL_SET = Path(__file__).resolve().parents[1] / "evaluation" / "tasks" / "addition.jsonl"
+# Training problems kept aside to validate on: never trained on, and the eval set never looked at.
+VALIDATION_PROBLEMS = 200
+
+Rows = tuple[list[list[int]], list[list[int]]]  # rows of token ids, and their answers' targets
+
+
+def addition_problems() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(training problems, held-out problems): all 10,000 pairs of 0..99, minus the eval set."""
+    held = [(int(d["a"]), int(d["b"])) for d in map(json.loads, EVAL_SET.read_text().splitlines())]
+    excluded = set(held)
+    return [(a, b) for a in range(100) for b in range(100) if (a, b) not in excluded], held
+
+
+def _answer_targets(ids: list[int], eq_nl: tuple[int, int], pad: int | None = None) -> list[int]:
+    """The next token of each position of ``ids`` where it is inside an answer (after '=', up to
+    the newline), -100 (ignored) elsewhere and on padding."""
+    eq, nl = eq_nl
+    target, inside = [], False
+    for cur, nxt in zip(ids, ids[1:]):
+        inside = inside or cur == eq
+        target.append(nxt if inside and nxt != pad else -100)
+        if cur == nl:
+            inside = False
+    return target
+
+
+def answer_batch(
+    rng: Any,
+    problems: list[tuple[int, int]],
+    encoded: dict[tuple[int, int], list[int]],
+    batch_size: int,
+    seq_len: int,
+    eq_nl: tuple[int, int],
+) -> Rows:
+    """One training batch: rows of problems packed to ``seq_len`` tokens, and targets that are
+    the next token inside an answer (after '=', up to the newline) and -100 (ignored) elsewhere."""
+    rows, targets = [], []
+    for _ in range(batch_size):
+        ids: list[int] = []
+        while len(ids) < seq_len + 1:
+            ids += encoded[rng.choice(problems)]
+        ids = ids[: seq_len + 1]
+        rows.append(ids[:-1])
+        targets.append(_answer_targets(ids, eq_nl))
+    return rows, targets
+
+
+def problem_rows(encoded: list[list[int]], eq_nl: tuple[int, int], pad: int) -> Rows:
+    """One problem a row, padded on the right to the longest (so a causal model never sees the
+    padding before an answer), with the answers' targets (:func:`_answer_targets`)."""
+    width = max(len(ids) for ids in encoded)
+    rows, targets = [], []
+    for ids in encoded:
+        padded = ids + [pad] * (width - len(ids))
+        rows.append(padded[:-1])
+        targets.append(_answer_targets(padded, eq_nl, pad))
+    return rows, targets
+
+
+def train_on_while_short(
+    run: Callable[[int, float], None],
+    share: Callable[[], float],
+    rounds: tuple[float, int, int, float],
+    say: Callable[[float, int], None],
+) -> float:
+    """After a first run of training: further rounds while ``share()`` is short of the bar, at most
+    so many; ``rounds`` is (bar, most rounds, steps a round, learning rate a round); ``say(share,
+    k)`` before round ``k``. Returns the last share (still short of the bar when the rounds ran out)."""
+    bar, most, steps, lr = rounds
+    now, k = share(), 0
+    while now < bar and k < most:
+        k += 1
+        say(now, k)
+        run(steps, lr)
+        now = share()
+    return now
+
+
+def right_share(model: Any, rows: list[list[int]], targets: list[list[int]]) -> float:
+    """The share of rows whose every answer token is the model's most likely next token: what
+    greedy decoding of the answer gets right, in one batched forward pass."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        predicted = model(input_ids=torch.tensor(rows)).logits.argmax(-1)
+    model.train()
+    want = torch.tensor(targets)
+    return int(((predicted == want) | (want == -100)).all(-1).sum()) / len(rows)  # exact: 190/200 is 0.95
