@@ -18,9 +18,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from orchestrator.config.schema import LaunchedEngineSpec, SGLangEngineSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.config.schema import TrialSpec
 from orchestrator.engines import adapter_for, nsys
 from orchestrator.models.lora import AdapterError, read_adapter, tiny_adapter_name
+from orchestrator.models.shape import max_positions
 from orchestrator.perf.floors import roofs_used
 from orchestrator.perf.gpus import gpu_memory_gb, gpu_model
 from orchestrator.perf.kv import arch_of, tp_sizes, trial_kv_capacity
@@ -47,7 +48,8 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None, node_cpus: float | 
         )
     arch = arch_of(spec.model)
     if spec.platform.device == "cpu" and arch is not None and spec.model.tiny is None:
-        dtype = spec.engine.dtype if isinstance(spec.engine, LaunchedEngineSpec) else ""
+        launched = spec.engine.launched
+        dtype = launched.dtype if launched is not None else ""
         dtype_bytes = 4.0 if dtype in ("float32", "float") else 2.0
         need_gb, have_gb = arch.params_b * dtype_bytes, host_memory_gb()
         if have_gb is not None and need_gb > have_gb:
@@ -59,7 +61,7 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None, node_cpus: float | 
         adapter_for(spec.engine.name).unsupported(spec)
         or nsys.unsupported(spec)
         or lora_unfit(spec)
-        or vllm_refuses(spec)
+        or adapter_for(spec.engine.name).refuses(spec, max_positions(spec.model))
     )
     if reason:
         return reason
@@ -89,45 +91,6 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None, node_cpus: float | 
     return None
 
 
-def vllm_refuses(spec: TrialSpec) -> str | None:
-    """Why vLLM would refuse to start with the trial's scheduler and length settings (its
-    SchedulerConfig.verify_max_model_len and ModelConfig's length check), or None: said before the
-    server starts, not as its start-up traceback a minute later. Checked only where the values
-    are set or read here (a default vLLM picks itself is not guessed)."""
-    engine = spec.engine
-    if not isinstance(engine, VLLMEngineSpec):
-        return None
-    from orchestrator.models.shape import max_positions
-
-    found = max_positions(spec.model)
-    # the servers' environment: engine.env over the one the trial's worker has
-    allow = engine.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", ""))
-    allow_long = str(allow).lower() in ("1", "true")
-    if found is not None and engine.max_model_len is not None and engine.max_model_len > found[0] and not allow_long:
-        return (
-            f"engine.max_model_len {engine.max_model_len} is more than the model takes ({found[0]}, {found[1]}): "
-            "vLLM refuses it (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in engine.env overrides, at the model's risk)"
-        )
-    tokens = engine.max_num_batched_tokens
-    if tokens is None:
-        return None
-    # against the configured length only: the one vLLM derives by itself also reads the tokenizer
-    model_len = engine.max_model_len
-    if engine.enable_chunked_prefill is False and model_len is not None and tokens < model_len:
-        return (
-            f"engine.max_num_batched_tokens {tokens} is less than engine.max_model_len {model_len} with chunked prefill off: "
-            "vLLM refuses it (a longer prompt could never be scheduled); raise the budget, lower "
-            "engine.max_model_len or turn engine.enable_chunked_prefill on"
-        )
-    if engine.max_num_seqs is not None and tokens < engine.max_num_seqs:
-        return (
-            f"engine.max_num_batched_tokens {tokens} is less than engine.max_num_seqs {engine.max_num_seqs}: "
-            "vLLM refuses it (every running sequence needs a token of the step's budget)"
-        )
-    return None
-
-
-VLLM_DEFAULT_MAX_LORA_RANK = 16  # vllm.config.lora.LoRAConfig.max_lora_rank
 # The modules whose LoRA input is the model's hidden state, and those whose output is.
 _HIDDEN_IN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _HIDDEN_OUT = ("o_proj", "down_proj")
@@ -139,7 +102,7 @@ def lora_unfit(spec: TrialSpec) -> str | None:
     model's hidden size (an adapter of another base model). Reads each adapter's config and
     tensor header only; the tiny adapters' ranks come from their spec (they may not be built yet)."""
     lora, engine = spec.model.lora, spec.engine
-    if lora is None or not isinstance(engine, LaunchedEngineSpec):
+    if lora is None or engine.launched is None:
         return None
     ranks: list[tuple[str, int]] = []
     hidden = None
@@ -163,10 +126,7 @@ def lora_unfit(spec: TrialSpec) -> str | None:
                 )
     if lora.tiny is not None:
         ranks += [(tiny_adapter_name(k), lora.tiny.rank) for k in range(lora.tiny.count)]
-    limit: int | None = engine.max_lora_rank if isinstance(engine, VLLMEngineSpec | SGLangEngineSpec) else None
-    default = ""
-    if limit is None and isinstance(engine, VLLMEngineSpec):
-        limit, default = VLLM_DEFAULT_MAX_LORA_RANK, " (vLLM's default)"
+    limit, default = adapter_for(engine.name).lora_rank_limit(spec)
     for name, r in ranks:
         if limit is not None and r > limit:
             return (
@@ -207,7 +167,7 @@ def estimate_seconds(spec: TrialSpec) -> float:
         return spec.engine.hold_s
     device = spec.platform.device
     w = spec.workload
-    total = STARTUP_S[device] if isinstance(spec.engine, LaunchedEngineSpec) else 0.0
+    total = STARTUP_S[device] if spec.engine.launched is not None else 0.0
     out_tokens = sum(c.output_tokens or 256 for c in w.classes.values()) / len(w.classes)
     turns = max(c.turns or 1 for c in w.classes.values())
     probes = [w.capacity.probe(w.capacity.start)] * w.capacity.max_probes if w.capacity else []

@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.engines import external, sglang, sleep, vllm  # noqa: F401 (their adapters register)
-from orchestrator.engines.base import ADAPTERS, EngineAdapter, EngineMetric, ServerLaunch
+from orchestrator.engines.base import ADAPTERS, EngineAdapter, EngineMetric, LaunchContext, ServerLaunch
 from orchestrator.engines.external import ExternalServer
 from orchestrator.engines.ports import free_port, port_is_free
 from orchestrator.engines.process import ServerProcess
@@ -45,6 +45,7 @@ def adapter_for(name: str) -> EngineAdapter[Any]:
 __all__ = [
     "ADAPTERS",
     "EngineAdapter",
+    "LaunchContext",
     "EngineMetric",
     "ExternalServer",
     "ServerLaunch",

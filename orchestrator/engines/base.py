@@ -108,6 +108,24 @@ class Profiler:
     stop_grace_s: float | None = None  # how long a wrapped server may take to stop (nsys writes its report)
 
 
+def _no_more_ports() -> int:
+    raise RuntimeError("this launch has one port: LaunchContext.next_port was not given")
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """Where a trial's servers are launched, the same for every adapter: the model's local folder
+    (or hub id), the measured front's port, more ports on demand (replicas, a P/D pair, the
+    router's side port), a work folder for rendered configs and KV stores, and the LoRA adapters
+    loaded at start (served name, folder)."""
+
+    model_path: str
+    port: int
+    next_port: Callable[[], int] = _no_more_ports
+    workdir: str = ""
+    adapters: tuple[tuple[str, str], ...] = ()
+
+
 S = TypeVar("S", bound=BaseEngineSpec)
 
 
@@ -131,20 +149,12 @@ class EngineAdapter(ABC, Generic[S]):
         return engine
 
     @abstractmethod
-    def launches(
-        self,
-        spec: TrialSpec,
-        model_path: str,
-        port: int,
-        next_port: Callable[[], int],
-        workdir: str,
-        adapters: tuple[tuple[str, str], ...] = (),
-    ) -> list[ServerLaunch]:
+    def launches(self, spec: TrialSpec, at: LaunchContext) -> list[ServerLaunch]:
         """The trial's servers, the measured front last (none: the trial holds, see ``hold``)."""
 
     def launch(self, spec: TrialSpec, model_path: str, port: int) -> ServerLaunch:
         """The server of a single-server trial (no further ports, no files in a work folder)."""
-        return self.launches(spec, model_path, port, lambda: 0, "")[0]
+        return self.launches(spec, LaunchContext(model_path, port))[0]
 
     def version(self, spec: TrialSpec) -> str:
         """The engine's version where the trial's servers run; its name when it has none."""
@@ -153,6 +163,27 @@ class EngineAdapter(ABC, Generic[S]):
     def unsupported(self, spec: TrialSpec) -> str | None:
         """Why this platform cannot run the trial (it is then SKIPPED), or None."""
         return None
+
+    def refuses(self, spec: TrialSpec, positions: tuple[int, str] | None = None) -> str | None:
+        """Why the engine itself would refuse the trial's settings at start (its own checks, said
+        before the server starts rather than as its start-up traceback), or None. ``positions``:
+        the most positions the model takes and where that was read (None: not known)."""
+        return None
+
+    def batch_slots(self, spec: TrialSpec) -> int | None:
+        """The most requests the engine runs at once when the trial sets it; None: the engine's
+        own default, not known here."""
+        return None
+
+    def lora_rank_limit(self, spec: TrialSpec) -> tuple[int | None, str]:
+        """The highest LoRA rank the trial's server loads, and how it was set (" (vLLM's default)");
+        None: no limit known here."""
+        return None, ""
+
+    def decode_ttft_holds_prefill(self, spec: TrialSpec) -> bool:
+        """Whether, under P/D, the decode server's TTFT includes the prefill (its router sends each
+        request to both sides at once), so the KV transfer cannot be told apart from it."""
+        return False
 
     def cache_reset(self, spec: TrialSpec) -> tuple[str, str] | None:
         """(method, path) that empties the prefix cache before each load point, or None."""

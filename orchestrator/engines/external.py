@@ -10,14 +10,13 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from types import TracebackType
 from urllib.parse import urlparse
 
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
 from orchestrator.config.schema import ExternalEngineSpec, TrialSpec
 from orchestrator.engines import vllm
-from orchestrator.engines.base import EngineAdapter, EngineMetric, ServerLaunch, key_from_env, register
+from orchestrator.engines.base import EngineAdapter, EngineMetric, LaunchContext, ServerLaunch, key_from_env, register
 
 METRICS_BY_FLAVOR: dict[str, dict[str, EngineMetric]] = {"vllm": vllm.METRICS, "none": {}}
 
@@ -28,15 +27,7 @@ class ExternalAdapter(EngineAdapter[ExternalEngineSpec]):
 
     spec_type = ExternalEngineSpec
 
-    def launches(
-        self,
-        spec: TrialSpec,
-        model_path: str,
-        port: int,
-        next_port: Callable[[], int],
-        workdir: str,
-        adapters: tuple[tuple[str, str], ...] = (),
-    ) -> list[ServerLaunch]:
+    def launches(self, spec: TrialSpec, at: LaunchContext) -> list[ServerLaunch]:
         engine = self.narrow(spec)
         u = urlparse(engine.url)
         server = ServerLaunch(

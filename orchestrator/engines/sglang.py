@@ -9,12 +9,11 @@ against SGLang's own ``ServerArgs`` parser in the tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
 from orchestrator.engines import envs
-from orchestrator.engines.base import EngineAdapter, EngineMetric, Profiler, Role, ServerLaunch, register
+from orchestrator.engines.base import EngineAdapter, EngineMetric, LaunchContext, Profiler, Role, ServerLaunch, register
 from orchestrator.engines.flags import Flag, render
 from orchestrator.engines.nsys import wrapper as nsys_wrapper
 from orchestrator.engines.router import router_launch
@@ -140,44 +139,35 @@ class SGLangAdapter(EngineAdapter[SGLangEngineSpec]):
         env.update(self.narrow(spec).env)
         return env
 
-    def launches(
-        self,
-        spec: TrialSpec,
-        model_path: str,
-        port: int,
-        next_port: Callable[[], int],
-        workdir: str,
-        adapters: tuple[tuple[str, str], ...] = (),
-    ) -> list[ServerLaunch]:
+    def launches(self, spec: TrialSpec, at: LaunchContext) -> list[ServerLaunch]:
         """Every server of the trial, the measured front last: one server, or prefill + decode +
         the SGLang router (``--pd-disaggregation``) with disjoint GPUs."""
         engine = self.narrow(spec)
         pd = engine.disaggregation
         if pd is None:
-            return [self._server(spec, model_path, port, "server", engine.tensor_parallel_size, 0, adapters=adapters)]
-        p_port, d_port, bootstrap = next_port(), next_port(), next_port()
-        prefill = self._server(spec, model_path, p_port, "prefill", pd.prefill_tp, 0, bootstrap, adapters)
-        decode = self._server(spec, model_path, d_port, "decode", pd.decode_tp, pd.prefill_tp, adapters=adapters)
+            return [self._server(spec, at, at.port, "server", engine.tensor_parallel_size, 0)]
+        p_port, d_port, bootstrap = at.next_port(), at.next_port(), at.next_port()
+        prefill = self._server(spec, at, p_port, "prefill", pd.prefill_tp, 0, bootstrap)
+        decode = self._server(spec, at, d_port, "decode", pd.decode_tp, pd.prefill_tp)
         routing = ["--pd-disaggregation", "--prefill", prefill.base_url, str(bootstrap), "--decode", decode.base_url]
-        return [prefill, decode, router_launch(spec, engine.host, port, next_port(), routing)]
+        return [prefill, decode, router_launch(spec, engine.host, at.port, at.next_port(), routing)]
 
     def _server(
         self,
         spec: TrialSpec,
-        model_path: str,
+        at: LaunchContext,
         port: int,
         role: Role,
         tp: int,
         first: int,
         bootstrap: int | None = None,
-        adapters: tuple[tuple[str, str], ...] = (),
     ) -> ServerLaunch:
         """One server of ``tp`` GPUs from the trial's ``first``: alone (``role`` "server"), or one
         side of a P/D pair (its ``--disaggregation-mode``; the prefill side takes ``bootstrap``)."""
         engine = self.narrow(spec)
         argv = build_argv(
             engine,
-            model_path,
+            at.model_path,
             spec.model.name,
             port,
             tp=None if role == "server" else tp,
@@ -185,7 +175,7 @@ class SGLangAdapter(EngineAdapter[SGLangEngineSpec]):
             bootstrap_port=bootstrap,
             head=envs.command(spec, SERVER_MODULE),
             tokenizer=spec.model.tokenizer,
-            adapters=adapters,
+            adapters=at.adapters,
         )
         return ServerLaunch(
             name=role,
@@ -198,6 +188,15 @@ class SGLangAdapter(EngineAdapter[SGLangEngineSpec]):
             gpus=tuple(range(first, first + tp)),
             fatal_log_markers=FATAL_LOG_MARKERS,
         )
+
+    def batch_slots(self, spec: TrialSpec) -> int | None:
+        return self.narrow(spec).max_running_requests
+
+    def lora_rank_limit(self, spec: TrialSpec) -> tuple[int | None, str]:
+        return self.narrow(spec).max_lora_rank, ""
+
+    def decode_ttft_holds_prefill(self, spec: TrialSpec) -> bool:
+        return True  # its P/D router sends each request to the prefill and the decode server at once
 
     def unsupported(self, spec: TrialSpec) -> str | None:
         """Why this trial cannot run on its platform, or None."""

@@ -8,10 +8,9 @@ packing benchmark; its result carries the GPU ids Ray assigned and when it held 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from orchestrator.config.schema import SleepEngineSpec, TrialSpec
-from orchestrator.engines.base import EngineAdapter, ServerLaunch, register
+from orchestrator.engines.base import EngineAdapter, LaunchContext, ServerLaunch, register
 
 
 @register
@@ -20,15 +19,7 @@ class SleepAdapter(EngineAdapter[SleepEngineSpec]):
 
     spec_type = SleepEngineSpec
 
-    def launches(
-        self,
-        spec: TrialSpec,
-        model_path: str,
-        port: int,
-        next_port: Callable[[], int],
-        workdir: str,
-        adapters: tuple[tuple[str, str], ...] = (),
-    ) -> list[ServerLaunch]:
+    def launches(self, spec: TrialSpec, at: LaunchContext) -> list[ServerLaunch]:
         return []  # nothing to start
 
     def hold(self, spec: TrialSpec) -> dict[str, float]:

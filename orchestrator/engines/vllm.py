@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from orchestrator.config.schema import TrialSpec, VLLMEngineSpec
 from orchestrator.engines import envs, vllm_cpu
-from orchestrator.engines.base import EngineAdapter, EngineMetric, Profiler, Role, ServerLaunch, key_from_env, register
+from orchestrator.engines.base import (
+    EngineAdapter,
+    EngineMetric,
+    LaunchContext,
+    Profiler,
+    Role,
+    ServerLaunch,
+    key_from_env,
+    register,
+)
 from orchestrator.engines.nsys import wrapper as nsys_wrapper
 from orchestrator.engines.router import router_launch
 from orchestrator.engines.vllm_args import build_argv, prefill_in_one_step, render_lmcache
@@ -24,6 +33,7 @@ from orchestrator.engines.vllm_args import build_argv, prefill_in_one_step, rend
 log = logging.getLogger(__name__)
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+DEFAULT_MAX_LORA_RANK = 16  # vllm.config.lora.LoRAConfig.max_lora_rank
 PROXY_MODULE = "orchestrator.engines.pd_proxy"
 # KV connectors our P/D proxy speaks (the two-step protocol of vLLM's toy proxy: a one-token
 # prefill, then the request at the decode server). ExampleConnector moves the KV through
@@ -79,25 +89,17 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
 
     spec_type = VLLMEngineSpec
 
-    def launches(
-        self,
-        spec: TrialSpec,
-        model_path: str,
-        port: int,
-        next_port: Callable[[], int],
-        workdir: str,
-        adapters: tuple[tuple[str, str], ...] = (),
-    ) -> list[ServerLaunch]:
+    def launches(self, spec: TrialSpec, at: LaunchContext) -> list[ServerLaunch]:
         """Every server of the trial, the measured front last: one server (optionally with LMCache,
         its config file rendered into ``workdir``); P/D: a prefill and a decode server on disjoint
         GPUs with the KV connector and our proxy (:mod:`orchestrator.engines.pd_proxy`) in front;
         or ``router.replicas`` servers behind the SGLang router."""
         engine = self.narrow(spec)
         if engine.router is not None:
-            return self._replicas_behind_router(spec, model_path, port, next_port, adapters)
+            return self._replicas_behind_router(spec, at)
         if engine.disaggregation is not None:
-            return self._prefill_decode(spec, model_path, port, next_port, workdir, adapters)
-        return [self._one_server(spec, model_path, port, workdir, adapters)]
+            return self._prefill_decode(spec, at)
+        return [self._one_server(spec, at)]
 
     def env(self, spec: TrialSpec) -> dict[str, str]:
         """Variables added to every server's environment."""
@@ -134,70 +136,60 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else (),
         }
 
-    def _one_server(
-        self, spec: TrialSpec, model_path: str, port: int, workdir: str, adapters: tuple[tuple[str, str], ...]
-    ) -> ServerLaunch:
+    def _one_server(self, spec: TrialSpec, at: LaunchContext) -> ServerLaunch:
         engine = self.narrow(spec)
         env = self.env(spec)
         files: dict[str, str] = {}
         kv: dict[str, object] | None = None  # None: engine.kv_transfer_config as configured
         if engine.lmcache is not None:
-            path = f"{workdir}/lmcache.yaml"
+            path = f"{at.workdir}/lmcache.yaml"
             env = {**env, "LMCACHE_CONFIG_FILE": path}
             files = {path: render_lmcache(engine.lmcache)}
             kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
         head = envs.command(spec, SERVER_MODULE)
         argv = build_argv(
             engine,
-            model_path,
+            at.model_path,
             spec.model.name,
-            port,
+            at.port,
             head,
             kv_transfer_config=kv,
             tokenizer=spec.model.tokenizer,
-            adapters=adapters,
+            adapters=at.adapters,
         )
         gpus = tuple(range(engine.num_gpus))
         return ServerLaunch(
-            name="server", role="server", port=port, env=env, files=files, gpus=gpus, argv=argv, **self._common(spec)
+            name="server", role="server", port=at.port, env=env, files=files, gpus=gpus, argv=argv, **self._common(spec)
         )
 
-    def _prefill_decode(
-        self,
-        spec: TrialSpec,
-        model_path: str,
-        port: int,
-        next_port: Callable[[], int],
-        workdir: str,
-        adapters: tuple[tuple[str, str], ...],
-    ) -> list[ServerLaunch]:
+    def _prefill_decode(self, spec: TrialSpec, at: LaunchContext) -> list[ServerLaunch]:
         engine = self.narrow(spec)
         pd = engine.disaggregation
         assert pd is not None
         env, head = self.env(spec), envs.command(spec, SERVER_MODULE)
-        pd_kv, scratch = _pd_kv_config(pd.connector, workdir)
+        pd_kv, scratch = _pd_kv_config(pd.connector, at.workdir)
         servers = []
         sides: tuple[tuple[Role, int, int], ...] = (
             ("prefill", pd.prefill_tp, 0),
             ("decode", pd.decode_tp, pd.prefill_tp),
         )
         for role, tp, first in sides:
-            p = next_port()
-            side = next_port()  # NIXL's handshake port: unique per server on a host
+            p = at.next_port()
+            side = at.next_port()  # NIXL's handshake port: unique per server on a host
             server_env = {**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)}
             if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
                 # Each server's threads on their own cores (prefill first, decode next), not both on all.
                 server_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(first + i) for i in range(tp))
             argv = build_argv(
                 engine,
-                model_path,
+                at.model_path,
                 spec.model.name,
                 p,
                 head,
                 tp=tp,
                 kv_transfer_config=pd_kv,
                 tokenizer=spec.model.tokenizer,
-                adapters=adapters,
+                adapters=at.adapters,
             )
             if role == "prefill" and pd.connector == "ExampleConnector":
                 argv = prefill_in_one_step(argv, engine.max_model_len)
@@ -214,7 +206,7 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
                     **self._common(spec),
                 )
             )
-        return [*servers, self._proxy(engine, port, servers[0], servers[1])]
+        return [*servers, self._proxy(engine, at.port, servers[0], servers[1])]
 
     @staticmethod
     def _proxy(engine: VLLMEngineSpec, port: int, prefill: ServerLaunch, decode: ServerLaunch) -> ServerLaunch:
@@ -235,14 +227,7 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             ],
         )
 
-    def _replicas_behind_router(
-        self,
-        spec: TrialSpec,
-        model_path: str,
-        port: int,
-        next_port: Callable[[], int],
-        adapters: tuple[tuple[str, str], ...],
-    ) -> list[ServerLaunch]:
+    def _replicas_behind_router(self, spec: TrialSpec, at: LaunchContext) -> list[ServerLaunch]:
         """``router.replicas`` identical servers (their own GPUs; one core each on the CPU) and the
         SGLang router in front (measured there). Every replica's counters are summed per point."""
         engine = self.narrow(spec)
@@ -251,18 +236,18 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
         per = engine.tensor_parallel_size * engine.pipeline_parallel_size
         replicas = []
         for i in range(engine.router.replicas):
-            p = next_port()
+            p = at.next_port()
             replica_env = dict(env)
             if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
                 replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
             argv = build_argv(
                 engine,
-                model_path,
+                at.model_path,
                 spec.model.name,
                 p,
                 head,
                 tokenizer=spec.model.tokenizer,
-                adapters=adapters,
+                adapters=at.adapters,
             )
             gpus = tuple(range(i * per, (i + 1) * per))
             replicas.append(
@@ -278,7 +263,52 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             )
         routing = ["--worker-urls", *(r.base_url for r in replicas), "--policy", engine.router.policy]
         extra = tuple(str(a) for a in engine.router.extra_args)
-        return [*replicas, router_launch(spec, engine.host, port, next_port(), routing, extra)]
+        return [*replicas, router_launch(spec, engine.host, at.port, at.next_port(), routing, extra)]
+
+    def refuses(self, spec: TrialSpec, positions: tuple[int, str] | None = None) -> str | None:
+        """Why vLLM would refuse to start with the trial's scheduler and length settings (its
+        SchedulerConfig.verify_max_model_len and ModelConfig's length check), or None: said before the
+        server starts, not as its start-up traceback a minute later. Checked only where the values
+        are set or read here (a default vLLM picks itself is not guessed)."""
+        engine = self.narrow(spec)
+        found = positions
+        # the servers' environment: engine.env over the one the trial's worker has
+        allow = engine.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", ""))
+        allow_long = str(allow).lower() in ("1", "true")
+        if (
+            found is not None
+            and engine.max_model_len is not None
+            and engine.max_model_len > found[0]
+            and not allow_long
+        ):
+            return (
+                f"engine.max_model_len {engine.max_model_len} is more than the model takes ({found[0]}, {found[1]}): "
+                "vLLM refuses it (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in engine.env overrides, at the model's risk)"
+            )
+        tokens = engine.max_num_batched_tokens
+        if tokens is None:
+            return None
+        # against the configured length only: the one vLLM derives by itself also reads the tokenizer
+        model_len = engine.max_model_len
+        if engine.enable_chunked_prefill is False and model_len is not None and tokens < model_len:
+            return (
+                f"engine.max_num_batched_tokens {tokens} is less than engine.max_model_len {model_len} with chunked prefill off: "
+                "vLLM refuses it (a longer prompt could never be scheduled); raise the budget, lower "
+                "engine.max_model_len or turn engine.enable_chunked_prefill on"
+            )
+        if engine.max_num_seqs is not None and tokens < engine.max_num_seqs:
+            return (
+                f"engine.max_num_batched_tokens {tokens} is less than engine.max_num_seqs {engine.max_num_seqs}: "
+                "vLLM refuses it (every running sequence needs a token of the step's budget)"
+            )
+        return None
+
+    def batch_slots(self, spec: TrialSpec) -> int | None:
+        return self.narrow(spec).max_num_seqs
+
+    def lora_rank_limit(self, spec: TrialSpec) -> tuple[int | None, str]:
+        rank = self.narrow(spec).max_lora_rank
+        return (rank, "") if rank is not None else (DEFAULT_MAX_LORA_RANK, " (vLLM's default)")
 
     def unsupported(self, spec: TrialSpec) -> str | None:
         """Why vLLM cannot run this trial on its platform, or None."""

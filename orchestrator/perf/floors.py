@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.config.metric_keys import M
-from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec
+from orchestrator.config.schema import TrialSpec
 from orchestrator.perf.gpus import GPUS, gpu_model
 from orchestrator.perf.kv import arch_of
 from orchestrator.perf.roofline import DecodeFloor, decode_floor, measured_bandwidth_gb_s
@@ -85,7 +85,7 @@ def trial_decode_floor(spec: TrialSpec, batch: int = 1, context_tokens: int = 0)
     if arch is None or hw is None:
         return None
     engine = spec.engine
-    launched = engine if isinstance(engine, LaunchedEngineSpec) else None
+    launched = engine.launched
     quant = launched.quantization if launched else None
     kv_dtype: str | None = launched.kv_cache_dtype if launched else None
     if spec.platform.dtype in ("float32", "float", "fp32"):  # the CPU build runs fp32 weights and KV here

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.config.schema import LaunchedEngineSpec, ModelArch, ModelSpec, TrialSpec
+from orchestrator.config.schema import ModelArch, ModelSpec, TrialSpec
 from orchestrator.models.shape import KNOWN, arch_from_config, check_declared, read_arch
 from orchestrator.perf.gpus import gpu_memory_gb
 
@@ -105,8 +105,8 @@ def kv_capacity(
 
 def tp_sizes(spec: TrialSpec) -> list[int]:
     """The tensor-parallel sizes of the trial's servers (a P/D pair: its two), none for an external one."""
-    e = spec.engine
-    if isinstance(e, LaunchedEngineSpec):
+    e = spec.engine.launched
+    if e is not None:
         if e.disaggregation is not None:
             return [e.disaggregation.prefill_tp, e.disaggregation.decode_tp]
         return [e.tensor_parallel_size]
@@ -116,8 +116,8 @@ def tp_sizes(spec: TrialSpec) -> list[int]:
 def trial_kv_capacity(spec: TrialSpec) -> Capacity | None:
     """KV capacity of the trial's (smallest) TP group on its GPUs, when the shape and memory are known."""
     arch, mem = arch_of(spec.model), gpu_memory_gb(spec)
-    e = spec.engine
-    if spec.platform.device != "cuda" or arch is None or mem is None or not isinstance(e, LaunchedEngineSpec):
+    e = spec.engine.launched
+    if spec.platform.device != "cuda" or arch is None or mem is None or e is None:
         return None
     util = e.gpu_memory_share
     return kv_capacity(arch, mem, util, min(tp_sizes(spec)), e.kv_cache_dtype, e.quantization)

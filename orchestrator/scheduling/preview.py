@@ -13,7 +13,6 @@ import os
 from typing import Any
 
 from orchestrator.config.logs import Progress, print_progress
-from orchestrator.config.schema import LaunchedEngineSpec
 from orchestrator.config.secrets import redact_override, redact_text
 from orchestrator.feasibility import estimate_seconds
 from orchestrator.perf.gpus import gpu_memory_gb
@@ -161,7 +160,7 @@ def plan_summary(jobs: list[TrialJob], lines: list[dict[str, Any]], history: dic
         wall_s = max(gpu_s / gpus, max(est.values()))
     elif cap and cap > 1:
         wall_s = serial_s / cap
-    launched = [job for job, _ in feasible if isinstance(job.spec.engine, LaunchedEngineSpec)]  # not sleep/external
+    launched = [job for job, _ in feasible if job.spec.engine.launched is not None]  # not sleep/external
     keys = [share_key(job) if job.settings.reuse_servers else None for job in launched]
     starts = len({k for k in keys if k is not None}) + sum(k is None for k in keys)
     return {

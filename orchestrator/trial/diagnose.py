@@ -13,7 +13,8 @@ from urllib.parse import urlparse
 
 import psutil
 
-from orchestrator.config.schema import LoadPointSpec, SGLangEngineSpec, TrialSpec, VLLMEngineSpec
+from orchestrator.config.schema import LoadPointSpec, TrialSpec
+from orchestrator.engines import adapter_for
 from orchestrator.engines.process import SERVER_OWNER_ENV
 from orchestrator.metrics import census
 from orchestrator.metrics.diagnosis import Diagnosis, PointEvidence, diagnose
@@ -21,17 +22,6 @@ from orchestrator.metrics.result import RawPoint
 from orchestrator.trial.machine import is_engine
 
 STALLS_KEPT = 200  # the worst stalls of a point kept in its result (the timeline marks them)
-
-
-def engine_slots(spec: TrialSpec) -> int | None:
-    """The most requests the engine runs at once, when the trial sets it (vLLM's max_num_seqs,
-    SGLang's max_running_requests); None: the engine's own default, not known here."""
-    engine = spec.engine
-    if isinstance(engine, VLLMEngineSpec):
-        return engine.max_num_seqs
-    if isinstance(engine, SGLangEngineSpec):
-        return engine.max_running_requests
-    return None
 
 
 def machine_cores() -> float:
@@ -133,6 +123,7 @@ def point_diagnosis(
     """The point's diagnosis from what the trial gathered around it (``raw``) and the stages
     measured before it (``metrics``)."""
     rate = point.rate if point.concurrency is None and not point.trace else None
+    adapter = adapter_for(spec.engine.name)
     evidence = PointEvidence(
         metrics=metrics,
         class_metrics=class_metrics,
@@ -141,14 +132,14 @@ def point_diagnosis(
         window=raw.window,
         rate=rate,
         capped=point.max_concurrency is not None,
-        slots=engine_slots(spec),
+        slots=adapter.batch_slots(spec),
         cores=machine_cores() if spec.platform.device == "cpu" else None,
         device=spec.platform.device,
         client_reasons=client_reasons,
         foreign=raw.foreign,
         foreign_limit=foreign_bound(spec),
         disaggregated=disaggregated,
-        engine=spec.engine.name,
+        decode_ttft_holds_prefill=adapter.decode_ttft_holds_prefill(spec),
         server_failed=server_failed,
     )
     return diagnose(evidence)

@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.logs import Progress
 from orchestrator.config.metric_keys import M
-from orchestrator.config.schema import LaunchedEngineSpec, ProfileSpec, TrialSpec
+from orchestrator.config.schema import ProfileSpec, TrialSpec
 from orchestrator.engines import EngineAdapter, ServerLaunch
 from orchestrator.engines.base import Profiler
 from orchestrator.engines.nsys import REPORT_SUFFIX, check_in_container
@@ -60,7 +60,8 @@ def _profiled(launch: ServerLaunch, profiler: Profiler, spec: TrialSpec) -> Serv
     between the launch prefix and the interpreter."""
     argv = [*launch.argv, *profiler.argv]
     if profiler.wrapper is not None:
-        head = len(spec.engine.launch_prefix) if isinstance(spec.engine, LaunchedEngineSpec) else 0
+        launched = spec.engine.launched
+        head = len(launched.launch_prefix) if launched is not None else 0
         argv = [*argv[:head], *profiler.wrapper(launch.name), *argv[head:]]
     return dataclasses.replace(
         launch,

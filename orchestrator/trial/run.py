@@ -22,7 +22,7 @@ from orchestrator.config.errors import ConfigError, InfeasibleConfigError, Serve
 from orchestrator.config.hashing import first_run_hash, trial_hash
 from orchestrator.config.logs import Progress, mark, print_progress
 from orchestrator.config.metric_keys import M
-from orchestrator.config.schema import LaunchedEngineSpec, LoadPointSpec, TrialSpec, WorkloadSpec
+from orchestrator.config.schema import LoadPointSpec, TrialSpec, WorkloadSpec
 from orchestrator.config.secrets import hide, redact_mapping, redact_override, scrub_file, secret_values
 from orchestrator.engines import ServerLaunch, adapter_for
 from orchestrator.evaluation import run_eval
@@ -161,7 +161,8 @@ class TrialRun:
         factory = prompt_factory(resolve_tokenizer(spec.model, model_path))
         mark("trial: tokenizer loaded")
         n = len(spec.workload.load_points)
-        restart = isinstance(spec.engine, LaunchedEngineSpec) and spec.engine.restart_between_points
+        launched = spec.engine.launched
+        restart = launched is not None and launched.restart_between_points
         if shared is not None:
             self._run_on(shared, factory, 0, n)
         else:  # cold vs warm across a restart (LMCache's disk tier survives it): a fresh server per point

@@ -18,7 +18,7 @@ from typing import Any
 
 from orchestrator.config.errors import TrialError
 from orchestrator.config.logs import Progress
-from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec
+from orchestrator.config.schema import TrialSpec
 from orchestrator.engines import (
     EngineAdapter,
     ExternalServer,
@@ -29,7 +29,7 @@ from orchestrator.engines import (
     port_is_free,
     server_for,
 )
-from orchestrator.engines.base import Profiler
+from orchestrator.engines.base import LaunchContext, Profiler
 from orchestrator.models import resolve_adapters, resolve_model
 from orchestrator.trial.profile import TRACE_DIR, profiled_launches, with_profiler
 
@@ -37,22 +37,23 @@ from orchestrator.trial.profile import TRACE_DIR, profiled_launches, with_profil
 def port_for(spec: TrialSpec, pick_free: bool = True) -> int:
     """The configured port, else a free one for engines we launch (0 for external servers, or
     when ``pick_free`` is off: a plan binds nothing)."""
-    engine = spec.engine
-    if isinstance(engine, LaunchedEngineSpec) and engine.port:
+    engine = spec.engine.launched
+    if engine is not None and engine.port:
         if pick_free and not port_is_free(engine.host, engine.port):
             raise TrialError(
                 f"engine.port: {engine.host}:{engine.port} is already in use (another server?); "
                 "choose another port, or leave engine.port null to get a free one"
             )
         return engine.port
-    if isinstance(engine, LaunchedEngineSpec) and pick_free:
+    if engine is not None and pick_free:
         return free_port(engine.host)
     return 0
 
 
 def port_picker(spec: TrialSpec, taken: set[int]) -> Callable[[], int]:
     """Free ports for a trial's other servers (P/D, side channels), never the same one twice."""
-    host = spec.engine.host if isinstance(spec.engine, LaunchedEngineSpec) else "127.0.0.1"
+    launched = spec.engine.launched
+    host = launched.host if launched is not None else "127.0.0.1"
 
     def pick() -> int:
         for _ in range(100):
@@ -69,14 +70,14 @@ def planned_launches(spec: TrialSpec) -> list[ServerLaunch]:
     """The trial's server launches with placeholder ports and folder: nothing is bound or built."""
     ports = iter(range(1, 100))
     adapter = adapter_for(spec.engine.name)
-    launches = adapter.launches(
-        spec,
+    at = LaunchContext(
         resolve_model(spec.model, build=False),
         port_for(spec, pick_free=False),
         lambda: next(ports),
         "<trial dir>",
         resolve_adapters(spec.model, build=False),
     )
+    launches = adapter.launches(spec, at)
     return profiled_launches(adapter, spec, f"<trial dir>/{TRACE_DIR}", launches)[0]
 
 
@@ -202,7 +203,9 @@ def start_servers(
     seconds: one server's own (0 for an external one), several: until all are up."""
     port = port_for(spec)
     adapters = resolve_adapters(spec.model, build=False)  # built with the model (TrialRun)
-    launches = adapter.launches(spec, model_path, port, port_picker(spec, {port}), str(workdir), adapters)
+    launches = adapter.launches(
+        spec, LaunchContext(model_path, port, port_picker(spec, {port}), str(workdir), adapters)
+    )
     launches, profiler = with_profiler(adapter, spec, workdir, launches)
     planned(launches)  # described before anything starts: a server that never comes up is still on record
     servers: list[ServerProcess | ExternalServer] = []
@@ -248,8 +251,9 @@ def reset_caches(launches: list[ServerLaunch], how: tuple[str, str]) -> None:
 def shared_server_spec(spec: TrialSpec) -> TrialSpec:
     """The spec a shared server is started from: with the prefix-cache reset endpoint on, so
     that each trial of the group starts on an empty cache."""
-    if isinstance(spec.engine, LaunchedEngineSpec):
-        return spec.model_copy(update={"engine": spec.engine.model_copy(update={"reset_cache_between_points": True})})
+    launched = spec.engine.launched
+    if launched is not None:
+        return spec.model_copy(update={"engine": launched.model_copy(update={"reset_cache_between_points": True})})
     return spec
 
 
@@ -270,8 +274,8 @@ def server_key(spec: TrialSpec) -> str | None:
     """Identity of the servers a trial starts (every argv, env, file, GPU slot, the platform),
     or None when its servers cannot be shared: trials with the same key differ only in
     workload/load settings and can run one after the other on one server start."""
-    engine = spec.engine
-    if not isinstance(engine, LaunchedEngineSpec) or engine.restart_between_points or spec.profile is not None:
+    engine = spec.engine.launched
+    if engine is None or engine.restart_between_points or spec.profile is not None:
         return None  # a profiled trial's servers trace into its own folder: not shared
     launches = planned_launches(shared_server_spec(spec))
     ident = {

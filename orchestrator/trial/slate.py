@@ -31,7 +31,7 @@ import psutil
 
 from orchestrator.config.errors import TrialError
 from orchestrator.config.logs import Progress
-from orchestrator.config.schema import LaunchedEngineSpec, SlateSpec, TrialSpec
+from orchestrator.config.schema import SlateSpec, TrialSpec
 from orchestrator.metrics.probes import visible_devices
 from orchestrator.trial.machine import (
     GB,
@@ -120,8 +120,8 @@ def settle_baseline(reading: Reading, baseline: dict[str, float]) -> None:
 
 def trial_ports(spec: TrialSpec) -> list[tuple[str, int]]:
     """The fixed ports the trial's servers will bind (free ones are picked at start)."""
-    engine = spec.engine
-    return [(engine.host, engine.port)] if isinstance(engine, LaunchedEngineSpec) and engine.port else []
+    engine = spec.engine.launched
+    return [(engine.host, engine.port)] if engine is not None and engine.port else []
 
 
 def trial_devices(spec: TrialSpec, gpu_ids: Sequence[int]) -> list[str]:
@@ -140,7 +140,7 @@ def wait_for_clean_slate(
     ``platform.slate.wait_s``; raise :class:`DirtySlateError` naming what is left. Returns the
     reading and the baseline, for the trial's result."""
     slate = spec.platform.slate
-    if not slate.check or not isinstance(spec.engine, LaunchedEngineSpec):
+    if not slate.check or spec.engine.launched is None:
         return {"checked": False}
     ports, devices = trial_ports(spec), trial_devices(spec, gpu_ids)
     look = look or (lambda: read(ports, devices, slate.other_engines == "wait"))

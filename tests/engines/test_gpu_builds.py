@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import to_specs
-from orchestrator.engines import adapter_for, envs
+from orchestrator.engines import LaunchContext, adapter_for, envs
 from orchestrator.engines import vllm as vllm_adapter
 from orchestrator.engines.verify import Check, checks_for, run_checks
 from orchestrator.models import resolve_adapters
@@ -64,7 +64,9 @@ def every_gpu_command(model: str) -> tuple[list[Check], list[str], set[str]]:
         engines.add(spec.engine.name)
         ports = iter(range(9100, 9200))
         adapters = resolve_adapters(spec.model, build=False)  # the LoRA lab's: --lora-modules / --lora-paths
-        for launch in adapter_for(spec.engine.name).launches(spec, model, 9000, ports.__next__, "/tmp/trial", adapters):
+        for launch in adapter_for(spec.engine.name).launches(
+            spec, LaunchContext(model, 9000, ports.__next__, "/tmp/trial", adapters)
+        ):
             for c in checks_for(launch):
                 env = ENVS["sglang"] if c.kind == "router" else ENVS[spec.engine.name]  # the router lives with SGLang
                 assert c.python == str(env / "bin" / "python"), (experiment, variant, c.python)
@@ -76,9 +78,11 @@ def every_gpu_command(model: str) -> tuple[list[Check], list[str], set[str]]:
 def round_trips(model: str) -> tuple[dict[str, list[Check]], dict[str, str]]:
     """Launches whose parsed values are compared with what we asked, and the P/D servers' URLs."""
     spec, _ = to_specs(compose_config(["+experiment=gpu_smoke", "platform=gpu", "variant=vllm_lmcache"]))
-    (launch,) = adapter_for("vllm").launches(spec, model, 8000, lambda: 0, "/tmp/trial")
+    (launch,) = adapter_for("vllm").launches(spec, LaunchContext(model, 8000, lambda: 0, "/tmp/trial"))
     spec, _ = to_specs(compose_config(["+experiment=disaggregated_pd", "platform=gpu", "variant=pd_sglang_in1024"]))
-    prefill, decode, router = adapter_for("sglang").launches(spec, model, 8000, iter(range(9000, 9100)).__next__, "/t")
+    prefill, decode, router = adapter_for("sglang").launches(
+        spec, LaunchContext(model, 8000, iter(range(9000, 9100)).__next__, "/t")
+    )
     groups = {"lmcache": checks_for(launch), "pd": [*checks_for(prefill), *checks_for(decode), *checks_for(router)]}
     return groups, {"prefill": prefill.base_url, "decode": decode.base_url}
 

@@ -357,7 +357,7 @@ def test_a_point_where_nothing_completed_is_not_diagnosed():
 
 def test_sglang_pd_says_its_kv_transfer_is_not_measurable():
     m = {"ttft_ms_mean": 300.0, "server_decode_ttft_s_mean": 0.25}
-    _, _, _, missing = ttft_parts(evidence(metrics=m, disaggregated=True, engine="sglang"))
+    _, _, _, missing = ttft_parts(evidence(metrics=m, disaggregated=True, decode_ttft_holds_prefill=True))
     assert any("both servers at once" in u for u in missing)
 
 

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.config import to_specs
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import EngineSpec, SleepEngineSpec
-from orchestrator.engines import ADAPTERS, adapter_for
+from orchestrator.engines import ADAPTERS, LaunchContext, adapter_for
 from orchestrator.engines.base import EngineAdapter, engine_name, register
 from orchestrator.engines.flags import Flag, render
 
@@ -32,13 +32,13 @@ def test_unknown_engine_names_the_known_ones():
 def test_an_adapter_refuses_another_engines_spec(compose):
     spec, _ = to_specs(compose(["engine=sleep"]))
     with pytest.raises(TypeError, match="the vllm adapter got an engine spec of 'sleep'"):
-        adapter_for("vllm").launches(spec, "/m", 8000, lambda: 0, "/t")
+        adapter_for("vllm").launches(spec, LaunchContext("/m", 8000, lambda: 0, "/t"))
 
 
 def test_defaults_are_nothing_and_a_second_adapter_is_refused(compose):
     spec, _ = to_specs(compose(["engine=sleep", "engine.seconds=0"]))
     sleep = adapter_for("sleep")
-    assert sleep.launches(spec, "/m", 0, lambda: 0, "/t") == []
+    assert sleep.launches(spec, LaunchContext("/m", 0, lambda: 0, "/t")) == []
     nothing = (sleep.unsupported(spec), sleep.cache_reset(spec), sleep.api_key(spec), sleep.profiler(spec, "/t"))
     assert nothing == (None, None, None, None)
     assert sleep.metrics_for(spec) == {} and sleep.version(spec) == "sleep"

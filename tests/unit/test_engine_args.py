@@ -11,7 +11,7 @@ import json
 import pytest
 
 from orchestrator.config import to_specs
-from orchestrator.engines import adapter_for, pd_proxy
+from orchestrator.engines import LaunchContext, adapter_for, pd_proxy
 from orchestrator.engines import sglang as sglang_adapter
 from orchestrator.engines import vllm as vllm_adapter
 from orchestrator.engines.router import ROUTER_MODULE
@@ -113,7 +113,7 @@ SGLANG_CASES = [
 def test_sglang_commands_parse(sglang_parser, vllm_parser, compose, overrides):
     spec, _ = to_specs(compose(["platform=gpu", *overrides]))
     e = spec.engine
-    launches = SGLANG.launches(spec, "/models/x", 30000, iter(range(31000, 31100)).__next__, "/tmp/t")
+    launches = SGLANG.launches(spec, LaunchContext("/models/x", 30000, iter(range(31000, 31100)).__next__, "/tmp/t"))
     servers = [x for x in launches if x.argv[2] == sglang_adapter.SERVER_MODULE]
     for launch in servers:
         ns = parse_launch(launch, vllm_parser, sglang_parser)
@@ -169,7 +169,7 @@ def test_vllm_pd_topology(vllm_parser, sglang_parser, compose):
     spec, _ = to_specs(
         compose(["platform=gpu", "engine.disaggregation={connector:NixlConnector,prefill_tp:2,decode_tp:1}"])
     )
-    launches = VLLM.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/tmp/t")
+    launches = VLLM.launches(spec, LaunchContext("/models/x", 8000, iter(range(9000, 9100)).__next__, "/tmp/t"))
     prefill, decode, proxy = launches
     for launch in (prefill, decode):
         ns = parse_launch(launch, vllm_parser, sglang_parser)
@@ -185,7 +185,7 @@ def test_vllm_pd_topology(vllm_parser, sglang_parser, compose):
 
 def test_vllm_lmcache_renders_config(vllm_parser, sglang_parser, compose):
     spec, _ = to_specs(compose(["platform=gpu", "engine.lmcache={chunk_size:512,local_disk:/tmp/lmc}"]))
-    (launch,) = VLLM.launches(spec, "/models/x", 8000, lambda: 0, "/tmp/trial")
+    (launch,) = VLLM.launches(spec, LaunchContext("/models/x", 8000, lambda: 0, "/tmp/trial"))
     ns = parse_launch(launch, vllm_parser, sglang_parser)
     assert ns.kv_transfer_config.kv_connector == "LMCacheConnectorV1"
     assert launch.env["LMCACHE_CONFIG_FILE"] == "/tmp/trial/lmcache.yaml"
@@ -201,14 +201,14 @@ def test_vllm_speculative_forms_parse(vllm_parser, sglang_parser, compose):
     ):
         hydra_dict = "{" + ",".join(f"{k}:{json.dumps(v) if isinstance(v, str) else v}" for k, v in cfg.items()) + "}"
         spec, _ = to_specs(compose(["platform=gpu", f"engine.speculative_config={hydra_dict}"]))
-        (launch,) = VLLM.launches(spec, "/m", 1, lambda: 0, "/t")
+        (launch,) = VLLM.launches(spec, LaunchContext("/m", 1, lambda: 0, "/t"))
         ns = parse_launch(launch, vllm_parser, sglang_parser)
         assert ns.speculative_config["num_speculative_tokens"] == cfg["num_speculative_tokens"]
 
 
 def test_cache_reset_switches_dev_mode(compose):
     spec, _ = to_specs(compose(["engine.reset_cache_between_points=true"]))
-    (launch,) = VLLM.launches(spec, "/m", 1, lambda: 0, "/t")
+    (launch,) = VLLM.launches(spec, LaunchContext("/m", 1, lambda: 0, "/t"))
     assert launch.env["VLLM_SERVER_DEV_MODE"] == "1"
     assert VLLM.cache_reset(spec) == ("POST", "/reset_prefix_cache")
 
@@ -225,7 +225,7 @@ def test_every_experiment_command_parses(vllm_parser, sglang_parser, compose):
                     overrides.append(f"variant={variant.strip()}")
                 spec, _ = to_specs(compose(overrides))
                 adapter = adapter_for(spec.engine.name)
-                for launch in adapter.launches(spec, "/m", 9000, iter(range(9100, 9200)).__next__, "/t"):
+                for launch in adapter.launches(spec, LaunchContext("/m", 9000, iter(range(9100, 9200)).__next__, "/t")):
                     if launch.argv:
                         parse_launch(launch, vllm_parser, sglang_parser)
                         count += 1
@@ -247,7 +247,9 @@ def test_pd_on_cpu_through_the_example_connector(vllm_parser, sglang_parser, com
         )
     )
     assert assess(spec, cluster_gpus=0) is None  # runs on the CPU build
-    prefill, decode, proxy = VLLM.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/tr")
+    prefill, decode, proxy = VLLM.launches(
+        spec, LaunchContext("/models/x", 8000, iter(range(9000, 9100)).__next__, "/tr")
+    )
     for launch, core in ((prefill, "0"), (decode, "1")):
         kv = parse_launch(launch, vllm_parser, sglang_parser).kv_transfer_config
         assert kv.kv_connector == "ExampleConnector"
@@ -306,7 +308,7 @@ def test_replicas_behind_the_router(vllm_parser, sglang_parser, compose):
 
     spec, _ = to_specs(compose(["engine.router={replicas:2,policy:cache_aware}"]))
     assert assess(spec, cluster_gpus=0) is None and spec.engine.num_gpus == 2
-    r0, r1, router = VLLM.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/t")
+    r0, r1, router = VLLM.launches(spec, LaunchContext("/models/x", 8000, iter(range(9000, 9100)).__next__, "/t"))
     assert (r0.name, r1.name, router.name) == ("replica0", "replica1", "router")
     assert (r0.env["VLLM_CPU_OMP_THREADS_BIND"], r1.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")
     for r in (r0, r1):
@@ -315,7 +317,7 @@ def test_replicas_behind_the_router(vllm_parser, sglang_parser, compose):
     assert args.worker_urls == [r0.base_url, r1.base_url] and args.policy == "cache_aware"
     assert (args.host, args.port, args.prometheus_host) == ("127.0.0.1", 8000, "127.0.0.1")
     gpu, _ = to_specs(compose(["platform=gpu", "engine.router={replicas:3}", "engine.tensor_parallel_size=2"]))
-    launches = VLLM.launches(gpu, "/m", 8000, iter(range(9000, 9100)).__next__, "/t")
+    launches = VLLM.launches(gpu, LaunchContext("/m", 8000, iter(range(9000, 9100)).__next__, "/t"))
     assert [x.gpus for x in launches] == [(0, 1), (2, 3), (4, 5), ()] and gpu.engine.num_gpus == 6
     assert launches[-1].argv[0].endswith("sglang-gpu/bin/python")
 
@@ -336,7 +338,7 @@ def test_a_profiled_trial_configures_each_engines_profiler(vllm_parser, sglang_p
             ]
         )
     )
-    launches = VLLM.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, str(tmp_path))
+    launches = VLLM.launches(spec, LaunchContext("/models/x", 8000, iter(range(9000, 9100)).__next__, str(tmp_path)))
     profiled, profiler = with_profiler(VLLM, spec, tmp_path, launches)
     assert profiler is not None and profiler.start == ("/start_profile", None)
     for launch in profiled[:2]:  # prefill, decode
@@ -369,7 +371,7 @@ def test_nsys_wraps_each_engine_server_inside_the_launch_prefix(vllm_parser, sgl
         )
     )
     assert assess(spec, cluster_gpus=2) is None
-    launches = VLLM.launches(spec, "/models/x", 8000, iter(range(9000, 9100)).__next__, "/t")
+    launches = VLLM.launches(spec, LaunchContext("/models/x", 8000, iter(range(9000, 9100)).__next__, "/t"))
     (server,), profiler = profiled_launches(VLLM, spec, "/t/profile", launches)
     assert profiler is not None and server.stop_grace_s == 300.0
     head = len(prefix)
@@ -394,7 +396,7 @@ def test_nsys_wraps_each_engine_server_inside_the_launch_prefix(vllm_parser, sgl
         SGLANG,
         sg,
         "/t/profile",
-        SGLANG.launches(sg, "/m", 8000, iter(range(9000, 9100)).__next__, "/t"),
+        SGLANG.launches(sg, LaunchContext("/m", 8000, iter(range(9000, 9100)).__next__, "/t")),
     )
     assert sg_profiler is not None and sg_profiler.start[1] == {
         "output_dir": "/t/profile",

@@ -11,13 +11,15 @@ import pytest
 
 from orchestrator.config import to_specs
 from orchestrator.config.errors import ConfigError
-from orchestrator.engines import adapter_for, envs
+from orchestrator.engines import LaunchContext, adapter_for, envs
 from orchestrator.engines.verify import checks_for
 from orchestrator.scheduling.jobs import prepare_jobs
 
 
 def _launches(spec):
-    return adapter_for(spec.engine.name).launches(spec, "/m", 8000, iter(range(9000, 9100)).__next__, "/t")
+    return adapter_for(spec.engine.name).launches(
+        spec, LaunchContext("/m", 8000, iter(range(9000, 9100)).__next__, "/t")
+    )
 
 
 def test_cpu_uses_this_interpreter(compose):

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.config import to_specs
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import AdapterMixSpec, LoraSpec, ModelSpec, WorkloadSpec
-from orchestrator.engines import adapter_for
+from orchestrator.engines import LaunchContext, adapter_for
 from orchestrator.evaluation.adapters import convention
 from orchestrator.feasibility import assess, lora_unfit
 from orchestrator.loadgen.api import Endpoint, PlannedRequest, completions_payload
@@ -82,13 +82,13 @@ def test_vllm_serves_the_adapters_with_its_own_parser(compose, vllm_parser, sgla
     spec, _ = to_specs(compose([*ADDER, "engine.max_loras=2", "engine.max_cpu_loras=3", "engine.max_lora_rank=8"]))
     adapters = resolve_adapters(spec.model, build=False)
     assert [name for name, _ in adapters] == ["lora-a", "lora-b", "lora-c"]
-    (launch,) = adapter_for("vllm").launches(spec, "/models/x", 8000, lambda: 0, "/tmp/t", adapters)
+    (launch,) = adapter_for("vllm").launches(spec, LaunchContext("/models/x", 8000, lambda: 0, "/tmp/t", adapters))
     ns = parse_launch(launch, vllm_parser, sglang_parser)
     assert ns.enable_lora and ns.max_loras == 2 and ns.max_cpu_loras == 3 and ns.max_lora_rank == 8
     assert [(m.name, m.path) for m in ns.lora_modules] == list(adapters)
     # no adapters and no switch: no LoRA flag at all (vLLM's defaults)
     plain, _ = to_specs(compose([]))
-    (launch,) = adapter_for("vllm").launches(plain, "/models/x", 8000, lambda: 0, "/tmp/t")
+    (launch,) = adapter_for("vllm").launches(plain, LaunchContext("/models/x", 8000, lambda: 0, "/tmp/t"))
     assert not any(a.startswith("--") and "lora" in a for a in launch.argv), launch.argv
 
 
@@ -96,7 +96,7 @@ def test_adapters_loaded_at_run_time_are_not_on_the_command_line(compose, vllm_p
     spec, _ = to_specs(compose([*ADDER, "engine.lora_loading=runtime"]))
     vllm = adapter_for("vllm")
     adapters = resolve_adapters(spec.model, build=False)
-    (launch,) = vllm.launches(spec, "/models/x", 8000, lambda: 0, "/tmp/t", adapters)
+    (launch,) = vllm.launches(spec, LaunchContext("/models/x", 8000, lambda: 0, "/tmp/t", adapters))
     ns = parse_launch(launch, vllm_parser, sglang_parser)
     assert ns.enable_lora and not ns.lora_modules
     assert launch.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
@@ -112,7 +112,7 @@ def test_sglang_serves_the_adapters_with_its_own_parser(compose, vllm_parser, sg
         compose(["platform=gpu", "engine=sglang", own, "engine.max_loras_per_batch=2", "engine.max_lora_rank=16"])
     )
     adapters = resolve_adapters(spec.model, build=False)
-    (launch,) = adapter_for("sglang").launches(spec, "/models/x", 30000, lambda: 0, "/tmp/t", adapters)
+    (launch,) = adapter_for("sglang").launches(spec, LaunchContext("/models/x", 30000, lambda: 0, "/tmp/t", adapters))
     ns = parse_launch(launch, vllm_parser, sglang_parser)
     assert ns.enable_lora and ns.max_loras_per_batch == 2 and ns.max_lora_rank == 16
     assert ns.lora_paths == ["sql=/lora/sql", "chat=/lora/chat"]

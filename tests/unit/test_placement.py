@@ -10,6 +10,7 @@ import time
 import pytest
 
 from orchestrator.config import to_specs
+from orchestrator.engines import LaunchContext
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,7 +30,9 @@ def probe_trial(spec_json: str, workdir: str, overrides: list[str]) -> dict:
     gpu_ids = [int(g) for g in ray.get_gpu_ids()]
     spec = TrialSpec.model_validate_json(spec_json)
     ports = itertools.count(20000)
-    launches = adapter_for(spec.engine.name).launches(spec, "/models/x", 8000, lambda: next(ports), workdir)
+    launches = adapter_for(spec.engine.name).launches(
+        spec, LaunchContext("/models/x", 8000, lambda: next(ports), workdir)
+    )
     servers = describe_servers(launches, gpu_ids)
     for s, launch in zip(servers, launches):
         s["env_cuda"] = server_env(launch, gpu_ids).get("CUDA_VISIBLE_DEVICES")

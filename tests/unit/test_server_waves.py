@@ -4,12 +4,14 @@ or proxy after the engines it fronts are healthy."""
 from __future__ import annotations
 
 from orchestrator.config import to_specs
-from orchestrator.engines import ServerLaunch, adapter_for
+from orchestrator.engines import LaunchContext, ServerLaunch, adapter_for
 from orchestrator.trial.servers import start_waves
 
 
 def _launches(spec):
-    return adapter_for(spec.engine.name).launches(spec, "/m", 8000, iter(range(9000, 9100)).__next__, "/t")
+    return adapter_for(spec.engine.name).launches(
+        spec, LaunchContext("/m", 8000, iter(range(9000, 9100)).__next__, "/t")
+    )
 
 
 def _names(waves):

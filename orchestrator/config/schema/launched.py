@@ -88,9 +88,19 @@ class BaseEngineSpec(StrictModel):
         """Seconds a trial holds its resources without a server (the sleep kind), else None."""
         return None
 
+    @property
+    def launched(self) -> LaunchedEngineSpec | None:
+        """The engine as one whose servers the trial starts (its host, port, parallelism, dtype),
+        or None: a server somebody else runs, or none at all."""
+        return None
+
 
 class LaunchedEngineSpec(BaseEngineSpec):
     """The fields of every engine whose servers the trial starts (vLLM, SGLang)."""
+
+    @property
+    def launched(self) -> LaunchedEngineSpec | None:
+        return self
 
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535, description="None picks a free port")

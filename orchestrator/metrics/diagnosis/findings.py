@@ -137,7 +137,7 @@ class PointEvidence:
     foreign_limit: float | None = None
     disaggregated: bool = False
     server_failed: bool = False
-    engine: str = ""  # the engine's name (vllm, sglang, external): how its P/D pair is wired
+    decode_ttft_holds_prefill: bool = False  # P/D: the decode server's TTFT includes the prefill (SGLang's router)
 
 
 @dataclass

@@ -82,7 +82,7 @@ def ttft_parts(x: PointEvidence) -> tuple[dict[str, float], dict[str, dict[str, 
     server_key = M.SERVER_DECODE_TTFT_S_MEAN if x.disaggregated else M.SERVER_TTFT_S_MEAN
     server = m.get(server_key)
     parts: dict[str, float] = {}
-    if x.disaggregated and x.engine == "sglang":
+    if x.disaggregated and x.decode_ttft_holds_prefill:
         unmeasured.append(
             "KV transfer: SGLang's P/D router sends each request to both servers at once, so the decode "
             "server's TTFT holds the prefill too"
