@@ -158,7 +158,7 @@ def _set_aside(workdir: str, n: int, secrets: set[str]) -> str | None:
     keep.mkdir(exist_ok=True)
     for e in entries:
         shutil.move(str(e), keep / e.name)
-    from orchestrator.trial.run import scrub_logs
+    from orchestrator.trial.scrub import scrub_logs
 
     scrub_logs(keep, secrets)
     return str(keep)
@@ -350,7 +350,7 @@ def _retried(
     tries = attempts[unit[0].index]
     if lost is None or len(tries.history) + 1 >= max_attempts:
         return False
-    from orchestrator.trial.run import trial_secrets
+    from orchestrator.trial.scrub import trial_secrets
 
     for job in unit:
         attempts[job.index].lost(workdir_of(job), lost, trial_secrets(job.spec))
@@ -414,7 +414,7 @@ def _fetch(ref: Any) -> tuple[Any, Exception | None]:
 
 
 def _scrub_lost_logs(workdir: str, job: TrialJob) -> None:
-    from orchestrator.trial.run import scrub_logs, trial_secrets
+    from orchestrator.trial.scrub import scrub_logs, trial_secrets
 
     if Path(workdir).is_dir():  # on this node's disk (a shared one, or the driver's own node)
         scrub_logs(Path(workdir), trial_secrets(job.spec))
@@ -423,7 +423,7 @@ def _scrub_lost_logs(workdir: str, job: TrialJob) -> None:
 def _results_of(unit: list[TrialJob], value: Any, error: Exception | None) -> list[TrialResult]:
     """The unit's results, in job order (a group task returns one per job)."""
     if error is not None:
-        from orchestrator.trial.run import trial_secrets
+        from orchestrator.trial.scrub import trial_secrets
 
         now = time.time()
         return [
