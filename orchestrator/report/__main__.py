@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator.config.secrets import redact_text
     from orchestrator.report import build_report, from_mlflow
-    from orchestrator.tracking.mlflow_tracker import DEFAULT_TRACKING_URI, server_answers, sqlite_file
+    from orchestrator.tracking.store import DEFAULT_TRACKING_URI, server_answers, sqlite_file
 
     uri = args.get("tracking.uri") or DEFAULT_TRACKING_URI
     shown = redact_text(uri)

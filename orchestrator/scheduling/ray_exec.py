@@ -1,16 +1,14 @@
 """Running trials as Ray tasks: resources per trial, a cap on concurrent trials, retries of
-trials lost with their worker or node, Ctrl-C handling."""
+trials lost with their worker or node (their attempts: :mod:`.attempts`), Ctrl-C handling."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from orchestrator.config.secrets import hide, redact_mapping, redact_override
 from orchestrator.engines.process import interrupts_stop_servers
 from orchestrator.metrics.census import DRIVER_ENV
 from orchestrator.metrics.result import TrialResult
+from orchestrator.scheduling.attempts import Attempts, note_attempt, retried
 from orchestrator.scheduling.jobs import TrialJob
 
 log = logging.getLogger(__name__)
@@ -78,90 +77,6 @@ def prepare_workers(jobs: list[TrialJob]) -> list[Any]:
             tokenizers.append(path)
     task: Any = ray.remote(num_cpus=0, max_retries=0)(_prepare_worker)
     return [task.options(name="prepare-worker").remote(tokenizers)]
-
-
-ATTEMPTS_FILE = "attempts.jsonl"
-# The worker process or its node went away: the trial itself did not fail, so it is run again
-# (on another node when the node is gone). Anything else (an exception in the trial body,
-# a server that exits at start, a cancelled task) is deterministic or wanted: not retried.
-LOST = (
-    "WorkerCrashedError",
-    "NodeDiedError",
-    "LocalRayletDiedError",
-    "OwnerDiedError",
-    "ObjectLostError",
-    "OutOfMemoryError",
-)
-
-
-def note_attempt(workdir: str, node_id: str) -> None:
-    """The worker's first act: where this attempt runs (read by the driver if it is lost)."""
-    d = Path(workdir)
-    d.mkdir(parents=True, exist_ok=True)
-    with open(d / ATTEMPTS_FILE, "a") as f:
-        f.write(json.dumps({"node_id": node_id, "pid": os.getpid(), "started_at": time.time()}) + "\n")
-
-
-@dataclass
-class _Attempts:
-    """What happened to each attempt of one trial, for its result."""
-
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-    def lost(self, workdir: str, error: str, secrets: set[str]) -> None:
-        n = len(self.history) + 1
-        started = _last_attempt_note(workdir)
-        self.history.append(
-            {
-                "attempt": n,
-                "outcome": "LOST",
-                "error": error,
-                "node_id": started.get("node_id"),
-                "started_at": started.get("started_at"),
-                "ended_at": time.time(),
-                "kept_in": _set_aside(workdir, n, secrets),
-            }
-        )
-
-    def final(self, result: TrialResult) -> TrialResult:
-        self.history.append(
-            {
-                "attempt": len(self.history) + 1,
-                "outcome": result.status,
-                "node_id": result.hardware.get("ray_node_id"),
-                "started_at": result.started_at,
-                "ended_at": result.ended_at,
-            }
-        )
-        result.attempts = self.history
-        return result
-
-
-def _last_attempt_note(workdir: str) -> dict[str, Any]:
-    try:
-        return json.loads((Path(workdir) / ATTEMPTS_FILE).read_text().splitlines()[-1])
-    except (OSError, IndexError, ValueError):  # the worker died before writing it, or no shared disk
-        return {}
-
-
-def _set_aside(workdir: str, n: int, secrets: set[str]) -> str | None:
-    """Move what a lost attempt wrote (points measured so far, server logs) to attempt-N/, so
-    the next attempt starts clean and nothing measured is lost; its raw logs, which the lost
-    worker could not scrub, with ``secrets`` hidden."""
-    d = Path(workdir)
-    entries = (
-        [e for e in d.glob("*") if e.name != ATTEMPTS_FILE and not e.name.startswith("attempt-")] if d.is_dir() else []
-    )
-    if not entries:
-        return None
-    keep = d / f"attempt-{n}"
-    keep.mkdir(exist_ok=True)
-    for e in entries:
-        shutil.move(str(e), keep / e.name)
-    from orchestrator.trial.run import scrub_logs
-
-    scrub_logs(keep, secrets)
-    return str(keep)
 
 
 def _run_group_task(specs_json: list[str], workdirs: list[str], overrides: list[list[str]]) -> list[dict[str, Any]]:
@@ -292,7 +207,7 @@ def run_jobs(
     Each task asks Ray for the trial's GPUs (``num_gpus``) and CPUs; ``task`` is the body
     run in the worker (the real trial; tests put a probe of the same placement there).
 
-    A trial lost with its worker or node (:data:`LOST`) is submitted again, up to
+    A trial lost with its worker or node (:data:`.attempts.LOST`) is submitted again, up to
     ``max_attempts`` in all; each attempt is listed in the result's ``attempts`` and what a
     lost attempt wrote is kept in ``attempt-N/`` of its folder. Trials that fail by
     themselves are not retried.
@@ -310,7 +225,7 @@ def run_jobs(
     # would take every GPU as it frees and starve it, stretching the sweep.
     queue = sorted(group_jobs(jobs, share_key), key=lambda unit: -unit[0].num_gpus)
     running: dict[Any, list[TrialJob]] = {}
-    attempts: dict[int, _Attempts] = {job.index: _Attempts() for job in jobs}
+    attempts: dict[int, Attempts] = {job.index: Attempts() for job in jobs}
     try:
         while queue or running:
             while queue and (max_concurrent is None or len(running) < max_concurrent):
@@ -325,7 +240,7 @@ def run_jobs(
             for ref in done:
                 unit = running.pop(ref)
                 value, error = _fetch(ref)  # once: a result carries its records, worth not copying twice
-                if _retried(unit, error, attempts, max_attempts, workdir_of, progress):
+                if retried(unit, error, attempts, max_attempts, workdir_of, progress):
                     queue.insert(0, unit)
                     continue
                 for job, result in zip(unit, _results_of(unit, value, error)):
@@ -334,32 +249,6 @@ def run_jobs(
                     yield job, attempts[job.index].final(result)
     finally:
         _stop_running(list(running))
-
-
-def _retried(
-    unit: list[TrialJob],
-    error: Exception | None,
-    attempts: dict[int, _Attempts],
-    max_attempts: int,
-    workdir_of: Callable[[TrialJob], str],
-    progress: Callable[[str], None],
-) -> bool:
-    """Whether the unit is to run again: lost with its worker or node (:data:`LOST`) with
-    attempts left; each job's lost attempt is then noted and set aside, and said."""
-    lost = f"{type(error).__name__}: {error}" if type(error).__name__ in LOST else None
-    tries = attempts[unit[0].index]
-    if lost is None or len(tries.history) + 1 >= max_attempts:
-        return False
-    from orchestrator.trial.run import trial_secrets
-
-    for job in unit:
-        attempts[job.index].lost(workdir_of(job), lost, trial_secrets(job.spec))
-    progress(
-        f"{unit[0].label}{f' (+{len(unit) - 1} sharing its server)' if len(unit) > 1 else ''}: "
-        f"attempt {len(tries.history)} lost ({lost.splitlines()[0][:160]}); "
-        f"running it again ({len(tries.history) + 1}/{max_attempts})"
-    )
-    return True
 
 
 def _submitter(
@@ -414,7 +303,7 @@ def _fetch(ref: Any) -> tuple[Any, Exception | None]:
 
 
 def _scrub_lost_logs(workdir: str, job: TrialJob) -> None:
-    from orchestrator.trial.run import scrub_logs, trial_secrets
+    from orchestrator.trial.scrub import scrub_logs, trial_secrets
 
     if Path(workdir).is_dir():  # on this node's disk (a shared one, or the driver's own node)
         scrub_logs(Path(workdir), trial_secrets(job.spec))
@@ -423,7 +312,7 @@ def _scrub_lost_logs(workdir: str, job: TrialJob) -> None:
 def _results_of(unit: list[TrialJob], value: Any, error: Exception | None) -> list[TrialResult]:
     """The unit's results, in job order (a group task returns one per job)."""
     if error is not None:
-        from orchestrator.trial.run import trial_secrets
+        from orchestrator.trial.scrub import trial_secrets
 
         now = time.time()
         return [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from orchestrator.metrics.result import RESULT_FILE, load_result
 from orchestrator.tracking import MlflowTracker, result_id
-from orchestrator.tracking.mlflow_tracker import DEFAULT_TRACKING_URI
+from orchestrator.tracking.store import DEFAULT_TRACKING_URI
 
 
 def replay(sweep_dir: Path, uri: str, experiment: str | None = None, progress=print) -> tuple[int, int]:

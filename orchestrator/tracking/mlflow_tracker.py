@@ -1,7 +1,8 @@
 """MLflow logging of a sweep: one parent run per sweep, one child run per trial.
 
 Only the driver uses this (single writer). It logs from results already on disk, so a
-tracking outage loses nothing: the same call replays a saved result later.
+tracking outage loses nothing: the same call replays a saved result later. Where the store is
+(its URI, file, UI command) is :mod:`orchestrator.tracking.store`'s.
 """
 
 from __future__ import annotations
@@ -12,16 +13,11 @@ import json
 import logging
 import math
 import os
-import shlex
-import socket
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from orchestrator.config.metric_keys import M
 from orchestrator.metrics.result import (
@@ -35,60 +31,13 @@ from orchestrator.metrics.result import (
 )
 from orchestrator.metrics.summary import adapter_key
 from orchestrator.tracking.params import flatten_params, sanitize_key, truncate
+from orchestrator.tracking.store import default_artifact_location
 
 log = logging.getLogger(__name__)
 
 MLFLOW_STATUS = {"FINISHED": "FINISHED", "FAILED": "FAILED", "SKIPPED": "KILLED"}
 _PARAM_BATCH = 100
 _METRIC_BATCH = 1000
-
-
-# The project's own store (conf/tracking/sqlite.yaml), for commands run outside Hydra.
-DEFAULT_TRACKING_URI = f"sqlite:///{Path(__file__).resolve().parents[2] / 'mlflow.db'}"
-
-
-def sqlite_file(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI (MLflow's store, Optuna's study), or None.
-
-    ``sqlite:///rel/path.db`` is relative to the cwd, ``sqlite:////abs/path.db`` absolute
-    (SQLAlchemy's convention, which MLflow and Optuna follow).
-    """
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
-
-
-def ui_command(uri: str, port: int = 5000) -> str:
-    """The command that serves the MLflow UI of the store at ``uri`` (this environment's
-    ``mlflow`` where it is installed beside the running Python), for a user to paste."""
-    venv_mlflow = Path(sys.executable).with_name("mlflow")
-    return shlex.join(
-        [str(venv_mlflow) if venv_mlflow.exists() else "mlflow", "ui", "--backend-store-uri", uri, "--port", str(port)]
-    )
-
-
-def server_answers(uri: str, timeout_s: float = 3.0) -> bool:
-    """Whether the tracking server of an ``http(s)://`` URI accepts a connection within
-    ``timeout_s`` (MLflow's own client retries an unreachable one for minutes); True for a store
-    that is not a server."""
-    if not uri.startswith(("http://", "https://")):
-        return True
-    u = urlparse(uri)
-    if urllib.request.getproxies().get(u.scheme) and not urllib.request.proxy_bypass(u.hostname or ""):
-        return True  # reached through a proxy: a direct connection tells nothing
-    try:
-        with socket.create_connection((u.hostname or "", u.port or (443 if u.scheme == "https" else 80)), timeout_s):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
-def default_artifact_location(uri: str, experiment: str) -> str | None:
-    """For a sqlite store, keep artifacts next to the database file (not in the cwd)."""
-    db_path = sqlite_file(uri)
-    if db_path is None:
-        return None
-    return (db_path.resolve().parent / "mlartifacts" / sanitize_key(experiment)).as_uri()
 
 
 # MLflow 3's UI opens an experiment without a kind on its GenAI overview (traces: 0); ours are
@@ -399,9 +348,7 @@ def points_csv(result: TrialResult) -> str:
 
 
 __all__ = [
-    "DEFAULT_TRACKING_URI",
     "MlflowTracker",
-    "default_artifact_location",
     "points_csv",
     "result_id",
     "trial_params",

@@ -2,17 +2,15 @@
 trial's own loop: each point prepared by the load session, measured around its run; then the
 probes of an SLO capacity search, each chosen from the ones before), score accuracy, stop the
 servers, and return the result. ``run_trial`` never raises for a trial-level failure and never
-talks to MLflow."""
+talks to MLflow. A trial's LoRA adapters at run time are :mod:`.multi_lora`'s, its secrets and the
+scrubbing of its raw logs :mod:`.scrub`'s."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,11 +20,10 @@ from orchestrator.config.errors import ConfigError, InfeasibleConfigError, Serve
 from orchestrator.config.hashing import first_run_hash, trial_hash
 from orchestrator.config.logs import Progress, mark, print_progress
 from orchestrator.config.metric_keys import M
-from orchestrator.config.schema import LoadPointSpec, TrialSpec, WorkloadSpec
-from orchestrator.config.secrets import hide, redact_mapping, redact_override, scrub_file, secret_values
+from orchestrator.config.schema import LoadPointSpec, TrialSpec
+from orchestrator.config.secrets import hide, redact_mapping, redact_override
 from orchestrator.engines import ServerLaunch, adapter_for
 from orchestrator.evaluation import run_eval
-from orchestrator.evaluation.adapters import score_adapters
 from orchestrator.loadgen import Endpoint, LoadSession, PromptFactory
 from orchestrator.loadgen.preflight import preflight
 from orchestrator.loadgen.prompts import prompt_factory
@@ -38,9 +35,11 @@ from orchestrator.metrics.telemetry import Timeline
 from orchestrator.models import resolve_adapters, resolve_model, resolve_tokenizer
 from orchestrator.perf.floors import roofs_used, trial_decode_floor
 from orchestrator.trial.capacity_probes import CapacityProbes, unmeasured
+from orchestrator.trial.multi_lora import adapter_scores, load_adapter, with_adapter_names
 from orchestrator.trial.plan import check_feasible, client_cores
 from orchestrator.trial.points import PointMeasurer, trial_metrics
 from orchestrator.trial.profile import collect_traces
+from orchestrator.trial.scrub import scrub_logs, trial_secrets
 from orchestrator.trial.servers import (
     ServerGroup,
     describe_servers,
@@ -67,31 +66,6 @@ class TrialHeader:
     servers: list[dict[str, Any]] = field(default_factory=list)
     slate: dict[str, Any] | None = None  # the first server start's reading of the machine
     repeat_of: str | None = None  # a race's later run: its configuration's first run
-
-
-def trial_secrets(spec: TrialSpec) -> set[str]:
-    """What a trial knows to be secret: its config's (engine.env's tokens, a flag's key) and the
-    server's API key read from ``engine.api_key_env``."""
-    found = secret_values(spec.model_dump(mode="json"))
-    with contextlib.suppress(ConfigError):  # an unset key variable fails the trial later, by name
-        found |= {k for k in [adapter_for(spec.engine.name).api_key(spec)] if k}
-    return found
-
-
-def scrub_logs(folder: Path, secrets: set[str]) -> None:
-    """The raw logs a trial leaves in ``folder`` (``*.log``: every server's, lm-eval's) with
-    ``secrets`` hidden, once their writers have stopped."""
-    for path in sorted(folder.glob("*.log")):
-        _scrub(path, secrets)
-
-
-def _scrub(path: Path, secrets: set[str]) -> None:
-    """:func:`scrub_file`, which must not end what called it (a trial's result, a sweep): a file
-    it cannot rewrite is said in a warning."""
-    try:
-        scrub_file(path, secrets)
-    except OSError as exc:
-        log.warning("could not hide the secrets in %s: %s", path, exc)
 
 
 class TrialRun:
@@ -269,27 +243,9 @@ class TrialRun:
             self.say(f"LoRA adapter {name} loaded at run time in {took * 1e3:.0f} ms")
 
     def _adapter_scores(self, url: str, api_key: str | None) -> dict[str, float]:
-        """Did each LoRA adapter's requests reach it (``eval.adapters``)? The tiny adapters by their
-        own scorer (each answers in its own convention); one's own adapters by lm-eval's
-        ``eval.tasks`` under each adapter's name (``adapter.<name>.<score>``)."""
-        spec, lora = self.spec, self.spec.model.lora
-        assert lora is not None  # schema: eval.adapters needs model.lora
-        scores: dict[str, float] = {}
-        if lora.tiny is not None:
-            tiny = [(name, k) for k, name in enumerate(lora.tiny.names())]
-            scores.update(score_adapters(url, spec.model.name, tiny, api_key, spec.eval.limit, progress=self.say))
-        for adapter in lora.adapters if spec.eval.tasks else []:
-            got = run_eval(
-                spec.eval,
-                url,
-                adapter.name,
-                resolve_tokenizer(spec.model, self.model_path),
-                self.workdir / f"eval-{adapter.name}",
-                api_key,
-                self.say,
-            )
-            scores.update({adapter_key(adapter.name, k): v for k, v in got.items()})
-        return scores
+        """Did each LoRA adapter's requests reach it (``eval.adapters``): :func:`.multi_lora.adapter_scores`."""
+        tokenizer = resolve_tokenizer(self.spec.model, self.model_path)
+        return adapter_scores(self.spec, url, api_key, tokenizer, self.workdir, self.say)
 
     def _schedule(
         self, fixed: Sequence[LoadPointSpec], first: int, last: bool
@@ -430,29 +386,3 @@ def outcome(run: TrialRun, body: Callable[[], None]) -> TrialResult:
         status, error = "FAILED", f"{type(exc).__name__}: {exc}"
     run.say(status + (f": {hide(error.splitlines()[0], run.secrets)}" if error else ""))
     return run.result(status, error)
-
-
-def with_adapter_names(spec: TrialSpec) -> WorkloadSpec:
-    """The trial's workload, its LoRA adapter mix naming model.lora's adapters when it names none."""
-    mix = spec.workload.adapters
-    if mix is None or mix.names is not None:
-        return spec.workload
-    names = [name for name, _ in resolve_adapters(spec.model, build=False)]
-    return spec.workload.model_copy(update={"adapters": mix.model_copy(update={"names": names})})
-
-
-def load_adapter(url: str, name: str, folder: str, api_key: str | None) -> float:
-    """POST ``{"lora_name", "lora_path"}`` to a server's adapter-loading ``url``; the seconds it
-    took. A refusal is a TrialError quoting the server's answer."""
-    body = json.dumps({"lora_name": name, "lora_path": folder}).encode()
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    t0 = time.monotonic()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=300):
-            pass
-    except urllib.error.HTTPError as e:
-        answer = e.read().decode(errors="replace")[:300]
-        raise TrialError(f"loading LoRA adapter {name} from {folder}: HTTP {e.code}: {answer}") from e
-    except OSError as e:
-        raise TrialError(f"loading LoRA adapter {name} from {folder}: {e}") from e
-    return time.monotonic() - t0

@@ -38,7 +38,7 @@ def crash_once(spec_json: str, workdir: str, overrides: list[str]) -> dict:
     """First attempt: writes a partial result, then the worker process dies. Later: finishes."""
     import ray
 
-    from orchestrator.scheduling.ray_exec import note_attempt
+    from orchestrator.scheduling.attempts import note_attempt
 
     note_attempt(workdir, ray.get_runtime_context().get_node_id())
     if not (Path(workdir) / "partial.json").exists() and not list(Path(workdir).glob("attempt-*")):
