@@ -29,7 +29,6 @@ from orchestrator.metrics.result import (
     TIMELINE_FILE,
     TrialResult,
 )
-from orchestrator.metrics.summary import adapter_key
 from orchestrator.tracking.params import flatten_params, sanitize_key, truncate
 from orchestrator.tracking.store import default_artifact_location
 
@@ -302,11 +301,7 @@ def _metrics_of(result: TrialResult) -> list[tuple[str, float, int]]:
         for k, v in p.metrics.items():
             out.append((k, v, p.index))
             out.append((f"{p.label}/{k}", v, 0))
-        for cls, metrics in p.class_metrics.items():
-            for k, v in metrics.items():
-                out.append((f"{cls}/{k}", v, p.index))
-        for name, metrics in p.adapter_metrics.items():
-            out.extend((adapter_key(name, k), v, p.index) for k, v in metrics.items())
+        out.extend((k, v, p.index) for k, v in p.grouped_metrics().items())
     out.extend((k, v, 0) for k, v in result.metrics.items())
     slate = result.slate  # the clean slate the servers started on (waited for, memory and its baseline)
     out.extend((f"slate_{k}", float(v), 0) for k, v in slate.items() if isinstance(v, (int, float)) and k != "checked")
@@ -320,12 +315,7 @@ def points_csv(result: TrialResult) -> str:
     request-class metric as ``<class>/<metric>`` (reports are rebuilt from this file)."""
     rows = []
     for p in result.points:
-        row = dict(p.metrics)
-        for cls, metrics in p.class_metrics.items():
-            row.update({f"{cls}/{k}": v for k, v in metrics.items()})
-        for name, metrics in p.adapter_metrics.items():
-            row.update({adapter_key(name, k): v for k, v in metrics.items()})
-        rows.append(row)
+        rows.append(p.flat_metrics())
     keys = sorted({k for row in rows for k in row if "/" not in k}) + sorted(
         {k for row in rows for k in row if "/" in k}
     )

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from orchestrator.metrics.telemetry import Timeline
 from orchestrator.models import resolve_adapters, resolve_model, resolve_tokenizer
 from orchestrator.perf.floors import roofs_used, trial_decode_floor
 from orchestrator.trial.capacity_probes import CapacityProbes, unmeasured
+from orchestrator.trial.load_points import LoadPoints
 from orchestrator.trial.multi_lora import adapter_scores, load_adapter, with_adapter_names
 from orchestrator.trial.plan import check_feasible, client_cores
 from orchestrator.trial.points import PointMeasurer, trial_metrics
@@ -212,9 +213,18 @@ class TrialRun:
         with measurer, LoadSession(endpoint, workload, factory, seed, client_cores(spec)) as load:
             self.telemetry_notes = measurer.telemetry_notes
             load.warm_up()
-            for point, index, label in self._schedule(workload.load_points, first, everything):
-                if unmeasured(self._point(load, measurer, point, index, label)):
+            capacity = spec.workload.capacity if everything else None
+            points = LoadPoints(workload.load_points, first, capacity, list(spec.workload.classes), self.say)
+            while (step := points.next()) is not None:
+                self.capacity = points.capacity or self.capacity
+                result, records = self._point(load, measurer, *step)
+                if unmeasured(result):
                     break
+                points.done(result, records)
+            else:
+                if points.capacity is not None:
+                    self.capacity = points.capacity
+                    self.checkpoint()  # the search's last verdict and its stop reason reach the disk too
         if everything and spec.eval.tasks and self.crash is None:
             # accuracy of this very server, after its load points (their caches are its own); never of a dead one
             measurer.alive()
@@ -247,34 +257,12 @@ class TrialRun:
         tokenizer = resolve_tokenizer(self.spec.model, self.model_path)
         return adapter_scores(self.spec, url, api_key, tokenizer, self.workdir, self.say)
 
-    def _schedule(
-        self, fixed: Sequence[LoadPointSpec], first: int, last: bool
-    ) -> Iterator[tuple[LoadPointSpec, int, str | None]]:
-        """The trial's points in order, each with its index and its label when not its own: the
-        ``fixed`` points (numbered from ``first``), then, when they are the ``last`` of the trial,
-        the probes of its SLO capacity search, each chosen from the results before it (read from
-        the trial's own state: the loop stops at a point that measured nothing)."""
-        index = first
-        for point in fixed:
-            yield point, index, None
-            index += 1
-        cap = self.spec.workload.capacity
-        if not last or cap is None:
-            return
-        self.capacity = probes = CapacityProbes(cap, list(self.spec.workload.classes), self.say)
-        while (probe := probes.next()) is not None:
-            point, label = probe
-            yield point, index, label
-            probes.observe(self.points[-1], [r for r in self.records if r.point == index])
-            index += 1
-        self.checkpoint()  # the last verdict and the stop reason reach the disk too
-
     def _point(
         self, load: LoadSession, measurer: PointMeasurer, point: LoadPointSpec, index: int, label: str | None = None
-    ) -> PointResult:
+    ) -> tuple[PointResult, list[RequestRecord]]:
         """One load point (``label``: its name when not the point's own): its requests drawn and
         senders ready, its measurement started (a server that died since the last point is not
-        measured), sent, measured and saved to disk."""
+        measured), sent, measured and saved to disk; its result and its requests' records."""
         load.prepare(point, index)
         try:
             measurer.start(index, point, label)
@@ -287,7 +275,7 @@ class TrialRun:
         self.points.append(result)
         self.crash = crash or self.crash
         self.checkpoint()  # measured points reach the disk now, whatever happens next
-        return result
+        return result, run.records
 
     # ------------------------------------------------------------------ the result
 

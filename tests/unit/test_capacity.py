@@ -273,3 +273,34 @@ def test_an_invalid_probe_stops_the_search_in_the_points_own_reasons():
     assert drive(probes, lambda k: [50.0] * 20, invalid_reasons=[why]) == ["c2"]
     assert f"probe c2 decides nothing ({why})" in probes.search.stop_reason
     assert any(f"probe c2: not counted: {why}" in s for s in said)
+
+
+def test_a_trials_points_run_in_order_then_the_probes_each_chosen_from_the_result_told():
+    """LoadPoints: the fixed points (numbered from ``first``), then the capacity search's probes;
+    it is told each result (it reads no trial state), and a next point before that is a bug."""
+    from orchestrator.config.schema import CapacitySpec, LoadPointSpec
+    from orchestrator.metrics.result import PointResult
+    from orchestrator.metrics.summary import summarize_point
+    from orchestrator.trial.load_points import LoadPoints
+
+    said: list[str] = []
+    fixed = [LoadPointSpec(concurrency=1), LoadPointSpec(concurrency=2)]
+    cap = CapacitySpec(knob="concurrency", slo={"ttft_ms_p50": 100.0}, start=4, high=4, max_probes=1)
+    points = LoadPoints(fixed, 3, cap, ["main"], said.append)
+    seen = []
+    while (step := points.next()) is not None:
+        point, index, label = step
+        with pytest.raises(AssertionError, match="was not told"):
+            points.next()
+        seen.append((point.concurrency, index, label))
+        records = probe_records(index, [40.0] * 40)  # far under the SLO: the probe passes at once
+        setting = point.model_dump(exclude_none=True)
+        result = PointResult(index=index, label=label or point.label, setting=setting, metrics=summarize_point(records))
+        points.done(result, records)
+    assert seen == [(1, 3, None), (2, 4, None), (4, 5, "c4")]
+    assert points.capacity is not None and points.capacity.outcome()[1]["probes"][0]["verdict"] == "pass"
+    assert [s for s in LoadPoints(fixed, 0, None, ["main"], said.append)._fixed] == fixed
+    only = LoadPoints(fixed[:1], 0, None, ["main"], said.append)
+    assert only.next() == (fixed[0], 0, None)
+    only.done(PointResult(index=0, label="c1", setting={}), [])
+    assert only.next() is None and only.capacity is None
