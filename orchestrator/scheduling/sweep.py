@@ -26,7 +26,7 @@ from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling import outcome
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.preview import dry_run, share_key
-from orchestrator.scheduling.race import races, repeat_job, run_race
+from orchestrator.scheduling.race import races, run_race
 from orchestrator.scheduling.ray_exec import (
     RayContext,
     cluster_gpus,
@@ -36,6 +36,7 @@ from orchestrator.scheduling.ray_exec import (
     run_jobs,
 )
 from orchestrator.scheduling.recorder import Recorder, log_partial_results, trial_dir
+from orchestrator.scheduling.resume import already_finished, earlier_runs, read_back
 from orchestrator.scheduling.sweep_report import report_sweep, status_table
 from orchestrator.tracking import MlflowTracker, ui_command
 
@@ -199,7 +200,7 @@ class _SweepStart:
             prepare_workers(self.jobs)
         except Exception as exc:  # best effort: the trial prepares itself
             log.debug("could not prepare a worker: %s", exc)
-        return _already_finished(self.jobs, self.opening.result(), self.progress)
+        return already_finished(self.jobs, self.opening.result(), self.progress)
 
 
 def _run_recorded(
@@ -216,8 +217,8 @@ def _run_recorded(
             objective = jobs[0].settings.objective
             # resume: the trials FINISHED before join this sweep's results, for its verdict and race
             # (and, for its race, the repeats run before: one lookup in MLflow for both)
-            stored = _earlier_runs(jobs, done, record) if race and done and objective is not None else {}
-            earlier = _read_back(jobs, done, stored, record) if race and done and objective is not None else []
+            stored = earlier_runs(jobs, done, record) if race and done and objective is not None else {}
+            earlier = read_back(jobs, done, stored, record) if race and done and objective is not None else []
             if race and races(objective) and earlier is not None:
                 # the budget counts the first pass whole: the earlier trials' time as well
                 concurrent = jobs[0].spec.platform.max_concurrent_trials or 1
@@ -310,47 +311,10 @@ def _start_sweep_run(
     return tracker
 
 
-def _earlier_runs(jobs: list[TrialJob], done: dict[str, str], record: Recorder) -> dict[str, tuple[str, TrialResult]]:
-    """Resume: the runs an earlier sweep FINISHED, by trial hash, with their run ids, read back from
-    MLflow in one lookup: the trials of ``done`` and every repeat their race may have."""
-    objective = jobs[0].settings.objective
-    most = objective.most_runs if objective is not None else 1
-    hashes = [j.trial_hash for j in jobs if j.trial_hash in done]
-    hashes += [repeat_job(j, run).trial_hash for j in jobs for run in range(1, most)]
-    if record.tracker is None:
-        return {}
-    try:
-        return record.tracker.finished_results(hashes)
-    except Exception as exc:  # an older run's artifact, an unreachable store: the sweep goes on
-        why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        record.progress(f"warning: could not read the earlier runs back from MLflow ({why})")
-        return {}
-
-
-def _read_back(
-    jobs: list[TrialJob], done: dict[str, str], stored: dict[str, tuple[str, TrialResult]], record: Recorder
-) -> list[TrialResult] | None:
-    """Resume: the results of the trials an earlier sweep FINISHED (``done``; ``stored``: as read
-    back from MLflow) join this sweep's, so its verdict covers every trial and its race goes on
-    from their runs; None when they cannot be read (said: the verdict then covers this sweep's
-    trials only)."""
-    wanted = [j for j in jobs if j.trial_hash in done]
-    missing = [j.label for j in wanted if j.trial_hash not in stored]
-    if missing:
-        why = "tracking is off" if record.tracker is None else "no result.json read"
-        record.progress(
-            f"warning: the earlier runs of {', '.join(missing)} could not be read back from MLflow ({why}): "
-            "the verdict covers this sweep's trials only"
-        )
-        return None
-    for job in wanted:
-        record.adopt(job, stored[job.trial_hash][1], stored[job.trial_hash][0])
-    return [stored[j.trial_hash][1] for j in wanted]
-
-
 def _run_round(jobs: list[TrialJob], record: Recorder, earlier: dict[str, tuple[str, TrialResult]]) -> None:
     """A round of the race; the runs an earlier sweep FINISHED (``earlier``: resume, read back by
-    :func:`_earlier_runs`) join it rather than run again (the same requests: a round's seed is its run)."""
+    :func:`.resume.earlier_runs`) join it rather than run again (the same requests: a round's seed
+    is its run)."""
     for job in jobs:
         if job.trial_hash in earlier:
             run_id, result = earlier[job.trial_hash]
@@ -397,21 +361,6 @@ def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: Recorder) ->
         submitted=record_skipped,
     ):
         record.finish(job, result)
-
-
-def _already_finished(jobs: list[TrialJob], tracker: MlflowTracker | None, progress: Progress) -> dict[str, str]:
-    """Trials of this sweep that already have a FINISHED run (resume): they are not run again."""
-    if tracker is None:
-        return {}
-    try:
-        done = tracker.finished_run_ids(j.trial_hash for j in jobs)
-    except Exception as exc:  # cannot tell: run everything rather than guess
-        progress(f"warning: could not look up finished trials in MLflow ({exc}); running every trial")
-        return {}
-    for job in jobs:
-        if job.trial_hash in done:
-            progress(f"{job.label}: already FINISHED (run {done[job.trial_hash]}); skipped (resume=false re-runs it)")
-    return done
 
 
 def _open_tracker(uri: str, experiment: str, enabled: bool, progress: Progress) -> MlflowTracker | None:
