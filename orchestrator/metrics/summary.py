@@ -136,12 +136,28 @@ def summarize_point(
     lags = [(r.sent_s - r.intended_send_s) * 1e3 for r in records]
     out.update(distribution("send_lag_ms", lags))
     if scheduled:  # what a user of the schedule waited: the client's lateness included
-        timed = [r for r in records if r.ok]
-        out.update(
-            distribution("ttft_from_schedule_ms", [(r.chunk_times_s[0] - r.intended_send_s) * 1e3 for r in timed])
-        )
-        done = [r for r in timed if r.done_s is not None]
-        out.update(distribution("e2e_from_schedule_ms", [(r.done_s - r.intended_send_s) * 1e3 for r in done]))  # type: ignore[operator]
+        out.update(_from_schedule(records))
+    out.update(_arrival_rates(records, arrival_classes))
+    if target_rate is not None:
+        out[M.TARGET_RATE] = float(target_rate)
+    out.update(_turn_latencies(records))
+    return out
+
+
+def _from_schedule(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """TTFT and end-to-end latency of the completed requests, counted from each one's scheduled
+    send instant (``*_from_schedule_ms``)."""
+    timed = [r for r in records if r.ok]
+    out = distribution("ttft_from_schedule_ms", [(r.chunk_times_s[0] - r.intended_send_s) * 1e3 for r in timed])
+    done = [r for r in timed if r.done_s is not None]
+    out.update(distribution("e2e_from_schedule_ms", [(r.done_s - r.intended_send_s) * 1e3 for r in done]))  # type: ignore[operator]
+    return out
+
+
+def _arrival_rates(records: Sequence[RequestRecord], arrival_classes: Iterable[str] | None) -> dict[str, float]:
+    """``achieved_rate`` (the actual sends) and ``schedule_rate`` (the drawn schedule) of the
+    requests of ``arrival_classes`` (default all) that arrive by the point's setting."""
+    out: dict[str, float] = {}
     wanted = set(arrival_classes) if arrival_classes is not None else None
     # Arrivals: a conversation arrives once; its later turns follow the replies, not the schedule.
     arriving = [r for r in records if (wanted is None or r.request_class in wanted) and r.turn == 0]
@@ -152,14 +168,20 @@ def summarize_point(
         ts = sorted(instants)
         if len(ts) > 1 and ts[-1] > ts[0]:
             out[key] = (len(ts) - 1) / (ts[-1] - ts[0])
-    if target_rate is not None:
-        out[M.TARGET_RATE] = float(target_rate)
-    later = [x for r in records if r.turn > 0 and (x := latency_of(r)) is not None]
-    if later:  # multi-turn: later turns resend the history (prefix caching shows here)
-        first = [x for r in records if r.turn == 0 and (x := latency_of(r)) is not None]
-        out.update(distribution("first_turn_ttft_ms", [x.ttft_ms for x in first]))
-        out.update(distribution("later_turns_ttft_ms", [x.ttft_ms for x in later]))
     return out
+
+
+def _turn_latencies(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Multi-turn: TTFT of first turns and of later ones, which resend the history (prefix
+    caching shows here); nothing when no request is a later turn."""
+    later = [x for r in records if r.turn > 0 and (x := latency_of(r)) is not None]
+    if not later:
+        return {}
+    first = [x for r in records if r.turn == 0 and (x := latency_of(r)) is not None]
+    return {
+        **distribution("first_turn_ttft_ms", [x.ttft_ms for x in first]),
+        **distribution("later_turns_ttft_ms", [x.ttft_ms for x in later]),
+    }
 
 
 def summarize_by_class(records: Iterable[RequestRecord]) -> dict[str, dict[str, float]]:
