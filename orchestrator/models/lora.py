@@ -145,15 +145,10 @@ def train_tiny_adapter(
         "train_s": time.monotonic() - t0,
     }
     below = validation < lora.min_accuracy
+    short = f", BELOW the {lora.min_accuracy:.0%} its recipe asks (it answers its own requests less often)"
     log(
         f"lora: adapter {name} (rank {lora.rank}) trained in {report['train_s']:.0f}s ({done} steps), validation "
-        f"accuracy {validation:.1%}"
-        + (
-            f", BELOW the {lora.min_accuracy:.0%} its recipe asks (it answers its own requests less often)"
-            if below
-            else ""
-        )
-        + f", held-out accuracy {report['heldout_accuracy']:.2f}"
+        f"accuracy {validation:.1%}{short if below else ''}, held-out accuracy {report['heldout_accuracy']:.2f}"
     )
     _save_peft(out_dir, base_dir, lora, factors)
     # the held-out problems it answered wrong, alone (HF, greedy): what a served answer is set against
