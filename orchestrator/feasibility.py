@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from orchestrator.config.schema import TrialSpec
+from orchestrator.config.schema import OpenLoop, TrialSpec
 from orchestrator.engines import adapter_for, nsys
 from orchestrator.models.lora import AdapterError, read_adapter, tiny_adapter_name
 from orchestrator.models.shape import max_positions
@@ -173,10 +173,11 @@ def estimate_seconds(spec: TrialSpec) -> float:
     probes = [w.capacity.probe(w.capacity.start)] * w.capacity.max_probes if w.capacity else []
     for p in [*w.load_points, *probes]:
         n, d = w.stop_of(p)
+        load = p.load
         if d is not None:
             point = d
-        elif p.rate is not None and p.rate != float("inf") and n is not None:
-            point = n / p.rate
+        elif isinstance(load, OpenLoop) and load.rate != float("inf") and n is not None:
+            point = n / load.rate
         else:
             point = (n or 100) * out_tokens * turns / OUTPUT_TOKENS_PER_S[device]
         total += (point + 2.0) * w.repeats

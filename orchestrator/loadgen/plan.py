@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from orchestrator.config.errors import LoadError
-from orchestrator.config.schema import LoadPointSpec, RequestClass, WorkloadSpec
+from orchestrator.config.schema import ClosedLoop, LoadPointSpec, OpenLoop, RequestClass, TraceReplay, WorkloadSpec
 from orchestrator.loadgen.arrivals import arrival_offsets, weighted_choice
 from orchestrator.loadgen.client import PlannedRequest, Turn
 from orchestrator.loadgen.datasets import load_sharegpt
@@ -257,25 +257,31 @@ def plan_point(
     fg_rng = stream_rng(seed, index, FOREGROUND_PLAN)
     offsets: list[float] | None = None  # None: closed loop
     planned: dict[str, float] = {}
-    if point.trace is not None:
-        cut = trace_slice(point, num_requests, duration_s)
-        foreground, offsets = planner.replay(cut, point.time_scale, fg_rng)
-        planned = slice_metrics(cut)
-    elif point.rate is not None:
-        # num_requests arrivals, or every arrival before duration_s (the plan's length follows)
-        offsets = arrival_offsets(
-            point.rate,
-            stream_rng(seed, index, FOREGROUND_ARRIVALS),
-            num_requests,
-            duration_s if num_requests is None else None,
-            point.arrival,
-            point.burstiness,
-            point.ramp_up_s or 0.0,
-        )
-        foreground = planner.foreground_batch(len(offsets), fg_rng)
-    else:
-        count = num_requests if num_requests is not None else min(MAX_PLANNED, 32 * (point.concurrency or 1))
-        foreground = planner.foreground_batch(count, fg_rng)
+    concurrency: int | None = None  # a closed loop's streams
+    cap: int | None = None  # an open loop's most in flight
+    min_gap_s = 0.0
+    match point.load:
+        case TraceReplay() as replay:
+            cut = trace_slice(replay, num_requests, duration_s)
+            foreground, offsets = planner.replay(cut, replay.time_scale, fg_rng)
+            planned = slice_metrics(cut)
+        case OpenLoop() as open_loop:
+            # num_requests arrivals, or every arrival before duration_s (the plan's length follows)
+            offsets = arrival_offsets(
+                open_loop.rate,
+                stream_rng(seed, index, FOREGROUND_ARRIVALS),
+                num_requests,
+                duration_s if num_requests is None else None,
+                open_loop.arrival,
+                open_loop.burstiness,
+                open_loop.ramp_up_s or 0.0,
+            )
+            foreground = planner.foreground_batch(len(offsets), fg_rng)
+            cap = open_loop.max_concurrency
+            min_gap_s = 1.0 / open_loop.rate if cap else 0.0
+        case ClosedLoop(concurrency=concurrency):
+            count = num_requests if num_requests is not None else min(MAX_PLANNED, 32 * concurrency)
+            foreground = planner.foreground_batch(count, fg_rng)
     foreground = planner.with_adapters(foreground, stream_rng(seed, index, ADAPTER_DRAWS))
 
     background = []
@@ -291,32 +297,30 @@ def plan_point(
         )
         background.append(list(zip(bg_offsets, made, strict=True)))
 
-    cap = point.max_concurrency
     return PointPlan(
         index=index,
         repeat=repeat,
         foreground=foreground,
         offsets=offsets,
-        concurrency=point.concurrency,
+        concurrency=concurrency,
         max_concurrency=cap,
-        min_gap_s=1.0 / point.rate if cap and point.rate else 0.0,
+        min_gap_s=min_gap_s,
         background=background,
         duration_s=duration_s,
-        extendable=point.concurrency is not None and num_requests is None,
+        extendable=concurrency is not None and num_requests is None,
         planned=planned,
     )
 
 
-def trace_slice(point: LoadPointSpec, num_requests: int | None, duration_s: float | None) -> Slice:
-    """The rows of the point's trace it replays (:func:`orchestrator.loadgen.traces.replay_slice`)."""
-    assert point.trace is not None
+def trace_slice(replay: TraceReplay, num_requests: int | None = None, duration_s: float | None = None) -> Slice:
+    """The rows of a point's trace it replays (:func:`orchestrator.loadgen.traces.replay_slice`)."""
     return replay_slice(
-        read_trace(point.trace, point.trace_format, point.trace_block_tokens),
-        point.trace_start_s,
-        point.length_scale,
-        point.max_context_tokens,
-        point.over_context,
+        read_trace(replay.path, replay.format, replay.block_tokens),
+        replay.start_s,
+        replay.length_scale,
+        replay.max_context_tokens,
+        replay.over_context,
         num_requests,
         duration_s,
-        point.time_scale,
+        replay.time_scale,
     )

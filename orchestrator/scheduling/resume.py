@@ -8,8 +8,8 @@ from __future__ import annotations
 from orchestrator.config.logs import Progress
 from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling.jobs import TrialJob
-from orchestrator.scheduling.rounds import repeat_job
 from orchestrator.scheduling.recorder import Recorder
+from orchestrator.scheduling.rounds import repeat_job
 from orchestrator.tracking import MlflowTracker
 
 

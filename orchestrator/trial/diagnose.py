@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import psutil
 
-from orchestrator.config.schema import LoadPointSpec, TrialSpec
+from orchestrator.config.schema import LoadPointSpec, OpenLoop, TrialSpec
 from orchestrator.engines import adapter_for
 from orchestrator.engines.process import SERVER_OWNER_ENV
 from orchestrator.metrics import census
@@ -122,7 +122,7 @@ def point_diagnosis(
 ) -> Diagnosis:
     """The point's diagnosis from what the trial gathered around it (``raw``) and the stages
     measured before it (``metrics``)."""
-    rate = point.rate if point.concurrency is None and not point.trace else None
+    rate = point.load.rate if isinstance(point.load, OpenLoop) else None
     adapter = adapter_for(spec.engine.name)
     evidence = PointEvidence(
         metrics=metrics,

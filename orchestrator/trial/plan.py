@@ -10,7 +10,7 @@ from typing import Any
 
 from orchestrator.config.errors import ConfigError, InfeasibleConfigError
 from orchestrator.config.hashing import trial_hash
-from orchestrator.config.schema import TrialSpec
+from orchestrator.config.schema import TraceReplay, TrialSpec
 from orchestrator.config.secrets import redact_mapping, redact_override
 from orchestrator.engines import adapter_for, envs
 from orchestrator.evaluation import task_problem
@@ -109,21 +109,26 @@ def check_inputs(spec: TrialSpec) -> list[str]:
                 + (f", {data.malformed} malformed entries skipped" if data.malformed else "")
             )
     for i, p in enumerate(spec.workload.load_points):
-        if p.trace:
+        if isinstance(replay := p.load, TraceReplay):
             where = "workload.replay" if spec.workload.replay is not None else f"workload.load_points.{i}"
             try:
-                trace = read_trace(p.trace, p.trace_format, p.trace_block_tokens)
+                trace = read_trace(replay.path, replay.format, replay.block_tokens)
             except ConfigError as exc:
                 raise ConfigError(f"{where}.trace: {exc}") from None
             cut = replay_slice(
-                trace, p.trace_start_s, p.length_scale, p.max_context_tokens, p.over_context, time_scale=p.time_scale
+                trace,
+                replay.start_s,
+                replay.length_scale,
+                replay.max_context_tokens,
+                replay.over_context,
+                time_scale=replay.time_scale,
             )
             if not cut.rows:
                 last = trace.rows[-1].timestamp_s
                 why = (
-                    f"trace_start_s {p.trace_start_s:g} is after the trace's last request ({last:.0f} s)"
-                    if p.trace_start_s > last
-                    else f"all {cut.dropped} of its requests are over max_context_tokens {p.max_context_tokens}"
+                    f"trace_start_s {replay.start_s:g} is after the trace's last request ({last:.0f} s)"
+                    if replay.start_s > last
+                    else f"all {cut.dropped} of its requests are over max_context_tokens {replay.max_context_tokens}"
                 )
                 raise ConfigError(f"{where}: the slice it replays has no request ({why})")
             blocks = f", prefix blocks of {trace.block_tokens} tokens" if trace.block_tokens else ""

@@ -13,7 +13,7 @@ from typing import Any
 from orchestrator.config.errors import ServerCrashedError
 from orchestrator.config.logs import Progress
 from orchestrator.config.metric_keys import M
-from orchestrator.config.schema import LoadPointSpec, TrialSpec
+from orchestrator.config.schema import ClosedLoop, LoadPointSpec, TraceReplay, TrialSpec
 from orchestrator.engines import EngineAdapter, EngineMetric
 from orchestrator.loadgen.traces import read_trace
 from orchestrator.metrics import prometheus, telemetry
@@ -52,8 +52,9 @@ def point_metrics(
     counter deltas and their latency histograms' percentiles. Under P/D the sampled decode
     server's TTFT and end-to-end start after the prefill: named ``decode_*``, not ours."""
     w = spec.workload
-    arriving = ["trace"] if point.trace else [n for n, c in w.classes.items() if c.rate is None]
-    scheduled = point.concurrency is None  # open loop: a rate or a trace's instants
+    load = point.load
+    arriving = ["trace"] if isinstance(load, TraceReplay) else [n for n, c in w.classes.items() if c.rate is None]
+    scheduled = not isinstance(load, ClosedLoop)  # open loop: a rate or a trace's instants
     if w.repeats > 1:
         per_repeat = [
             summarize_point([x for x in raw.records if x.repeat == r], w.slo, point.rate, arriving, scheduled)
@@ -88,8 +89,8 @@ def point_setting(point: LoadPointSpec) -> dict[str, object]:
     """A point's setting as recorded on its run: its fields, and a trace's content hash (the run
     says which trace it replayed, not only where it was)."""
     setting: dict[str, object] = point.model_dump(exclude_none=True)
-    if point.trace is not None:
-        setting["trace_sha256"] = read_trace(point.trace, point.trace_format, point.trace_block_tokens).sha256
+    if isinstance(replay := point.load, TraceReplay):
+        setting["trace_sha256"] = read_trace(replay.path, replay.format, replay.block_tokens).sha256
     return setting
 
 
@@ -164,7 +165,8 @@ def point_stages(
         verdict = judge_point(spec.workload, records, _view(measured, hardware), capped, view.front, foreign_limit)
     so_far = _view(measured, hardware, verdict.metrics)
     batch = engine_batch(so_far, rows, window)
-    floor = MappingProxyType(floor_metrics(spec, so_far, batch, point.concurrency))
+    streams = point.load.concurrency if isinstance(point.load, ClosedLoop) else None
+    floor = MappingProxyType(floor_metrics(spec, so_far, batch, streams))
     classes = summarize_by_class(records) if len(spec.workload.classes) > 1 else {}
     diagnosis = point_diagnosis(
         spec, point, raw, _view(so_far, floor), classes, verdict.client, view.disaggregated, crash is not None

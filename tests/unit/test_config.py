@@ -322,3 +322,17 @@ def test_a_knob_is_a_key_of_the_schema_not_of_the_trials_at_hand():
         assert is_config_key(key), key
     for key in ("engine.max_num_batched_tokenz", "workload.classes.short.nope", "enginex.block_size"):
         assert not is_config_key(key), key
+
+
+def test_a_load_point_is_one_typed_kind_of_arrivals():
+    """LoadPointSpec.load: the one arrival setting the validator left, as its own type, with the
+    fields of that kind only (code matches on it instead of asking which field is set)."""
+    from orchestrator.config.schema import ClosedLoop, LoadPointSpec, OpenLoop, TraceReplay
+
+    assert LoadPointSpec(concurrency=4).load == ClosedLoop(4)
+    capped = LoadPointSpec(rate=2.5, max_concurrency=3, arrival="gamma", burstiness=0.5, ramp_up_s=1.0).load
+    assert capped == OpenLoop(2.5, "gamma", 0.5, 1.0, 3)
+    replay = LoadPointSpec(trace="t.jsonl", time_scale=2.0, trace_start_s=30.0, max_context_tokens=1024).load
+    assert isinstance(replay, TraceReplay)
+    assert (replay.path, replay.time_scale, replay.start_s, replay.max_context_tokens) == ("t.jsonl", 2.0, 30.0, 1024)
+    assert (replay.format, replay.length_scale, replay.over_context) == ("auto", 1.0, "truncate")

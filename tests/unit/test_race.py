@@ -304,16 +304,15 @@ def test_a_knob_race_runs_on_until_its_limits_hold_and_plans_the_runs_they_need(
     its runs far from the bound it is decided; between looks nothing is told."""
     from orchestrator.config.schema import ObjectiveSpec
     from orchestrator.decide.race import planned_runs
-    from orchestrator.decide.verdict import decide
-    from orchestrator.scheduling.rounds import _knob_standing
+    from orchestrator.decide.verdict import decide, knob_standing
 
     objective = ObjectiveSpec(minimize="engine.max_num_batched_tokens", subject_to={"long/ttft_ms_p99": 2000})
     # after the first pass: the best and the better knob run again, not a worse knob (b1024)
     firsts = [_trial("b256", 256, [2100.0]), _trial("b512", 512, [900.0]), _trial("b1024", 1024, [800.0])]
-    state = _knob_standing(decide(firsts, objective), objective, final=False)
+    state = knob_standing(decide(firsts, objective), objective, final=False)
     assert state is not None and state.answer == OPEN and state.to_repeat() == ["b512", "b256"]
     small, mid = _trial("b256", 256, [2100.0, 2300.0, 2250.0]), _trial("b512", 512, [900.0, 1000.0, 950.0])
-    state = _knob_standing(decide([small, mid], objective), objective, final=False)
+    state = knob_standing(decide([small, mid], objective), objective, final=False)
     assert state is not None and state.answer == OPEN and state.leader == "b512"
     assert state.to_repeat() == ["b512", "b256"]
     assert state.need is not None and 3 < state.need <= 10, state.need
@@ -324,16 +323,16 @@ def test_a_knob_race_runs_on_until_its_limits_hold_and_plans_the_runs_they_need(
     spread = [2100.0, 2300.0, 2250.0] * k
     small, mid = _trial("b256", 256, spread[:k]), _trial("b512", 512, ([900.0, 1000.0, 950.0] * k)[:k])
     verdict = decide([small, mid], objective)
-    assert _knob_standing(verdict, objective, final=True).answer == WIN
+    assert knob_standing(verdict, objective, final=True).answer == WIN
     assert "with 95% confidence for all these statements together" in verdict.headline, verdict.headline
     # only the best's own constraint unsure: the best alone runs again
     near = _trial("b512", 512, [1500.0, 1990.0, 1700.0])
-    state = _knob_standing(decide([_trial("b256", 256, [5000.0, 5100.0, 4900.0]), near], objective), objective, True)
+    state = knob_standing(decide([_trial("b256", 256, [5000.0, 5100.0, 4900.0]), near], objective), objective, True)
     assert state.answer == OPEN and state.to_repeat() == ["b512"] and state.need is not None and state.need > 3
     # a round that is no look (4 runs: the looks are at 2, 3, 5, ...): nothing is told there
     far = _trial("b256", 256, [5000.0, 5100.0, 4900.0, 5000.0]), _trial("b512", 512, [900.0, 950.0, 1000.0, 925.0])
-    assert _knob_standing(decide(list(far), objective), objective, final=False).answer == OPEN
-    assert _knob_standing(decide(list(far), objective), objective, final=True).answer == WIN
+    assert knob_standing(decide(list(far), objective), objective, final=False).answer == OPEN
+    assert knob_standing(decide(list(far), objective), objective, final=True).answer == WIN
 
 
 def test_rounds_are_blocks_once_they_pay_and_then_the_comparison_is_the_paired_t_test():

@@ -19,7 +19,7 @@ from .engines import (
     VLLMEngineSpec,
 )
 from .launched import BaseEngineSpec, DisaggregationSpec, EnginePython, LaunchedEngineSpec, LaunchPrefix
-from .load import SLO_METRIC, CapacitySpec, LoadPointSpec, SLOSpec
+from .load import SLO_METRIC, CapacitySpec, ClosedLoop, LoadPointSpec, OpenLoop, PointLoad, SLOSpec, TraceReplay
 from .model import (
     LORA_RANKS,
     LoraAdapterSpec,
@@ -56,7 +56,11 @@ __all__ = [
     "LMCacheSpec",
     "LaunchPrefix",
     "LaunchedEngineSpec",
+    "ClosedLoop",
     "LoadPointSpec",
+    "OpenLoop",
+    "PointLoad",
+    "TraceReplay",
     "ModelArch",
     "ModelSpec",
     "ObjectiveSpec",

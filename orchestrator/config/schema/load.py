@@ -6,6 +6,7 @@ objectives (:class:`SLOSpec`) and the SLO capacity search whose probes are load 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import (
@@ -16,6 +17,46 @@ from pydantic import (
 )
 
 from .base import ArrivalKind, StrictModel
+
+TraceFormat = Literal["auto", "plain", "mooncake", "azure", "bailian"]
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """``concurrency`` streams, each sending its next request when its last one ends."""
+
+    concurrency: int
+
+
+@dataclass(frozen=True)
+class OpenLoop:
+    """Requests on their own instants, ``rate`` per second (``inf``: all at once) by the
+    ``arrival`` process, the rate raised from 0 over ``ramp_up_s``; ``max_concurrency`` caps
+    those in flight."""
+
+    rate: float
+    arrival: ArrivalKind
+    burstiness: float
+    ramp_up_s: float
+    max_concurrency: int | None
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """A trace file's own arrivals and lengths: the slice from ``start_s`` of its clock, the clock
+    stretched by ``time_scale``, lengths divided by ``length_scale``."""
+
+    path: str
+    format: TraceFormat
+    block_tokens: int | None
+    start_s: float
+    time_scale: float
+    length_scale: float
+    max_context_tokens: int | None
+    over_context: Literal["truncate", "drop"]
+
+
+PointLoad = ClosedLoop | OpenLoop | TraceReplay  # a load point's arrivals, one kind each (LoadPointSpec.load)
 
 
 class LoadPointSpec(StrictModel):
@@ -40,7 +81,7 @@ class LoadPointSpec(StrictModel):
     max_concurrency: PositiveInt | None = None
     ramp_up_s: float = Field(default=0.0, ge=0.0)
     time_scale: PositiveFloat = 1.0
-    trace_format: Literal["auto", "plain", "mooncake", "azure", "bailian"] = "auto"
+    trace_format: TraceFormat = "auto"
     trace_block_tokens: PositiveInt | None = Field(
         default=None, description="tokens per hash_ids block (default: mooncake 512, bailian 16)"
     )
@@ -85,6 +126,26 @@ class LoadPointSpec(StrictModel):
                 f"'burstiness' shapes gamma arrivals only (arrival is '{self.arrival}'): set arrival: gamma"
             )
         return self
+
+    @property
+    def load(self) -> PointLoad:
+        """The point's arrivals as one typed kind (the validator leaves exactly one set): code
+        matches on it rather than asking which field is set."""
+        if self.concurrency is not None:
+            return ClosedLoop(self.concurrency)
+        if self.trace is not None:
+            return TraceReplay(
+                self.trace,
+                self.trace_format,
+                self.trace_block_tokens,
+                self.trace_start_s,
+                self.time_scale,
+                self.length_scale,
+                self.max_context_tokens,
+                self.over_context,
+            )
+        assert self.rate is not None
+        return OpenLoop(self.rate, self.arrival, self.burstiness, self.ramp_up_s, self.max_concurrency)
 
     @property
     def label(self) -> str:
