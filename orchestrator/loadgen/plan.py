@@ -284,6 +284,26 @@ def plan_point(
             foreground = planner.foreground_batch(count, fg_rng)
     foreground = planner.with_adapters(foreground, stream_rng(seed, index, ADAPTER_DRAWS))
 
+    return PointPlan(
+        index=index,
+        repeat=repeat,
+        foreground=foreground,
+        offsets=offsets,
+        concurrency=concurrency,
+        max_concurrency=cap,
+        min_gap_s=min_gap_s,
+        background=background_plan(workload, planner, index, seed, duration_s),
+        duration_s=duration_s,
+        extendable=concurrency is not None and num_requests is None,
+        planned=planned,
+    )
+
+
+def background_plan(
+    workload: WorkloadSpec, planner: RequestPlanner, index: int, seed: Seed, duration_s: float | None
+) -> list[list[tuple[float, PlannedRequest]]]:
+    """Each background class's requests and instants, on its own process and seeded streams, for
+    as long as the foreground may send (``duration_s``, else :data:`BACKGROUND_HORIZON_S`)."""
     background = []
     for i, name in enumerate(planner.background):
         c = workload.classes[name]
@@ -296,20 +316,7 @@ def plan_point(
             [planner.make(name, rng) for _ in bg_offsets], stream_rng(seed, index, ADAPTER_DRAWS + 1 + i)
         )
         background.append(list(zip(bg_offsets, made, strict=True)))
-
-    return PointPlan(
-        index=index,
-        repeat=repeat,
-        foreground=foreground,
-        offsets=offsets,
-        concurrency=concurrency,
-        max_concurrency=cap,
-        min_gap_s=min_gap_s,
-        background=background,
-        duration_s=duration_s,
-        extendable=concurrency is not None and num_requests is None,
-        planned=planned,
-    )
+    return background
 
 
 def trace_slice(replay: TraceReplay, num_requests: int | None = None, duration_s: float | None = None) -> Slice:
