@@ -57,11 +57,12 @@ def assess(spec: TrialSpec, cluster_gpus: int | None = None, node_cpus: float | 
                 f"model {spec.model.name} needs ~{need_gb:.0f} GB for its weights on the CPU platform; "
                 f"this host has {have_gb:.0f} GB"
             )
+    adapter = adapter_for(spec.engine.name)
     reason = (
-        adapter_for(spec.engine.name).unsupported(spec)
+        adapter.unsupported(spec)
         or nsys.unsupported(spec)
         or lora_unfit(spec)
-        or adapter_for(spec.engine.name).refuses(spec, max_positions(spec.model))
+        or adapter.refuses(spec, lambda: max_positions(spec.model))
     )
     if reason:
         return reason

@@ -164,10 +164,11 @@ class EngineAdapter(ABC, Generic[S]):
         """Why this platform cannot run the trial (it is then SKIPPED), or None."""
         return None
 
-    def refuses(self, spec: TrialSpec, positions: tuple[int, str] | None = None) -> str | None:
+    def refuses(self, spec: TrialSpec, positions: Callable[[], tuple[int, str] | None] = lambda: None) -> str | None:
         """Why the engine itself would refuse the trial's settings at start (its own checks, said
-        before the server starts rather than as its start-up traceback), or None. ``positions``:
-        the most positions the model takes and where that was read (None: not known)."""
+        before the server starts rather than as its start-up traceback), or None. ``positions()``:
+        the most positions the model takes and where that was read (None: not known), read from
+        the model only by an engine that checks it."""
         return None
 
     def batch_slots(self, spec: TrialSpec) -> int | None:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.config.schema import TrialSpec, VLLMEngineSpec
@@ -265,22 +266,17 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
         extra = tuple(str(a) for a in engine.router.extra_args)
         return [*replicas, router_launch(spec, engine.host, at.port, at.next_port(), routing, extra)]
 
-    def refuses(self, spec: TrialSpec, positions: tuple[int, str] | None = None) -> str | None:
+    def refuses(self, spec: TrialSpec, positions: Callable[[], tuple[int, str] | None] = lambda: None) -> str | None:
         """Why vLLM would refuse to start with the trial's scheduler and length settings (its
         SchedulerConfig.verify_max_model_len and ModelConfig's length check), or None: said before the
         server starts, not as its start-up traceback a minute later. Checked only where the values
         are set or read here (a default vLLM picks itself is not guessed)."""
         engine = self.narrow(spec)
-        found = positions
         # the servers' environment: engine.env over the one the trial's worker has
         allow = engine.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", ""))
         allow_long = str(allow).lower() in ("1", "true")
-        if (
-            found is not None
-            and engine.max_model_len is not None
-            and engine.max_model_len > found[0]
-            and not allow_long
-        ):
+        found = positions() if engine.max_model_len is not None and not allow_long else None  # read only if checked
+        if found is not None and engine.max_model_len is not None and engine.max_model_len > found[0]:
             return (
                 f"engine.max_model_len {engine.max_model_len} is more than the model takes ({found[0]}, {found[1]}): "
                 "vLLM refuses it (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in engine.env overrides, at the model's risk)"

@@ -239,7 +239,8 @@ class TrialRun:
             )
         if everything and spec.eval.adapters and self.crash is None:
             measurer.alive()
-            self.scores |= self._adapter_scores(view.front_url, measurer.api_key)
+            tokenizer = resolve_tokenizer(spec.model, self.model_path)
+            self.scores |= adapter_scores(spec, view.front_url, measurer.api_key, tokenizer, self.workdir, self.say)
 
     def _load_adapters(self, engines: Sequence[tuple[str, str]], api_key: str | None) -> None:
         """``engine.lora_loading=runtime``: load every LoRA adapter into every engine server
@@ -251,11 +252,6 @@ class TrialRun:
             took = max(load_adapter(url + path, name, folder, api_key) for _, url in engines)
             self.scores[adapter_key(name, M.LOAD_S)] = took
             self.say(f"LoRA adapter {name} loaded at run time in {took * 1e3:.0f} ms")
-
-    def _adapter_scores(self, url: str, api_key: str | None) -> dict[str, float]:
-        """Did each LoRA adapter's requests reach it (``eval.adapters``): :func:`.multi_lora.adapter_scores`."""
-        tokenizer = resolve_tokenizer(self.spec.model, self.model_path)
-        return adapter_scores(self.spec, url, api_key, tokenizer, self.workdir, self.say)
 
     def _point(
         self, load: LoadSession, measurer: PointMeasurer, point: LoadPointSpec, index: int, label: str | None = None
