@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from orchestrator.config.paths import PROJECT_ROOT
 
 
 @dataclass
@@ -235,7 +235,7 @@ def check_plan() -> tuple[str, str]:
     except ImportError as exc:
         return "SKIP", f"the sweep's imports are not installed here ({exc}); carry hydra-core and omegaconf to plan"
     cmd = [sys.executable, "-m", "orchestrator", "+experiment=gpu_smoke", "platform=gpu", "dry_run=json", "-m"]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     lines = [x for x in p.stdout.splitlines() if '"gpu_model"' in x]
     if p.returncode != 0 or not lines:
         return "FAIL", (p.stdout + p.stderr)[-400:]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from orchestrator.config.paths import PROJECT_ROOT
 
 
 def register() -> None:

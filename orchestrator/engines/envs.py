@@ -18,10 +18,10 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from orchestrator.config.paths import PROJECT_ROOT
 from orchestrator.config.schema import LaunchedEngineSpec, TrialSpec, VLLMEngineSpec
 from orchestrator.engines import nsys
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "INFERENCE_LAB_ENGINES"
 # Engine name -> environment folder name (under the engines folder) and the command that creates it.
 ENVIRONMENTS = {"vllm": "vllm-gpu", "sglang": "sglang-gpu"}

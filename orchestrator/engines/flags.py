@@ -1,12 +1,16 @@
-"""Command-line flags as tables: an engine's argv builder lists one :class:`Flag` row per flag,
-in argv order, and :func:`render` turns the rows into ``--name value`` words for one server."""
+"""Command-line flags as tables: an engine lists one :class:`Flag` row per flag, in argv order,
+each read from the :class:`ServerArgs` of one server, and :func:`render` turns the rows into
+``--name value`` words."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar
+
+from orchestrator.config.schema import ModelSpec
+from orchestrator.engines.base import LaunchContext
 
 A = TypeVar("A")
 
@@ -44,3 +48,48 @@ class Flag(Generic[A]):
 def render(flags: Iterable[Flag[A]], args: A) -> list[str]:
     """The words of every row, in the table's order."""
     return [word for flag in flags for word in flag.words(args)]
+
+
+class _EngineFields(Protocol):
+    """What :class:`ServerArgs` reads of any engine's spec."""
+
+    @property
+    def enable_lora(self) -> bool | None: ...
+    @property
+    def tensor_parallel_size(self) -> int: ...
+    @property
+    def extra_args(self) -> list[Any]: ...
+
+
+E = TypeVar("E", bound=_EngineFields)
+
+
+@dataclass(frozen=True)
+class ServerArgs(Generic[E]):
+    """What one server's flags are read from: the engine spec, the model as served (its local
+    folder, served name, tokenizer and LoRA adapters), and this server's port and TP size. An
+    engine's subclass adds its own per-server values."""
+
+    engine: E
+    model_path: str
+    served_name: str
+    tokenizer: str | None  # model.tokenizer: the server tokenizes with the one our prompts are made with
+    adapters: tuple[tuple[str, str], ...]  # (served name, folder) of each LoRA adapter
+    port: int
+    tp: int
+
+    @classmethod
+    def of(cls, engine: E, model: ModelSpec, at: LaunchContext, port: int, tp: int | None = None, **more: Any) -> Self:
+        """The arguments of a server of ``model`` launched ``at``; ``tp``: this server's, else the engine's."""
+        tp = tp or engine.tensor_parallel_size
+        return cls(engine, at.model_path, model.name, model.tokenizer, at.adapters, port, tp, **more)
+
+    @property
+    def lora(self) -> bool:
+        return self.engine.enable_lora if self.engine.enable_lora is not None else bool(self.adapters)
+
+    def argv(self, head: list[str], flags: Iterable[Flag[Self]]) -> list[str]:
+        """The server's command line as an argv list (never a shell string): ``head`` (the launch
+        prefix, interpreter and ``-m MODULE``: :func:`orchestrator.engines.envs.command`), the
+        ``flags``' words, then ``engine.extra_args``."""
+        return [*head, *render(flags, self), *(str(a) for a in self.engine.extra_args)]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
 from orchestrator.engines import envs
 from orchestrator.engines.base import EngineAdapter, EngineMetric, LaunchContext, Profiler, Role, ServerLaunch, register
-from orchestrator.engines.flags import Flag, render
+from orchestrator.engines.flags import Flag, ServerArgs
 from orchestrator.engines.nsys import wrapper as nsys_wrapper
 from orchestrator.engines.router import router_launch
 
@@ -41,22 +41,11 @@ METRICS: dict[str, EngineMetric] = {
 
 
 @dataclass(frozen=True)
-class ServerArgs:
-    """What one SGLang server's flags are read from: the engine spec and this server's own values."""
+class SGLangServerArgs(ServerArgs[SGLangEngineSpec]):
+    """One SGLang server's arguments: the shared ones and its side of a P/D pair."""
 
-    engine: SGLangEngineSpec
-    model_path: str
-    served_name: str
-    port: int
-    tp: int
-    mode: Role | None  # --disaggregation-mode: "prefill" or "decode" of a P/D pair
-    bootstrap_port: int | None  # the prefill server's KV bootstrap port
-    tokenizer: str | None  # model.tokenizer: the one our prompts are made with
-    adapters: tuple[tuple[str, str], ...] = ()  # (served name, folder) of each LoRA adapter
-
-    @property
-    def lora(self) -> bool:
-        return self.engine.enable_lora if self.engine.enable_lora is not None else bool(self.adapters)
+    mode: Role | None = None  # --disaggregation-mode: "prefill" or "decode" of a P/D pair
+    bootstrap_port: int | None = None  # the prefill server's KV bootstrap port
 
     @property
     def transfer_backend(self) -> str | None:
@@ -65,7 +54,7 @@ class ServerArgs:
 
 
 # The server's flags in argv order (after the launch head, before engine.extra_args).
-FLAGS: tuple[Flag[ServerArgs], ...] = (
+FLAGS: tuple[Flag[SGLangServerArgs], ...] = (
     Flag("model-path", lambda a: a.model_path),
     Flag("served-model-name", lambda a: a.served_name),
     Flag("tokenizer-path", lambda a: a.tokenizer),
@@ -101,28 +90,6 @@ FLAGS: tuple[Flag[ServerArgs], ...] = (
     Flag("max-lora-rank", lambda a: a.engine.max_lora_rank if a.lora else None),
     Flag("lora-backend", lambda a: a.engine.lora_backend if a.lora else None),
 )
-
-
-def build_argv(
-    engine: SGLangEngineSpec,
-    model_path: str,
-    served_name: str,
-    port: int,
-    *,
-    tp: int | None = None,
-    mode: Role | None = None,
-    bootstrap_port: int | None = None,
-    head: list[str],
-    tokenizer: str | None = None,
-    adapters: tuple[tuple[str, str], ...] = (),
-) -> list[str]:
-    """One SGLang server's command line as an argv list (never a shell string). ``head``: the
-    launch prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`)."""
-    if mode is not None:
-        assert engine.disaggregation is not None
-    tp = tp or engine.tensor_parallel_size
-    args = ServerArgs(engine, model_path, served_name, port, tp, mode, bootstrap_port, tokenizer, adapters)
-    return [*head, *render(FLAGS, args), *(str(a) for a in engine.extra_args)]
 
 
 @register
@@ -165,18 +132,11 @@ class SGLangAdapter(EngineAdapter[SGLangEngineSpec]):
         """One server of ``tp`` GPUs from the trial's ``first``: alone (``role`` "server"), or one
         side of a P/D pair (its ``--disaggregation-mode``; the prefill side takes ``bootstrap``)."""
         engine = self.narrow(spec)
-        argv = build_argv(
-            engine,
-            at.model_path,
-            spec.model.name,
-            port,
-            tp=None if role == "server" else tp,
-            mode=None if role == "server" else role,
-            bootstrap_port=bootstrap,
-            head=envs.command(spec, SERVER_MODULE),
-            tokenizer=spec.model.tokenizer,
-            adapters=at.adapters,
+        alone = role == "server"
+        args = SGLangServerArgs.of(
+            engine, spec.model, at, port, None if alone else tp, mode=None if alone else role, bootstrap_port=bootstrap
         )
+        argv = args.argv(envs.command(spec, SERVER_MODULE), FLAGS)
         return ServerLaunch(
             name=role,
             role=role,

@@ -29,7 +29,7 @@ from orchestrator.engines.base import (
 )
 from orchestrator.engines.nsys import wrapper as nsys_wrapper
 from orchestrator.engines.router import router_launch
-from orchestrator.engines.vllm_args import build_argv, prefill_in_one_step, render_lmcache
+from orchestrator.engines.vllm_args import FLAGS, VLLMServerArgs, prefill_in_one_step, render_lmcache
 
 log = logging.getLogger(__name__)
 
@@ -148,16 +148,7 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             files = {path: render_lmcache(engine.lmcache)}
             kv = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
         head = envs.command(spec, SERVER_MODULE)
-        argv = build_argv(
-            engine,
-            at.model_path,
-            spec.model.name,
-            at.port,
-            head,
-            kv_transfer_config=kv,
-            tokenizer=spec.model.tokenizer,
-            adapters=at.adapters,
-        )
+        argv = VLLMServerArgs.of(engine, spec.model, at, at.port, kv_override=kv).argv(head, FLAGS)
         gpus = tuple(range(engine.num_gpus))
         return ServerLaunch(
             name="server", role="server", port=at.port, env=env, files=files, gpus=gpus, argv=argv, **self._common(spec)
@@ -181,17 +172,7 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
                 # Each server's threads on their own cores (prefill first, decode next), not both on all.
                 server_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(first + i) for i in range(tp))
-            argv = build_argv(
-                engine,
-                at.model_path,
-                spec.model.name,
-                p,
-                head,
-                tp=tp,
-                kv_transfer_config=pd_kv,
-                tokenizer=spec.model.tokenizer,
-                adapters=at.adapters,
-            )
+            argv = VLLMServerArgs.of(engine, spec.model, at, p, tp, kv_override=pd_kv).argv(head, FLAGS)
             if role == "prefill" and pd.connector == "ExampleConnector":
                 argv = prefill_in_one_step(argv, engine.max_model_len)
             gpus = tuple(range(first, first + tp))
@@ -241,15 +222,7 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             replica_env = dict(env)
             if spec.platform.device == "cpu" and engine.cpu_omp_threads_bind is None:
                 replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
-            argv = build_argv(
-                engine,
-                at.model_path,
-                spec.model.name,
-                p,
-                head,
-                tokenizer=spec.model.tokenizer,
-                adapters=at.adapters,
-            )
+            argv = VLLMServerArgs.of(engine, spec.model, at, p).argv(head, FLAGS)
             gpus = tuple(range(i * per, (i + 1) * per))
             replicas.append(
                 ServerLaunch(

@@ -1,5 +1,5 @@
 """A vLLM server's command line: its flags in argv order (:data:`FLAGS`, each read from the
-:class:`ServerArgs` of one server), :func:`build_argv`, the P/D prefill server's whole-prompt
+:class:`VLLMServerArgs` of one server), the P/D prefill server's whole-prompt
 steps, and the LMCache config file a server reads. The servers of a trial are laid out by
 :class:`orchestrator.engines.vllm.VLLMAdapter`."""
 
@@ -10,33 +10,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.schema import LMCacheSpec, VLLMEngineSpec
-from orchestrator.engines.flags import Flag, render
+from orchestrator.engines.flags import Flag, ServerArgs
 
 
 @dataclass(frozen=True)
-class ServerArgs:
-    """What one vLLM server's flags are read from: the engine spec and this server's own values."""
+class VLLMServerArgs(ServerArgs[VLLMEngineSpec]):
+    """One vLLM server's arguments: the shared ones and its KV transfer config."""
 
-    engine: VLLMEngineSpec
-    model_path: str
-    served_name: str
-    port: int
-    tp: int
-    kv_transfer_config: dict[str, Any] | None
-    tokenizer: str | None  # model.tokenizer: the server tokenizes with the one our prompts are made with
-    adapters: tuple[tuple[str, str], ...] = ()  # (served name, folder) of each LoRA adapter
+    kv_override: dict[str, Any] | None = None  # this server's, else engine.kv_transfer_config
+
+    @property
+    def kv_transfer_config(self) -> dict[str, Any] | None:
+        return self.kv_override if self.kv_override is not None else self.engine.kv_transfer_config
 
     @property
     def pp(self) -> int:
         return self.engine.pipeline_parallel_size
 
-    @property
-    def lora(self) -> bool:
-        return self.engine.enable_lora if self.engine.enable_lora is not None else bool(self.adapters)
-
 
 # The server's flags in argv order (after the launch head, before engine.extra_args).
-FLAGS: tuple[Flag[ServerArgs], ...] = (
+FLAGS: tuple[Flag[VLLMServerArgs], ...] = (
     Flag("model", lambda a: a.model_path),
     Flag("served-model-name", lambda a: a.served_name),
     Flag("tokenizer", lambda a: a.tokenizer),
@@ -71,25 +64,6 @@ FLAGS: tuple[Flag[ServerArgs], ...] = (
     Flag("max-lora-rank", lambda a: a.engine.max_lora_rank if a.lora else None),
     Flag("max-cpu-loras", lambda a: a.engine.max_cpu_loras if a.lora else None),
 )
-
-
-def build_argv(
-    engine: VLLMEngineSpec,
-    model_path: str,
-    served_name: str,
-    port: int,
-    head: list[str],
-    tp: int | None = None,
-    kv_transfer_config: dict[str, object] | None = None,
-    tokenizer: str | None = None,
-    adapters: tuple[tuple[str, str], ...] = (),
-) -> list[str]:
-    """The server command line as an argv list (never a shell string). ``head``: the launch
-    prefix, interpreter and ``-m MODULE`` (:func:`orchestrator.engines.envs.command`); ``tp`` and
-    ``kv_transfer_config``: this server's, else the engine's."""
-    kv = kv_transfer_config if kv_transfer_config is not None else engine.kv_transfer_config
-    args = ServerArgs(engine, model_path, served_name, port, tp or engine.tensor_parallel_size, kv, tokenizer, adapters)
-    return [*head, *render(FLAGS, args), *(str(a) for a in engine.extra_args)]
 
 
 def render_lmcache(c: LMCacheSpec) -> str:

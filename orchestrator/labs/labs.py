@@ -31,7 +31,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from orchestrator.config.paths import PROJECT_ROOT
+
 # The course's order (../shared/seeds: weeks 1-16, then the workload card), multi-LoRA serving
 # (seeds 001/002), then the GPU smoke test.
 ORDER = [
@@ -82,7 +83,7 @@ class LabRun:
 
 
 def experiments() -> list[str]:
-    found = {p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")}
+    found = {p.stem for p in (PROJECT_ROOT / "conf" / "experiment").glob("*.yaml")}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
 
 
@@ -95,7 +96,7 @@ def run_lab(name: str, overrides: list[str], log: Path) -> LabRun:
     with open(log, "w") as out:
         proc = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=PROJECT_ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -151,7 +152,7 @@ def read_outcome(run: LabRun, lines: list[str]) -> None:
             run.claims.append(line.strip())
     if run.sweep_dir is None:
         return
-    for result in sorted((ROOT / run.sweep_dir).glob("trials/*/result.json")):
+    for result in sorted((PROJECT_ROOT / run.sweep_dir).glob("trials/*/result.json")):
         data = json.loads(result.read_text())
         run.counts[data["status"]] += 1
         if data["status"] == "FAILED":
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: no experiment {', '.join(unknown)}; there are: {', '.join(experiments())}", file=sys.stderr)
         return 2
-    out_dir = ROOT / "multirun" / "labs" / dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    out_dir = PROJECT_ROOT / "multirun" / "labs" / dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[LabRun] = []
     started = dt.datetime.now()

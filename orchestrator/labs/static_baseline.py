@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from orchestrator.config import to_specs
 from orchestrator.config.hashing import trial_hash
 from orchestrator.config.metric_keys import M
+from orchestrator.config.paths import PROJECT_ROOT
 from orchestrator.config.resolvers import register
 from orchestrator.config.schema import SweepSettings, TrialSpec
 from orchestrator.loadgen import PromptFactory
@@ -37,15 +37,13 @@ from orchestrator.metrics.result import PointResult, TrialResult, save_result
 from orchestrator.metrics.summary import summarize_point
 from orchestrator.models import resolve_model, resolve_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def compose(overrides: list[str]) -> tuple[TrialSpec, SweepSettings]:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     register()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = hydra_compose("config", overrides=overrides)
     return to_specs(cfg, overrides)  # the command line wins over the experiment's overlays, as in a sweep
 
@@ -166,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics={M.REQUESTS_TOTAL: float(len(records))},
         records_parquet=records_to_parquet_bytes(records),
     )
-    out = ROOT / "outputs" / "static_baseline" / spec.experiment / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out = PROJECT_ROOT / "outputs" / "static_baseline" / spec.experiment / time.strftime("%Y-%m-%d_%H-%M-%S")
     d = save_result(result, out)
     print(
         f"tokens/s {metrics[M.TOKENS_PER_SECOND]:.1f}, ttft p50 {metrics.get(M.TTFT_MS_P50, float('nan')):.0f} ms, "

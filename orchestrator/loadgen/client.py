@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
@@ -118,11 +119,12 @@ class HttpSession:
         stream = SseStream(record, DELTAS[api], text_out)
         record.sent_s = now()  # refined by trace_config() once the body is on the wire
         parts = urlsplit(url)
+        exchange = _Exchange(body, {**endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}, record, stream)
         try:
             if parts.scheme == "http" and parts.hostname:
-                await _stream_wire(self.wire, parts, endpoint, req, record, body, stream, timeout_s)
+                await _stream_wire(self.wire, parts, exchange, timeout_s)
             else:
-                await _stream_aiohttp(self.http, url, endpoint, req, record, body, stream, timeout_s)
+                await _stream_aiohttp(self.http, url, exchange, timeout_s)
         except asyncio.CancelledError:
             record.status, record.error = STATUS_ERROR, "cancelled"
             raise
@@ -133,22 +135,23 @@ class HttpSession:
         return record
 
 
-async def _stream_aiohttp(
-    session: aiohttp.ClientSession,
-    url: str,
-    endpoint: Endpoint,
-    req: PlannedRequest,
-    record: RequestRecord,
-    body: bytes,
-    stream: SseStream,
-    timeout_s: float,
-) -> None:
+@dataclass(frozen=True)
+class _Exchange:
+    """One request's body and headers, and where its answer goes."""
+
+    body: bytes
+    headers: dict[str, str]  # the endpoint's and the request id
+    record: RequestRecord
+    stream: SseStream
+
+
+async def _stream_aiohttp(session: aiohttp.ClientSession, url: str, x: _Exchange, timeout_s: float) -> None:
     """One streaming request through aiohttp (HTTPS endpoints): each ``readany`` (everything
-    buffered since the last read) reaches ``stream`` with one instant."""
+    buffered since the last read) reaches ``x.stream`` with one instant."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    headers = {**endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}
+    record = x.record
     async with session.post(
-        url, data=body, headers=headers, timeout=timeout, trace_request_ctx={"record": record}
+        url, data=x.body, headers=x.headers, timeout=timeout, trace_request_ctx={"record": record}
     ) as resp:
         record.http_status = resp.status
         if resp.status != 200:
@@ -156,34 +159,25 @@ async def _stream_aiohttp(
             record.status, record.error = STATUS_ERROR, f"HTTP {resp.status}: {answer}"
             return
         while data := await resp.content.readany():  # read to the end: the connection goes back to the pool
-            stream.feed(now(), data)
-        stream.end()
+            x.stream.feed(now(), data)
+        x.stream.end()
 
 
-async def _stream_wire(
-    wire: WireSession,
-    url: SplitResult,
-    endpoint: Endpoint,
-    req: PlannedRequest,
-    record: RequestRecord,
-    body: bytes,
-    stream: SseStream,
-    timeout_s: float,
-) -> None:
+async def _stream_wire(wire: WireSession, url: SplitResult, x: _Exchange, timeout_s: float) -> None:
     """One streaming request over the client's own HTTP/1.1 (:mod:`orchestrator.loadgen.wire`):
-    the body's lines reach ``stream`` from the protocol's ``data_received``, one instant per read."""
+    the body's lines reach ``x.stream`` from the protocol's ``data_received``, one instant per read."""
     host, port = url.hostname or "", url.port or 80
-    headers = {"Content-Type": "application/json", **endpoint.headers(), "X-Request-Id": f"lab-{req.request_id}"}
+    headers = {"Content-Type": "application/json", **x.headers}
     target = url.path + (f"?{url.query}" if url.query else "")
     name = f"[{host}]" if ":" in host else host  # never the URL's user:password
     head = (
         f"POST {target} HTTP/1.1\r\nHost: {name}{f':{url.port}' if url.port else ''}\r\n"
-        f"Content-Length: {len(body)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        f"Content-Length: {len(x.body)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     ).encode("latin-1")
     deadline = now() + timeout_s
     try:
         async with asyncio.timeout(timeout_s):  # the connection's set-up too
-            await _send_and_read(wire, host, port, head + body, record, stream, deadline)
+            await _send_and_read(wire, host, port, head + x.body, x.record, x.stream, deadline)
     except TimeoutError:
         raise TimeoutError(f"no complete answer within workload.request_timeout_s ({timeout_s:g} s)") from None
 

@@ -34,10 +34,10 @@ import sys
 import traceback
 from collections.abc import Coroutine
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import LoadError
+from orchestrator.config.paths import PROJECT_ROOT
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest
 from orchestrator.loadgen.plan import PointPlan
@@ -69,7 +69,7 @@ class ClientFleet:
 
     def grow(self, n: int) -> None:
         """Start processes until there are ``n`` (a later point may need more than the first)."""
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(PROJECT_ROOT)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         first = len(self.procs)
         try:

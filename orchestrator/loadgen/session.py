@@ -23,9 +23,10 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import ParamSpec
 
 import numpy as np
 
@@ -58,6 +59,7 @@ from orchestrator.loadgen.shares import (
 from orchestrator.loadgen.sizing import ClientGauge, ClientSizing, size_clients
 from orchestrator.metrics.records import RequestRecord
 
+P = ParamSpec("P")
 log = logging.getLogger(__name__)
 
 
@@ -300,13 +302,12 @@ def run_each(
         return out
 
 
-def run_points(
-    endpoint: Endpoint,
-    workload: WorkloadSpec,
-    factory: PromptFactory,
-    seed: Seed,
-    points: Iterable[LoadPointSpec] | None = None,
-    client_cores: int = 1,
-) -> list[RequestRecord]:
-    """:func:`run_each`, its records only (every point's, ``point`` = its index)."""
-    return [r for run in run_each(endpoint, workload, factory, seed, points, client_cores) for r in run.records]
+def _records_only(run: Callable[P, list[PointRun]]) -> Callable[P, list[RequestRecord]]:
+    def records(*args: P.args, **kwargs: P.kwargs) -> list[RequestRecord]:
+        return [r for point in run(*args, **kwargs) for r in point.records]
+
+    return records
+
+
+# run_each's arguments; its records only (every point's, ``point`` = its index)
+run_points = _records_only(run_each)

@@ -6,7 +6,7 @@ is short of a bar. Used by the adder (:mod:`.tiny`) and its LoRA adapters (:mod:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,26 @@ def problem_rows(encoded: list[list[int]], eq_nl: tuple[int, int], pad: int) -> 
         rows.append(padded[:-1])
         targets.append(_answer_targets(padded, eq_nl, pad))
     return rows, targets
+
+
+def loss_steps(model: Any, opt: Any, batch: Callable[[], Rows], steps: int, sched: Any = None) -> Iterator[float]:
+    """``steps`` optimizer steps of ``model`` on ``batch()``es (the cross-entropy of the answers'
+    targets, padding and prompts ignored), ``sched`` stepped after each when given; yields each
+    step's loss."""
+    import torch
+
+    for _ in range(steps):
+        rows, targets = batch()
+        logits = model(input_ids=torch.tensor(rows)).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), torch.tensor(targets).reshape(-1), ignore_index=-100
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        yield loss.item()
 
 
 def train_on_while_short(

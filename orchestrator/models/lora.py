@@ -29,6 +29,7 @@ from orchestrator.models.addition import (
     Rows,
     addition_problems,
     answer_batch,
+    loss_steps,
     problem_rows,
     right_share,
     train_on_while_short,
@@ -235,16 +236,8 @@ def _train_factors(
         for group in opt.param_groups:
             group["lr"] = lr
         model.train()
-        for _ in range(steps):
-            rows, targets = batch()
-            logits = model(input_ids=torch.tensor(rows)).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), torch.tensor(targets).reshape(-1), ignore_index=-100
-            )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss_value, done = loss.item(), done + 1
+        for loss_value in loss_steps(model, opt, batch, steps):
+            done += 1
             if done % 100 == 1:
                 log(f"lora: adapter {name} step {done}, loss {loss_value:.3f}")
 

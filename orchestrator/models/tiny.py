@@ -24,6 +24,7 @@ from orchestrator.models.addition import (
     VALIDATION_PROBLEMS,
     Rows,
     addition_problems,
+    loss_steps,
     problem_rows,
     right_share,
     train_on_while_short,
@@ -357,18 +358,8 @@ def _train_adder(
     def run(steps: int, lr: float) -> None:
         nonlocal loss_value, done
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-        for _ in range(steps):
-            rows, targets = batch()
-            loss = torch.nn.functional.cross_entropy(
-                model(input_ids=torch.tensor(rows)).logits.reshape(-1, model.config.vocab_size),
-                torch.tensor(targets).reshape(-1),
-                ignore_index=-100,
-            )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            loss_value, done = loss.item(), done + 1
+        for loss_value in loss_steps(model, opt, batch, steps, sched):
+            done += 1
             if done % 400 == 0:
                 log(f"tiny_trained: step {done}, loss {loss_value:.3f}, {time.monotonic() - t0:.0f}s")
 

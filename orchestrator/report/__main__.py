@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from orchestrator.config.paths import PROJECT_ROOT
+
 KEYS = ("experiment", "tracking.uri", "sweep", "out", "log", "delta")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bad(message: str) -> NoReturn:
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except MlflowException as exc:  # a URI MLflow cannot read (an unknown scheme, a store it cannot open)
         print(f"error: tracking.uri={shown}: {redact_text(str(exc).splitlines()[0])}", file=sys.stderr)
         return 2
-    out = Path(args.get("out") or ROOT / "reports" / args["experiment"])
+    out = Path(args.get("out") or PROJECT_ROOT / "reports" / args["experiment"])
     files = build_report(data, out, float(args.get("delta", 0.01)))
     for f in files:
         print(f"wrote {f}")

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from orchestrator.config.paths import PROJECT_ROOT
 
 
 def reserved_overrides(overrides: list[str]) -> list[str]:
@@ -19,7 +18,7 @@ def reserved_overrides(overrides: list[str]) -> list[str]:
 def local_check(overrides: list[str]) -> subprocess.CompletedProcess[str]:
     """The sweep as a dry run on this machine: config errors surface here, not on the cluster."""
     cmd = [sys.executable, "-m", "orchestrator", *overrides, "dry_run=json", "-m"]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
 
 
 def plan_line(check: subprocess.CompletedProcess[str]) -> str | None:

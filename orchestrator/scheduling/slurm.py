@@ -27,10 +27,10 @@ from string import Template
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.config.paths import PROJECT_ROOT
 from orchestrator.scheduling.precheck import local_check, plan_line, reserved_overrides
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "slurm" / "sweep.sbatch.tmpl"
+TEMPLATE = PROJECT_ROOT / "slurm" / "sweep.sbatch.tmpl"
 SAFE = re.compile(r"^[A-Za-z0-9_.:@+=/-]+$")  # partition, account, time, mem, names, paths
 
 
@@ -55,7 +55,7 @@ class SlurmParams(BaseModel):
     account: str | None = None
     qos: str | None = None
     activate: str | None = Field(default=None, description="a shell line run first, e.g. 'source VENV/bin/activate'")
-    workdir: str = str(ROOT)
+    workdir: str = str(PROJECT_ROOT)
     log_dir: str = "slurm-logs"
     ray_port: int = Field(default=6379, ge=1024, le=65535)
     head_wait_s: PositiveInt = 15
@@ -116,7 +116,7 @@ def cpus_per_trial(overrides: list[str]) -> int:
             except ValueError:
                 raise ConfigError(f"platform.cpus_per_trial: expected a number, got {value!r}") from None
     name = next((o.split("=", 1)[1] for o in overrides if o.startswith("platform=")), "cpu")
-    path = ROOT / "conf" / "platform" / f"{name}.yaml"
+    path = PROJECT_ROOT / "conf" / "platform" / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"slurm: platform={name}: no conf/platform/{name}.yaml")
     data = yaml.safe_load(path.read_text()) or {}

@@ -25,14 +25,13 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import ConfigError
+from orchestrator.config.paths import PROJECT_ROOT
 from orchestrator.config.secrets import redact_override
 from orchestrator.scheduling.precheck import local_check, plan_line, reserved_overrides
 
-ROOT = Path(__file__).resolve().parents[2]
 UPLOAD_EXCLUDES = [
     ".venv/",
     ".git/",
@@ -62,7 +61,7 @@ def entrypoint(overrides: list[str], python: str = "python") -> str:
 def runtime_env(upload: bool, pip: list[str] | None = None) -> dict[str, Any]:
     env: dict[str, Any] = {}
     if upload:
-        env.update(working_dir=str(ROOT), excludes=UPLOAD_EXCLUDES)
+        env.update(working_dir=str(PROJECT_ROOT), excludes=UPLOAD_EXCLUDES)
     if pip:
         env["pip"] = list(pip)
     return env

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.config.errors import DiskFullError, OrchestratorError
 from orchestrator.config.logs import Progress, mark, print_progress
+from orchestrator.config.paths import PROJECT_ROOT
 from orchestrator.config.schema import SweepSettings
 from orchestrator.config.secrets import redact_text
 from orchestrator.decide.race import races
@@ -42,8 +43,6 @@ from orchestrator.scheduling.sweep_report import report_sweep, status_table
 from orchestrator.tracking import MlflowTracker, ui_command
 
 log = logging.getLogger(__name__)
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_commit(root: Path = PROJECT_ROOT) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -14,3 +15,12 @@ class StrictModel(BaseModel):
 
     # inf (rate: inf) must survive JSON (Ray ships specs as JSON): "Infinity", not null.
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+
+
+def all_match(values: list[str], pattern: str, expected: str) -> list[str]:
+    """``values`` when each matches ``pattern`` whole; otherwise a ValueError saying what was
+    ``expected`` and naming the ones that do not."""
+    bad = [v for v in values if not re.fullmatch(pattern, v)]
+    if bad:
+        raise ValueError(f"{expected}: {bad}")
+    return values

@@ -3,7 +3,6 @@ report judges the trials by (the objective, the expected phenomena) is in :mod:`
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import (
@@ -14,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from .base import StrictModel
+from .base import StrictModel, all_match
 from .engines import EngineSpec
 from .goals import ExpectationSpec, ObjectiveSpec
 from .launched import LaunchedEngineSpec
@@ -44,10 +43,7 @@ class EvalSpec(StrictModel):
     @field_validator("tasks")
     @classmethod
     def _task_names(cls, v: list[str]) -> list[str]:
-        bad = [t for t in v if not re.fullmatch(r"[A-Za-z0-9_.\-]+", t)]
-        if bad:
-            raise ValueError(f"task names may hold only letters, digits, '_', '.', '-': {bad}")
-        return v
+        return all_match(v, r"[A-Za-z0-9_.\-]+", "task names may hold only letters, digits, '_', '.', '-'")
 
 
 class NsysSpec(StrictModel):
@@ -68,10 +64,9 @@ class NsysSpec(StrictModel):
     @field_validator("trace")
     @classmethod
     def _trace_names(cls, v: list[str]) -> list[str]:
-        bad = [t for t in v if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", t)]
-        if bad:
-            raise ValueError(f"nsys trace names are lower-case words like cuda, nvtx, osrt, cublas: {bad}")
-        return v
+        return all_match(
+            v, r"[a-z0-9][a-z0-9-]*", "nsys trace names are lower-case words like cuda, nvtx, osrt, cublas"
+        )
 
 
 class ProfileSpec(StrictModel):
