@@ -6,7 +6,9 @@ is short of a bar. Used by the adder (:mod:`.tiny`) and its LoRA adapters (:mod:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,23 +92,54 @@ def loss_steps(model: Any, opt: Any, batch: Callable[[], Rows], steps: int, sche
         yield loss.item()
 
 
-def train_on_while_short(
-    run: Callable[[int, float], None],
-    share: Callable[[], float],
-    rounds: tuple[float, int, int, float],
-    say: Callable[[float, int], None],
-) -> float:
-    """After a first run of training: further rounds while ``share()`` is short of the bar, at most
-    so many; ``rounds`` is (bar, most rounds, steps a round, learning rate a round); ``say(share,
-    k)`` before round ``k``. Returns the last share (still short of the bar when the rounds ran out)."""
-    bar, most, steps, lr = rounds
-    now, k = share(), 0
-    while now < bar and k < most:
+@dataclass(frozen=True)
+class Rounds:
+    """A training recipe: ``steps`` at ``lr``, then rounds of ``round_steps`` at ``lr / 2`` while
+    fewer than ``bar`` of the validation problems come out right, at most ``extra_rounds``."""
+
+    steps: int
+    lr: float
+    bar: float
+    extra_rounds: int
+    round_steps: int
+
+
+def train_in_rounds(
+    model: Any,
+    opt: Any,
+    batch: Callable[[], Rows],
+    valid_rows: Rows,
+    rounds: Rounds,
+    setup: Callable[[int, float], Any],
+    say: tuple[str, Callable[[str], None], int],
+) -> tuple[float, int, float]:
+    """Train ``model`` by ``rounds``: ``setup(steps, lr)`` before each run returns the scheduler
+    to step (or None); ``say`` is (who, log, every): the loss logged every so many steps, and the
+    validation share before each further round. Returns the last loss, the steps and the last
+    validation share (still short of the bar when the rounds ran out)."""
+    who, log, every = say
+    t0, loss_value, done = time.monotonic(), float("nan"), 0
+
+    def run(steps: int, lr: float) -> None:
+        nonlocal loss_value, done
+        sched = setup(steps, lr)
+        model.train()
+        for loss_value in loss_steps(model, opt, batch, steps, sched):
+            done += 1
+            if done % every == 0:
+                log(f"{who}: step {done}, loss {loss_value:.3f}, {time.monotonic() - t0:.0f}s")
+
+    run(rounds.steps, rounds.lr)
+    now, k = right_share(model, *valid_rows), 0
+    while now < rounds.bar and k < rounds.extra_rounds:
         k += 1
-        say(now, k)
-        run(steps, lr)
-        now = share()
-    return now
+        log(
+            f"{who}: {now:.1%} of the validation problems right after {done} steps "
+            f"(< {rounds.bar:.0%}): round {k} of at most {rounds.extra_rounds} more"
+        )
+        run(rounds.round_steps, rounds.lr / 2)
+        now = right_share(model, *valid_rows)
+    return loss_value, done, now
 
 
 def right_share(model: Any, rows: list[list[int]], targets: list[list[int]]) -> float:

@@ -26,13 +26,12 @@ from orchestrator.config.schema import ModelSpec, TinyLoraSpec, TinyModelSpec
 from orchestrator.config.schema.model import LORA_TAGS, tiny_lora_name
 from orchestrator.models.addition import (
     VALIDATION_PROBLEMS,
+    Rounds,
     Rows,
     addition_problems,
     answer_batch,
-    loss_steps,
     problem_rows,
-    right_share,
-    train_on_while_short,
+    train_in_rounds,
 )
 from orchestrator.models.tiny import build_into, default_cache_dir, ensure_tiny_model, model_key
 
@@ -229,29 +228,13 @@ def _train_factors(
 
     params = [p for pair in factors.values() for p in pair]
     opt = torch.optim.AdamW(params, lr=lora.lr, weight_decay=0.0)
-    loss_value, done = float("nan"), 0
 
-    def run(steps: int, lr: float) -> None:
-        nonlocal loss_value, done
+    def setup(steps: int, lr: float) -> None:
         for group in opt.param_groups:
             group["lr"] = lr
-        model.train()
-        for loss_value in loss_steps(model, opt, batch, steps):
-            done += 1
-            if done % 100 == 1:
-                log(f"lora: adapter {name} step {done}, loss {loss_value:.3f}")
 
-    run(lora.steps, lora.lr)
-    validation = train_on_while_short(
-        run,
-        lambda: right_share(model, *valid_rows),
-        (lora.min_accuracy, lora.extra_rounds, max(1, lora.steps // 2), lora.lr / 2),
-        lambda share, k: log(
-            f"lora: adapter {name}: {share:.1%} of the validation problems right after {done} steps "
-            f"(< {lora.min_accuracy:.0%}): round {k} of at most {lora.extra_rounds} more"
-        ),
-    )
-    return loss_value, done, validation
+    rounds = Rounds(lora.steps, lora.lr, lora.min_accuracy, lora.extra_rounds, max(1, lora.steps // 2))
+    return train_in_rounds(model, opt, batch, valid_rows, rounds, setup, (f"lora: adapter {name}", log, 100))
 
 
 def _save_peft(out_dir: Path, base_dir: Path, lora: TinyLoraSpec, factors: dict[str, tuple[Any, Any]]) -> None:

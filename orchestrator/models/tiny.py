@@ -22,12 +22,11 @@ from typing import Any
 from orchestrator.config.schema import TinyModelSpec, TinyTrainSpec
 from orchestrator.models.addition import (
     VALIDATION_PROBLEMS,
+    Rounds,
     Rows,
     addition_problems,
-    loss_steps,
     problem_rows,
-    right_share,
-    train_on_while_short,
+    train_in_rounds,
 )
 
 BUILD_VERSION = 2  # bump when the build recipe changes, so old caches are not reused
@@ -353,24 +352,9 @@ def _train_adder(
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=(0.9, 0.98), weight_decay=0.1)
-    t0, loss_value, done = time.monotonic(), float("nan"), 0
 
-    def run(steps: int, lr: float) -> None:
-        nonlocal loss_value, done
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-        for loss_value in loss_steps(model, opt, batch, steps, sched):
-            done += 1
-            if done % 400 == 0:
-                log(f"tiny_trained: step {done}, loss {loss_value:.3f}, {time.monotonic() - t0:.0f}s")
+    def setup(steps: int, lr: float) -> Any:
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
 
-    run(train.steps, train.lr)
-    validation = train_on_while_short(
-        run,
-        lambda: right_share(model, *valid_rows),
-        (train.min_accuracy, train.extra_rounds, max(1, train.steps // 4), train.lr / 2),
-        lambda share, k: log(
-            f"tiny_trained: {share:.1%} of the validation problems right after {done} steps "
-            f"(< {train.min_accuracy:.0%}): round {k} of at most {train.extra_rounds} more"
-        ),
-    )
-    return loss_value, done, validation
+    rounds = Rounds(train.steps, train.lr, train.min_accuracy, train.extra_rounds, max(1, train.steps // 4))
+    return train_in_rounds(model, opt, batch, valid_rows, rounds, setup, ("tiny_trained", log, 400))
