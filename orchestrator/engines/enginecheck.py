@@ -102,27 +102,28 @@ def check_vllm(argv: list[str]) -> dict[str, Any]:
     parser.error = lambda message: (_ for _ in ()).throw(_ParseError(message))
     ns = parser.parse_args(argv)
     engine_args = AsyncEngineArgs.from_cli_args(ns)
-    detail: dict[str, Any] = {
-        k: _plain(getattr(engine_args, k, None))
-        for k in (
-            "model",
-            "tensor_parallel_size",
-            "max_num_batched_tokens",
-            "block_size",
-            "enable_prefix_caching",
-            "enable_chunked_prefill",
-            "quantization",
-            "kv_cache_dtype",
-            "enforce_eager",
-            "distributed_executor_backend",
-        )
-    }
+    detail = _fields(engine_args, VLLM_FIELDS)
     detail["platform"] = platform
     if engine_args.kv_transfer_config is not None:
         detail["kv_transfer"] = check_kv_transfer(_as_dict(engine_args.kv_transfer_config))
     if engine_args.speculative_config is not None:
         detail["speculative_config"] = _plain(engine_args.speculative_config)
     return detail
+
+
+# What each engine made of our flags, as reported: vLLM's EngineArgs fields, SGLang's ServerArgs fields.
+VLLM_FIELDS = (
+    "model tensor_parallel_size max_num_batched_tokens block_size enable_prefix_caching enable_chunked_prefill "
+    "quantization kv_cache_dtype enforce_eager distributed_executor_backend"
+).split()
+SGLANG_FIELDS = (
+    "model_path tp_size chunked_prefill_size schedule_policy disable_radix_cache quantization disaggregation_mode "
+    "disaggregation_transfer_backend"
+).split()
+
+
+def _fields(args: Any, names: list[str]) -> dict[str, Any]:
+    return {k: _plain(getattr(args, k, None)) for k in names}
 
 
 def _as_dict(cfg: Any) -> dict[str, Any]:
@@ -171,21 +172,7 @@ def check_sglang(argv: list[str]) -> dict[str, Any]:
             detail["server_args"] = f"not built without a GPU: {type(exc).__name__}: {exc}"
             return detail
         raise
-    detail.update(
-        {
-            k: _plain(getattr(args, k, None))
-            for k in (
-                "model_path",
-                "tp_size",
-                "chunked_prefill_size",
-                "schedule_policy",
-                "disable_radix_cache",
-                "quantization",
-                "disaggregation_mode",
-                "disaggregation_transfer_backend",
-            )
-        }
-    )
+    detail.update(_fields(args, SGLANG_FIELDS))
     return detail
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from orchestrator.config.metric_keys import M
@@ -262,44 +263,6 @@ def quantization(data: SweepData, out: Path) -> list[Path]:
     return [save_figure(fig, out, "quantization.png")]
 
 
-def tensor_parallel(data: SweepData, out: Path) -> list[Path]:
-    return by_param(
-        data,
-        out,
-        "engine.tensor_parallel_size",
-        "tensor parallel size (GPUs or CPU ranks)",
-        "tensor_parallel.png",
-        "latency and throughput vs tensor parallelism",
-    )
-
-
-def disaggregated_pd(data: SweepData, out: Path) -> list[Path]:
-    return by_param(
-        data,
-        out,
-        "workload.classes.main.input_tokens",
-        "input length (tokens)",
-        "disaggregated_pd.png",
-        "TTFT (includes the KV transfer under P/D) vs input length",
-    )
-
-
-def serving_workloads(data: SweepData, out: Path) -> list[Path]:
-    """TTFT, TPOT and throughput against load, one line per workload."""
-    return per_point(
-        data,
-        out,
-        [
-            (M.TTFT_MS_P50, "TTFT p50 (ms)"),
-            (M.TPOT_MS_P50, "TPOT p50 (ms/token)"),
-            (M.TOKENS_PER_SECOND, "output throughput (tokens/s)"),
-        ],
-        "serving_workloads.png",
-        "workload",
-        log_first=True,
-    )
-
-
 def _lora_label(t: TrialData) -> str:
     """A multi-LoRA trial on the x axis: its name, the adapters in flight and the batch's slots."""
     active, slots = t.num("workload.adapters.active"), t.num("engine.max_loras")
@@ -361,8 +324,32 @@ LAB_PLOTS: dict[str, Builder] = {
     "prefix_caching": prefix_caching,
     "speculative_decoding": speculative_decoding,
     "quantization": quantization,
-    "tensor_parallel": tensor_parallel,
-    "disaggregated_pd": disaggregated_pd,
-    "serving_workloads": serving_workloads,
+    # one knob on the x axis: latency and throughput at each load point
+    "tensor_parallel": partial(
+        by_param,
+        key="engine.tensor_parallel_size",
+        xlabel="tensor parallel size (GPUs or CPU ranks)",
+        name="tensor_parallel.png",
+        title="latency and throughput vs tensor parallelism",
+    ),
+    "disaggregated_pd": partial(
+        by_param,
+        key="workload.classes.main.input_tokens",
+        xlabel="input length (tokens)",
+        name="disaggregated_pd.png",
+        title="TTFT (includes the KV transfer under P/D) vs input length",
+    ),
+    # TTFT, TPOT and throughput against load, one line per workload
+    "serving_workloads": partial(
+        per_point,
+        panels=[
+            (M.TTFT_MS_P50, "TTFT p50 (ms)"),
+            (M.TPOT_MS_P50, "TPOT p50 (ms/token)"),
+            (M.TOKENS_PER_SECOND, "output throughput (tokens/s)"),
+        ],
+        name="serving_workloads.png",
+        legend_title="workload",
+        log_first=True,
+    ),
     "multi_lora": multi_lora,
 }
