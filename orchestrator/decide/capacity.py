@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from orchestrator.config.metric_keys import M
+from orchestrator.config.schema import CapacitySpec
 
 Verdict = Literal["pass", "fail", "invalid"]
 
@@ -150,6 +151,13 @@ class CapacitySearch:
     integer: bool = False
     probes: list[Probe] = field(default_factory=list)
     stop_reason: str | None = None
+
+    @classmethod
+    def of(cls, cap: CapacitySpec) -> CapacitySearch:
+        """The search ``capacity:`` asks for (whole numbers when the knob is concurrency)."""
+        return cls(
+            cap.start, cap.lowest, cap.high, cap.growth, cap.precision, cap.max_probes, cap.knob == "concurrency"
+        )
 
     def _snap(self, v: float) -> float:
         return float(max(1, round(v))) if self.integer else v

@@ -52,15 +52,7 @@ class CapacityProbes:
 
     def __init__(self, cap: CapacitySpec, classes: list[str], say: Progress) -> None:
         self.cap, self.classes, self.say = cap, classes, say
-        self.search = CapacitySearch(
-            start=cap.start,
-            low=cap.lowest,
-            high=cap.high,
-            growth=cap.growth,
-            precision=cap.precision,
-            max_probes=cap.max_probes,
-            integer=cap.knob == "concurrency",
-        )
+        self.search = CapacitySearch.of(cap)
         self.measured: dict[str, PointResult] = {}  # each run's result, by label
         self._t0: float | None = None
         self._value: float | None = None  # the probe asked for and not yet observed
