@@ -93,24 +93,22 @@ def _matmul_load(seconds: float, stop: threading.Event) -> None:
         torch.cuda.synchronize()
 
 
-def _nvml_reader(h: object, reads: list[tuple[float, ...]], stop: threading.Event) -> None:
+def _nvml_reader(nv: Any, h: object, reads: list[tuple[float, ...]], stop: threading.Event) -> None:
     """The independent reading, every 20 ms: NVML's energy counter (J), its power (W, averaged)
     and, where the driver has them, its instant and average power fields (W; NaN where not)."""
-    import pynvml
-
     from orchestrator.metrics.telemetry import now
 
-    fields = [pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_POWER_AVERAGE]
+    fields = [nv.NVML_FI_DEV_POWER_INSTANT, nv.NVML_FI_DEV_POWER_AVERAGE]
     while not stop.is_set():
         t = now()
-        energy = pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
-        power = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+        energy = nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+        power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
         extra = [float("nan"), float("nan")]
         try:
-            for i, f in enumerate(pynvml.nvmlDeviceGetFieldValues(h, fields)):
-                if f.nvmlReturn == pynvml.NVML_SUCCESS:
+            for i, f in enumerate(nv.nvmlDeviceGetFieldValues(h, fields)):
+                if f.nvmlReturn == nv.NVML_SUCCESS:
                     extra[i] = f.value.uiVal / 1000.0
-        except pynvml.NVMLError:
+        except nv.NVMLError:
             pass
         reads.append((t, energy, power, *extra))
         time.sleep(0.02)
@@ -119,18 +117,17 @@ def _nvml_reader(h: object, reads: list[tuple[float, ...]], stop: threading.Even
 def _energy_windows(load_s: float) -> tuple[list[Any], list[tuple[float, ...]], list[float]]:
     """The telemetry sampler's rows and the 20 ms reader's over three windows, with their edges:
     a steady matmul load of ``load_s``, the decay after it, a 1.5 s burst."""
-    import pynvml
-
+    from orchestrator.metrics import nvml
     from orchestrator.metrics.probes import NvmlProbe, TelemetrySampler
     from orchestrator.metrics.telemetry import Timeline
 
     timeline = Timeline()
     sampler = TelemetrySampler([NvmlProbe(["0"])], timeline, interval_s=1.0, budget=0.05)
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    nv = nvml.open_session()
+    h = nvml.handle(nv, 0)
     reads: list[tuple[float, ...]] = []
     stop, load_stop = threading.Event(), threading.Event()
-    thread = threading.Thread(target=_nvml_reader, args=(h, reads, stop), daemon=True)
+    thread = threading.Thread(target=_nvml_reader, args=(nv, h, reads, stop), daemon=True)
     thread.start()
     sampler.start()
     time.sleep(1.5)
@@ -145,7 +142,7 @@ def _energy_windows(load_s: float) -> tuple[list[Any], list[tuple[float, ...]], 
     stop.set()
     thread.join()
     sampler.stop()
-    pynvml.nvmlShutdown()
+    nv.nvmlShutdown()
     return timeline.snapshot(), reads, edges
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import psutil
 
+from orchestrator.metrics import nvml
+
 
 def cpu_model() -> str:
     try:
@@ -23,13 +25,8 @@ def cpu_model() -> str:
 
 def gpu_names(indices: list[int]) -> list[str]:
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return [str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in indices]
-        finally:
-            pynvml.nvmlShutdown()
+        with nvml.session() as nv:
+            return [nvml.text(nv.nvmlDeviceGetName(nvml.handle(nv, i))) for i in indices]
     except Exception:  # no NVML, no GPU: nothing to name
         return []
 

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from orchestrator.config.metric_keys import M
-from orchestrator.metrics import prometheus, telemetry
+from orchestrator.metrics import nvml, prometheus, telemetry
 from orchestrator.metrics.telemetry import Timeline
 
 log = logging.getLogger(__name__)
@@ -58,18 +58,9 @@ def tree_rss_bytes(pid: int) -> int:
 def gpu_used_bytes(device_indices: list[int]) -> int | None:
     """Device memory in use on the given GPUs via NVML; None where NVML is unavailable."""
     try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            return int(
-                sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in device_indices)
-            )
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML raises its own error tree; no GPU means no number
+        with nvml.session() as nv:
+            return int(sum(nv.nvmlDeviceGetMemoryInfo(nvml.handle(nv, i)).used for i in device_indices))
+    except Exception:  # no nvidia-ml-py, no driver (NVML's own error tree): no number
         return None
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from orchestrator.config.schema import PlatformSpec
+from orchestrator.metrics import nvml
 from orchestrator.metrics.monitor import process_tree
 from orchestrator.metrics.telemetry import Timeline, now
 
@@ -126,32 +127,22 @@ def visible_devices(gpu_ids: Sequence[int | str], env: Mapping[str, str] | None 
     return given or [str(g) for g in gpu_ids]
 
 
-def nvml_handle(nv: Any, device: str) -> Any:
-    """NVML's handle of one device as given: a ``GPU-``/``MIG-`` UUID or an index."""
-    if device.startswith(("GPU-", "MIG-")):
-        return nv.nvmlDeviceGetHandleByUUID(device)
-    return nv.nvmlDeviceGetHandleByIndex(int(device))
-
-
 class NvmlProbe:
     """The trial's GPUs through NVML: one ``gpu<k>`` source per device, in the order given."""
 
     def __init__(self, devices: Sequence[str]) -> None:
-        import pynvml
-
-        self.nv = pynvml
-        pynvml.nvmlInit()
+        self.nv = nv = nvml.open_session()
         try:
-            self.handles = [nvml_handle(pynvml, d) for d in devices]
-            self.uuids = [nvml_text(pynvml.nvmlDeviceGetUUID(h)) for h in self.handles]
+            self.handles = [nvml.handle(nv, d) for d in devices]
+            self.uuids = [nvml.text(nv.nvmlDeviceGetUUID(h)) for h in self.handles]
         except Exception:
-            pynvml.nvmlShutdown()
+            nv.nvmlShutdown()
             raise
         self._energy_ok = [True] * len(self.handles)
-        self._power_window_s = [power_window_s(pynvml, h) for h in self.handles]
+        self._power_window_s = [nvml.power_window_s(nv, h) for h in self.handles]
         # "Clocks event reasons" is the newer name of the throttle reasons (same bitmask).
-        self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
-            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        self._reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
+            nv.nvmlDeviceGetCurrentClocksThrottleReasons
         )
 
     def sample(self, t: float, timeline: Timeline) -> None:
@@ -182,21 +173,6 @@ class NvmlProbe:
 
     def close(self) -> None:
         self.nv.nvmlShutdown()
-
-
-def power_window_s(nv: Any, handle: Any) -> float:
-    """Seconds NVML's power reading averages over: 1 on Ampere (GA100 excepted) and later GPUs,
-    0 (an instant reading) on GA100 (compute capability 8.0) and older (NVML's
-    ``nvmlDeviceGetPowerUsage``); 1 when the capability cannot be read."""
-    try:
-        major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
-    except Exception:  # an NVML too old for the call, or a device that does not answer it
-        return 1.0
-    return 1.0 if (major, minor) >= (8, 6) else 0.0
-
-
-def nvml_text(x: bytes | str) -> str:
-    return x.decode() if isinstance(x, bytes) else x
 
 
 def open_probes(pids: Sequence[int], gpu_devices: Sequence[str]) -> tuple[list[Any], dict[str, str]]:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import TrialSpec
-from orchestrator.metrics.probes import nvml_handle, nvml_text, visible_devices
+from orchestrator.metrics import nvml
+from orchestrator.metrics.probes import visible_devices
 
 
 @dataclass(frozen=True)
@@ -104,24 +105,22 @@ def detect_gpus(devices: Sequence[str] | None = None) -> tuple[list[DetectedGPU]
     """The GPUs of this node (``devices``: indices or UUIDs as CUDA_VISIBLE_DEVICES gives them;
     None: all of them), and why none were read (no NVML, no driver)."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
+        nv = nvml.open_session()
     except Exception as exc:
         return [], f"no GPU detected: NVML unavailable ({type(exc).__name__}: {exc})"
     try:
-        driver = nvml_text(pynvml.nvmlSystemGetDriverVersion())
-        wanted = list(devices) if devices is not None else [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        driver = nvml.text(nv.nvmlSystemGetDriverVersion())
+        wanted = list(devices) if devices is not None else [str(i) for i in range(nv.nvmlDeviceGetCount())]
         out = []
         for d in wanted:
-            h = nvml_handle(pynvml, d)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            h = nvml.handle(nv, d)
+            major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
             out.append(
                 DetectedGPU(
-                    index=int(pynvml.nvmlDeviceGetIndex(h)),
-                    name=nvml_text(pynvml.nvmlDeviceGetName(h)),
-                    uuid=nvml_text(pynvml.nvmlDeviceGetUUID(h)),
-                    memory_gb=float(pynvml.nvmlDeviceGetMemoryInfo(h).total) / 1e9,
+                    index=int(nv.nvmlDeviceGetIndex(h)),
+                    name=nvml.text(nv.nvmlDeviceGetName(h)),
+                    uuid=nvml.text(nv.nvmlDeviceGetUUID(h)),
+                    memory_gb=float(nv.nvmlDeviceGetMemoryInfo(h).total) / 1e9,
                     capability=f"{major}.{minor}",
                     driver=driver,
                 )
@@ -129,7 +128,7 @@ def detect_gpus(devices: Sequence[str] | None = None) -> tuple[list[DetectedGPU]
     except Exception as exc:
         return [], f"no GPU detected: NVML failed ({type(exc).__name__}: {exc})"
     finally:
-        pynvml.nvmlShutdown()
+        nv.nvmlShutdown()
     return out, (None if out else "no GPU detected: NVML reports none")
 
 

@@ -15,7 +15,7 @@ import psutil
 from orchestrator.engines.owner import SERVER_OWNER_ENV, owner_alive
 from orchestrator.engines.ports import port_is_free
 from orchestrator.engines.process import running_groups
-from orchestrator.metrics.probes import nvml_handle
+from orchestrator.metrics import nvml
 
 GB = 1e9
 
@@ -195,9 +195,7 @@ def gpu_reading(devices: Sequence[str]) -> tuple[dict[str, float], list[Leftover
     cannot see (another pid namespace: a container) is counted in the note, its memory left to
     the memory check."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
+        nv = nvml.open_session()
     except Exception as exc:  # no NVML (no driver, no library): nothing to read
         return {}, [], f"not checked: NVML unavailable ({type(exc).__name__}: {exc})"
     used: dict[str, float] = {}
@@ -206,9 +204,9 @@ def gpu_reading(devices: Sequence[str]) -> tuple[dict[str, float], list[Leftover
     ours = own_processes()
     try:
         for d in devices:
-            h = nvml_handle(pynvml, d)
-            used[d] = float(pynvml.nvmlDeviceGetMemoryInfo(h).used) / GB
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            h = nvml.handle(nv, d)
+            used[d] = float(nv.nvmlDeviceGetMemoryInfo(h).used) / GB
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
                 mem = getattr(p, "usedGpuMemory", None)
                 gb = None if mem is None else float(mem) / GB
                 if p.pid in ours:
@@ -223,7 +221,7 @@ def gpu_reading(devices: Sequence[str]) -> tuple[dict[str, float], list[Leftover
     except Exception as exc:
         return used, leftovers, f"not fully checked: {type(exc).__name__}: {exc}"
     finally:
-        pynvml.nvmlShutdown()
+        nv.nvmlShutdown()
     return used, leftovers, unseen_note(unseen)
 
 

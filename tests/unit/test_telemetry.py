@@ -112,7 +112,7 @@ def test_a_bad_power_read_spoils_no_window():
 
 
 def test_nvml_power_window_by_compute_capability():
-    from orchestrator.metrics.probes import power_window_s
+    from orchestrator.metrics.nvml import power_window_s
 
     class FakeNvml:
         def __init__(self, cc: tuple[int, int] | None) -> None:
