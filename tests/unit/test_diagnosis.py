@@ -411,3 +411,17 @@ def test_the_batch_the_engine_ran_comes_from_its_step_counter_before_its_gauge()
     assert engine_batch({"server_generation_tokens": 5.0, "server_engine_steps": 0.0}, [], (0.0, 8.0)) is None
     m = {"ttft_ms_mean": 100.0, "tpot_ms_p50": 20.0, "decode_floor_ms": 5.0, **counted}
     assert diagnose(evidence(metrics=m, rows=lagging)).metrics["decode_batch_mean"] == pytest.approx(950 / 490)
+
+
+def test_every_reading_the_rules_take_is_a_metric_of_that_name():
+    """The rules read typed fields (:class:`Readings`), each filled from the metric of its name: a
+    field no metric bears would read None for ever, so a renamed metric must rename its field."""
+    from dataclasses import fields
+
+    from orchestrator.config.metric_keys import M
+    from orchestrator.metrics.diagnosis import Readings
+
+    keys = {v for k, v in vars(M).items() if k.isupper() and isinstance(v, str)}
+    assert {f.name for f in fields(Readings)} - keys == set()
+    read = Readings.of({M.TPOT_MS_P50: 12.5, M.STALLS: 3.0, "not_read": 1.0})
+    assert (read.tpot_ms_p50, read.stalls, read.decode_floor_ms) == (12.5, 3.0, None)

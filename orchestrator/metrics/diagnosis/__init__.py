@@ -23,8 +23,6 @@ rule per cause); :func:`diagnose` here runs them. Every public name is importabl
 
 from __future__ import annotations
 
-from typing import Any
-
 from orchestrator.config.metric_keys import M
 from orchestrator.metrics.diagnosis.findings import (
     PRIORITY,
@@ -35,6 +33,8 @@ from orchestrator.metrics.diagnosis.findings import (
     Diagnosis,
     Finding,
     PointEvidence,
+    Readings,
+    RuleState,
     Thresholds,
 )
 from orchestrator.metrics.diagnosis.parts import (
@@ -57,6 +57,8 @@ __all__ = [
     "Diagnosis",
     "Finding",
     "PointEvidence",
+    "Readings",
+    "RuleState",
     "Thresholds",
     "decode_efficiency",
     "diagnose",
@@ -73,31 +75,22 @@ def diagnose(x: PointEvidence, th: Thresholds | None = None, factor: float | Non
     if x.server_failed:
         return Diagnosis("", "", [], [], ["the server failed during the point"], {}, {}, [])
     per_token = None
-    m = x.metrics
+    r = x.read
     ok = sum(1 for r in x.records if r.ok)  # every repeat's (the point's metrics are means over repeats)
     if not ok:
         return Diagnosis("", "", [], [], ["no request of the point completed"], {}, {}, [])
-    if m.get(M.SERVER_PREFILL_TIME_S_MEAN) and m.get(M.SERVER_PROMPT_TOKENS):
-        per_token = m[M.SERVER_PREFILL_TIME_S_MEAN] * 1e3 / (m[M.SERVER_PROMPT_TOKENS] / ok)
+    if r.server_prefill_time_s_mean and r.server_prompt_tokens:
+        per_token = r.server_prefill_time_s_mean * 1e3 / (r.server_prompt_tokens / ok)
     kwargs = {"factor": factor} if factor else {}
     stalls = find_stalls(x.records, samples.get("preemptions", []), per_token, **kwargs)
     sm = stall_metrics(stalls, x.records)
     gap_total = sum((r.chunk_times_s[-1] - r.chunk_times_s[0]) * 1e3 for r in x.records if r.ok)
-    state: dict[str, Any] = {
-        "samples": samples,
-        "stalls": stalls,
-        "stall_metrics": sm,
-        "gap_total_ms": gap_total,
-        "factor": factor or 5.0,
-        "unmeasured": [],
-        "notes": [],
-        "found": [],
-    }
+    state = RuleState(samples, stalls, Readings.of(sm), gap_total, factor or 5.0)
     for rule in RULES:
         finding = rule(x, th, state)
         if finding is not None:
-            state["found"].append(finding)
-    found: list[Finding] = state["found"]
+            state.found.append(finding)
+    found = state.found
     found.sort(key=lambda f: (f.confidence != STRONG, PRIORITY.index(f.cause)))
     metrics, classes, ttft_words, ttft_missing = ttft_parts(x)
     decode, decode_words = decode_efficiency(x, samples, th.gauge_samples)
@@ -107,17 +100,17 @@ def diagnose(x: PointEvidence, th: Thresholds | None = None, factor: float | Non
         metrics[M.FOREIGN_CPU_CORES] = float(x.foreign.get("cores", 0.0))
     unattributed = [st for st in stalls if st.cause == "unattributed"]
     if unattributed:
-        state["notes"].append(
+        state.notes.append(
             f"{len(unattributed)} stall(s) matched no cause (worst {max(st.gap_ms for st in unattributed):.0f} ms): "
             "not a prefill, a preemption or a late read; the timeline shows when"
         )
-    notes = ttft_words + decode_words + state["notes"]
+    notes = ttft_words + decode_words + state.notes
     if found:
         limiter, confidence = found[0].cause, found[0].confidence
     else:
-        limiter, confidence = "none", STRONG if not state["unmeasured"] else WEAK
-        found = [Finding("none", confidence, headroom(x, state["samples"], state["stall_metrics"]))]
+        limiter, confidence = "none", STRONG if not state.unmeasured else WEAK
+        found = [Finding("none", confidence, headroom(x, samples, state.stalled))]
     for cause in PRIORITY:
         metrics[f"limited_by_{cause}"] = 1.0 if cause == limiter else 0.0
     metrics[M.LIMITED_BY_NONE] = 1.0 if limiter == "none" else 0.0
-    return Diagnosis(limiter, confidence, found, ttft_missing + state["unmeasured"], notes, metrics, classes, stalls)
+    return Diagnosis(limiter, confidence, found, ttft_missing + state.unmeasured, notes, metrics, classes, stalls)

@@ -1,11 +1,13 @@
 """The diagnosis's words and types: the vocabulary of causes (:data:`VOCABULARY`, in
 :data:`PRIORITY` order), the rules' :class:`Thresholds`, a rule's :class:`Finding`, what a point
-measured as the rules read it (:class:`PointEvidence`) and the whole :class:`Diagnosis`."""
+measured as the rules read it (:class:`PointEvidence`, its metrics as typed :class:`Readings`),
+the state the rules share (:class:`RuleState`) and the whole :class:`Diagnosis`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 from orchestrator.config.metric_keys import LIMITERS
@@ -107,6 +109,52 @@ class Thresholds:
     batch_growth: float = 1.25  # output rate flat (grew < half as much) while requests in flight grew this much
 
 
+@dataclass(frozen=True)
+class Readings:
+    """The point's metrics the rules read, typed: each field is the metric of its name
+    (:class:`orchestrator.config.metric_keys.M`; a unit test keeps the names true), None where
+    the point did not measure it."""
+
+    loop_lag_ms_p95: float | None = None
+    client_cpu_util: float | None = None
+    client_cpu_s: float | None = None
+    client_wall_s: float | None = None
+    coalesced_chunk_share: float | None = None
+    ttft_ms_mean: float | None = None
+    tpot_ms_p50: float | None = None
+    schedule_rate: float | None = None
+    achieved_rate: float | None = None
+    server_preemptions: float | None = None
+    server_kv_cache_usage_max: float | None = None
+    server_queue_time_s_mean: float | None = None
+    server_prefill_time_s_mean: float | None = None
+    server_ttft_s_mean: float | None = None
+    server_decode_ttft_s_mean: float | None = None
+    server_prompt_tokens: float | None = None
+    server_engine_steps: float | None = None
+    server_generation_tokens: float | None = None
+    telemetry_gpu_sm_util_pct_mean: float | None = None
+    telemetry_gpu_power_w_mean: float | None = None
+    telemetry_gpu_power_limit_w_mean: float | None = None
+    telemetry_gpu_throttled_share: float | None = None
+    telemetry_server_cpu_cores_mean: float | None = None
+    decode_floor_ms: float | None = None
+    decode_floor_ratio: float | None = None
+    decode_floor_memory_ms: float | None = None
+    decode_floor_compute_ms: float | None = None
+    decode_floor_batch: float | None = None
+    # the point's stalls (:func:`orchestrator.metrics.stalls.stall_metrics`)
+    stalls: float | None = None
+    stalls_prefill: float | None = None
+    stall_worst_ms_prefill: float | None = None
+    stalls_per_prefill: float | None = None
+    stall_prefill_prompt_tokens_mean: float | None = None
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, float]) -> Readings:
+        return cls(**{f.name: metrics[f.name] for f in fields(cls) if f.name in metrics})
+
+
 @dataclass
 class Finding:
     cause: str
@@ -138,6 +186,26 @@ class PointEvidence:
     disaggregated: bool = False
     server_failed: bool = False
     decode_ttft_holds_prefill: bool = False  # P/D: the decode server's TTFT includes the prefill (SGLang's router)
+
+    @cached_property
+    def read(self) -> Readings:
+        """:attr:`metrics`, typed."""
+        return Readings.of(self.metrics)
+
+
+@dataclass
+class RuleState:
+    """What the rules share over one point: the engine's gauges over its window, its stalls, and
+    what the rules found, could not measure and noted so far (a later rule reads the earlier ones')."""
+
+    samples: dict[str, list[tuple[float, float]]]
+    stalls: list[Stall]
+    stalled: Readings  # the stall metrics, typed
+    gap_total_ms: float  # the inter-token time of every completed stream
+    factor: float  # a stall: a gap this many times its stream's median
+    unmeasured: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    found: list[Finding] = field(default_factory=list)
 
 
 @dataclass

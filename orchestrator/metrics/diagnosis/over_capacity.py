@@ -5,12 +5,11 @@ and where that cannot tell, the output rate's plateau against the batch decides.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from orchestrator.config.metric_keys import M
-from orchestrator.metrics.diagnosis.findings import STRONG, WEAK, Finding, PointEvidence, Thresholds
+from orchestrator.metrics.diagnosis.findings import STRONG, WEAK, Finding, PointEvidence, RuleState, Thresholds
 from orchestrator.metrics.records import RequestRecord
 
 
@@ -126,12 +125,11 @@ def _falling_behind(
     return (STRONG if strong else WEAK), words, evidence
 
 
-def over_capacity(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
+def over_capacity(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
     if x.rate is None or x.rate == float("inf"):
         return None
-    m = x.metrics
     if x.capped:  # the cap holds the queue on the client's side: sends fall behind the schedule
-        sched, achieved = m.get(M.SCHEDULE_RATE), m.get(M.ACHIEVED_RATE)
+        sched, achieved = x.read.schedule_rate, x.read.achieved_rate
         if sched and achieved is not None and achieved < 0.9 * sched:
             return Finding(
                 "over_capacity",
@@ -144,7 +142,7 @@ def over_capacity(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Findin
     found = [_falling_behind([r for r in x.records if r.repeat == k], th, float(x.rate)) for k in repeats]
     short = [f for f in found if f is not None and f[0] == TOO_SHORT]
     if short:
-        s["unmeasured"].append("over capacity: " + short[0][1])
+        s.unmeasured.append("over capacity: " + short[0][1])
         return None
     hits = [f for f in found if f is not None]
     if not hits:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from orchestrator.config.metric_keys import TTFT_PARTS, M
-from orchestrator.metrics.diagnosis.findings import PointEvidence
+from orchestrator.metrics.diagnosis.findings import PointEvidence, Readings
 from orchestrator.metrics.telemetry import Row
 
 
@@ -34,19 +34,17 @@ def engine_batch(
 ) -> float | None:
     """The batch the engine ran over the window: :func:`ran_batch` from the point's metrics and
     the engine's gauge samples in the window."""
-    return ran_batch(metrics, engine_samples(rows, window), least)
+    return ran_batch(Readings.of(metrics), engine_samples(rows, window), least)
 
 
-def ran_batch(
-    metrics: Mapping[str, float], samples: dict[str, list[tuple[float, float]]], least: int = 3
-) -> float | None:
+def ran_batch(r: Readings, samples: dict[str, list[tuple[float, float]]], least: int = 3) -> float | None:
     """The batch the engine ran: its generation tokens over its steps when it counts its steps
     (vLLM; every request in a step makes one token), exact and step-weighted; else its running
     gauge averaged (:func:`batch_values`), None from fewer than ``least`` samples (one sample at a
     point's edge can read an idle engine). The gauge lags a step: read after a step in which one
     of two requests finished, it says 1 through the next step, which prefills the next request
     beside the other; with a few samples on two cores a full batch of 2 read 1.67 (a CI run)."""
-    steps, tokens = metrics.get(M.SERVER_ENGINE_STEPS), metrics.get(M.SERVER_GENERATION_TOKENS)
+    steps, tokens = r.server_engine_steps, r.server_generation_tokens
     if steps and tokens is not None:
         return tokens / steps
     running = batch_values(samples)
@@ -72,15 +70,14 @@ def gauge_values(samples: dict[str, list[tuple[float, float]]], name: str) -> li
 def ttft_parts(x: PointEvidence) -> tuple[dict[str, float], dict[str, dict[str, float]], list[str], list[str]]:
     """The point's mean TTFT in parts (ms and shares of the client's TTFT), per class the client's
     TTFT and its server side (the client's less the pooled client overhead); words; unmeasured."""
-    m = x.metrics
-    client = m.get(M.TTFT_MS_MEAN)
+    r = x.read
+    client = r.ttft_ms_mean
     out: dict[str, float] = {}
     unmeasured: list[str] = []
     if client is None:
         return out, {}, [], ["TTFT: no request produced a token"]
     out[M.TTFT_PARTS_CLIENT_TOTAL_MS] = client
-    server_key = M.SERVER_DECODE_TTFT_S_MEAN if x.disaggregated else M.SERVER_TTFT_S_MEAN
-    server = m.get(server_key)
+    server = r.server_decode_ttft_s_mean if x.disaggregated else r.server_ttft_s_mean
     parts: dict[str, float] = {}
     if x.disaggregated and x.decode_ttft_holds_prefill:
         unmeasured.append(
@@ -94,7 +91,7 @@ def ttft_parts(x: PointEvidence) -> tuple[dict[str, float], dict[str, dict[str, 
             parts["prefill_leg"] = max(client - server * 1e3, 0.0)  # proxy + prefill server
             parts["kv_transfer"] = server * 1e3  # the decode server's TTFT: KV pulled, first step
     else:
-        queue, prefill = m.get(M.SERVER_QUEUE_TIME_S_MEAN), m.get(M.SERVER_PREFILL_TIME_S_MEAN)
+        queue, prefill = r.server_queue_time_s_mean, r.server_prefill_time_s_mean
         if server is None:
             unmeasured.append("client overhead: the engine exports no TTFT histogram")
         else:
@@ -142,16 +139,17 @@ def decode_efficiency(
     """The batch the engine actually ran (:func:`ran_batch`: its counters, else its running gauge
     from at least ``least`` samples) and TPOT against the roofline floor at that batch (``decode_floor_*`` from
     the trial, computed at this batch; the point's planned batch when the gauge is too thin)."""
-    m = x.metrics
+    r = x.read
     out: dict[str, float] = {}
-    batch = ran_batch(m, samples, least)
+    batch = ran_batch(r, samples, least)
     if batch is not None:
         out[M.DECODE_BATCH_MEAN] = batch
     words = []
-    tpot, floor = m.get(M.TPOT_MS_P50), m.get(M.DECODE_FLOOR_MS)
+    tpot, floor = r.tpot_ms_p50, r.decode_floor_ms
     if tpot is not None and floor:
-        bound = "compute" if m.get(M.DECODE_FLOOR_COMPUTE_MS, 0.0) > m.get(M.DECODE_FLOOR_MEMORY_MS, 0.0) else "memory"
-        batch = out.get(M.DECODE_BATCH_MEAN, m.get(M.DECODE_FLOOR_BATCH, 1.0))
+        bound = "compute" if (r.decode_floor_compute_ms or 0.0) > (r.decode_floor_memory_ms or 0.0) else "memory"
+        planned = r.decode_floor_batch if r.decode_floor_batch is not None else 1.0
+        batch = out.get(M.DECODE_BATCH_MEAN, planned)
         which = "the engine's mean" if M.DECODE_BATCH_MEAN in out else "planned: too few gauge samples"
         words.append(
             f"decode: TPOT p50 {tpot:.1f} ms at a batch of {batch:.1f} ({which}), "
@@ -160,12 +158,12 @@ def decode_efficiency(
     return out, words
 
 
-def headroom(x: PointEvidence, samples: dict[str, list[tuple[float, float]]], stalls: Mapping[str, float]) -> str:
+def headroom(x: PointEvidence, samples: dict[str, list[tuple[float, float]]], stalls: Readings) -> str:
     """Why nothing limited the point: what was far from its limit (``samples``: the engine's
     gauges over the window; ``stalls``: the point's stall metrics)."""
-    m = x.metrics
+    r = x.read
     bits = []
-    batch = ran_batch(m, samples, 1)
+    batch = ran_batch(r, samples, 1)
     if batch is not None:
         bits.append(f"a batch of {batch:.1f}" + (f" of {x.slots} slots" if x.slots else ""))
     waiting = gauge_values(samples, "requests_waiting")
@@ -174,7 +172,7 @@ def headroom(x: PointEvidence, samples: dict[str, list[tuple[float, float]]], st
     kv = gauge_values(samples, "kv_cache_usage")
     if kv:
         bits.append(f"KV cache up to {max(kv):.0%}")
-    if M.SERVER_PREEMPTIONS in m:
-        bits.append(f"{m[M.SERVER_PREEMPTIONS]:.0f} preemptions")
-    bits.append(f"{stalls.get(M.STALLS, 0.0):.0f} stalls")
+    if r.server_preemptions is not None:
+        bits.append(f"{r.server_preemptions:.0f} preemptions")
+    bits.append(f"{stalls.stalls or 0.0:.0f} stalls")
     return ", ".join(bits)

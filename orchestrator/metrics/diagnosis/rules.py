@@ -4,26 +4,24 @@ what it could not measure."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from orchestrator.config.metric_keys import M
-from orchestrator.metrics.diagnosis.findings import STRONG, WEAK, Finding, PointEvidence, Thresholds
+from orchestrator.metrics.diagnosis.findings import STRONG, WEAK, Finding, PointEvidence, RuleState, Thresholds
 from orchestrator.metrics.diagnosis.over_capacity import over_capacity
 from orchestrator.metrics.diagnosis.parts import gauge_values
 from orchestrator.metrics.fidelity import COALESCED
 
 
-def _client(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
+def _client(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
     if not x.client_reasons:
         return None
-    m = x.metrics
-    lag, cpu = m.get(M.LOOP_LAG_MS_P95), m.get(M.CLIENT_CPU_UTIL, 0.0)
+    r = x.read
+    lag, cpu = r.loop_lag_ms_p95, r.client_cpu_util or 0.0
     if all(COALESCED in r for r in x.client_reasons) and lag is not None and lag <= th.client_kept_up_lag_ms:
         # chunks read together by a client that woke on time: the server wrote them together
-        s["notes"].append(
-            f"ITL: {m.get(M.COALESCED_CHUNK_SHARE, 0.0):.0%} {COALESCED} while the client kept up (event-loop "
+        s.notes.append(
+            f"ITL: {r.coalesced_chunk_share or 0.0:.0%} {COALESCED} while the client kept up (event-loop "
             f"lag p95 {lag:.1f} ms, {cpu:.2f} of a core): the server sent them together, so the point is "
             "INVALID for its ITL but the client did not limit it"
         )
@@ -31,7 +29,7 @@ def _client(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | No
     return Finding("client", STRONG, "; ".join(x.client_reasons), {M.CLIENT_INVALID: 1.0})
 
 
-def _shared(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
+def _shared(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
     if x.foreign is None or x.foreign_limit is None:
         return None
     cores = float(x.foreign.get("cores", 0.0))
@@ -46,14 +44,14 @@ def _shared(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | No
     )
 
 
-def _kv(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
-    m, samples = x.metrics, s["samples"]
-    preempted = m.get(M.SERVER_PREEMPTIONS)
+def _kv(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
+    r, samples = x.read, s.samples
+    preempted = r.server_preemptions
     kv = samples.get("kv_cache_usage", [])
     if preempted is None and not kv:
-        s["unmeasured"].append("KV-cache capacity: the engine exports neither KV usage nor preemptions")
+        s.unmeasured.append("KV-cache capacity: the engine exports neither KV usage nor preemptions")
         return None
-    kv_max = max((v for _, v in kv), default=m.get(M.SERVER_KV_CACHE_USAGE_MAX, 0.0))
+    kv_max = max((v for _, v in kv), default=r.server_kv_cache_usage_max or 0.0)
     evidence = {"kv_cache_usage_max": kv_max, "preemptions": preempted or 0.0}
     if preempted:
         return Finding(
@@ -74,18 +72,18 @@ def _kv(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
     return None
 
 
-def _slots(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
-    samples = s["samples"]
+def _slots(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
+    samples = s.samples
     running, waiting = dict(samples.get("requests_running", [])), dict(samples.get("requests_waiting", []))
     if not running or not waiting:
-        s["unmeasured"].append(
+        s.unmeasured.append(
             "batch slots: no running/waiting gauge sample over the point (none exported, or no scrape answered)"
         )
         return None
     kv = dict(samples.get("kv_cache_usage", []))
     times = sorted(set(running) & set(waiting))
     if len(times) < th.gauge_samples:
-        s["unmeasured"].append(
+        s.unmeasured.append(
             f"batch slots: {len(times)} gauge sample(s) over the point, at least {th.gauge_samples} needed "
             "(a longer point would tell)"
         )
@@ -119,24 +117,24 @@ def _slots(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | Non
     )
 
 
-def _prefill(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
-    sm, stalls = s["stall_metrics"], s["stalls"]
-    count = int(sm.get(M.STALLS_PREFILL, 0))
+def _prefill(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
+    sm, stalls = s.stalled, s.stalls
+    count = int(sm.stalls_prefill or 0)
     if not count:
         return None
     prefill = [st for st in stalls if st.cause == "prefill"]
-    share = sum(st.gap_ms - st.median_ms for st in prefill) / max(s["gap_total_ms"], 1e-9)
+    share = sum(st.gap_ms - st.median_ms for st in prefill) / max(s.gap_total_ms, 1e-9)
     median = float(np.median([st.median_ms for st in prefill]))
     evidence = {
         M.STALLS_PREFILL: float(count),
-        M.STALL_WORST_MS_PREFILL: sm.get(M.STALL_WORST_MS_PREFILL, 0.0),
+        M.STALL_WORST_MS_PREFILL: sm.stall_worst_ms_prefill or 0.0,
         "prefill_stall_time_share": share,
-        M.STALLS_PER_PREFILL: sm.get(M.STALLS_PER_PREFILL, 0.0),
-        M.STALL_PREFILL_PROMPT_TOKENS_MEAN: sm.get(M.STALL_PREFILL_PROMPT_TOKENS_MEAN, 0.0),
+        M.STALLS_PER_PREFILL: sm.stalls_per_prefill or 0.0,
+        M.STALL_PREFILL_PROMPT_TOKENS_MEAN: sm.stall_prefill_prompt_tokens_mean or 0.0,
     }
     strong = count >= th.prefill_stalls and share >= th.prefill_time_share
     detail = (
-        f"{count} inter-token gaps >= {s['factor']:g}x their stream's median (median {median:.1f} ms) fell during "
+        f"{count} inter-token gaps >= {s.factor:g}x their stream's median (median {median:.1f} ms) fell during "
         f"another request's prefill (prompts of {evidence[M.STALL_PREFILL_PROMPT_TOKENS_MEAN]:.0f} tokens on average, "
         f"{evidence[M.STALLS_PER_PREFILL]:.1f} stalled step(s) each), worst {evidence[M.STALL_WORST_MS_PREFILL]:.0f} ms, "
         f"{share:.0%} of inter-token time"
@@ -144,10 +142,10 @@ def _prefill(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | N
     return Finding("prefill_interference", STRONG if strong else WEAK, detail, evidence)
 
 
-def _queued(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> tuple[bool, str]:
+def _queued(x: PointEvidence, th: Thresholds, s: RuleState) -> tuple[bool, str]:
     """Whether work waited in the engine's queue (queue time, or the waiting gauge)."""
-    m, samples = x.metrics, s["samples"]
-    queue, server = m.get(M.SERVER_QUEUE_TIME_S_MEAN), m.get(M.SERVER_TTFT_S_MEAN)
+    r, samples = x.read, s.samples
+    queue, server = r.server_queue_time_s_mean, r.server_ttft_s_mean
     if queue is not None and server and queue / server >= th.queue_share:
         return True, f"queue time {queue * 1e3:.0f} ms of the server's {server * 1e3:.0f} ms TTFT"
     waiting = gauge_values(samples, "requests_waiting")
@@ -157,15 +155,15 @@ def _queued(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> tuple[bool, 
     return False, ""
 
 
-def _compute(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
-    m = x.metrics
+def _compute(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
+    r = x.read
     if x.device == "cuda":
-        sm_util = m.get(M.TELEMETRY_GPU_SM_UTIL_PCT_MEAN)
+        sm_util = r.telemetry_gpu_sm_util_pct_mean
         if sm_util is None:
-            s["unmeasured"].append("compute: no GPU telemetry (NVML)")
+            s.unmeasured.append("compute: no GPU telemetry (NVML)")
             return None
-        power, limit = m.get(M.TELEMETRY_GPU_POWER_W_MEAN), m.get(M.TELEMETRY_GPU_POWER_LIMIT_W_MEAN)
-        throttled = m.get(M.TELEMETRY_GPU_THROTTLED_SHARE, 0.0)
+        power, limit = r.telemetry_gpu_power_w_mean, r.telemetry_gpu_power_limit_w_mean
+        throttled = r.telemetry_gpu_throttled_share or 0.0
         evidence = {"sm_util_pct": sm_util, "throttled_share": throttled}
         if power is not None and limit:
             evidence["power_share"] = power / limit
@@ -180,27 +178,27 @@ def _compute(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | N
         if share >= th.power_high:
             return Finding("compute", WEAK, detail, evidence)
         return None
-    cores, used = x.cores, m.get(M.TELEMETRY_SERVER_CPU_CORES_MEAN)
+    cores, used = x.cores, r.telemetry_server_cpu_cores_mean
     if not cores or used is None:
-        s["unmeasured"].append("compute: the servers' CPU was not sampled (platform.telemetry)")
+        s.unmeasured.append("compute: the servers' CPU was not sampled (platform.telemetry)")
         return None
     # the client's cores: every client process's CPU over the point (client_cpu_util is the worst one's)
-    client = m[M.CLIENT_CPU_S] / m[M.CLIENT_WALL_S] if m.get(M.CLIENT_WALL_S) else m.get(M.CLIENT_CPU_UTIL, 0.0)
+    client = (r.client_cpu_s or 0.0) / r.client_wall_s if r.client_wall_s else r.client_cpu_util or 0.0
     available = max(cores - client, 0.1)
     if used < th.cores_busy * available:
         return None
-    if any(f.cause in ("kv_capacity", "batch_slots") for f in s["found"]):
+    if any(f.cause in ("kv_capacity", "batch_slots") for f in s.found):
         return None  # the wait has a cause of its own
     queued, why = _queued(x, th, s)
     if not queued:
-        s["notes"].append(
+        s.notes.append(
             f"the servers kept {used:.2f} of {available:.2f} cores busy without a queue: vLLM's CPU build keeps "
             "its cores busy whenever a request runs (1.97 of 2 with one stream here), so busy cores alone do "
             "not show saturation"
         )
         return None
     # the wait may have had a cause of its own that could not be checked: then compute is not sure
-    unsure = [u for u in s["unmeasured"] if u.startswith(("batch slots", "KV-cache capacity"))]
+    unsure = [u for u in s.unmeasured if u.startswith(("batch slots", "KV-cache capacity"))]
     return Finding(
         "compute",
         WEAK if unsure else STRONG,
@@ -210,19 +208,17 @@ def _compute(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | N
     )
 
 
-def _bandwidth(x: PointEvidence, th: Thresholds, s: dict[str, Any]) -> Finding | None:
-    m = x.metrics
-    ratio = m.get(M.DECODE_FLOOR_RATIO)
+def _bandwidth(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
+    r = x.read
+    ratio = r.decode_floor_ratio
     if ratio is None:
-        s["unmeasured"].append("decode bandwidth: no roofline floor (model shape or hardware roofs unknown)")
+        s.unmeasured.append("decode bandwidth: no roofline floor (model shape or hardware roofs unknown)")
         return None
-    if m.get(M.DECODE_FLOOR_COMPUTE_MS, 0.0) > m.get(M.DECODE_FLOOR_MEMORY_MS, 0.0):
+    if (r.decode_floor_compute_ms or 0.0) > (r.decode_floor_memory_ms or 0.0):
         return None  # the floor at this batch is the compute one (the compute rule's business)
-    evidence = {M.DECODE_FLOOR_RATIO: ratio, M.DECODE_FLOOR_MS: m.get(M.DECODE_FLOOR_MS, 0.0)}
-    detail = (
-        f"TPOT p50 {m.get(M.TPOT_MS_P50, 0.0):.1f} ms is {ratio:.1f}x the memory floor "
-        f"{m.get(M.DECODE_FLOOR_MS, 0.0):.2f} ms of a step"
-    )
+    floor = r.decode_floor_ms or 0.0
+    evidence = {M.DECODE_FLOOR_RATIO: ratio, M.DECODE_FLOOR_MS: floor}
+    detail = f"TPOT p50 {r.tpot_ms_p50 or 0.0:.1f} ms is {ratio:.1f}x the memory floor {floor:.2f} ms of a step"
     if ratio <= th.floor_near:
         return Finding("decode_bandwidth", STRONG, detail, evidence)
     if ratio <= th.floor_close:
