@@ -135,8 +135,8 @@ def _prefill(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
     strong = count >= th.prefill_stalls and share >= th.prefill_time_share
     detail = (
         f"{count} inter-token gaps >= {s.factor:g}x their stream's median (median {median:.1f} ms) fell during "
-        f"another request's prefill (prompts of {evidence[M.STALL_PREFILL_PROMPT_TOKENS_MEAN]:.0f} tokens on average, "
-        f"{evidence[M.STALLS_PER_PREFILL]:.1f} stalled step(s) each), worst {evidence[M.STALL_WORST_MS_PREFILL]:.0f} ms, "
+        f"another request's prefill (prompts of {sm.stall_prefill_prompt_tokens_mean or 0.0:.0f} tokens on average, "
+        f"{sm.stalls_per_prefill or 0.0:.1f} stalled step(s) each), worst {sm.stall_worst_ms_prefill or 0.0:.0f} ms, "
         f"{share:.0%} of inter-token time"
     )
     return Finding("prefill_interference", STRONG if strong else WEAK, detail, evidence)
