@@ -49,7 +49,7 @@ def run_trial_group(
                     run.base.slate = {"checked": False, "note": f"on the running server of [{lead.label}]"}
                 results.append(outcome(run, functools.partial(run.measure, group)))
                 save_result(results[-1], run.workdir)  # final on disk now, not when the whole group ends
-                if run.crash is not None:
+                if run.got.crash is not None:
                     break
     except (TrialError, ConfigError, InfeasibleConfigError) as exc:
         if started:

@@ -28,17 +28,17 @@ from orchestrator.loadgen import Endpoint, LoadSession, PromptFactory
 from orchestrator.loadgen.preflight import preflight
 from orchestrator.loadgen.prompts import prompt_factory
 from orchestrator.metrics import host
-from orchestrator.metrics.records import RequestRecord, records_to_parquet_bytes
+from orchestrator.metrics.records import RequestRecord
 from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, save_result
 from orchestrator.metrics.summary import adapter_key
-from orchestrator.metrics.telemetry import Timeline
 from orchestrator.models import resolve_adapters, resolve_model, resolve_tokenizer
-from orchestrator.perf.floors import roofs_used, trial_decode_floor
-from orchestrator.trial.capacity_probes import CapacityProbes, unmeasured
+from orchestrator.perf.floors import roofs_used
+from orchestrator.trial.capacity_probes import unmeasured
 from orchestrator.trial.load_points import LoadPoints
+from orchestrator.trial.measured import Measured
 from orchestrator.trial.multi_lora import adapter_scores, load_adapter, with_adapter_names
 from orchestrator.trial.plan import check_feasible, client_cores
-from orchestrator.trial.points import PointMeasurer, trial_metrics
+from orchestrator.trial.points import PointMeasurer
 from orchestrator.trial.profile import collect_traces
 from orchestrator.trial.scrub import scrub_logs, trial_secrets
 from orchestrator.trial.servers import (
@@ -91,19 +91,9 @@ class TrialRun:
         # what the trial knows to be secret (engine.env's tokens, a flag's key, the API key): hidden
         # in the error and the server log it returns, wherever a server or lm-eval echoed them
         self.secrets = trial_secrets(spec)
-        self.points: list[PointResult] = []
-        self.records: list[RequestRecord] = []
-        self.crash: ServerCrashedError | None = None  # the servers died: no point after it is measured
-        self.measuring = False  # load points have run (a held trial, sleep, has none)
-        self.starts: list[float] = []  # start-up seconds of every server (group) start; the first is startup_s
+        self.got = Measured()  # what it has measured so far
         self.server_logs: list[tuple[str, Path]] = []
-        self.held: dict[str, float] = {}
-        self.scores: dict[str, float] = {}  # accuracy (lm-eval, adapters' scorer), adapters' load times
-        self.capacity: CapacityProbes | None = None  # the SLO capacity search, when the workload asks for one
         self.model_path = ""
-        self.timeline = Timeline()  # telemetry and the engine's gauges, on the records' clock
-        self.telemetry_notes: dict[str, str] = {}
-        self.roof_note = ""  # the decode roofline's roofs and where they came from
         self.base = TrialHeader(
             trial_hash=self.hash,
             experiment=spec.experiment,
@@ -125,11 +115,11 @@ class TrialRun:
         check_feasible(spec, self.gpu_ids)
         held = self.adapter.hold(spec)  # a trial kind without a server (sleep)
         if held is not None:
-            self.held = held
+            self.got.held = held
             return
         roof = roofs_used(spec)  # measured (the CPU's bandwidth, once per node) before any server runs
         if roof is not None:
-            self.roof_note = f"{roof.bandwidth_gb_s:.0f} GB/s, {roof.peak_tflops:g} TFLOP/s ({roof.source})"
+            self.got.roof_note = f"{roof.bandwidth_gb_s:.0f} GB/s, {roof.peak_tflops:g} TFLOP/s ({roof.source})"
         model_path = self.model_path = resolve_model(spec.model)
         resolve_adapters(spec.model)  # LoRA adapters: checked, the tiny ones trained on first use
         mark("trial: model resolved")
@@ -145,10 +135,10 @@ class TrialRun:
                 with contextlib.ExitStack() as stack:
                     group = self._start(stack, model_path, start_no if restart else None, spec)
                     self._run_on(group, factory, first, last)
-                if self.crash is not None:
+                if self.got.crash is not None:
                     break
-        if self.crash is not None:
-            raise self.crash
+        if self.got.crash is not None:
+            raise self.got.crash
 
     def start_shared(self, stack: contextlib.ExitStack) -> ServerGroup:
         """Start this trial's servers for a group of trials (stopped when ``stack`` closes)."""
@@ -182,7 +172,7 @@ class TrialRun:
         group, startup = start_servers(
             stack, self.adapter, spec, model_path, self.workdir, self.gpu_ids, log_name, self.say, described
         )
-        self.starts.append(startup)
+        self.got.starts.append(startup)
         self.say(f"server healthy after {startup:.1f}s")
         return group
 
@@ -192,13 +182,13 @@ class TrialRun:
         """Run load points ``first..last-1`` at the group's front server (checked first by the
         pre-flight), then lm-eval after the trial's last point."""
         spec = self.spec
-        measurer = PointMeasurer(spec, group, self.adapter, self.gpu_ids, self.timeline, self.say)
+        measurer = PointMeasurer(spec, group, self.adapter, self.gpu_ids, self.got.timeline, self.say)
         view = measurer.view
         workload = with_adapter_names(spec)
         if (first, last) != (0, len(workload.load_points)):
             workload = workload.model_copy(update={"load_points": workload.load_points[first:last]})
-        self.measuring = True
-        if first == 0 and not self.points:  # the servers are the ones the plan was made for
+        self.got.measuring = True
+        if first == 0 and not self.got.points:  # the servers are the ones the plan was made for
             self._load_adapters(view.engines, measurer.api_key)
             mark("trial: server up, pre-flight")
             tokenizer = resolve_tokenizer(spec.model, self.model_path)
@@ -211,24 +201,24 @@ class TrialRun:
         # a race's later runs draw fresh requests, the same for every trial of the round
         seed = (spec.seed, spec.workload.seed) + ((100_000 + spec.run,) if spec.run else ())
         with measurer, LoadSession(endpoint, workload, factory, seed, client_cores(spec)) as load:
-            self.telemetry_notes = measurer.telemetry_notes
+            self.got.telemetry_notes = measurer.telemetry_notes
             load.warm_up()
             capacity = spec.workload.capacity if everything else None
             points = LoadPoints(workload.load_points, first, capacity, list(spec.workload.classes), self.say)
             while (step := points.next()) is not None:
-                self.capacity = points.capacity or self.capacity
+                self.got.capacity = points.capacity or self.got.capacity
                 result, records = self._point(load, measurer, *step)
                 if unmeasured(result):
                     break
                 points.done(result, records)
             else:
                 if points.capacity is not None:
-                    self.capacity = points.capacity
+                    self.got.capacity = points.capacity
                     self.checkpoint()  # the search's last verdict and its stop reason reach the disk too
-        if everything and spec.eval.tasks and self.crash is None:
+        if everything and spec.eval.tasks and self.got.crash is None:
             # accuracy of this very server, after its load points (their caches are its own); never of a dead one
             measurer.alive()
-            self.scores |= run_eval(
+            self.got.scores |= run_eval(
                 spec.eval,
                 view.front_url,
                 spec.model.name,
@@ -237,10 +227,10 @@ class TrialRun:
                 measurer.api_key,
                 self.say,
             )
-        if everything and spec.eval.adapters and self.crash is None:
+        if everything and spec.eval.adapters and self.got.crash is None:
             measurer.alive()
             tokenizer = resolve_tokenizer(spec.model, self.model_path)
-            self.scores |= adapter_scores(spec, view.front_url, measurer.api_key, tokenizer, self.workdir, self.say)
+            self.got.scores |= adapter_scores(spec, view.front_url, measurer.api_key, tokenizer, self.workdir, self.say)
 
     def _load_adapters(self, engines: Sequence[tuple[str, str]], api_key: str | None) -> None:
         """``engine.lora_loading=runtime``: load every LoRA adapter into every engine server
@@ -250,7 +240,7 @@ class TrialRun:
             return
         for name, folder in resolve_adapters(self.spec.model, build=False):
             took = max(load_adapter(url + path, name, folder, api_key) for _, url in engines)
-            self.scores[adapter_key(name, M.LOAD_S)] = took
+            self.got.scores[adapter_key(name, M.LOAD_S)] = took
             self.say(f"LoRA adapter {name} loaded at run time in {took * 1e3:.0f} ms")
 
     def _point(
@@ -263,13 +253,11 @@ class TrialRun:
         try:
             measurer.start(index, point, label)
         except ServerCrashedError as exc:
-            self.crash = exc
+            self.got.crash = exc
             raise
         run = load.go()
         result, crash = measurer.finish(index, point, run.records, run.client)
-        self.records.extend(run.records)
-        self.points.append(result)
-        self.crash = crash or self.crash
+        self.got.point(result, run.records, crash)
         self.checkpoint()  # measured points reach the disk now, whatever happens next
         return result, run.records
 
@@ -290,33 +278,14 @@ class TrialRun:
         into the trial's folder (``_start``'s ``log_name``), so its ``*.log`` files are all of them."""
         scrub_logs(self.workdir, self.secrets)
 
-    def floor_at_batch1(self) -> dict[str, float]:
-        """The roofline floor of a decode step at batch 1, empty context (week 3's number)."""
-        try:
-            floor = trial_decode_floor(self.spec)
-        except Exception as exc:  # unknown roofs: no floor, not a failure
-            log.warning("decode floor: %s", exc)
-            return {}
-        return {M.DECODE_FLOOR_MS_BATCH1: floor.floor_ms} if floor else {}
-
     def checkpoint(self) -> None:
-        done, total = len(self.points), len(self.spec.workload.load_points)
+        done, total = len(self.got.points), len(self.spec.workload.load_points)
         interrupted = f"interrupted after {done} of {total} load points"
         save_result(self.result("FAILED", interrupted, traces=False), self.workdir)
 
     def result(self, status: TrialStatus, error: str | None, traces: bool = True) -> TrialResult:
         """The trial's result; ``traces``: with the profiler's trace files (not in checkpoints)."""
-        capacity_metrics, capacity = self.capacity.outcome() if self.capacity else ({}, {})
-        metrics = dict(self.held)
-        if self.measuring:
-            metrics = {
-                **trial_metrics(self.points, self.starts[0] if self.starts else None),
-                M.SERVER_STARTS: float(len(self.starts)),
-                M.SERVER_REUSED: float(not self.starts),
-                **self.floor_at_batch1(),
-                **self.scores,
-                **capacity_metrics,
-            }
+        got = self.got
         header = asdict(self.base)
         header["slate"] = header["slate"] or {}
         return TrialResult(
@@ -324,12 +293,12 @@ class TrialRun:
             status=status,
             error=hide(error, self.secrets) if error else error,
             ended_at=time.time(),
-            points=list(self.points),
-            metrics=metrics,
-            capacity=capacity,
-            telemetry={**self.telemetry_notes, **({"roofs": self.roof_note} if self.roof_note else {})},
-            records_parquet=records_to_parquet_bytes(self.records) if self.records else b"",
-            telemetry_parquet=self.timeline.to_parquet() if self.timeline.rows else b"",
+            points=list(got.points),
+            metrics=got.metrics(self.spec),
+            capacity=got.capacity.outcome()[1] if got.capacity else {},
+            telemetry=got.telemetry(),
+            records_parquet=got.records_parquet(),
+            telemetry_parquet=got.telemetry_parquet(),
             artifacts=collect_traces(self.workdir) if traces else {},
             server_log=hide(self.server_log(), self.secrets),
         )
