@@ -113,7 +113,7 @@ test-ui: install ui-deps
 	$(PY) -m pytest tests -m ui --durations=10
 
 # Fault injection (docs/reliability.md): kill -9 of a server mid-load, start-up failures, a
-# taken port, SIGTERM to the driver, MLflow dying mid-sweep + replay, planted secrets, 200 trials.
+# taken port, SIGTERM to the driver, MLflow dying mid-sweep + sync, planted secrets, 200 trials.
 test-faults: install
 	$(PY) -m pytest tests -m faults -s --durations=15
 

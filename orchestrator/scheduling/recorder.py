@@ -59,10 +59,10 @@ class Recorder:
     def tracker_if_open(self) -> MlflowTracker | None:
         """On an interrupt: the sweep's run if it is made or being made, else None, and it will
         not be made (no parent run left RUNNING); what was measured stays on disk for
-        ``python -m orchestrator.replay``."""
+        ``python -m orchestrator.sync``."""
         if self._sweep_run is not None and self._sweep_run.cancel():
             self._sweep_run = None
-            self.progress("MLflow was not open yet: results are on disk only (python -m orchestrator.replay logs them)")
+            self.progress("MLflow was not open yet: results are on disk only (python -m orchestrator.sync logs them)")
         return self.tracker
 
     def finish(self, job: TrialJob, result: TrialResult) -> None:

@@ -2,7 +2,7 @@
 
 The parts, in the order a trial meets them:
 
-* :mod:`~orchestrator.trial.plan`: can it run here, what it would do (dry run), are its input
+* :mod:`~orchestrator.trial.admission`: can it run here, what it would do (dry run), are its input
   files readable, the result of a trial skipped before it was submitted;
 * :mod:`~orchestrator.trial.servers`: ports, each server's GPUs and environment, starting the
   group (:class:`ServerGroup`), emptying caches, which trials can share one start;
@@ -23,8 +23,8 @@ every exit path by their context managers.
 """
 
 from orchestrator.metrics.result import RawPoint
+from orchestrator.trial.admission import check_feasible, check_inputs, plan_trial, skipped_result
 from orchestrator.trial.group import run_trial_group
-from orchestrator.trial.plan import check_feasible, check_inputs, plan_trial, skipped_result
 from orchestrator.trial.points import (
     PointMeasurer,
     PointStages,

@@ -33,11 +33,11 @@ from orchestrator.metrics.result import PointResult, TrialResult, TrialStatus, s
 from orchestrator.metrics.summary import adapter_key
 from orchestrator.models import resolve_adapters, resolve_model, resolve_tokenizer
 from orchestrator.perf.floors import roofs_used
+from orchestrator.trial.admission import check_feasible, client_cores
 from orchestrator.trial.capacity_probes import unmeasured
 from orchestrator.trial.load_points import LoadPoints
 from orchestrator.trial.measured import Measured
 from orchestrator.trial.multi_lora import adapter_scores, load_adapter, with_adapter_names
-from orchestrator.trial.plan import check_feasible, client_cores
 from orchestrator.trial.points import PointMeasurer
 from orchestrator.trial.profile import collect_traces
 from orchestrator.trial.scrub import scrub_logs, trial_secrets

@@ -2,7 +2,7 @@
 as in CI): the results' disk stops the sweep with the path and the space needed, loses no
 finished trial and half-writes none, MLflow holds nothing the disk lacks, and the same command
 after space is freed resumes with no duplicates. The MLflow sqlite store's disk filling costs
-nothing measured: the sweep carries on with every result on disk and a replay fills MLflow."""
+nothing measured: the sweep carries on with every result on disk and a sync fills MLflow."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_a_full_results_disk_stops_the_sweep_and_the_same_command_resumes(tmp_pa
         assert len({r.data.tags["trial_hash"] for r in finished}) == TRIALS == len(finished), "duplicates or gaps"
 
 
-def test_a_full_mlflow_disk_loses_nothing_and_replay_fills_the_gap(tmp_path):
+def test_a_full_mlflow_disk_loses_nothing_and_sync_fills_the_gap(tmp_path):
     with small_filesystem(tmp_path / "small") as small:
         store = f"sqlite:///{small}/mlflow.db"
         sweep_dir = tmp_path / "sweep"
@@ -124,8 +124,8 @@ def test_a_full_mlflow_disk_loses_nothing_and_replay_fills_the_gap(tmp_path):
         before = len(trial_runs(store))
         assert before < TRIALS
         print(f"MLflow's disk full: {before} of {TRIALS} trials logged, all {TRIALS} on disk")
-        replay = [sys.executable, "-m", "orchestrator.replay", str(sweep_dir), f"tracking.uri={store}"]
-        first = subprocess.run(replay, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        sync = [sys.executable, "-m", "orchestrator.sync", str(sweep_dir), f"tracking.uri={store}"]
+        first = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert first.returncode == 0, first.stderr[-2000:]
         assert f"{TRIALS - before} logged, {before} already" in first.stdout, first.stdout
         runs = trial_runs(store)

@@ -259,10 +259,10 @@ def _mlflow_server(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     pytest.fail("mlflow server did not start: " + (tmp_path / "mlflow.log").read_text()[-2000:])
 
 
-def test_mlflow_dying_mid_sweep_loses_nothing_and_replay_fills_the_gap(tmp_path):
+def test_mlflow_dying_mid_sweep_loses_nothing_and_sync_fills_the_gap(tmp_path):
     """The tracking server is killed after the first trials are logged: the sweep carries on
-    with every result on disk; `python -m orchestrator.replay` pushes the missing ones to the
-    restarted server, and a second replay adds nothing."""
+    with every result on disk; `python -m orchestrator.sync` pushes the missing ones to the
+    restarted server, and a second sync adds nothing."""
     server, url = _mlflow_server(tmp_path)
     cmd = _sweep(tmp_path, "engine=sleep", "engine.seconds=1.5", "seed=0,1,2,3,4,5", store=url)
     proc, lines, text = None, [], ""
@@ -288,15 +288,15 @@ def test_mlflow_dying_mid_sweep_loses_nothing_and_replay_fills_the_gap(tmp_path)
 
         before = len(trial_runs())
         assert 1 <= before < 6
-        replay = [sys.executable, "-m", "orchestrator.replay", str(tmp_path / "sweep"), f"tracking.uri={url}"]
-        first = subprocess.run(replay, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        sync = [sys.executable, "-m", "orchestrator.sync", str(tmp_path / "sweep"), f"tracking.uri={url}"]
+        first = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert first.returncode == 0, first.stderr[-2000:]
         assert f"{6 - before} logged, {before} already" in first.stdout, first.stdout
         runs = trial_runs()
         assert len(runs) == 6 and len({r.data.tags["trial_hash"] for r in runs}) == 6
         parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
-        assert len(parents) == 1, "replayed runs join the sweep's own parent run"
-        second = subprocess.run(replay, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert len(parents) == 1, "synced runs join the sweep's own parent run"
+        second = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert "0 logged, 6 already" in second.stdout and len(trial_runs()) == 6
     finally:
         os.killpg(server.pid, signal.SIGKILL)

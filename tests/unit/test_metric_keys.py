@@ -40,7 +40,7 @@ NOT_METRICS = {
     "metrics/records.py": {"output_tokens"},  # a record's column
     "decide/capacity.py": {"invalid"},  # a probe's verdict
     "trial/capacity_probes.py": {"invalid"},  # a probe's verdict
-    "trial/plan.py": {"client_processes"},  # the trial plan's field
+    "trial/admission.py": {"client_processes"},  # the trial plan's field
     "scheduling/preview.py": {"server_starts"},  # the preview's count
     "metrics/probes.py": {"energy_j"},  # a telemetry row's name
     "gpu_check.py": {"energy_j"},  # a telemetry row's name

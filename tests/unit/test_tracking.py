@@ -115,12 +115,12 @@ def test_finished_trials_for_resume_and_plans(tmp_path, store):
     assert list(durations) == ["abc123"] and durations["abc123"] == pytest.approx(5.0, abs=0.01)
 
 
-def test_replay_logs_what_mlflow_lacks_once(tmp_path):
-    """Results on disk, MLflow empty: replay logs them all under one sweep run; again: nothing."""
+def test_sync_logs_what_mlflow_lacks_once(tmp_path):
+    """Results on disk, MLflow empty: sync logs them all under one sweep run; again: nothing."""
     import time as _time
 
     from orchestrator.metrics.result import TrialResult, save_result
-    from orchestrator.scheduling.replay import replay
+    from orchestrator.scheduling.sync import sync
 
     sweep = tmp_path / "sweep"
     for i in range(3):
@@ -131,8 +131,8 @@ def test_replay_logs_what_mlflow_lacks_once(tmp_path):
         save_result(r, sweep / "trials" / f"{i:03d}-{r.trial_hash}")
     uri = f"sqlite:///{tmp_path}/m.db"
     lines: list[str] = []
-    assert replay(sweep, uri, progress=lines.append) == (3, 0)
-    assert replay(sweep, uri, progress=lines.append) == (0, 3)
+    assert sync(sweep, uri, progress=lines.append) == (3, 0)
+    assert sync(sweep, uri, progress=lines.append) == (0, 3)
     from tests.conftest import search_runs
 
     runs = search_runs(uri, "exp")

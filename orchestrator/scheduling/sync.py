@@ -1,7 +1,7 @@
 """Push a sweep's results from disk to MLflow: for sweeps that ran while MLflow was down.
 
-    python -m orchestrator.replay multirun/chunked_prefill/2026-11-22_15-41-00
-    python -m orchestrator.replay SWEEP_DIR tracking.uri=http://mlflow.internal:5000 experiment=NAME
+    python -m orchestrator.sync multirun/chunked_prefill/2026-11-22_15-41-00
+    python -m orchestrator.sync SWEEP_DIR tracking.uri=http://mlflow.internal:5000 experiment=NAME
 
 Every trial result under ``SWEEP_DIR/trials/*/`` whose ``result_id`` (trial hash + start
 time) is not in the experiment yet is logged, under the sweep's own parent run when MLflow
@@ -19,7 +19,7 @@ from orchestrator.tracking import MlflowTracker, result_id
 from orchestrator.tracking.store import DEFAULT_TRACKING_URI
 
 
-def replay(sweep_dir: Path, uri: str, experiment: str | None = None, progress=print) -> tuple[int, int]:
+def sync(sweep_dir: Path, uri: str, experiment: str | None = None, progress=print) -> tuple[int, int]:
     """Log the sweep's results that MLflow lacks; returns (logged, already there)."""
     dirs = sorted(p.parent for p in sweep_dir.glob(f"trials/*/{RESULT_FILE}"))
     if not dirs:
@@ -31,16 +31,16 @@ def replay(sweep_dir: Path, uri: str, experiment: str | None = None, progress=pr
     todo = [(d, r) for d, r in results if result_id(r) not in known]
     if todo and tracker.attach_sweep(str(sweep_dir)) is None:
         tracker.start_sweep(
-            f"replay:{sweep_dir.name}",
+            f"sync:{sweep_dir.name}",
             {"experiment": name, "num_trials": len(results)},
-            {"sweep_dir": str(sweep_dir), "replayed": "true"},
+            {"sweep_dir": str(sweep_dir), "synced": "true"},
         )
         tracker.end_sweep({}, "FINISHED")
     for d, r in todo:
-        tracker.log_trial(r, d, {"replayed": "true"})
+        tracker.log_trial(r, d, {"synced": "true"})
         progress(f"logged {d.name}: {r.status}")
     progress(
-        f"replay of {sweep_dir}: {len(todo)} logged, {len(results) - len(todo)} already in experiment '{name}' at {uri}"
+        f"sync of {sweep_dir}: {len(todo)} logged, {len(results) - len(todo)} already in experiment '{name}' at {uri}"
     )
     return len(todo), len(results) - len(todo)
 
@@ -52,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(opts) - {"tracking.uri", "experiment"})
     if len(dirs) != 1 or unknown:
         print(
-            "usage: python -m orchestrator.replay SWEEP_DIR [tracking.uri=URI] [experiment=NAME]"
+            "usage: python -m orchestrator.sync SWEEP_DIR [tracking.uri=URI] [experiment=NAME]"
             + (f"\nunknown option(s): {', '.join(unknown)}" if unknown else ""),
             file=sys.stderr,
         )
         return 2
     uri = opts.get("tracking.uri") or DEFAULT_TRACKING_URI
     try:
-        replay(Path(dirs[0]).resolve(), uri, opts.get("experiment"))
+        sync(Path(dirs[0]).resolve(), uri, opts.get("experiment"))
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
