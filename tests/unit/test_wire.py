@@ -199,7 +199,7 @@ def test_the_request_timeout_covers_the_connection():
 def test_the_aiohttp_path_reads_what_the_wire_reads():
     """HTTPS endpoints go through aiohttp (_stream_aiohttp): the same answer reads the same."""
     from orchestrator.loadgen.api import API_PATHS, DELTAS
-    from orchestrator.loadgen.client import _stream_aiohttp
+    from orchestrator.loadgen.client import _Exchange, _stream_aiohttp
     from orchestrator.loadgen.sse import SseStream
 
     async def main():
@@ -212,16 +212,9 @@ def test_the_aiohttp_path_reads_what_the_wire_reads():
                 rec = RequestRecord(2, 0, "a", 0.0, 0.0, 1, 3)
                 endpoint = Endpoint(f"http://127.0.0.1:{port}", "m")
                 url = endpoint.base_url + API_PATHS["completions"]
-                await _stream_aiohttp(
-                    session.http,
-                    url,
-                    endpoint,
-                    PlannedRequest(2, "a", "hello", 1, 3),
-                    rec,
-                    b"{}",
-                    SseStream(rec, DELTAS["completions"], None),
-                    5,
-                )
+                headers = {**endpoint.headers(), "X-Request-Id": "lab-2"}
+                exchange = _Exchange(b"{}", headers, rec, SseStream(rec, DELTAS["completions"], None))
+                await _stream_aiohttp(session.http, url, exchange, 5)
             finally:
                 await session.close()
         return by_wire, rec
