@@ -126,16 +126,25 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
         env.update(engine.env)
         return env
 
-    def _common(self, spec: TrialSpec) -> dict[str, Any]:
-        """ServerLaunch fields every vLLM server of the trial shares."""
+    def _server(
+        self, spec: TrialSpec, role: Role, port: int, argv: list[str], gpus: tuple[int, ...], **more: Any
+    ) -> ServerLaunch:
+        """One vLLM server of the trial, named after its role unless ``more`` names it (``more``:
+        its env, files, scratch), with the fields every one shares."""
         engine = self.narrow(spec)
-        return {
-            "host": engine.host,
-            "startup_timeout_s": engine.startup_timeout_s,
-            "fatal_log_markers": FATAL_LOG_MARKERS,
+        return ServerLaunch(
+            name=more.pop("name") if "name" in more else role,
+            role=role,
+            port=port,
+            argv=argv,
+            gpus=gpus,
+            host=engine.host,
+            startup_timeout_s=engine.startup_timeout_s,
+            fatal_log_markers=FATAL_LOG_MARKERS,
             # Ray sets OMP_NUM_THREADS to a task's CPU count; vLLM's CPU build sizes its own threads.
-            "unset_env": ("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else (),
-        }
+            unset_env=("OMP_NUM_THREADS",) if spec.platform.device == "cpu" else (),
+            **more,
+        )
 
     def _one_server(self, spec: TrialSpec, at: LaunchContext) -> ServerLaunch:
         engine = self.narrow(spec)
@@ -150,9 +159,7 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
         head = envs.command(spec, SERVER_MODULE)
         argv = VLLMServerArgs.of(engine, spec.model, at, at.port, kv_override=kv).argv(head, FLAGS)
         gpus = tuple(range(engine.num_gpus))
-        return ServerLaunch(
-            name="server", role="server", port=at.port, env=env, files=files, gpus=gpus, argv=argv, **self._common(spec)
-        )
+        return self._server(spec, "server", at.port, argv, gpus, env=env, files=files)
 
     def _prefill_decode(self, spec: TrialSpec, at: LaunchContext) -> list[ServerLaunch]:
         engine = self.narrow(spec)
@@ -176,18 +183,7 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
             if role == "prefill" and pd.connector == "ExampleConnector":
                 argv = prefill_in_one_step(argv, engine.max_model_len)
             gpus = tuple(range(first, first + tp))
-            servers.append(
-                ServerLaunch(
-                    name=role,
-                    role=role,
-                    port=p,
-                    env=server_env,
-                    argv=argv,
-                    gpus=gpus,
-                    scratch=scratch,
-                    **self._common(spec),
-                )
-            )
+            servers.append(self._server(spec, role, p, argv, gpus, env=server_env, scratch=scratch))
         return [*servers, self._proxy(engine, at.port, servers[0], servers[1])]
 
     @staticmethod
@@ -224,17 +220,7 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
                 replica_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i * per + r) for r in range(per))
             argv = VLLMServerArgs.of(engine, spec.model, at, p).argv(head, FLAGS)
             gpus = tuple(range(i * per, (i + 1) * per))
-            replicas.append(
-                ServerLaunch(
-                    name=f"replica{i}",
-                    role="replica",
-                    port=p,
-                    env=replica_env,
-                    argv=argv,
-                    gpus=gpus,
-                    **self._common(spec),
-                )
-            )
+            replicas.append(self._server(spec, "replica", p, argv, gpus, env=replica_env, name=f"replica{i}"))
         routing = ["--worker-urls", *(r.base_url for r in replicas), "--policy", engine.router.policy]
         extra = tuple(str(a) for a in engine.router.extra_args)
         return [*replicas, router_launch(spec, engine.host, at.port, at.next_port(), routing, extra)]

@@ -42,7 +42,7 @@ from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest
 from orchestrator.loadgen.plan import PointPlan
 from orchestrator.loadgen.sender import PointSender, get_ready, loop_factory
-from orchestrator.loadgen.shares import MakeMore, Stats
+from orchestrator.loadgen.shares import MakeMore, ShareDone, answer_more
 from orchestrator.metrics.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -105,14 +105,8 @@ class ClientFleet:
         return msg
 
     def _answer_more(self, i: int, n: int) -> None:
-        """Process ``i`` asks for ``n`` requests past the plan: made here, by the one planner.
-        Nothing (no planner, or it failed) ends its streams early, and the point says so."""
-        batch: list[PlannedRequest] = []
-        if self._more is not None:
-            try:
-                batch = self._more(n)
-            except Exception as exc:
-                log.warning("point %d: could not make more requests: %s", self._shares[i].index, exc)
+        """Process ``i`` asks for ``n`` requests past the plan (:func:`answer_more`)."""
+        batch = answer_more(self._more, n, self._shares[i].index)
         with contextlib.suppress(OSError):  # a process that died is seen by its pipe's end
             self.tx[i].send(("more", batch))
 
@@ -145,8 +139,8 @@ class ClientFleet:
         for i in range(len(self._shares)):
             self.tx[i].send(("go", at))
 
-    def finish(self) -> tuple[list[RequestRecord], list[Stats]]:
-        """Wait for the started shares, answering their asks for more; records sorted by intent."""
+    def finish(self) -> list[ShareDone]:
+        """Wait for the started shares, answering their asks for more."""
         done: dict[int, tuple[Any, ...]] = {}
         waiting = {self.rx[i]: i for i in range(len(self._shares))}
         while waiting:
@@ -164,14 +158,11 @@ class ClientFleet:
                     del waiting[conn]  # type: ignore[arg-type]
                 else:
                     raise LoadError(f"client process {i} sent '{msg[0]}' during a point")
-        records: list[RequestRecord] = []
-        stats: list[Stats] = []
-        for i in range(len(self._shares)):
-            _, recs, st = done[i]
-            records += recs
-            stats.append(st)
         self._shares, self._more = [], None
-        return sorted(records, key=lambda r: r.intended_send_s), stats
+        return [ShareDone(done[i][1], done[i][2]) for i in sorted(done)]
+
+    def driver_cpu_s(self, t0: float, t1: float) -> float:
+        return 0.0  # its helpers are its processes, whose CPU is their own
 
     def close(self) -> None:
         for tx in self.tx:

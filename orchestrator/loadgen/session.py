@@ -51,8 +51,11 @@ from orchestrator.loadgen.shards import RemoteShards, other_nodes_reaching
 from orchestrator.loadgen.shares import (
     InProcessShare,
     MakeMore,
+    ShareDone,
     ShareRunner,
     Stats,
+    clock_stats,
+    merge_done,
     merge_shares,
     worst_client_stats,
 )
@@ -74,13 +77,15 @@ class PointRun:
 
 @dataclass
 class _Prepared:
-    """One repeat of a point, ready to go: its plan, this node's share and who sends what."""
+    """One repeat of a point, ready to go: its plan, this node's share and who sends what
+    (started in this order and finished in the reverse: this node's runner last to start and
+    first to finish, as the in-process share sends in its ``finish``)."""
 
     plan: PointPlan
     here: PointPlan
-    local: ShareRunner
-    remote: RemoteShards | None
+    runners: list[ShareRunner]
     sizing: ClientSizing | None
+    across_nodes: bool  # dealt to other nodes too (whose shards may sit idle: fewer streams than nodes)
 
 
 class LoadSession:
@@ -171,30 +176,39 @@ class LoadSession:
             log.info("point %d%s: %s", index, ", this node's share" if remote else "", sizing.why())
         local: ShareRunner = clients.fleet_of(n) if n > 1 else clients.local()
         local.prepare(here.split(n) if n > 1 else [here], more)
-        return _Prepared(plan, here, local, remote, sizing)
+        return _Prepared(plan, here, [local] if remote is None else [remote, local], sizing, remote is not None)
 
     def _go(self, p: _Prepared) -> tuple[list[RequestRecord], Stats]:
-        """One repeat: every runner started on one instant (the others before this process's
-        own share, which runs while it is waited for), then merged."""
-        runners: list[ShareRunner] = [p.local] if p.remote is None else [p.remote, p.local]
-        start = now() + max(r.lead_s for r in runners)
-        for runner in runners:
+        """One repeat: every runner started on one instant, then finished (in reverse) and every
+        worker's share merged: this node's first (its sizing, what it learns of the client's cost),
+        then the other nodes' with their clocks."""
+        start = now() + max(r.lead_s for r in p.runners)
+        for runner in p.runners:
             runner.start(start)
-        records, shares = p.local.finish()
-        stats = merge_shares(shares)
-        if p.remote is not None and isinstance(p.local, InProcessShare):  # its pool's thread ran here
-            stats[M.CLIENT_CPU_S] = max(0.0, stats[M.CLIENT_CPU_S] - p.remote.cpu_here(start, now()))
+        done: list[ShareDone] = []
+        window: tuple[float, float] | None = None  # while the trial's own process sent a share
+        for runner in reversed(p.runners):
+            shares = runner.finish()
+            if any(d.in_driver for d in shares):
+                window = (start, now())
+            done += shares
+        records, stats = merge_done([d for d in done if d.node is None])
+        if window is not None:  # its CPU, less what helpers of the other runners spent in this process
+            helpers = sum(r.driver_cpu_s(*window) for r in p.runners)
+            stats[M.CLIENT_CPU_S] = max(0.0, stats[M.CLIENT_CPU_S] - helpers)
             stats[M.CLIENT_CPU_UTIL] = stats[M.CLIENT_CPU_S] / stats[M.CLIENT_WALL_S]
         if p.sizing is not None:
             stats.update(p.sizing.metrics())
         stats.update(p.plan.planned)
         self.clients.learn(p.here, records, stats)
-        if p.remote is None:
+        if not p.across_nodes:
             return records, stats
-        far, far_stats = p.remote.finish()
-        merged = merge_shares([stats, *far_stats])
-        merged.update(p.remote.clock_stats())
-        return sorted(records + far, key=lambda x: x.intended_send_s), merged
+        far = [d for d in done if d.node is not None]
+        merged = merge_shares([stats, *(d.stats for d in far)])
+        offsets, uncertainties = [d.clock[0] for d in far] or [0.0], [d.clock[1] for d in far] or [0.0]
+        merged.update(clock_stats(len(far) + 1, offsets, uncertainties))
+        records = sorted([*records, *(r for d in far for r in d.records)], key=lambda x: x.intended_send_s)
+        return records, merged
 
 
 class Clients:

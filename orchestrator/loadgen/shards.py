@@ -39,7 +39,7 @@ from orchestrator.config.errors import LoadError
 from orchestrator.config.schema import WorkloadSpec
 from orchestrator.loadgen.client import Endpoint, HttpSession, PlannedRequest
 from orchestrator.loadgen.plan import PointPlan
-from orchestrator.loadgen.shares import MakeMore, Stats, clock_stats
+from orchestrator.loadgen.shares import MakeMore, ShareDone, answer_more
 from orchestrator.metrics.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,8 @@ class PoolTopper:
     tick, with requests from ``make`` (the trial's planner), while a point runs (a thread of
     the trial's process: its CPU, ``cpu_s``, is not the local client's)."""
 
-    def __init__(self, pool: Any, make: MakeMore, streams: int) -> None:
-        self.pool, self.make, self.streams = pool, make, streams
+    def __init__(self, pool: Any, make: MakeMore, streams: int, point: int) -> None:
+        self.pool, self.make, self.streams, self.point = pool, make, streams, point
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shard-pool", daemon=True)
         self._cpu: list[tuple[float, float]] = [(time.perf_counter(), 0.0)]  # (instant, thread CPU s so far)
@@ -100,7 +100,7 @@ class PoolTopper:
         import ray
 
         ray.get(self.pool.reset.remote(), timeout=POOL_CALL_TIMEOUT_S)
-        ray.get(self.pool.put.remote(self.make(2 * self.streams)), timeout=POOL_CALL_TIMEOUT_S)
+        ray.get(self.pool.put.remote(answer_more(self.make, 2 * self.streams, self.point)), timeout=POOL_CALL_TIMEOUT_S)
         return self
 
     def start(self) -> None:
@@ -122,7 +122,10 @@ class PoolTopper:
                 want = 2 * self.streams + 2 * (taken - taken_before)
                 taken_before = taken
                 if level < want and not self._stop.is_set():
-                    ray.get(self.pool.put.remote(self.make(want - level)), timeout=POOL_CALL_TIMEOUT_S)
+                    batch = answer_more(self.make, want - level, self.point)
+                    if not batch:
+                        return  # the planner could not make more (said): the shards' streams end early
+                    ray.get(self.pool.put.remote(batch), timeout=POOL_CALL_TIMEOUT_S)
                 self._cpu.append((time.perf_counter(), time.thread_time() - cpu0))
         except Exception as exc:  # the shards' streams then wait or end early, and the point says so
             log.warning("client shards: topping up their requests failed: %s", exc)
@@ -303,6 +306,7 @@ class RemoteShards:
         self.shards: list[Shard] = []
         self.active: list[Shard] = []
         self._topper: PoolTopper | None = None
+        self._cpu_of: PoolTopper | None = None  # the last point's topper: its CPU is read after it stops
         self._calls: list[Any] = []
         try:
             for actor in actors:
@@ -341,7 +345,8 @@ class RemoteShards:
         for shard, (offset, uncertainty) in zip(self.active, measured):
             shard.offset, shard.uncertainty = offset, uncertainty
         streams = sum(share.concurrency or 0 for share in shares)
-        self._topper = PoolTopper(self.pool, more, streams).fill() if more is not None else None
+        topper = PoolTopper(self.pool, more, streams, shares[0].index).fill() if more is not None and shares else None
+        self._topper = self._cpu_of = topper
 
     def start(self, at: float) -> None:
         """Send each prepared shard its start instant (the trial's clock)."""
@@ -349,7 +354,8 @@ class RemoteShards:
             self._topper.start()
         self._calls = [s.actor.run.remote(at) for s in self.active]
 
-    def finish(self) -> tuple[list[RequestRecord], list[Stats]]:
+    def finish(self) -> list[ShareDone]:
+        """Each shard's share, its records moved onto the trial's clock."""
         import ray
 
         calls, self._calls = self._calls, []
@@ -357,26 +363,19 @@ class RemoteShards:
             answers = ray.get(calls)
         finally:
             self._stop_topper()
-        records: list[RequestRecord] = []
-        stats = []
-        for shard, (recs, st) in zip(self.active, answers):
-            records += on_trial_clock(recs, shard.offset)
-            stats.append(st)
-        return records, stats
+        return [
+            ShareDone(on_trial_clock(recs, s.offset), st, node=s.node, clock=(s.offset, s.uncertainty))
+            for s, (recs, st) in zip(self.active, answers)
+        ]
 
-    def cpu_here(self, t0: float, t1: float) -> float:
-        """CPU seconds the shards cost this process between two instants (topping up their pool,
-        a thread here): not the CPU of a share this process sends."""
-        return self._topper.cpu_between(t0, t1) if self._topper is not None else 0.0
+    def driver_cpu_s(self, t0: float, t1: float) -> float:
+        """The thread topping up the shards' pool, here (:class:`PoolTopper`)."""
+        return self._cpu_of.cpu_between(t0, t1) if self._cpu_of is not None else 0.0
 
     def _stop_topper(self) -> None:
         topper, self._topper = self._topper, None
         if topper is not None:
             topper.stop()
-
-    def clock_stats(self) -> dict[str, float]:
-        used = self.active or self.shards
-        return clock_stats(len(self.active) + 1, [s.offset for s in used], [s.uncertainty for s in used])
 
     def close(self) -> None:
         """Kill the shards (their connections close with them), at once: a shard in the middle

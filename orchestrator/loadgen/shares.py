@@ -11,18 +11,24 @@ a :class:`ShareRunner`:
 
 Every runner is driven the same way by :class:`~orchestrator.loadgen.session.LoadSession`:
 ``prepare`` (shares handed out, connections opened: before the clock), ``start`` at the shared
-instant, ``finish`` (wait; the records, on the trial's clock, and each worker's stats), ``close``.
+instant, ``finish`` (wait: a :class:`ShareDone` per worker, its records on the trial's clock, its
+stats, its node and that node's clock offset), ``close``. A worker on another node is an
+ordinary worker whose clock has an offset; the runners differ only in the channel that carries
+the messages (a call on this event loop, a pipe to a process, a Ray actor).
 
 Requests past the plan (a closed loop bounded by duration that outruns it) come from one place,
-the trial's request planner (a :data:`MakeMore`, given at ``prepare``); each runner carries the ask
-its own way (a worker thread here, the processes' pipes, a pool actor for other nodes). The
-workers' stats merge in one place, :func:`merge_shares`.
+the trial's request planner (a :data:`MakeMore`, given at ``prepare``), asked through
+:func:`answer_more` whichever channel carried the ask (a worker thread here, the processes' pipes,
+a pool actor for other nodes). The workers' stats merge in one place, :func:`merge_shares`, and a
+point's shares in :func:`merge_done`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.config.metric_keys import M
@@ -36,6 +42,34 @@ MakeMore = Callable[[int], list[PlannedRequest]]
 """``make(n)``: ``n`` more foreground requests from the trial's planner (thread-safe)."""
 
 Stats = dict[str, float]
+log = logging.getLogger(__name__)
+
+
+def answer_more(make: MakeMore | None, n: int, point: int) -> list[PlannedRequest]:
+    """A worker's ask for ``n`` requests past the plan of point ``point``, answered by the one
+    planner. Nothing (no planner, or it failed) ends the worker's streams early, and the point
+    says so (``client_streams_ended_early``)."""
+    if make is None:
+        return []
+    try:
+        return make(n)
+    except Exception as exc:
+        log.warning("point %d: could not make more requests: %s", point, exc)
+        return []
+
+
+@dataclass
+class ShareDone:
+    """One worker's share of a point, sent: its records (on the trial's clock) and stats, and
+    where it ran: ``node`` None is the trial's node, else another node whose clock is ``clock``
+    (offset, uncertainty; s) from the trial's; ``in_driver``: sent by the trial's own process."""
+
+    records: list[RequestRecord]
+    stats: Stats
+    node: str | None = None
+    clock: tuple[float, float] = (0.0, 0.0)
+    in_driver: bool = False
+
 
 # Client stats that add up over the shares of one point (the others: the worst share's value).
 SUMMED_STATS = (M.CLIENT_CPU_S, M.CLIENT_STREAMS_ENDED_EARLY, M.CLIENT_REQUESTS_PAST_PLAN)
@@ -83,11 +117,26 @@ class ShareRunner(Protocol):
         wait for them where the workers are elsewhere."""
         ...
 
-    def finish(self) -> tuple[list[RequestRecord], list[Stats]]:
-        """Wait for the shares: their records (on the trial's clock) and each worker's stats."""
+    def finish(self) -> list[ShareDone]:
+        """Wait for the shares: each worker's :class:`ShareDone`."""
+        ...
+
+    def driver_cpu_s(self, t0: float, t1: float) -> float:
+        """CPU seconds the runner's helpers spent in the trial's own process between two
+        instants, not sending (a thread topping up a pool): taken off the CPU of a share the
+        trial's process sent over that time."""
         ...
 
     def close(self) -> None: ...
+
+
+def merge_done(done: list[ShareDone]) -> tuple[list[RequestRecord], Stats]:
+    """Shares of one node: their records (by intended send instant when several) and their stats
+    merged (:func:`merge_shares`)."""
+    records = [r for d in done for r in d.records]
+    if len(done) > 1:
+        records.sort(key=lambda r: r.intended_send_s)
+    return records, merge_shares([d.stats for d in done])
 
 
 def thread_refill(make: MakeMore) -> Refill:
@@ -115,7 +164,7 @@ class InProcessShare:
 
     def prepare(self, shares: list[PointPlan], more: MakeMore | None) -> None:
         (plan,) = shares
-        refill = thread_refill(more) if more is not None else None
+        refill = thread_refill(lambda n: answer_more(more, n, plan.index)) if more is not None else None
         self._sender = PointSender(
             plan, self.endpoint, self.workload, self.http, refill, prefetch=2 * (plan.concurrency or 0)
         )
@@ -124,11 +173,14 @@ class InProcessShare:
     def start(self, at: float) -> None:
         self._at = at
 
-    def finish(self) -> tuple[list[RequestRecord], list[Stats]]:
+    def finish(self) -> list[ShareDone]:
         sender, self._sender = self._sender, None
         assert sender is not None, "finish() without prepare()"
         records = self.runner.run(sender.run(self._at))
-        return records, [{**sender.client_stats, M.CLIENT_PROCESSES: 1.0}]
+        return [ShareDone(records, {**sender.client_stats, M.CLIENT_PROCESSES: 1.0}, in_driver=True)]
+
+    def driver_cpu_s(self, t0: float, t1: float) -> float:
+        return 0.0  # its sender is the share itself
 
     def close(self) -> None:
         self._sender = None

@@ -238,3 +238,28 @@ def test_a_fleet_stopped_mid_point_stops_sending_at_once(factory):
         took = time.monotonic() - t0
     assert took < 4, f"close took {took:.1f} s: the processes sent on until killed"
     assert [p.returncode for p in procs] == [0, 0]
+
+
+def test_every_worker_answers_the_same_way_and_merges_in_one_place(caplog):
+    """The share protocol's pieces that every channel uses: a worker's ask for more is answered by
+    one function (a failing planner gives nothing and says so: the worker's streams end early),
+    and one node's shares merge into records in send order with summed CPU."""
+    from orchestrator.loadgen.shares import ShareDone, answer_more, merge_done
+    from orchestrator.metrics.records import RequestRecord
+
+    def broken(n: int) -> list:
+        raise RuntimeError("tokenizer gone")
+
+    assert answer_more(None, 4, 0) == [] and answer_more(lambda n: list(range(n)), 3, 0) == [0, 1, 2]
+    assert answer_more(broken, 4, 7) == [] and "point 7: could not make more requests" in caplog.text
+
+    def rec(i: int, at: float) -> RequestRecord:
+        return RequestRecord(i, 0, "a", at, at, 1, 1)
+
+    one = ShareDone([rec(1, 0.3), rec(2, 0.1)], {"client_cpu_s": 0.5, "client_cpu_util": 0.2})
+    alone, _ = merge_done([one])
+    assert [r.request_id for r in alone] == [1, 2]  # one worker's records stay as it sent them
+    other = ShareDone([rec(3, 0.2)], {"client_cpu_s": 0.25, "client_cpu_util": 0.4})
+    records, stats = merge_done([one, other])
+    assert [r.request_id for r in records] == [2, 3, 1]
+    assert stats["client_cpu_s"] == 0.75 and stats["client_cpu_util"] == 0.4 and stats["client_processes"] == 2
