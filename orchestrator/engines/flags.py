@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Generic, Literal, Protocol, Self, TypeVar
 
 from orchestrator.config.schema import ModelSpec
@@ -43,6 +44,21 @@ class Flag(Generic[A]):
         if self.kind == "json":
             return [f"--{self.name}", json.dumps(value, sort_keys=True)]
         return [f"--{self.name}", str(value)]
+
+
+def engine_flags(*names: str, kind: FlagKind = "value") -> tuple[Flag[Any], ...]:
+    """Flags each read from the engine spec's field of its name: ``--page-size`` is
+    ``engine.page_size`` (the rule of most rows; a unit test parses every experiment's argv)."""
+    return tuple(Flag(n, attrgetter("engine." + n.replace("-", "_")), kind) for n in names)
+
+
+def lora_flags(*names: str) -> tuple[Flag[Any], ...]:
+    """:func:`engine_flags` written only when the server serves LoRA adapters."""
+
+    def read(attr: str) -> Callable[[Any], object]:
+        return lambda a: getattr(a.engine, attr) if a.lora else None
+
+    return tuple(Flag(n, read(n.replace("-", "_"))) for n in names)
 
 
 def render(flags: Iterable[Flag[A]], args: A) -> list[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from orchestrator.config.schema import SGLangEngineSpec, TrialSpec
 from orchestrator.engines import envs
 from orchestrator.engines.base import EngineAdapter, EngineMetric, LaunchContext, Profiler, Role, ServerLaunch, register
-from orchestrator.engines.flags import Flag, ServerArgs
+from orchestrator.engines.flags import Flag, ServerArgs, engine_flags, lora_flags
 from orchestrator.engines.nsys import wrapper as nsys_wrapper
 from orchestrator.engines.router import router_launch
 
@@ -58,37 +58,24 @@ FLAGS: tuple[Flag[SGLangServerArgs], ...] = (
     Flag("model-path", lambda a: a.model_path),
     Flag("served-model-name", lambda a: a.served_name),
     Flag("tokenizer-path", lambda a: a.tokenizer),
-    Flag("host", lambda a: a.engine.host),
+    *engine_flags("host"),
     Flag("port", lambda a: a.port),
-    Flag("dtype", lambda a: a.engine.dtype),
+    *engine_flags("dtype"),
     Flag("tp-size", lambda a: a.tp),
     Flag("enable-metrics", lambda a: True, "switch"),
-    Flag("context-length", lambda a: a.engine.context_length),
-    Flag("chunked-prefill-size", lambda a: a.engine.chunked_prefill_size),
-    Flag("schedule-policy", lambda a: a.engine.schedule_policy),
-    Flag("disable-radix-cache", lambda a: a.engine.disable_radix_cache, "switch"),
-    Flag("page-size", lambda a: a.engine.page_size),
-    Flag("speculative-algorithm", lambda a: a.engine.speculative_algorithm),
-    Flag("speculative-draft-model-path", lambda a: a.engine.speculative_draft_model_path),
-    Flag("speculative-num-steps", lambda a: a.engine.speculative_num_steps),
-    Flag("speculative-eagle-topk", lambda a: a.engine.speculative_eagle_topk),
-    Flag("speculative-num-draft-tokens", lambda a: a.engine.speculative_num_draft_tokens),
-    Flag("quantization", lambda a: a.engine.quantization),
-    Flag("kv-cache-dtype", lambda a: a.engine.kv_cache_dtype),
-    Flag("mem-fraction-static", lambda a: a.engine.mem_fraction_static),
-    Flag("max-running-requests", lambda a: a.engine.max_running_requests),
-    Flag("disable-cuda-graph", lambda a: a.engine.disable_cuda_graph, "switch"),
-    Flag("cuda-graph-max-bs", lambda a: a.engine.cuda_graph_max_bs),
-    Flag("random-seed", lambda a: a.engine.random_seed),
+    *engine_flags("context-length", "chunked-prefill-size", "schedule-policy"),
+    *engine_flags("disable-radix-cache", kind="switch"),
+    *engine_flags("page-size", "speculative-algorithm", "speculative-draft-model-path", "speculative-num-steps"),
+    *engine_flags("speculative-eagle-topk", "speculative-num-draft-tokens", "quantization", "kv-cache-dtype"),
+    *engine_flags("mem-fraction-static", "max-running-requests"),
+    *engine_flags("disable-cuda-graph", kind="switch"),
+    *engine_flags("cuda-graph-max-bs", "random-seed"),
     Flag("disaggregation-mode", lambda a: a.mode),
     Flag("disaggregation-transfer-backend", lambda a: a.transfer_backend),
     Flag("disaggregation-bootstrap-port", lambda a: a.bootstrap_port if a.mode is not None else None),
     Flag("enable-lora", lambda a: a.lora, "switch"),
     Flag("lora-paths", lambda a: [f"{name}={path}" for name, path in a.adapters], "list"),
-    Flag("max-loras-per-batch", lambda a: a.engine.max_loras_per_batch if a.lora else None),
-    Flag("max-loaded-loras", lambda a: a.engine.max_loaded_loras if a.lora else None),
-    Flag("max-lora-rank", lambda a: a.engine.max_lora_rank if a.lora else None),
-    Flag("lora-backend", lambda a: a.engine.lora_backend if a.lora else None),
+    *lora_flags("max-loras-per-batch", "max-loaded-loras", "max-lora-rank", "lora-backend"),
 )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.schema import LMCacheSpec, VLLMEngineSpec
-from orchestrator.engines.flags import Flag, ServerArgs
+from orchestrator.engines.flags import Flag, ServerArgs, engine_flags, lora_flags
 
 
 @dataclass(frozen=True)
@@ -33,36 +33,30 @@ FLAGS: tuple[Flag[VLLMServerArgs], ...] = (
     Flag("model", lambda a: a.model_path),
     Flag("served-model-name", lambda a: a.served_name),
     Flag("tokenizer", lambda a: a.tokenizer),
-    Flag("host", lambda a: a.engine.host),
+    *engine_flags("host"),
     Flag("port", lambda a: a.port),
-    Flag("dtype", lambda a: a.engine.dtype),
-    Flag("max-model-len", lambda a: a.engine.max_model_len),
-    Flag("block-size", lambda a: a.engine.block_size),
-    Flag("max-num-batched-tokens", lambda a: a.engine.max_num_batched_tokens),
-    Flag("enable-chunked-prefill", lambda a: a.engine.enable_chunked_prefill, "bool"),
-    Flag("max-num-seqs", lambda a: a.engine.max_num_seqs),
-    Flag("enable-prefix-caching", lambda a: a.engine.enable_prefix_caching, "bool"),
-    Flag("enforce-eager", lambda a: a.engine.enforce_eager, "switch"),
-    Flag("gpu-memory-utilization", lambda a: a.engine.gpu_memory_utilization),
+    *engine_flags("dtype", "max-model-len", "block-size", "max-num-batched-tokens"),
+    *engine_flags("enable-chunked-prefill", kind="bool"),
+    *engine_flags("max-num-seqs"),
+    *engine_flags("enable-prefix-caching", kind="bool"),
+    *engine_flags("enforce-eager", kind="switch"),
+    *engine_flags("gpu-memory-utilization"),
     Flag("tensor-parallel-size", lambda a: a.tp if a.tp > 1 else None),
     Flag("pipeline-parallel-size", lambda a: a.pp if a.pp > 1 else None),
     # Inside a Ray task: keep vLLM's workers out of the outer Ray cluster.
     Flag("distributed-executor-backend", lambda a: "mp" if a.tp * a.pp > 1 else None),
-    Flag("kv-cache-dtype", lambda a: a.engine.kv_cache_dtype),
-    Flag("quantization", lambda a: a.engine.quantization),
-    Flag("speculative-config", lambda a: a.engine.speculative_config, "json"),
+    *engine_flags("kv-cache-dtype", "quantization"),
+    *engine_flags("speculative-config", kind="json"),
     Flag("kv-transfer-config", lambda a: a.kv_transfer_config, "json"),
-    Flag("seed", lambda a: a.engine.seed),
-    Flag("enable-prompt-tokens-details", lambda a: a.engine.enable_prompt_tokens_details, "switch"),
+    *engine_flags("seed"),
+    *engine_flags("enable-prompt-tokens-details", kind="switch"),
     Flag("enable-lora", lambda a: a.lora, "switch"),
     Flag(
         "lora-modules",
         lambda a: [f"{name}={path}" for name, path in a.adapters] if a.engine.lora_loading == "start" else None,
         "list",
     ),
-    Flag("max-loras", lambda a: a.engine.max_loras if a.lora else None),
-    Flag("max-lora-rank", lambda a: a.engine.max_lora_rank if a.lora else None),
-    Flag("max-cpu-loras", lambda a: a.engine.max_cpu_loras if a.lora else None),
+    *lora_flags("max-loras", "max-lora-rank", "max-cpu-loras"),
 )
 
 
