@@ -64,7 +64,14 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for b in a.batch:
         f = decode_floor(
-            arch, gpu.bandwidth_gb_s, gpu.bf16_tflops, b, a.context, a.tp, a.kv_cache_dtype, a.quantization
+            arch,
+            gpu.bandwidth_gb_s,
+            gpu.bf16_tflops,
+            batch=b,
+            context_tokens=a.context,
+            tp=a.tp,
+            kv_dtype=a.kv_cache_dtype,
+            quantization=a.quantization,
         )
         rows.append(
             [

@@ -94,7 +94,16 @@ def trial_decode_floor(spec: TrialSpec, batch: int = 1, context_tokens: int = 0)
         if kv_dtype in (None, "auto"):
             kv_dtype = "float32"
     tp = launched.tensor_parallel_size if launched else 1
-    return decode_floor(arch, hw[0], hw[1], max(1, batch), context_tokens, tp=tp, kv_dtype=kv_dtype, quantization=quant)
+    return decode_floor(
+        arch,
+        hw[0],
+        hw[1],
+        batch=max(1, batch),
+        context_tokens=context_tokens,
+        tp=tp,
+        kv_dtype=kv_dtype,
+        quantization=quant,
+    )
 
 
 def floor_metrics(

@@ -43,6 +43,7 @@ def decode_floor(
     arch: ModelArch,
     bandwidth_gb_s: float,
     peak_tflops: float,
+    *,
     batch: int = 1,
     context_tokens: int = 0,
     tp: int = 1,

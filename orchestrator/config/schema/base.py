@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 ArrivalKind = Literal["poisson", "gamma", "constant"]
+Share = Annotated[float, Field(ge=0, le=1)]  # a share of a whole: 0 to 1
+PositiveShare = Annotated[float, Field(gt=0, le=1)]  # a share that must be above 0 (a bar, a budget)
 
 
 class StrictModel(BaseModel):

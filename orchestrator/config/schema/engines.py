@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from .base import StrictModel
+from .base import PositiveShare, StrictModel
 from .launched import BaseEngineSpec, LaunchedEngineSpec, check_extra_args
 from .model import LoraRank
 
@@ -117,7 +117,7 @@ class VLLMEngineSpec(LaunchedEngineSpec):
     max_num_seqs: PositiveInt | None = None
     enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    gpu_memory_utilization: PositiveShare | None = None
     pipeline_parallel_size: PositiveInt = 1
     speculative_config: dict[str, Any] | None = None
     kv_transfer_config: dict[str, Any] | None = Field(default=None, description="set by hand; P/D and LMCache set it")
@@ -240,7 +240,7 @@ class SGLangEngineSpec(LaunchedEngineSpec):
     speculative_num_draft_tokens: PositiveInt | None = None
     speculative_draft_model_path: str | None = None
     kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"] | None = None
-    mem_fraction_static: float | None = Field(default=None, gt=0, le=1)
+    mem_fraction_static: PositiveShare | None = None
     max_running_requests: PositiveInt | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: PositiveInt | None = None

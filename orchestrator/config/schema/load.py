@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from .base import ArrivalKind, StrictModel
+from .base import ArrivalKind, PositiveShare, StrictModel
 
 TraceFormat = Literal["auto", "plain", "mooncake", "azure", "bailian"]
 
@@ -189,8 +189,8 @@ class CapacitySpec(StrictModel):
         description="metric -> highest allowed value, e.g. ttft_ms_p99: 2000 or "
         "short/itl_ms_p99: 300 (a request class's metric)",
     )
-    min_goodput_fraction: float | None = Field(
-        default=None, gt=0.0, le=1.0, description="goodput (workload.slo) >= this share of completions"
+    min_goodput_fraction: PositiveShare | None = Field(
+        default=None, description="goodput (workload.slo) >= this share of completions"
     )
     start: PositiveFloat = 1.0
     low: PositiveFloat | None = Field(default=None, description="lowest probe; default start / 16 (rate) or 1")
@@ -199,7 +199,7 @@ class CapacitySpec(StrictModel):
     precision: float = Field(default=0.1, gt=0.0, lt=1.0)
     max_probes: PositiveInt = 8
     time_budget_s: PositiveFloat | None = None
-    min_sustained: float = Field(default=0.9, gt=0.0, le=1.0)
+    min_sustained: PositiveShare = 0.9
     runs: PositiveInt = Field(
         default=3, description="the most runs of a probe too close to an SLO to tell (1: every probe decides at once)"
     )

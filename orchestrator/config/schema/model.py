@@ -12,7 +12,7 @@ from pydantic import (
     model_validator,
 )
 
-from .base import StrictModel
+from .base import PositiveShare, StrictModel
 
 
 class TinyTrainSpec(StrictModel):
@@ -27,7 +27,7 @@ class TinyTrainSpec(StrictModel):
     steps: PositiveInt = 2400
     batch_size: PositiveInt = Field(default=32, description="problems a step")
     lr: PositiveFloat = 1e-3
-    min_accuracy: float = Field(default=0.95, gt=0, le=1, description="on the validation problems, greedy")
+    min_accuracy: PositiveShare = Field(default=0.95, description="on the validation problems, greedy")
     extra_rounds: NonNegativeInt = 3
     threads: PositiveInt = 2
 
@@ -95,10 +95,8 @@ class TinyLoraSpec(StrictModel):
     steps: PositiveInt = 150
     batch_size: PositiveInt = 32
     lr: PositiveFloat = 2e-3
-    min_accuracy: float = Field(
+    min_accuracy: PositiveShare = Field(
         default=0.9,
-        gt=0,
-        le=1,
         description="on 200 validation problems (teacher-forced, sum and tag): below it after `steps`, it trains "
         "on, steps // 2 at lr / 2 a round, at most `extra_rounds` rounds; still below, it says so",
     )

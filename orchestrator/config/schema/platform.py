@@ -11,7 +11,7 @@ from pydantic import (
     field_validator,
 )
 
-from .base import StrictModel
+from .base import PositiveShare, StrictModel
 
 
 class SlateSpec(StrictModel):
@@ -52,10 +52,8 @@ class PlatformSpec(StrictModel):
     )
     cpus_per_trial: PositiveFloat = 1.0
     monitor_interval_s: PositiveFloat = 0.5
-    monitor_budget: float = Field(
+    monitor_budget: PositiveShare = Field(
         default=0.01,
-        gt=0.0,
-        le=1.0,
         description=(
             "share of wall time each kind of sample (memory, engine gauges, telemetry) may cost: a "
             "sample that cost c seconds waits max(its interval, c / monitor_budget) before the next; "

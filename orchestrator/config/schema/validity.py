@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat
 
-from .base import StrictModel
+from .base import PositiveShare, Share, StrictModel
 
 
 class ValiditySpec(StrictModel):
@@ -21,18 +21,14 @@ class ValiditySpec(StrictModel):
     max_send_lag_ms_p95: PositiveFloat = 10.0
     max_loop_lag_ms_p95: PositiveFloat = 10.0
     max_client_cpu_util: PositiveFloat = 0.9
-    max_coalesced_share: float = Field(
+    max_coalesced_share: Share = Field(
         default=0.2,
-        ge=0,
-        le=1,
         description="share of token chunks read in one read with an earlier one (one instant for both) "
         "above which ITL describes the client's reads, not the server",
     )
-    min_rate_ratio: float = Field(default=0.98, gt=0, le=1, description="achieved / scheduled rate")
-    max_stream_wait_share: float = Field(
+    min_rate_ratio: PositiveShare = Field(default=0.98, description="achieved / scheduled rate")
+    max_stream_wait_share: Share = Field(
         default=0.01,
-        ge=0,
-        le=1,
         description="share of a closed loop's stream time spent waiting for requests past the plan "
         "(no request in flight) above which the point held fewer streams than asked",
     )
@@ -58,25 +54,21 @@ class FidelitySpec(StrictModel):
     max_prompt_tokens_error: PositiveFloat = Field(
         default=0.1, description="median |server - plan| prompt tokens as a fraction of the plan"
     )
-    max_output_tokens_off: float = Field(
+    max_output_tokens_off: Share = Field(
         default=0.05,
-        ge=0,
-        le=1,
         description="fraction of requests whose completion tokens differ from the plan "
         "(with ignore_eos; without it, only longer ones count)",
     )
-    max_unexpected_hit_rate: float = Field(
-        default=0.1, ge=0, le=1, description="prefix-cache hit rate allowed on prompts that share no prefix"
+    max_unexpected_hit_rate: Share = Field(
+        default=0.1, description="prefix-cache hit rate allowed on prompts that share no prefix"
     )
-    min_hit_fraction: float = Field(
+    min_hit_fraction: Share = Field(
         default=0.5,
-        ge=0,
-        le=1,
         description="shared-prefix / multi-turn prompts with caching on: hit rate at least "
         "this fraction of what the workload implies",
     )
     max_preemptions_per_request: float = Field(default=0.1, ge=0)
-    max_rejected_fraction: float = Field(default=0.0, ge=0, le=1, description="requests refused with HTTP 4xx")
+    max_rejected_fraction: Share = Field(default=0.0, description="requests refused with HTTP 4xx")
     max_gap_ms: PositiveFloat | None = Field(
         default=50.0,
         description="client TTFT/ITL median above the top of the server histogram's bucket by "
