@@ -127,13 +127,20 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
         return env
 
     def _server(
-        self, spec: TrialSpec, role: Role, port: int, argv: list[str], gpus: tuple[int, ...], **more: Any
+        self,
+        spec: TrialSpec,
+        role: Role,
+        port: int,
+        argv: list[str],
+        gpus: tuple[int, ...],
+        name: str | None = None,
+        **more: Any,
     ) -> ServerLaunch:
-        """One vLLM server of the trial, named after its role unless ``more`` names it (``more``:
+        """One vLLM server of the trial, named after its role unless ``name`` is given (``more``:
         its env, files, scratch), with the fields every one shares."""
         engine = self.narrow(spec)
         return ServerLaunch(
-            name=more.pop("name") if "name" in more else role,
+            name=name or role,
             role=role,
             port=port,
             argv=argv,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.config.errors import ServerCrashedError
 from orchestrator.config.metric_keys import M
@@ -43,12 +44,12 @@ class Measured:
         self.points.append(result)
         self.crash = crash or self.crash
 
-    def metrics(self, spec: TrialSpec) -> dict[str, float]:
+    def metrics(self, spec: TrialSpec) -> tuple[dict[str, float], dict[str, Any]]:
         """The trial's own metrics: over its points, its starts, the floor at batch 1, its scores
-        and the capacity search's outcome (a held trial: what it held)."""
+        and the capacity search's outcome (a held trial: what it held); and the search's account."""
+        capacity_metrics, account = self.capacity.outcome() if self.capacity else ({}, {})
         if not self.measuring:
-            return dict(self.held)
-        capacity_metrics = self.capacity.outcome()[0] if self.capacity else {}
+            return dict(self.held), account
         return {
             **trial_metrics(self.points, self.starts[0] if self.starts else None),
             M.SERVER_STARTS: float(len(self.starts)),
@@ -56,7 +57,7 @@ class Measured:
             **floor_at_batch1(spec),
             **self.scores,
             **capacity_metrics,
-        }
+        }, account
 
     def telemetry(self) -> dict[str, str]:
         return {**self.telemetry_notes, **({"roofs": self.roof_note} if self.roof_note else {})}

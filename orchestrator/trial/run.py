@@ -286,6 +286,7 @@ class TrialRun:
     def result(self, status: TrialStatus, error: str | None, traces: bool = True) -> TrialResult:
         """The trial's result; ``traces``: with the profiler's trace files (not in checkpoints)."""
         got = self.got
+        metrics, capacity = got.metrics(self.spec)
         header = asdict(self.base)
         header["slate"] = header["slate"] or {}
         return TrialResult(
@@ -294,8 +295,8 @@ class TrialRun:
             error=hide(error, self.secrets) if error else error,
             ended_at=time.time(),
             points=list(got.points),
-            metrics=got.metrics(self.spec),
-            capacity=got.capacity.outcome()[1] if got.capacity else {},
+            metrics=metrics,
+            capacity=capacity,
             telemetry=got.telemetry(),
             records_parquet=got.records_parquet(),
             telemetry_parquet=got.telemetry_parquet(),
