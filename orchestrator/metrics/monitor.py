@@ -92,8 +92,7 @@ class ResourceMonitor:
         self.gpu_indices = gpu_indices or []
         self.budget = budget
         self.timeline = timeline  # every gauge sample also goes here (the engine's state over time)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sampler = telemetry.Background("resource-monitor")
         self._fastest = [float("inf")] * len(self._kinds())  # each kind's cheapest sample, over all points
         self._failed = [0] * len(self._fastest)  # each kind's failures in a row
         self.reset()
@@ -202,21 +201,14 @@ class ResourceMonitor:
         sends), then every interval in a daemon thread. A first sample in the thread ran beside
         the point's first sends and held them up: a /metrics scrape parsed under the GIL put 5 ms
         between the first and second request of a trace's burst (docs/benchmarks.md)."""
-        self.stop_thread()
+        self._sampler.stop()
         kinds = self._kinds()
         due = [0.0] * len(kinds)
         self._round(kinds, due)
-        self._stop = threading.Event()  # fresh per start: a slow old thread cannot be revived
-        self._thread = threading.Thread(
-            target=self._loop, args=(self._stop, kinds, due), name="resource-monitor", daemon=True
-        )
-        self._thread.start()
+        self._sampler.start(lambda stop: self._loop(stop, kinds, due))
 
     def stop_thread(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._sampler.stop()
 
     def stop(self) -> dict[str, float]:
         """Stop sampling; return ``memory_peak_gb`` and ``<gauge>_max`` metrics. Idempotent."""

@@ -23,7 +23,7 @@ import psutil
 from orchestrator.config.schema import PlatformSpec
 from orchestrator.metrics import nvml
 from orchestrator.metrics.monitor import process_tree
-from orchestrator.metrics.telemetry import Timeline, now
+from orchestrator.metrics.telemetry import Background, Timeline, now
 
 log = logging.getLogger(__name__)
 
@@ -223,8 +223,7 @@ class TelemetrySampler:
         self.cost_s = 0.0  # the samples' own CPU time, for the observer-effect benchmark
         self.samples = 0
         self._lock = threading.Lock()  # one sample at a time: the probes keep the previous sample
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sampler = Background("telemetry")
 
     def sample(self, timeout: float = -1) -> float:
         """One sample of every probe, stamped with the instant it starts; returns the stamp.
@@ -254,23 +253,19 @@ class TelemetrySampler:
         (:attr:`orchestrator.trial.points.PointMeasurer.clock`)."""
         return self.sample(timeout=self.EDGE_WAIT_S)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             t0, cpu0 = now(), time.thread_time()
             self.sample()
             wait = max(self.interval_s, (time.thread_time() - cpu0) / self.budget) - (now() - t0)
-            self._stop.wait(max(wait, 0.0))
+            stop.wait(max(wait, 0.0))
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
-        self._thread.start()
+        self._sampler.start(self._loop)
 
     def stop(self) -> None:
         """Stop, take a last sample and close the probes. Idempotent."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        if self._sampler.stop():
             self.edge()
         for probe in self.probes:
             try:

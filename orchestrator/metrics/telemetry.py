@@ -41,6 +41,34 @@ Row = tuple[float, str, str, float]
 RAPL_ROOT = Path("/sys/class/powercap")
 
 
+class Background:
+    """A daemon thread that runs ``loop(stop)`` until :meth:`stop`: how the samplers run beside a
+    measurement. Each start has a fresh stop event, so a slow thread of an earlier start cannot be
+    revived by a later one."""
+
+    JOIN_S = 5.0
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, loop: Callable[[threading.Event], None]) -> None:
+        self.stop()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=loop, args=(self._stop,), name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> bool:
+        """Stop the thread and wait for it (``JOIN_S`` at most); whether one was running. Idempotent."""
+        self._stop.set()
+        if self._thread is None:
+            return False
+        self._thread.join(timeout=self.JOIN_S)
+        self._thread = None
+        return True
+
+
 class Timeline:
     """Rows ``(t, source, name, value)``, appended from several threads."""
 
