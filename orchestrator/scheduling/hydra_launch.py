@@ -103,10 +103,12 @@ def launch_multirun(
     scrub_file(
         sweep_dir / "multirun.yaml", secret_values([list(config.hydra.overrides.task), *(d for _, d in configs)])
     )
-    # a knob search chooses its own next trials: its batches do not race, and hold some of its trials
-    searching = "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower()
+    # a knob search chooses its own next trials: its batches do not race, and hold some of its
+    # trials; a tuning's step is a race of its candidates beside the incumbent (a batch, raced)
+    sweeper = str(config.hydra.sweeper.get("_target_", "")).lower()
+    searching, tuning = "optuna" in sweeper, "tune" in sweeper
     _refuse_shared_parts([cfg.hydra.runtime.choices for cfg in job_cfgs])
-    jobs = prepare_jobs(configs, initial_job_idx, whole_sweep=not searching)
+    jobs = prepare_jobs(configs, initial_job_idx, whole_sweep=not (searching or tuning))
     sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
     results = run_sweep(
         jobs, sweep_dir, sweep_dir.name, sweep_params, continuing=initial_job_idx > 0, race=not searching
@@ -162,6 +164,8 @@ def trial_outcomes(jobs: list[Any], results: list[Any]) -> list[dict[str, Any]]:
             keys = dict.fromkeys([goal.key, *(goal.frontier.values() if goal.frontier else [])])
             outcome["values"] = {k: (v.value if (v := value_of(t, k, goal.at)) else None) for k in keys}
             outcome["feasible"], outcome["why"] = constraints_hold(t, goal, list(data.values()))
+        if t is not None:
+            outcome["trial"] = t  # the trial as the decisions read it, a race's runs folded in (a tuner's step)
         out.append(outcome)
     return out
 

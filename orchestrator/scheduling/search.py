@@ -36,9 +36,10 @@ SAMPLERS = ("tpe", "random", "nsga2")
 
 
 def search_space(
-    hydra_context: Any, params: dict[str, Any], arguments: list[str]
+    hydra_context: Any, params: dict[str, Any], arguments: list[str], sweeper: str = "optuna"
 ) -> tuple[list[str], dict[str, list[str]]]:
-    """(fixed overrides, {key: choices}) from the sweeper's params and the command line."""
+    """(fixed overrides, {key: choices}) from the sweeper's params and the command line; the
+    optuna sweeper needs choices, the tuner (``sweeper="tune"``) may have none."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     lines = [f"{k}={v}" for k, v in params.items()] + list(arguments)
@@ -49,11 +50,11 @@ def search_space(
         key = o.get_key_element()
         if o.is_sweep_override():
             if not o.is_discrete_sweep():
-                raise ConfigError(f"{key}: the optuna sweeper searches lists of choices (a,b,c); got {o.input_line!r}")
+                raise ConfigError(f"{key}: the {sweeper} sweeper takes lists of choices (a,b,c); got {o.input_line!r}")
             space[key] = [str(v) for v in o.sweep_string_iterator()]
         else:
             fixed.append(o.input_line or f"{key}={o.value()}")
-    if not space:
+    if not space and sweeper == "optuna":
         raise ConfigError(
             "hydra/sweeper=optuna: nothing to search; give choice lists (e.g. engine.block_size=32,64) "
             "or an experiment with hydra.sweeper.params"
@@ -61,13 +62,13 @@ def search_space(
     return fixed, space
 
 
-def objective_of(config: Any) -> ObjectiveSpec:
+def objective_of(config: Any, sweeper: str = "optuna") -> ObjectiveSpec:
     from omegaconf import OmegaConf
 
     raw = OmegaConf.to_container(config.objective, resolve=True) if config.get("objective") is not None else None
     if raw is None:
         raise ConfigError(
-            "hydra/sweeper=optuna needs an objective: set `objective` (e.g. "
+            f"hydra/sweeper={sweeper} needs an objective: set `objective` (e.g. "
             "'+objective={maximize:tokens_per_second}') or use an experiment that declares one"
         )
     try:

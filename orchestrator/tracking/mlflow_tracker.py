@@ -99,6 +99,13 @@ class MlflowTracker:
         """trial hash -> run id of a FINISHED trial run already in this experiment (for resume)."""
         return {h: run.info.run_id for h, run in self._finished_runs(hashes).items()}
 
+    def run_ids_of(self, hashes: Iterable[str]) -> list[str]:
+        """The run ids of every trial or repeat run of these trial hashes in this experiment."""
+        wanted = set(hashes)
+        return [
+            r.info.run_id for r in self._runs("tags.run_kind != 'sweep'") if r.data.tags.get("trial_hash") in wanted
+        ]
+
     def finished_results(self, hashes: Iterable[str]) -> dict[str, tuple[str, TrialResult]]:
         """trial hash -> (run id, the result it logged) of the latest FINISHED run of each, a trial's
         or a race's repeat, read back from its ``result.json`` artifact (the measurements without

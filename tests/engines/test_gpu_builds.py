@@ -17,6 +17,7 @@ from orchestrator.engines import vllm as vllm_adapter
 from orchestrator.engines.verify import Check, checks_for, run_checks
 from orchestrator.models import resolve_adapters
 from testkit.compose import compose_config
+from testkit.levers import lever_overrides
 from tests.conftest import CONF, ROOT
 
 pytestmark = pytest.mark.engines
@@ -42,13 +43,18 @@ def pinned(name: str) -> dict[str, str]:
 
 
 def gpu_trials():
-    """(experiment, variant, spec) of every variant every experiment defines, on platform=gpu."""
+    """(experiment, variant, spec) of every variant every experiment defines, on platform=gpu,
+    then every GPU move of the tuner's lever table (conf/tuning/levers.yaml) as ("levers", move, spec)."""
     for path in sorted((CONF / "experiment").glob("*.yaml")):
         base = compose_config([f"+experiment={path.stem}", "platform=gpu"])
         for variant in list(base.get("variants") or {}) or [None]:
             overrides = [f"+experiment={path.stem}", "platform=gpu"] + ([f"variant={variant}"] if variant else [])
             spec, _ = to_specs(compose_config(overrides))
             yield path.stem, variant, spec
+    for engine in ("vllm", "sglang"):
+        for move, overrides in lever_overrides(engine, "gpu"):
+            spec, _ = to_specs(compose_config(overrides))
+            yield "levers", move, spec
 
 
 def every_gpu_command(model: str) -> tuple[list[Check], list[str], set[str]]:

@@ -318,6 +318,8 @@ def test_decode_bandwidth_near_the_memory_floor():
     assert (at(1.2).limiter, at(1.2).confidence) == ("decode_bandwidth", "strong")
     assert at(2.0).confidence == "weak" and at(4.0).limiter == "none"
     assert at(1.2, compute_ms=9.0).limiter == "none"  # the compute floor is the higher one
+    below = at(0.9)  # faster than the floor: the floor does not hold there (a model in the CPU's caches)
+    assert below.limiter == "none" and "below the floor, so the floor does not hold here" in below.text()
 
 
 def test_ttft_parts_add_up_and_say_what_is_missing():

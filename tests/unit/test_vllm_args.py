@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import to_specs
-from orchestrator.engines import adapter_for
+from orchestrator.engines import LaunchContext, adapter_for
 from orchestrator.engines import vllm as vllm_adapter
+from testkit.levers import lever_overrides
 
 VLLM = adapter_for("vllm")
 
@@ -63,6 +64,23 @@ def test_generated_argv_parses(vllm_parser, compose, overrides):
         assert ns.speculative_config["num_speculative_tokens"] == 3
     # on: the flag; off: no flag, so vLLM's own default (not an `or` that a None/False mix passes)
     assert ns.enforce_eager is (True if e.enforce_eager else vllm_parser.get_default("enforce_eager"))
+
+
+LEVERS = [(f"{platform}: {name}", o) for platform in ("gpu", "cpu") for name, o in lever_overrides("vllm", platform)]
+
+
+@pytest.mark.parametrize("overrides", [o for _, o in LEVERS], ids=[n for n, _ in LEVERS])
+def test_every_tuning_lever_makes_command_lines_vllm_accepts(vllm_parser, compose, overrides):
+    """Each vLLM move of conf/tuning/levers.yaml, as a tuner's candidate gets it, composes,
+    validates and launches servers whose flags vLLM's parser takes (the GPU builds check the
+    same moves in tests/engines/test_gpu_builds.py)."""
+    spec, _ = to_specs(compose(overrides))
+    ports = iter(range(9100, 9200))
+    launches = VLLM.launches(spec, LaunchContext("/models/x", 8123, ports.__next__, "/tmp/trial"))
+    servers = [launch for launch in launches if launch.argv[1:3] == ["-m", vllm_adapter.SERVER_MODULE]]
+    assert servers
+    for launch in servers:
+        parse(vllm_parser, launch.argv)
 
 
 def test_cpu_env_and_unset_omp(compose):

@@ -100,6 +100,7 @@ class Thresholds:
     power_high: float = 0.8  # ... (weak)
     throttled_share: float = 0.5  # share of GPU samples with a throttle reason
     client_kept_up_lag_ms: float = 2.0  # event-loop lag p95 at most this: the client read on time
+    floor_below: float = 0.95  # TPOT under this share of its floor: the floor does not hold (not judged)
     floor_near: float = 1.5  # TPOT within this factor of its roofline floor (strong)
     floor_close: float = 2.5  # ... (weak)
     completion_share: float = 0.8  # an open loop's completions over those a server keeping up makes (strong)...

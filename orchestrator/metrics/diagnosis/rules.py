@@ -219,6 +219,13 @@ def _bandwidth(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None
     floor = r.decode_floor_ms or 0.0
     evidence = {M.DECODE_FLOOR_RATIO: ratio, M.DECODE_FLOOR_MS: floor}
     detail = f"TPOT p50 {r.tpot_ms_p50 or 0.0:.1f} ms is {ratio:.1f}x the memory floor {floor:.2f} ms of a step"
+    if ratio < th.floor_below:  # faster than the floor allows: the floor's bandwidth is not what limits here
+        s.notes.append(
+            f"{detail}: below the floor, so the floor does not hold here (weights read from a cache faster "
+            "than the memory bandwidth it assumes, e.g. a tiny model in the CPU's caches); decode bandwidth "
+            "is not judged"
+        )
+        return None
     if ratio <= th.floor_near:
         return Finding("decode_bandwidth", STRONG, detail, evidence)
     if ratio <= th.floor_close:

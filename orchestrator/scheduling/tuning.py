@@ -1,0 +1,379 @@
+"""The tuner (``hydra/sweeper=tune``): from a baseline configuration, act on its own diagnosis.
+
+Each step diagnoses the incumbent at the objective's point, proposes the levers of its limiter
+(then of its other findings; :mod:`orchestrator.decide.levers`), checks each candidate as a sweep
+would (its config composes and validates, the engine and the hardware accept it) and races the
+candidates beside the incumbent in one launch: fresh requests for the step (its own ``seed``),
+the same for every trial of a round, the race's pairing and confidence as in any sweep. The
+leader is adopted only when it beats the incumbent with that confidence
+(:func:`orchestrator.decide.tune.judge_step`); otherwise the next levers are tried. The tuning
+stops when no lever is left, at ``max_steps``, or when the next step would pass ``max_trials``
+or ``max_wall_s``; a path of several steps ends with the best raced against the baseline.
+
+Every trial is an ordinary trial of the launch (Ray, server reuse, results on disk before
+MLflow), so the same command run again measures nothing twice: its steps' trials are FINISHED
+in MLflow and read back, and the same decisions follow from the same numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.metric_keys import is_knob
+from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.decide.levers import Lever, Proposal, Space, load_levers, propose
+from orchestrator.decide.objective import value_of
+from orchestrator.decide.trials import TrialData
+from orchestrator.decide.tune import Step, causes_of, change_words, gain, judge_step, path_lines, point_at
+from orchestrator.decide.verdict import decide, race_over
+from orchestrator.feasibility import assess
+from orchestrator.scheduling.compose import SweepComposer
+from orchestrator.scheduling.jobs import TrialJob, prepare_jobs
+from orchestrator.scheduling.ray_exec import ray_kept_between_sweeps
+from orchestrator.scheduling.search import objective_of, search_space
+from orchestrator.scheduling.tuning_record import Raced, TuningRecord
+
+log = logging.getLogger(__name__)
+
+BASELINE = "baseline"
+SEED_STEP = 1000  # step k's requests: seed + k * SEED_STEP (fresh for the step, the same for its trials)
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A configuration the tuner runs: its name, its knobs that differ from the baseline's
+    overrides, and the lever that made it."""
+
+    name: str
+    knobs: dict[str, Any]  # knob -> value, set on top of the baseline
+    proposal: Proposal | None = None
+
+
+class Tuner:
+    """One tuning session: the launcher, the options, the path so far."""
+
+    def __init__(self, hydra_context: Any, config: Any, launcher: Any, arguments: list[str], options: dict[str, Any]):
+        self.launcher = launcher
+        self.config = config
+        fixed, lists = search_space(hydra_context, {}, arguments, sweeper="tune")
+        self.base_seed = int(config.get("seed") or 0)
+        self.fixed = [o for o in fixed if _key(o) != "seed"]
+        for o in fixed:
+            if _key(o) == "seed":
+                self.base_seed = int(o.split("=", 1)[1])
+        self.objective = _tunable(objective_of(config, sweeper="tune"))
+        self.levers = load_levers(options.get("levers"))
+        # a command line's list (engine.max_num_seqs=1,2,4,8) is the knob's space, its first value the baseline's
+        self.fixed += [f"{k}={vs[0]}" for k, vs in lists.items()]
+        self.space = Space.of(options.get("space"), {k: [_parsed(v) for v in vs] for k, vs in lists.items()})
+        _check_space(self.space, self.levers)
+        self.max_steps = int(options.get("max_steps", 6))
+        self.max_trials = int(options.get("max_trials", 40))
+        self.max_wall_s = float(options.get("max_wall_s") or 0) or None
+        self.per_step = max(1, int(options.get("candidates", 2)))
+        self.composer = SweepComposer(hydra_context.config_loader, config)
+        self.dry = bool(config.get("dry_run"))
+        self.sweep_dir = Path(str(config.hydra.sweep.dir)).expanduser().absolute()
+        self.steps: list[Step] = []
+        self.trials_run = 0
+        self.job_idx = 0
+        self.started = time.monotonic()
+        settings = self.job_of({}).settings
+        uri = settings.tracking.uri if settings.tracking.enabled and not self.dry else None
+        self.record = TuningRecord(self.sweep_dir, uri, settings.tracking.experiment_name or str(config.experiment))
+        self.seen: dict[str, str] = {}  # the knobs of every configuration run (json) -> its name
+
+    # -- configurations ---------------------------------------------------------------
+
+    def overrides(self, knobs: Mapping[str, Any], step: int) -> list[str]:
+        mine = {k for k in knobs}
+        kept = [o for o in self.fixed if _key(o) not in mine]
+        return [
+            *kept,
+            *(f"++{k}={hydra_value(v)}" for k, v in knobs.items()),
+            f"seed={self.base_seed + step * SEED_STEP}",
+        ]
+
+    def job_of(self, knobs: Mapping[str, Any]) -> TrialJob:
+        """The configuration as a validated job (a :class:`ConfigError` says why not)."""
+        lines = self.overrides(knobs, 0)
+        data, _ = self.composer.compose(lines, 0)
+        return prepare_jobs([(lines, data)], whole_sweep=False)[0]
+
+    def engine_knobs(self, job: TrialJob) -> dict[str, Any]:
+        return {f"engine.{k}": v for k, v in job.spec.engine.model_dump(mode="json").items()}
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> list[Any]:
+        base_job = self.job_of({})
+        engine = base_job.spec.engine.name
+        platform = "gpu" if base_job.spec.platform.device == "cuda" else "cpu"  # the lever table's words
+        self.say(
+            f"tune: baseline {' '.join(self.fixed) or '(the experiment as it is)'}; objective "
+            f"{'maximize' if self.objective.maximize else 'minimize'} {self.objective.key}"
+            + (f" at {self.objective.at}" if self.objective.at else "")
+            + f"; space: {self._space_words()}; at most {self.max_steps} steps, {self.max_trials} trials"
+        )
+        if self.dry:
+            return self.plan(base_job, engine, platform)
+        returns: list[Any] = []
+        with ray_kept_between_sweeps():
+            first = self.launch([Candidate(BASELINE, {})], 0, returns)
+            incumbent = Candidate(BASELINE, {})
+            trial = first.get(BASELINE)
+            if trial is None or trial.status != "FINISHED":
+                why = trial.error if trial is not None else "it did not run"
+                raise ConfigError(f"tune: the baseline did not finish ({why}); nothing to tune from")
+            tried: set[str] = set()
+            for k in range(1, self.max_steps + 1):
+                step, candidates = self.next_step(k, incumbent, trial, tried, engine, platform)
+                self.steps.append(step)
+                if not candidates:
+                    step.decision = "no lever left to try"
+                    self.say(f"tune: step {k}: {incumbent.name} {step.headline}; no lever left to try: stopping")
+                    self.passed_over(step)
+                    break
+                stop = self.over_budget(len(candidates) + 1)
+                if stop:
+                    step.decision = f"not run: {stop}"
+                    self.say(f"tune: step {k}: stopping before it ({stop})")
+                    break
+                self.say(
+                    f"tune: step {k}: {incumbent.name} {step.headline} -> trying "
+                    + "; ".join(f"{c.proposal.lever.name} ({c.name})" for c in candidates if c.proposal)
+                )
+                self.passed_over(step)
+                named = self.launch([incumbent, *candidates], k, returns)
+                adopted = self.judge(step, incumbent, candidates, named)
+                tried |= {_identity(c.knobs) for c in candidates}
+                if adopted is not None:
+                    incumbent = adopted
+                if named.get(incumbent.name) is not None:
+                    trial = named[incumbent.name]
+            self.finish(incumbent, returns)
+        return returns
+
+    def next_step(
+        self, k: int, incumbent: Candidate, trial: TrialData, tried: set[str], engine: str, platform: str
+    ) -> tuple[Step, list[Candidate]]:
+        """The step's diagnosis of the incumbent and the candidates its levers propose."""
+        point = point_at(trial, self.objective.at)
+        causes = causes_of(point) if point is not None else []
+        headline = point.diagnosis.get("headline", "not diagnosed") if point is not None else "measured no point"
+        step = Step(k, incumbent.name, str(headline), [c.cause for c in causes])
+        current = self.engine_knobs(self.job_of(incumbent.knobs))
+        chosen: list[Candidate] = []
+        for cause in causes:
+            for lever in self.levers.get(cause.cause, []):
+                if len(chosen) >= self.per_step:
+                    break
+                p = propose(cause.cause, lever, current, self.space, engine, platform, self.objective, cause.evidence)
+                if p.skip:
+                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": p.skip})
+                    continue
+                knobs = {**incumbent.knobs, **p.values}
+                identity = _identity(knobs)
+                if identity in tried or any(_identity(c.knobs) == identity for c in chosen):
+                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": "tried already"})
+                    continue
+                why = self.refused(knobs)
+                if why:
+                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": why})
+                    continue
+                name = self.seen.setdefault(identity, _name(knobs))
+                chosen.append(Candidate(name, knobs, p))
+                step.tried.append({"cause": cause.cause, "lever": lever.name, "name": name, "change": p.words(current)})
+        return step, chosen
+
+    def passed_over(self, step: Step) -> None:
+        for skipped in step.passed_over:
+            self.say(
+                f"tune: step {step.index}:   passed over {skipped['lever']} ({skipped['cause']}): {skipped['why']}"
+            )
+
+    def refused(self, knobs: Mapping[str, Any]) -> str:
+        """Why the configuration cannot run (its config, the engine, the hardware), or ''."""
+        try:
+            job = self.job_of(knobs)
+        except ConfigError as exc:
+            text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            return text.split("]: ", 1)[-1][:300]
+        return assess(job.spec) or ""
+
+    def over_budget(self, trials: int) -> str:
+        if self.trials_run + trials > self.max_trials:
+            return f"max_trials {self.max_trials}: {self.trials_run} run, the step needs {trials} or more"
+        spent = time.monotonic() - self.started
+        if self.max_wall_s is not None and spent >= self.max_wall_s:
+            return f"max_wall_s {self.max_wall_s:g}: {spent:.0f} s spent"
+        return ""
+
+    def launch(self, candidates: Sequence[Candidate], step: int, returns: list[Any]) -> dict[str, TrialData]:
+        """Run the step's configurations as one raced launch; each one's trial data by name."""
+        lines = [self.overrides(c.knobs, step) for c in candidates]
+        results = self.launcher.launch(lines, initial_job_idx=self.job_idx)
+        self.job_idx += len(lines)
+        returns.append(results)
+        named: dict[str, TrialData] = {}
+        for c, ret in zip(candidates, results):
+            out = ret.return_value if isinstance(ret.return_value, dict) else {}
+            trial = out.get("trial")
+            if trial is None:
+                trial = TrialData(c.name, str(out.get("status", "NOT_RUN")), {}, {}, [], error=str(out.get("why", "")))
+            named[c.name] = dataclasses.replace(trial, name=c.name)
+            self.trials_run += 1 + len(trial.runs)
+        return named
+
+    def judge(
+        self, step: Step, incumbent: Candidate, candidates: list[Candidate], named: dict[str, TrialData]
+    ) -> Candidate | None:
+        """The step's race: adopt a candidate that beats the incumbent, or keep it."""
+        for name, t in named.items():
+            v = value_of(t, self.objective.key, self.objective.at) if t.status == "FINISHED" else None
+            if v is not None:
+                step.values[name] = (v.value, v.ci95 or 0.0)
+        verdict = decide(list(named.values()), self.objective)
+        out_of_race = [f"{t.name}: {why}" for t, why in verdict.excluded]
+        state = race_over(verdict.feasible, self.objective) if len(verdict.feasible) >= 2 else None
+        outcome = judge_step(state, incumbent.name, self.objective.key)
+        step.decision = outcome.words + (f" (out of the race: {'; '.join(out_of_race)})" if out_of_race else "")
+        if outcome.adopted is not None and outcome.comparison is not None:
+            step.adopted = outcome.adopted
+            step.gain = gain(outcome.comparison)
+            step.log_scale = outcome.comparison.log_scale
+        self.say(f"tune: step {step.index}: {step.decision}")
+        raced = [Raced(c.name, c is incumbent, c.proposal, named.get(c.name)) for c in [incumbent, *candidates]]
+        self.record.tag_step(step, raced)
+        return next((c for c in candidates if c.name == outcome.adopted), None)
+
+    def finish(self, best: Candidate, returns: list[Any]) -> None:
+        """The best against the baseline (raced again when the path took several steps), the path
+        in words, the files and the MLflow tags."""
+        lines = path_lines(self.steps, self.objective)
+        adopted = [s for s in self.steps if s.adopted]
+        against = "the baseline is the best configuration found"
+        if len(adopted) == 1:
+            against = f"{best.name} against the baseline: {self.objective.key} {_gain_words(adopted[0])}"
+        elif adopted:
+            stop = self.over_budget(2)
+            if stop:
+                against = f"{best.name} against the baseline: not raced ({stop})"
+            else:
+                self.say(f"tune: racing {best.name} against the baseline")
+                k = len(self.steps) + 1
+                named = self.launch([Candidate(BASELINE, {}), best], k, returns)
+                final = Step(k, BASELINE, "", [])
+                self.judge(final, Candidate(BASELINE, {}), [best], named)
+                against = f"{best.name} against the baseline: {self.objective.key} " + (
+                    _gain_words(final) if final.adopted else final.decision
+                )
+        best_words = f"Best: {best.name}" + (f" ({_knob_words(best.knobs)})" if best.name != _name(best.knobs) else "")
+        summary = [*lines, f"{best_words}; {against}. {self.trials_run} trials."]
+        for line in summary:
+            self.say(f"tune: {line}")
+        self.record.write(
+            self.objective, self.steps, {"name": best.name, "knobs": best.knobs}, self.trials_run, summary
+        )
+
+    def plan(self, base_job: TrialJob, engine: str, platform: str) -> list[Any]:
+        """A dry run: the baseline's plan, and the levers it would consider first (every cause's,
+        in the table's order, since nothing is diagnosed yet)."""
+        returns = [self.launcher.launch([self.overrides({}, 0)], initial_job_idx=0)]
+        current = self.engine_knobs(base_job)
+        self.say("tune: dry run: nothing measured. The levers it would consider, by what the diagnosis names:")
+        for cause, levers in self.levers.items():
+            for lever in levers:
+                p = propose(cause, lever, current, self.space, engine, platform, self.objective)
+                why = p.skip or self.refused({**p.values})
+                self.say(f"tune:   {cause}: {lever.name}: " + (f"passed over ({why})" if why else p.words(current)))
+        return returns
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+
+    def _space_words(self) -> str:
+        if not self.space.only:
+            return "every knob a lever names"
+        parts = [f"{k} in {list(v)}" for k, v in self.space.lists.items()]
+        parts += [f"{k} in [{lo:g}, {hi:g}]" for k, (lo, hi) in self.space.ranges.items()]
+        return ", ".join(parts)
+
+
+def run_tuning(hydra_context: Any, config: Any, launcher: Any, arguments: list[str], options: dict[str, Any]) -> Any:
+    """The body of ``hydra/sweeper=tune``."""
+    return Tuner(hydra_context, config, launcher, arguments, options).run()
+
+
+def _tunable(objective: ObjectiveSpec) -> ObjectiveSpec:
+    if is_knob(objective.key):
+        raise ConfigError(
+            f"hydra/sweeper=tune: the objective {objective.key} is a knob; the tuner needs a measured metric: "
+            "replace it, e.g. '~objective' '+objective={maximize: tokens_per_second}'"
+        )
+    return objective
+
+
+def _check_space(space: Space, levers: Mapping[str, list[Lever]]) -> None:
+    if not space.only:
+        return
+    named = {k for rows in levers.values() for lever in rows for k in lever.change}
+    if not named & ({*space.lists, *space.ranges}):
+        raise ConfigError(
+            "hydra.sweeper.space: no lever moves any of its knobs ("
+            + ", ".join([*space.lists, *space.ranges])
+            + "); the levers move: "
+            + ", ".join(sorted(named))
+        )
+
+
+def _gain_words(step: Step) -> str:
+    return change_words(*step.gain, step.log_scale) if step.gain is not None else "no gain measured"
+
+
+def _identity(knobs: Mapping[str, Any]) -> str:
+    return json.dumps(dict(sorted(knobs.items())), sort_keys=True, default=str)
+
+
+def _name(knobs: Mapping[str, Any]) -> str:
+    return _knob_words(knobs).replace(" ", "") or BASELINE
+
+
+def _knob_words(knobs: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k.removeprefix('engine.')}={hydra_value(v)}" for k, v in knobs.items())
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _parsed(value: str) -> Any:
+    """A command line's choice as a value (``8`` an int, ``true`` a bool)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
+def hydra_value(value: Any) -> str:
+    """A value as Hydra's override grammar reads it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    return text if text.replace("_", "").replace("-", "").replace(".", "").isalnum() else json.dumps(text)

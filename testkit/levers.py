@@ -1,0 +1,48 @@
+"""The lever table's moves as the trials they make: each default row that applies to an engine
+on a platform, proposed from a baseline where every knob it moves is set, as the overrides a
+tuner's candidate gets (for the engines' parsers: tests/unit/test_vllm_args.py on vLLM's CPU
+build, tests/engines/test_gpu_builds.py on the pinned GPU builds)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.decide.levers import Space, load_levers, propose
+from orchestrator.scheduling.tuning import hydra_value
+
+# a baseline in which every knob a lever steps from is set (a relative move needs a value)
+BASELINES = {
+    "vllm": {
+        "engine.max_num_seqs": 64,
+        "engine.max_num_batched_tokens": 2048,
+        "engine.enable_chunked_prefill": True,
+        "engine.gpu_memory_utilization": 0.85,
+        "engine.cpu_kvcache_space_gib": 4,
+        "engine.max_model_len": 4096,
+        "engine.tensor_parallel_size": 1,
+    },
+    "sglang": {
+        "engine.max_running_requests": 64,
+        "engine.chunked_prefill_size": 2048,
+        "engine.tensor_parallel_size": 1,
+        "engine.disable_radix_cache": True,
+    },
+}
+GUARDED = ObjectiveSpec(maximize="tokens_per_second", subject_to={"accuracy": 0.5})  # accuracy rows apply
+DEMAND = {"running_max": 64.0, "waiting_max": 64.0}
+
+
+def lever_overrides(engine: str, platform: str) -> Iterator[tuple[str, list[str]]]:
+    """(cause/lever, overrides) of every default lever that applies to ``engine`` on ``platform``."""
+    base = BASELINES[engine]
+    for cause, levers in load_levers().items():
+        for lever in levers:
+            p = propose(cause, lever, base, Space.of(None), engine, platform, GUARDED, DEMAND)
+            if p.skip:
+                continue
+            knobs = {**base, **p.values}
+            overrides = [f"engine={engine}", f"platform={platform}"] + [
+                f"++{k}={hydra_value(v)}" for k, v in knobs.items()
+            ]
+            yield f"{cause}/{lever.name}", overrides

@@ -1,0 +1,212 @@
+"""The tuner's pure parts: the lever table, what a lever proposes within a space, the causes it
+acts on, and when a step's race adopts a candidate (orchestrator.decide.levers / tune)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.decide.levers import CAUSES, Lever, Space, load_levers, propose
+from orchestrator.decide.race import race_state
+from orchestrator.decide.trials import Point
+from orchestrator.decide.tune import causes_of, gain, judge_step
+from orchestrator.scheduling.tuning import _name, hydra_value
+
+THROUGHPUT = ObjectiveSpec(maximize="tokens_per_second")
+
+
+def lever(**change: dict) -> Lever:
+    return Lever.model_validate({"name": "l", "change": change})
+
+
+def test_the_default_table_loads_and_names_known_causes() -> None:
+    table = load_levers()
+    assert set(table) <= set(CAUSES)
+    assert table["batch_slots"][1].change["engine.max_num_seqs"].times == 2
+    assert "prefix_reuse_missed" in table
+
+
+def test_a_users_file_replaces_a_causes_rows_and_keeps_the_others(tmp_path) -> None:
+    f = tmp_path / "mine.yaml"
+    f.write_text("batch_slots:\n  - {name: four times, change: {engine.max_num_seqs: {times: 4}}}\n")
+    table = load_levers(f)
+    assert [x.name for x in table["batch_slots"]] == ["four times"]
+    assert table["kv_capacity"] == load_levers()["kv_capacity"]
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        (
+            "batch_slots:\n  - {name: x, change: {engine.max_num_seqz: {times: 2}}}\n",
+            "engine.max_num_seqz is no engine knob",
+        ),
+        ("slow_disks:\n  - {name: x, change: {engine.max_num_seqs: {times: 2}}}\n", "'slow_disks' is no cause"),
+        ("batch_slots:\n  - {name: x, change: {engine.max_num_seqs: {times: 2, plus: 1}}}\n", "exactly one of"),
+        ("batch_slots: 3\n", "expected a list of moves"),
+    ],
+)
+def test_a_bad_lever_file_is_refused_naming_the_file_and_row(tmp_path, text: str, said: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_levers(f)
+    assert said in str(err.value) and "bad.yaml" in str(err.value)
+
+
+def test_a_relative_move_steps_from_the_current_value() -> None:
+    p = propose(
+        "batch_slots",
+        lever(**{"engine.max_num_seqs": {"times": 2}}),
+        {"engine.max_num_seqs": 3},
+        Space.of(None),
+        "vllm",
+        "cpu",
+        THROUGHPUT,
+    )
+    assert p.values == {"engine.max_num_seqs": 6} and not p.skip
+    assert p.words({"engine.max_num_seqs": 3}) == "max_num_seqs 3 -> 6"
+
+
+def test_a_listed_knob_moves_to_the_next_listed_value_and_stops_at_the_end() -> None:
+    space = Space.of({"engine.max_num_seqs": [1, 4, 16]})
+    up = lever(**{"engine.max_num_seqs": {"times": 2}})
+    assert propose("batch_slots", up, {"engine.max_num_seqs": 4}, space, "vllm", "cpu", THROUGHPUT).values == {
+        "engine.max_num_seqs": 16
+    }
+    end = propose("batch_slots", up, {"engine.max_num_seqs": 16}, space, "vllm", "cpu", THROUGHPUT)
+    assert "end of the space" in end.skip
+
+
+def test_a_range_bounds_a_move() -> None:
+    space = Space.of({"engine.max_num_seqs": {"min": 1, "max": 5}})
+    up = lever(**{"engine.max_num_seqs": {"times": 2}})
+    assert propose("b", up, {"engine.max_num_seqs": 4}, space, "vllm", "cpu", THROUGHPUT).values == {
+        "engine.max_num_seqs": 5
+    }
+    assert "bound" in propose("b", up, {"engine.max_num_seqs": 5}, space, "vllm", "cpu", THROUGHPUT).skip
+
+
+@pytest.mark.parametrize(
+    "row, current, space, why",
+    [
+        ({"change": {"engine.max_num_seqs": {"times": 2}}}, {}, None, "unset"),
+        (
+            {"change": {"engine.max_num_seqs": {"times": 2}}, "engine": "sglang"},
+            {"engine.max_num_seqs": 2},
+            None,
+            "a sglang lever",
+        ),
+        ({"change": {"engine.kv_cache_dtype": {"to": "fp8"}}, "platform": "gpu"}, {}, None, "a gpu lever"),
+        ({"change": {"engine.kv_cache_dtype": {"to": "fp8"}}, "accuracy": True}, {}, None, "no accuracy constraint"),
+        (
+            {
+                "change": {"engine.max_num_batched_tokens": {"times": 0.5}},
+                "requires": {"engine.enable_chunked_prefill": True},
+            },
+            {"engine.max_num_batched_tokens": 512},
+            None,
+            "needs engine.enable_chunked_prefill=true first",
+        ),
+        (
+            {"change": {"engine.max_num_seqs": {"times": 2}}},
+            {"engine.max_num_seqs": 2},
+            {"engine.block_size": [16, 32]},
+            "not in the search space",
+        ),
+        (
+            {"change": {"engine.enable_prefix_caching": {"to": True}}},
+            {"engine.enable_prefix_caching": True},
+            None,
+            "changes nothing",
+        ),
+        ({"change": {"engine.disable_radix_cache": {"to": False}}}, {}, None, "vllm has no engine.disable_radix_cache"),
+    ],
+)
+def test_a_lever_that_cannot_apply_is_passed_over_with_its_reason(row, current, space, why) -> None:
+    p = propose("c", Lever.model_validate({"name": "l", **row}), current, Space.of(space), "vllm", "cpu", THROUGHPUT)
+    assert why in p.skip and not p.values
+
+
+def test_an_accuracy_lever_applies_under_an_accuracy_constraint() -> None:
+    guarded = ObjectiveSpec(maximize="tokens_per_second", subject_to={"accuracy": 0.8})
+    row = Lever.model_validate({"name": "fp8", "change": {"engine.kv_cache_dtype": {"to": "fp8"}}, "accuracy": True})
+    assert propose("kv_capacity", row, {}, Space.of(None), "vllm", "gpu", guarded).values == {
+        "engine.kv_cache_dtype": "fp8"
+    }
+
+
+def test_a_space_entry_that_is_neither_a_list_nor_a_range_is_refused() -> None:
+    with pytest.raises(ConfigError, match="hydra.sweeper.space.engine.max_num_seqs"):
+        Space.of({"engine.max_num_seqs": 8})
+    with pytest.raises(ConfigError, match="no key"):
+        Space.of({"engine.max_num_seqz": [1, 2]})
+
+
+def point(diagnosis: dict, metrics: dict | None = None) -> Point:
+    return Point(0, "c4", {"concurrency": 4}, metrics or {}, diagnosis=diagnosis)
+
+
+def test_the_causes_start_with_the_limiter_and_leave_out_the_client_and_none() -> None:
+    p = point(
+        {
+            "limiter": "batch_slots",
+            "findings": [
+                {"cause": "prefill_interference", "confidence": "weak", "detail": "2 stalls"},
+                {"cause": "batch_slots", "confidence": "strong", "detail": "up to 6 waited while 2 ran"},
+                {"cause": "client", "confidence": "weak", "detail": ""},
+            ],
+        }
+    )
+    causes = causes_of(p)
+    assert [c.cause for c in causes] == ["batch_slots", "prefill_interference"]
+    assert causes[0].words() == "batch slots (strong: up to 6 waited while 2 ran)"
+
+
+def test_prefix_reuse_missed_when_the_workload_reuses_and_the_server_does_not() -> None:
+    missed = causes_of(point({"limiter": "none", "findings": []}, {"trace_ideal_prefix_share": 0.6}))
+    assert [c.cause for c in missed] == ["prefix_reuse_missed"]
+    hit = {"trace_ideal_prefix_share": 0.6, "server_prefix_cache_hit_rate": 0.5}
+    assert causes_of(point({"limiter": "none", "findings": []}, hit)) == []
+
+
+def test_a_step_adopts_a_candidate_only_when_it_beats_the_incumbent_with_confidence() -> None:
+    runs = {"baseline": [100.0, 102.0, 99.0, 101.0], "max_num_seqs=4": [160.0, 163.0, 158.0, 161.0]}
+    state = race_state(runs, maximize=True, margin=0.05, reference=4)
+    out = judge_step(state, "baseline")
+    assert out.adopted == "max_num_seqs=4" and out.comparison is not None
+    mid, lo, hi = gain(out.comparison)
+    assert lo < mid < hi and 0.5 < mid < 0.7
+    assert "adopted: +60%" in out.words
+
+
+def test_a_tie_or_a_leading_incumbent_keeps_the_incumbent() -> None:
+    tie = {"baseline": [100.0, 101.0, 99.0, 100.5], "x": [100.2, 100.8, 99.5, 100.1]}
+    out = judge_step(race_state(tie, maximize=True, margin=0.1, reference=4), "baseline")
+    assert out.adopted is None and "the incumbent stays" in out.words
+    worse = {"baseline": [100.0, 101.0, 99.0, 100.5], "x": [70.0, 71.0, 69.0, 70.5]}
+    out = judge_step(race_state(worse, maximize=True, margin=0.05, reference=4), "baseline")
+    assert out.adopted is None and "-30%" in out.words
+
+
+def test_override_values_read_back_as_hydra_reads_them() -> None:
+    assert hydra_value(True) == "true" and hydra_value(None) == "null" and hydra_value(0.5) == "0.5"
+    assert hydra_value({"method": "ngram", "num_speculative_tokens": 3}) == "{method:ngram,num_speculative_tokens:3}"
+    assert (
+        _name({"engine.max_num_seqs": 4, "engine.enable_chunked_prefill": True})
+        == "max_num_seqs=4,enable_chunked_prefill=true"
+    )
+
+
+def test_a_demand_move_takes_the_slots_the_finding_saw_as_the_space_allows() -> None:
+    row = Lever.model_validate({"name": "demand", "change": {"engine.max_num_seqs": {"demand": True}}})
+    seen = {"running_max": 1.0, "waiting_max": 30.0}
+    listed = Space.of({"engine.max_num_seqs": [1, 2, 4, 8, 16, 64]})
+    p = propose("batch_slots", row, {"engine.max_num_seqs": 1}, listed, "vllm", "cpu", THROUGHPUT, seen)
+    assert p.values == {"engine.max_num_seqs": 64}  # the smallest listed value that holds 31
+    ranged = Space.of({"engine.max_num_seqs": {"min": 1, "max": 16}})
+    assert propose("b", row, {"engine.max_num_seqs": 1}, ranged, "vllm", "cpu", THROUGHPUT, seen).values == {
+        "engine.max_num_seqs": 16
+    }
+    assert "no demand" in propose("b", row, {"engine.max_num_seqs": 1}, listed, "vllm", "cpu", THROUGHPUT).skip
