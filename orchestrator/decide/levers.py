@@ -225,10 +225,12 @@ def _moved(knob: str, change: Change, value: Any, space: Space, evidence: Mappin
     if listed is not None and change.direction != 0:
         if value not in listed:
             return None, f"{knob} is {_show(value)}, not one of the space's values {list(listed)}"
-        i = listed.index(value) + change.direction
-        if not 0 <= i < len(listed):
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in listed)
+        ordered = sorted(listed) if numeric else list(listed)  # up and down by value, whatever the list's order
+        i = ordered.index(value) + change.direction
+        if not 0 <= i < len(ordered):
             return None, f"{knob} is at the end of the space's values ({_show(value)})"
-        return listed[i], ""
+        return ordered[i], ""
     if change.direction == 0:
         if listed is not None and change.to not in listed:
             return None, f"{knob}: {_show(change.to)} is not one of the space's values {list(listed)}"

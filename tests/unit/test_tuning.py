@@ -77,6 +77,12 @@ def test_a_listed_knob_moves_to_the_next_listed_value_and_stops_at_the_end() -> 
     }
     end = propose("batch_slots", up, {"engine.max_num_seqs": 16}, space, "vllm", "cpu", THROUGHPUT)
     assert "end of the space" in end.skip
+    down = lever(**{"engine.max_num_batched_tokens": {"times": 0.5}})
+    written_high_first = Space.of({"engine.max_num_batched_tokens": [2048, 512, 1024]})
+    current = {"engine.max_num_batched_tokens": 2048}
+    assert propose("p", down, current, written_high_first, "vllm", "cpu", THROUGHPUT).values == {
+        "engine.max_num_batched_tokens": 1024
+    }
 
 
 def test_a_range_bounds_a_move() -> None:

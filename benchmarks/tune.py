@@ -1,0 +1,181 @@
+"""The tuner against the full grid and Optuna's TPE, on real vLLM CPU servers, per scenario.
+
+    python -m benchmarks.tune                              # every scenario, TPE with seed 0
+    python -m benchmarks.tune --scenarios batch_slots --tpe-seeds 0 1 2
+
+Each scenario is a baseline known to be badly configured, a small space whose first limiter is
+a different cause, and an objective. For each:
+
+* the grid runs every configuration of the space once, raced by the objective's race where the
+  top ones are close (the product's own sweep); its verdict is the best configuration;
+* the tuner (``hydra/sweeper=tune``) starts from the baseline;
+* TPE (``hydra/sweeper=optuna``) gets as many trials as the tuner ran, per seed.
+
+Trials are trial runs (a race's repeats count). A method reaches the grid's best when its best
+configuration is the grid's, or is tied with it within the objective's margin by the grid's own
+numbers. Prints a table (docs/tuning.md keeps it with its date and machine)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    cause: str  # the baseline's first limiter, as the scenario is built
+    fixed: list[str]  # the experiment and what the grid and the tuner share
+    space: dict[str, list[str]]  # knob -> values, the baseline's first
+    key: str  # the objective's metric
+    maximize: bool
+    at: str | None = None
+
+
+SCENARIOS = {
+    "batch_slots": Scenario(
+        "batch_slots",
+        "batch slots",
+        ["+experiment=continuous_batching", "+objective.max_repeats=3"],
+        {"engine.max_num_seqs": ["1", "2", "4", "8", "16"]},
+        "tokens_per_second",
+        True,
+    ),
+    "prefill_interference": Scenario(
+        "prefill_interference",
+        "prefill interference",
+        [
+            "+experiment=chunked_prefill",
+            "per_platform.cpu.workload.load_points=[{concurrency:4}]",
+            "~objective",
+            "+objective={minimize:short/itl_ms_p99,at:c4,subject_to:{long/ttft_ms_p99:3000},max_repeats:3}",
+        ],
+        {
+            "engine.enable_chunked_prefill": ["false", "true"],
+            "engine.max_num_batched_tokens": ["2048", "1024", "512", "256"],
+        },
+        "short/itl_ms_p99",
+        False,
+        "c4",
+    ),
+}
+
+
+def run(argv: list[str]) -> tuple[float, str]:
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "orchestrator", *argv], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode not in (0, 4):  # 4: a race undecided after its budget
+        raise RuntimeError(p.stdout[-3000:] + p.stderr[-3000:])
+    return time.monotonic() - t0, p.stdout
+
+
+def experiment_of(s: Scenario) -> str:
+    return s.fixed[0].split("=", 1)[1]
+
+
+def measured(store: str, s: Scenario) -> tuple[dict[str, float], int]:
+    """Each configuration's value of the objective (mean over its runs; knobs as a key) and the
+    trial runs measured, from the store."""
+    from orchestrator.config.schema import ObjectiveSpec
+    from orchestrator.decide.objective import value_of
+    from orchestrator.tracking.runs import from_mlflow
+
+    data = from_mlflow(store, experiment_of(s))
+    goal = ObjectiveSpec.model_validate({("maximize" if s.maximize else "minimize"): s.key, "at": s.at})
+    values: dict[str, float] = {}
+    runs = 0
+    for t in data.finished:
+        runs += 1 + len(t.runs)
+        v = value_of(t, goal.key, goal.at)
+        if v is not None:
+            values[config_key(t.params, s)] = v.value
+    return values, runs
+
+
+def config_key(params: dict[str, Any], s: Scenario) -> str:
+    return ",".join(f"{k.removeprefix('engine.')}={str(params.get(k)).lower()}" for k in s.space)
+
+
+def reached(best: str | None, grid: dict[str, float], grid_best: str, s: Scenario, margin: float = 0.1) -> str:
+    if best is None:
+        return "no best"
+    if best == grid_best:
+        return "yes (the grid's best)"
+    v, b = grid.get(best), grid[grid_best]
+    if v is None:
+        return f"no ({best}: not measured by the grid)"
+    gap = (b - v) / b if s.maximize else (v - b) / b
+    return f"yes (a tie: {gap:+.0%} of the grid's best)" if gap <= margin else f"no ({best}: {gap:+.0%} off)"
+
+
+def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[tuple[str, int, float, str, str]]:
+    lists = [f"{k}={','.join(v)}" for k, v in s.space.items()]
+    rows = []
+    store = f"sqlite:///{tmp}/{s.name}-grid.db"
+    wall, _ = run([*s.fixed, *lists, f"tracking.uri={store}", f"hydra.sweep.dir={tmp}/{s.name}-grid", "-m"])
+    grid, runs = measured(store, s)
+    grid_best = (max if s.maximize else min)(grid, key=lambda k: grid[k])
+    rows.append(("grid", runs, wall, grid_best, "-"))
+    store = f"sqlite:///{tmp}/{s.name}-tune.db"
+    sweep = f"{tmp}/{s.name}-tune"
+    wall, out = run([*s.fixed, *lists, "hydra/sweeper=tune", f"tracking.uri={store}", f"hydra.sweep.dir={sweep}", "-m"])
+    path = json.loads((Path(sweep) / "report" / "tuning.json").read_text())
+    knobs = {**{k: v[0] for k, v in s.space.items()}, **{k: str(v).lower() for k, v in path["best"]["knobs"].items()}}
+    tuned = config_key(knobs, s)
+    rows.append(("tuner", path["trials"], wall, tuned, reached(tuned, grid, grid_best, s)))
+    print("\n".join(line for line in out.splitlines() if line.startswith("tune: step") and "passed over" not in line))
+    for seed in tpe_seeds:
+        store = f"sqlite:///{tmp}/{s.name}-tpe{seed}.db"
+        wall, out = run(
+            [
+                *s.fixed,
+                *lists,
+                "hydra/sweeper=optuna",
+                f"hydra.sweeper.n_trials={path['trials']}",
+                f"hydra.sweeper.seed={seed}",
+                f"hydra.sweeper.storage=sqlite:///{tmp}/{s.name}-optuna{seed}.db",
+                f"tracking.uri={store}",
+                f"hydra.sweep.dir={tmp}/{s.name}-tpe{seed}",
+                "-m",
+            ]
+        )
+        found, runs = measured(store, s)
+        best = (max if s.maximize else min)(found, key=lambda k: found[k]) if found else None
+        rows.append((f"TPE seed {seed}", runs, wall, best or "-", reached(best, grid, grid_best, s)))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS))
+    ap.add_argument("--tpe-seeds", nargs="*", type=int, default=[0])
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.scenarios:
+            s = SCENARIOS[name]
+            rows = scenario_rows(s, tmp, a.tpe_seeds)
+            size = 1
+            for v in s.space.values():
+                size *= len(v)
+            print(
+                f"\n{s.name}: baseline {', '.join(f'{k}={v[0]}' for k, v in s.space.items())} (first limiter: "
+                f"{s.cause}); space of {size} configurations; {'maximize' if s.maximize else 'minimize'} {s.key}"
+            )
+            print("| method | trials | wall s | best configuration | reached the grid's best |\n|---|---|---|---|---|")
+            for method, n, wall, best, ok in rows:
+                print(f"| {method} | {n} | {wall:.0f} | {best} | {ok} |", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
