@@ -159,6 +159,7 @@ class Step:
     gain: tuple[float, float, float] | None = None  # of the adopted candidate, against the incumbent
     log_scale: bool = True
     values: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (mean, 95% half-width)
+    unjudged: list[str] = field(default_factory=list)  # what the incumbent's diagnosis could not measure
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -172,6 +173,7 @@ class Step:
             "adopted": self.adopted,
             "gain": list(self.gain) if self.gain else None,
             "values": {k: list(v) for k, v in self.values.items()},
+            "not_judged": self.unjudged,
         }
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -79,6 +80,7 @@ class Tuner:
         self.per_step = max(1, int(options.get("candidates", 2)))
         self.composer = SweepComposer(hydra_context.config_loader, config)
         self.dry = bool(config.get("dry_run"))
+        self.json_plan = str(config.get("dry_run")) == "json"
         self.sweep_dir = Path(str(config.hydra.sweep.dir)).expanduser().absolute()
         self.steps: list[Step] = []
         self.trials_run = 0
@@ -139,6 +141,8 @@ class Tuner:
                     step.decision = "no lever left to try"
                     self.say(f"tune: step {k}: {incumbent.name} {step.headline}; no lever left to try: stopping")
                     self.passed_over(step)
+                if step.unjudged:
+                    self.say(f"tune: step {k}:   the diagnosis could not judge: {'; '.join(step.unjudged)}")
                     break
                 stop = self.over_budget(len(candidates) + 1)
                 if stop:
@@ -150,6 +154,8 @@ class Tuner:
                     + "; ".join(f"{c.proposal.lever.name} ({c.name})" for c in candidates if c.proposal)
                 )
                 self.passed_over(step)
+                if step.unjudged:
+                    self.say(f"tune: step {k}:   the diagnosis could not judge: {'; '.join(step.unjudged)}")
                 named = self.launch([incumbent, *candidates], k, returns)
                 adopted = self.judge(step, incumbent, candidates, named)
                 tried |= {_identity(c.knobs) for c in candidates}
@@ -168,6 +174,7 @@ class Tuner:
         causes = causes_of(point) if point is not None else []
         headline = point.diagnosis.get("headline", "not diagnosed") if point is not None else "measured no point"
         step = Step(k, incumbent.name, str(headline), [c.cause for c in causes])
+        step.unjudged = [str(u) for u in (point.diagnosis.get("unmeasured") or [])] if point is not None else []
         current = self.engine_knobs(self.job_of(incumbent.knobs))
         chosen: list[Candidate] = []
         for cause in causes:
@@ -296,7 +303,8 @@ class Tuner:
         return returns
 
     def say(self, line: str) -> None:
-        print(line, flush=True)
+        """A progress line: on stdout, or on stderr under ``dry_run=json`` (stdout is the plan's JSON)."""
+        print(line, file=sys.stderr if self.json_plan else sys.stdout, flush=True)
 
     def _space_words(self) -> str:
         if not self.space.only:

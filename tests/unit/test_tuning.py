@@ -216,3 +216,13 @@ def test_a_demand_move_takes_the_slots_the_finding_saw_as_the_space_allows() -> 
         "engine.max_num_seqs": 16
     }
     assert "no demand" in propose("b", row, {"engine.max_num_seqs": 1}, listed, "vllm", "cpu", THROUGHPUT).skip
+
+
+def test_a_space_no_lever_touches_and_a_knob_objective_are_refused_before_anything_starts() -> None:
+    from orchestrator.scheduling.tuning import _check_space, _tunable
+
+    with pytest.raises(ConfigError, match="no lever moves any of its knobs"):
+        _check_space(Space.of({"engine.block_size": [16, 32]}), load_levers())
+    _check_space(Space.of({"engine.max_num_seqs": [1, 2]}), load_levers())  # a lever moves it
+    with pytest.raises(ConfigError, match="is a knob; the tuner needs a measured metric"):
+        _tunable(ObjectiveSpec(minimize="engine.max_num_batched_tokens"))
