@@ -141,8 +141,6 @@ class Tuner:
                     step.decision = "no lever left to try"
                     self.say(f"tune: step {k}: {incumbent.name} {step.headline}; no lever left to try: stopping")
                     self.passed_over(step)
-                if step.unjudged:
-                    self.say(f"tune: step {k}:   the diagnosis could not judge: {'; '.join(step.unjudged)}")
                     break
                 stop = self.over_budget(len(candidates) + 1)
                 if stop:
@@ -154,8 +152,6 @@ class Tuner:
                     + "; ".join(f"{c.proposal.lever.name} ({c.name})" for c in candidates if c.proposal)
                 )
                 self.passed_over(step)
-                if step.unjudged:
-                    self.say(f"tune: step {k}:   the diagnosis could not judge: {'; '.join(step.unjudged)}")
                 named = self.launch([incumbent, *candidates], k, returns)
                 adopted = self.judge(step, incumbent, candidates, named)
                 tried |= {_identity(c.knobs) for c in candidates}
@@ -200,10 +196,13 @@ class Tuner:
         return step, chosen
 
     def passed_over(self, step: Step) -> None:
+        """The levers the step passed over and why, and what its diagnosis could not judge."""
         for skipped in step.passed_over:
             self.say(
                 f"tune: step {step.index}:   passed over {skipped['lever']} ({skipped['cause']}): {skipped['why']}"
             )
+        if step.unjudged:
+            self.say(f"tune: step {step.index}:   the diagnosis could not judge: {'; '.join(step.unjudged)}")
 
     def refused(self, knobs: Mapping[str, Any]) -> str:
         """Why the configuration cannot run (its config, the engine, the hardware), or ''."""

@@ -67,3 +67,12 @@ def test_two_tuning_steps_from_a_diagnosis(tmp_path):
     assert {t.get("tune_lever") for t in raced if t["tune_role"] == "candidate"} == {first["tried"][0]["lever"]}
     assert all(t["tune_decision"] == first["decision"] for t in raced)
     assert not engine_processes()
+    # the same command again: every trial read back from MLflow, nothing measured, the same path
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == p.returncode, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "server healthy" not in again.stdout + again.stderr
+    best = [line for line in out.splitlines() if line.startswith("tune: Best: ")]
+    assert best == [line for line in again.stdout.splitlines() if line.startswith("tune: Best: ")]
+    assert len([r for r in search_runs(store, "continuous_batching") if r.data.tags.get("run_kind") != "sweep"]) == len(
+        trials
+    )
