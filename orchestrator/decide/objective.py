@@ -26,6 +26,14 @@ def fixed_points(t: TrialData) -> list[Point]:
     return [p for p in t.points if M.SLO_MET not in p.metrics]
 
 
+def point_at(t: TrialData, at: str | None) -> Point | None:
+    """The point the objective reads: the fixed point labelled ``at``, else (``at`` None) the last."""
+    points = fixed_points(t)
+    if at is not None:
+        return next((p for p in points if p.label == at), None)
+    return points[-1] if points else None
+
+
 def value_of(t: TrialData, key: str, at: str | None = None) -> Value | None:
     """A trial's value of ``key``: its own metric, else a knob, else the metric at a point; over
     a race's runs, their mean with the 95% t-interval of it (the runs' own spread)."""
@@ -79,8 +87,7 @@ def _one_value(t: TrialData, key: str, at: str | None = None) -> Value | None:
     if "." in key and "/" not in key:
         knob = t.num(key)
         return Value(knob, None, "knob") if knob is not None else None
-    points = fixed_points(t)
-    point = next((p for p in points if p.label == at), None) if at else (points[-1] if points else None)
+    point = point_at(t, at)
     if point is None or key not in point.metrics or not math.isfinite(point.metrics[key]):
         return None
     lo, hi = (point.metrics.get(key + s) for s in WITHIN95)

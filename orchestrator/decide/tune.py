@@ -16,7 +16,7 @@ from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.decide.levers import PREFIX_REUSE_MISSED
 from orchestrator.decide.race import BETTER, Comparison, RaceState
-from orchestrator.decide.trials import Point, TrialData
+from orchestrator.decide.trials import Point
 
 PREFIX_IDEAL_MIN = 0.2  # the workload's ideal prefix reuse (share of prompt tokens) worth acting on...
 PREFIX_EFFICIENCY_LOW = 0.5  # ... when the server's hits are below this share of it
@@ -34,13 +34,6 @@ class Cause:
     def words(self) -> str:
         text = f"{self.cause.replace('_', ' ')} ({self.confidence}"
         return text + (f": {self.detail})" if self.detail else ")")
-
-
-def point_at(t: TrialData, at: str | None) -> Point | None:
-    """The trial's point the objective reads (``at``), else its last (heaviest) point."""
-    if not t.points:
-        return None
-    return next((p for p in t.points if p.label == at), t.points[-1])
 
 
 def causes_of(point: Point) -> list[Cause]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.objective import fixed_points, short
+from orchestrator.decide.objective import fixed_points, point_at, short
 from orchestrator.decide.race import OPEN, TIED, WIN
 from orchestrator.decide.trials import Point, TrialData
 
@@ -86,13 +86,6 @@ MECHANISMS = (
 CLASS_MECHANISMS = (M.ITL_WORST_MS_P50, M.ITL_MS_P99, M.TTFT_MS_P50, M.TTFT_MS_P99, M.TPOT_MS_P50)
 MIN_CHANGE = 0.2  # a mechanism that moved less than this (relative) is not named
 MIN_COST = 0.05  # a cost smaller than this is not named
-
-
-def _point(t: TrialData, label: str | None) -> Point | None:
-    points = fixed_points(t)
-    if label is not None:
-        return next((p for p in points if p.label == label), None)
-    return points[-1] if points else None
 
 
 def _classes(p: Point) -> list[str]:
@@ -169,7 +162,7 @@ def knob_changes(a: TrialData, b: TrialData, knobs: list[str]) -> str:
 
 def compare(winner: TrialData, other: TrialData, knobs: list[str], label: str | None) -> str | None:
     """One sentence set: the winner against ``other`` at ``label``."""
-    pw, po = _point(winner, label), _point(other, label)
+    pw, po = point_at(winner, label), point_at(other, label)
     if pw is None or po is None:
         return None
     knob_words = knob_changes(other, winner, knobs)

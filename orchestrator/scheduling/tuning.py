@@ -29,9 +29,9 @@ from orchestrator.config.errors import ConfigError
 from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.decide.levers import Lever, Proposal, Space, load_levers, propose
-from orchestrator.decide.objective import value_of
+from orchestrator.decide.objective import point_at, value_of
 from orchestrator.decide.trials import TrialData
-from orchestrator.decide.tune import Step, causes_of, change_words, gain, judge_step, path_lines, point_at
+from orchestrator.decide.tune import Step, causes_of, change_words, gain, judge_step, path_lines
 from orchestrator.decide.verdict import decide, race_over
 from orchestrator.feasibility import assess
 from orchestrator.scheduling.compose import SweepComposer
