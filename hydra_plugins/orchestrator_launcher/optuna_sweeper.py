@@ -8,10 +8,10 @@ overrides such as ``engine.block_size=16,32``) for the experiment's ``objective`
 """
 
 from dataclasses import dataclass, field  # no `from __future__ import annotations`: Hydra scans this module
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.plugins.sweeper import Sweeper
+
+from hydra_plugins.orchestrator_launcher.sweeper_shell import OrchestratorSweeper
 
 
 @dataclass
@@ -30,34 +30,5 @@ class OptunaTrialSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaTrialSweeperConf, provider="orchestrator")
 
 
-class OptunaTrialSweeper(Sweeper):
-    def __init__(self, **kwargs: Any) -> None:
-        self.options = kwargs
-        self.hydra_context: Any = None
-        self.config: Any = None
-        self.launcher: Any = None
-
-    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
-        from hydra.core.plugins import Plugins
-
-        self.hydra_context = hydra_context
-        self.config = config
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
-
-    def sweep(self, arguments: list[str]) -> Any:
-        import sys
-
-        from orchestrator.config import ConfigError
-        from orchestrator.config.resolvers import register
-        from orchestrator.scheduling import outcome
-        from orchestrator.scheduling.search import run_search
-
-        outcome.reached()
-        register()
-        try:
-            return run_search(self.hydra_context, self.config, self.launcher, arguments, self.options)
-        except ConfigError as exc:  # a config mistake: one clear line, exit code 2, as the launcher does
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
+class OptunaTrialSweeper(OrchestratorSweeper):
+    BODY = "orchestrator.scheduling.search:run_search"

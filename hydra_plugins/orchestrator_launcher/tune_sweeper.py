@@ -16,7 +16,8 @@ from dataclasses import dataclass, field  # no `from __future__ import annotatio
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.plugins.sweeper import Sweeper
+
+from hydra_plugins.orchestrator_launcher.sweeper_shell import OrchestratorSweeper
 
 
 @dataclass
@@ -34,37 +35,5 @@ class TuneSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="tune", node=TuneSweeperConf, provider="orchestrator")
 
 
-class TuneSweeper(Sweeper):
-    def __init__(self, **kwargs: Any) -> None:
-        self.options = kwargs
-        self.hydra_context: Any = None
-        self.config: Any = None
-        self.launcher: Any = None
-
-    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
-        from hydra.core.plugins import Plugins
-
-        self.hydra_context = hydra_context
-        self.config = config
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
-
-    def sweep(self, arguments: list[str]) -> Any:
-        import sys
-
-        from omegaconf import OmegaConf
-
-        from orchestrator.config import ConfigError
-        from orchestrator.config.resolvers import register
-        from orchestrator.scheduling import outcome
-        from orchestrator.scheduling.tuning import run_tuning
-
-        outcome.reached()
-        register()
-        options = {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in self.options.items()}
-        try:
-            return run_tuning(self.hydra_context, self.config, self.launcher, arguments, options)
-        except ConfigError as exc:  # a config mistake: one clear line, exit code 2, as the launcher does
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
+class TuneSweeper(OrchestratorSweeper):
+    BODY = "orchestrator.scheduling.tuning:run_tuning"
