@@ -87,17 +87,15 @@ def judge_step(state: RaceState | None, incumbent: str, key: str = "") -> StepOu
         best = _closest(state)
         if best is None:
             return StepOutcome(None, None, "the incumbent stays (no candidate was compared)")
-        words = _against_incumbent(best, inverted=True)
-        return StepOutcome(
-            None, best, f"the incumbent stays: {best.name} {key} {words}, {_said(best)}".replace("  ", " ")
-        )
+        words = _against_incumbent(best, key, inverted=True)
+        return StepOutcome(None, best, f"the incumbent stays: {best.name} {words}, {_said(best)}")
     c = next((c for c in state.comparisons if c.name == incumbent), None)
     if c is None:
         return StepOutcome(None, None, f"{state.leader} leads, but the incumbent was not compared (it did not finish)")
-    words = _against_incumbent(c)
+    words = _against_incumbent(c, key)
     if c.outcome == BETTER:
-        return StepOutcome(state.leader, c, f"{state.leader} adopted: {key} {words}".replace("  ", " "))
-    return StepOutcome(None, c, f"the incumbent stays: {state.leader} {key} {words}, {_said(c)}".replace("  ", " "))
+        return StepOutcome(state.leader, c, f"{state.leader} adopted: {words}")
+    return StepOutcome(None, c, f"the incumbent stays: {state.leader} {words}, {_said(c)}")
 
 
 def _closest(state: RaceState) -> Comparison | None:
@@ -133,8 +131,10 @@ def change_words(mid: float, lo: float, hi: float, log_scale: bool) -> str:
     return f"{mid:+.0%} [{lo:+.0%}, {hi:+.0%}]"
 
 
-def _against_incumbent(c: Comparison, inverted: bool = False) -> str:
-    return change_words(*gain(c, inverted), c.log_scale)
+def _against_incumbent(c: Comparison, key: str, inverted: bool = False) -> str:
+    """``tokens_per_second +61% [+48%, +74%]`` (the key left out when empty)."""
+    change = change_words(*gain(c, inverted), c.log_scale)
+    return f"{key} {change}" if key else change
 
 
 @dataclass

@@ -86,7 +86,8 @@ class Tuner:
         self.trials_run = 0
         self.job_idx = 0
         self.started = time.monotonic()
-        settings = self.job_of({}).settings
+        self.base_job = self.job_of({})  # the baseline validated before anything starts
+        settings = self.base_job.settings
         uri = settings.tracking.uri if settings.tracking.enabled and not self.dry else None
         self.record = TuningRecord(self.sweep_dir, uri, settings.tracking.experiment_name or str(config.experiment))
         self.seen: dict[str, str] = {}  # the knobs of every configuration run (json) -> its name
@@ -94,8 +95,7 @@ class Tuner:
     # -- configurations ---------------------------------------------------------------
 
     def overrides(self, knobs: Mapping[str, Any], step: int) -> list[str]:
-        mine = {k for k in knobs}
-        kept = [o for o in self.fixed if _key(o) not in mine]
+        kept = [o for o in self.fixed if _key(o) not in knobs]
         return [
             *kept,
             *(f"++{k}={hydra_value(v)}" for k, v in knobs.items()),
@@ -114,7 +114,7 @@ class Tuner:
     # -- the loop ---------------------------------------------------------------------
 
     def run(self) -> list[Any]:
-        base_job = self.job_of({})
+        base_job = self.base_job
         engine = base_job.spec.engine.name
         platform = "gpu" if base_job.spec.platform.device == "cuda" else "cpu"  # the lever table's words
         self.say(
