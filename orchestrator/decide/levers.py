@@ -125,11 +125,13 @@ class Space:
     def of(cls, raw: Mapping[str, Any] | None, lists: Mapping[str, list[Any]] | None = None) -> Space:
         """From ``hydra.sweeper.space`` (knob -> [values] or {min, max}) and the command line's
         lists (``engine.max_num_seqs=1,2,4,8``)."""
-        out_lists: dict[str, tuple[Any, ...]] = {k: tuple(v) for k, v in (lists or {}).items()}
+        out_lists: dict[str, tuple[Any, ...]] = {}
         ranges: dict[str, tuple[float, float]] = {}
-        for knob, value in _leaves(raw or {}).items():
+        given = [("the command line", k, list(v)) for k, v in (lists or {}).items()]
+        given += [("hydra.sweeper.space", k, v) for k, v in _leaves(raw or {}).items()]
+        for where, knob, value in given:
             if not is_config_key(str(knob)):
-                raise ConfigError(f"hydra.sweeper.space: {knob} is no key of a trial's config")
+                raise ConfigError(f"{where}: {knob} is no key of a trial's config")
             if isinstance(value, (list, tuple)):
                 out_lists[str(knob)] = tuple(value)
             elif isinstance(value, Mapping) and set(value) <= {"min", "max"} and value:

@@ -148,6 +148,8 @@ def test_a_space_entry_that_is_neither_a_list_nor_a_range_is_refused() -> None:
         Space.of({"engine.max_num_seqs": 8})
     with pytest.raises(ConfigError, match="no key"):
         Space.of({"engine.max_num_seqz": [1, 2]})
+    with pytest.raises(ConfigError, match="the command line: engine.max_num_seqz is no key"):
+        Space.of(None, {"engine.max_num_seqz": [1, 2]})
 
 
 def point(diagnosis: dict, metrics: dict | None = None) -> Point:
