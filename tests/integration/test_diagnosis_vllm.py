@@ -41,16 +41,20 @@ def test_real_vllm_headroom_then_batch_slots(compose, tmp_path, tiny_model_dir):
     # One stream has no queue; whether its TPOT is near the memory floor depends on this machine's
     # measured bandwidth (2.2x on a CI machine: weak decode bandwidth; over 2.5x on others: headroom),
     # so the answer must follow the ratio the point measured, by the documented threshold.
-    ratio = one.metrics["decode_floor_ratio"]
-    memory_bound = one.metrics["decode_floor_memory_ms"] >= one.metrics.get("decode_floor_compute_ms", 0.0)
-    near = memory_bound and ratio <= Thresholds().floor_close
+    near = _near_floor(one, Thresholds().floor_close)
     found = {f["cause"] for f in one.diagnosis["findings"]}
     assert found <= {"none", "decode_bandwidth", "client"}, one.diagnosis["text"]
     if one_ok:
         assert one.diagnosis["limiter"] == ("decode_bandwidth" if near else "none"), one.diagnosis["text"]
         assert one.metrics["decode_batch_mean"] == pytest.approx(1.0, abs=0.3)
     strong = {f["cause"] for f in six.diagnosis["findings"] if f["confidence"] == "strong"}
-    assert "batch_slots" in strong and strong <= {"batch_slots", "client"}, six.diagnosis["text"]
+    # At the batch of 2 the engine ran, each step may also be near its memory floor: on one machine
+    # a fresh-clone run measured TPOT p50 8.8 ms, 1.5x its floor of 6.01 ms, and the diagnosis rightly
+    # said so beside batch slots (more slots is the lever: a memory-bound step amortises its weights
+    # over a bigger batch). Whether it does depends on this machine's bandwidth, so the test follows
+    # the ratio the point measured; batch slots stays the limiter either way (it is judged first).
+    allowed = {"batch_slots", "client"} | ({"decode_bandwidth"} if _near_floor(six, Thresholds().floor_near) else set())
+    assert "batch_slots" in strong and strong <= allowed, six.diagnosis["text"]
     slots = next(f for f in six.diagnosis["findings"] if f["cause"] == "batch_slots")
     assert "of max_num_seqs 2 running while up to" in slots["detail"]
     six_ok = six.diagnosis["limiter"] != "client"
@@ -70,3 +74,11 @@ def test_real_vllm_headroom_then_batch_slots(compose, tmp_path, tiny_model_dir):
         "c1: limited by client" if not one_ok else "c1: limited by decode bandwidth" if near else "c1: none: the server"
     )
     assert any(c1 in line for line in lines), lines
+
+
+def _near_floor(point, within: float) -> bool:
+    """Whether the point's TPOT was within ``within`` times its memory floor, the floor being the
+    memory one: what the decode-bandwidth rule reads."""
+    m = point.metrics
+    memory_bound = m["decode_floor_memory_ms"] >= m.get("decode_floor_compute_ms", 0.0)
+    return memory_bound and Thresholds().floor_below <= m["decode_floor_ratio"] <= within
