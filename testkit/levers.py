@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.levers import Space, load_levers, propose
+from orchestrator.decide.levers import MODEL_KNOB, Space, load_levers, propose
 from orchestrator.scheduling.tuning import hydra_value
 
 # a baseline in which every knob a lever steps from is set (a relative move needs a value)
@@ -29,13 +29,14 @@ BASELINES = {
         "engine.disable_radix_cache": True,
     },
 }
+MODELS = {"gpu": "meta-llama/Llama-3.1-8B-Instruct", "cpu": "tiny-llama"}  # each platform's default model
 GUARDED = ObjectiveSpec(maximize="tokens_per_second", subject_to={"accuracy": 0.5})  # accuracy rows apply
 DEMAND = {"running_max": 64.0, "waiting_max": 64.0}
 
 
 def lever_overrides(engine: str, platform: str) -> Iterator[tuple[str, list[str]]]:
     """(cause/lever, overrides) of every default lever that applies to ``engine`` on ``platform``."""
-    base = BASELINES[engine]
+    base = {**BASELINES[engine], MODEL_KNOB: MODELS[platform]}
     for cause, levers in load_levers().items():
         for lever in levers:
             p = propose(cause, lever, base, Space.of(None), engine, platform, GUARDED, DEMAND)
@@ -43,6 +44,6 @@ def lever_overrides(engine: str, platform: str) -> Iterator[tuple[str, list[str]
                 continue
             knobs = {**base, **p.values}
             overrides = [f"engine={engine}", f"platform={platform}"] + [
-                f"++{k}={hydra_value(v)}" for k, v in knobs.items()
+                f"++{k}={hydra_value(v)}" for k, v in knobs.items() if k != MODEL_KNOB
             ]
             yield f"{cause}/{lever.name}", overrides

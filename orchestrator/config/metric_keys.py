@@ -73,6 +73,7 @@ LIMITERS: Final = (  # the diagnosis's vocabulary: ``limited_by_<cause>``
     "prefill_interference",
     "compute",
     "decode_bandwidth",
+    "prefix_reuse_missed",
     "none",
 )
 TTFT_PARTS: Final = ("client", "api", "queue", "prefill", "prefill_leg", "kv_transfer")  # ttft_parts_<part>_ms
@@ -168,6 +169,9 @@ class M:
     TRACE_IDEAL_PREFIX_SHARE: Final = "trace_ideal_prefix_share"  # of prompt tokens, an infinite cache
     TRACE_CONVERSATIONS: Final = "trace_conversations"  # a multi-turn trace's first turns in the slice
     TRACE_FOLLOWERS_ROOTED: Final = "trace_followers_rooted"  # followers whose parent was not replayed
+    # the share of prompt tokens a prefix cache could serve: a trace's ideal share, else what the
+    # synthetic workload implies (metrics.fidelity.expected_hit_rate); read by the diagnosis
+    PREFIX_REUSE_IDEAL_SHARE: Final = "prefix_reuse_ideal_share"
     PREFIX_REUSE_EFFICIENCY: Final = "prefix_reuse_efficiency"  # server hit rate / the ideal share
     SERVER_SPEC_DECODE_ACCEPTANCE_RATE: Final = "server_spec_decode_acceptance_rate"
     # what the hardware did (metrics.telemetry): energy and cost

@@ -27,25 +27,32 @@ from orchestrator.config.schema.base import StrictModel
 from orchestrator.config.schema.engines import SGLangEngineSpec, VLLMEngineSpec
 
 LEVERS_FILE = PROJECT_ROOT / "conf" / "tuning" / "levers.yaml"
-PREFIX_REUSE_MISSED = "prefix_reuse_missed"  # a finding of the tuner's own (decide.tune.findings_of)
-CAUSES = (*(c for c in LIMITERS if c not in ("none", "client", "shared_machine")), PREFIX_REUSE_MISSED)
+MODEL_KNOB = "model.name"  # in a configuration's knobs beside the engine's: a lever's ``models`` reads it
+CAUSES = tuple(c for c in LIMITERS if c not in ("none", "client", "shared_machine"))  # the server's causes
+KINDS = ("times", "plus", "to", "demand", "stall")  # a change's kinds
+# the smallest prefill token budget a stall move proposes: the course's sweep starts there, and
+# below vLLM's default max_num_seqs vLLM refuses a budget
+STALL_BUDGET_MIN = 256
 ENGINE_FIELDS = {"vllm": set(VLLMEngineSpec.model_fields), "sglang": set(SGLangEngineSpec.model_fields)}
 
 
 class Change(StrictModel):
     """One knob's change: exactly one of ``times``, ``plus``, ``to``, ``demand`` (as many as
-    the finding saw running plus waiting at its peak: its evidence ``running_max + waiting_max``)."""
+    the finding saw running plus waiting at its peak: its evidence ``running_max + waiting_max``),
+    ``stall`` (a prefill token budget whose chunk stalls a decode for about this many decode
+    steps, from the prefill-interference finding's cost per prompt token: :func:`stall_budget`)."""
 
     times: float | None = Field(default=None, gt=0)
     plus: float | None = None
     to: Any = None
     demand: bool | None = None
+    stall: float | None = Field(default=None, gt=1)
 
     @model_validator(mode="after")
     def _one(self) -> Change:
-        given = [k for k in ("times", "plus", "to", "demand") if getattr(self, k) is not None]
+        given = [k for k in KINDS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of times, plus, to, demand (got {', '.join(given) or 'none'})")
+            raise ValueError(f"give exactly one of {', '.join(KINDS)} (got {', '.join(given) or 'none'})")
         return self
 
     @property
@@ -55,6 +62,8 @@ class Change(StrictModel):
             return 1 if self.times > 1 else -1
         if self.plus is not None:
             return 1 if self.plus > 0 else -1
+        if self.stall is not None:
+            return -1
         return 1 if self.demand else 0
 
 
@@ -66,6 +75,9 @@ class Lever(StrictModel):
     engine: Literal["vllm", "sglang"] | None = None
     platform: Literal["cpu", "gpu"] | None = None
     requires: dict[str, Any] = Field(default_factory=dict)
+    models: list[str] = Field(
+        default_factory=list, description="the models it applies to (a draft head trained for them)"
+    )
     accuracy: bool = Field(default=False, description="changes the model's numbers: needs an accuracy constraint")
     why: str = ""
 
@@ -196,6 +208,9 @@ def propose(
         return skip(f"a {lever.engine} lever (the engine is {engine})")
     if lever.platform is not None and lever.platform != platform:
         return skip(f"a {lever.platform} lever (the platform is {platform})")
+    model = current.get(MODEL_KNOB)
+    if lever.models and model not in lever.models:
+        return skip(f"a lever for {', '.join(lever.models)} (the model is {model})")
     fields = ENGINE_FIELDS.get(engine)
     if fields is not None:
         lacks = [k for k in lever.change if k.split(".")[1] not in fields]
@@ -203,10 +218,14 @@ def propose(
             return skip(f"{engine} has no {', '.join(lacks)}")
     if lever.accuracy and not any("accura" in k or "exact_match" in k for k in objective.subject_to):
         return skip("it changes the model's numbers, and the objective has no accuracy constraint (subject_to)")
-    unmet = [f"{k}={_show(v)}" for k, v in lever.requires.items() if current.get(k) != v]
-    if unmet:
-        return skip(f"needs {', '.join(unmet)} first")
     values: dict[str, Any] = {}
+    for knob, need in lever.requires.items():  # a setting the move needs: set with it where the space allows
+        if current.get(knob) == need:
+            continue
+        listed = space.lists.get(knob)
+        if not space.allows(knob) or (listed is not None and need not in listed):
+            return skip(f"needs {knob}={_show(need)}, which the search space does not allow")
+        values[knob] = need
     for knob, change in lever.change.items():
         if not space.allows(knob):
             return skip(f"{knob} is not in the search space")
@@ -224,6 +243,8 @@ def _moved(knob: str, change: Change, value: Any, space: Space, evidence: Mappin
     listed = space.lists.get(knob)
     if change.demand:
         return _demanded(knob, value, space, evidence)
+    if change.stall is not None:
+        return _stall_sized(knob, value, space, evidence, change.stall)
     if listed is not None and change.direction != 0:
         if value not in listed:
             return None, f"{knob} is {_show(value)}, not one of the space's values {list(listed)}"
@@ -266,6 +287,39 @@ def _demanded(knob: str, value: Any, space: Space, evidence: Mapping[str, float]
         new = int(min(max(need, lo), hi))
     if new is None or (isinstance(value, (int, float)) and new <= value):
         return None, f"{knob} already holds the demand the finding saw ({need})"
+    return new, ""
+
+
+def stall_budget(evidence: Mapping[str, float], steps: float) -> float | None:
+    """The prefill tokens one step may take for its stall to last about ``steps`` decode steps:
+    a stall is a decode step (``decode_step_ms``, the stalled streams' median gap) plus the
+    chunk's prefill, ``prefill_stall_ms_per_token`` per token (the prefill-interference finding's
+    evidence). None without that evidence."""
+    step, per_token = evidence.get("decode_step_ms"), evidence.get("prefill_stall_ms_per_token")
+    if not step or not per_token:
+        return None
+    return (steps - 1) * step / per_token
+
+
+def _stall_sized(knob: str, value: Any, space: Space, evidence: Mapping[str, float], steps: float) -> tuple[Any, str]:
+    """The token budget :func:`stall_budget` asks for, as the space allows it: the listed value
+    nearest to it (by ratio), else a power of two within the range, at least
+    :data:`STALL_BUDGET_MIN`; only ever lower than the budget now."""
+    target = stall_budget(evidence, steps)
+    if target is None:
+        return None, "the finding measured no stall cost per prompt token"
+    listed = space.lists.get(knob)
+    if listed is not None:
+        numbers = [v for v in listed if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+        new = min(numbers, key=lambda v: abs(math.log(v / max(target, 1.0)))) if numbers else None
+    else:
+        lo, hi = space.ranges.get(knob, (-math.inf, math.inf))
+        new = int(min(max(2 ** round(math.log2(max(target, 1.0))), STALL_BUDGET_MIN, lo), hi))
+    if new is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and new >= value):
+        return (
+            None,
+            f"{knob} {_show(value)} already keeps a chunk's stall within {steps:g} decode steps ({target:.0f} tokens)",
+        )
     return new, ""
 
 

@@ -8,18 +8,12 @@ with the verdict's confidence, else try the next levers."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.levers import PREFIX_REUSE_MISSED
 from orchestrator.decide.race import BETTER, Comparison, RaceState
 from orchestrator.decide.trials import Point
-
-PREFIX_IDEAL_MIN = 0.2  # the workload's ideal prefix reuse (share of prompt tokens) worth acting on...
-PREFIX_EFFICIENCY_LOW = 0.5  # ... when the server's hits are below this share of it
 
 
 @dataclass(frozen=True)
@@ -37,9 +31,9 @@ class Cause:
 
 
 def causes_of(point: Point) -> list[Cause]:
-    """The causes to act on, in order: the diagnosis's limiter, its other findings, then prefix
-    reuse the server missed (the workload's ideal reuse high, its hits low) when no finding
-    names it. ``none`` and causes outside the server (client, shared machine) are left out."""
+    """The causes to act on, in order: the diagnosis's limiter, then its other findings (prefix
+    reuse missed among them). ``none`` and causes outside the server (client, shared machine)
+    are left out."""
     findings = point.diagnosis.get("findings") or []
     out: list[Cause] = []
     limiter = point.limiter
@@ -50,23 +44,7 @@ def causes_of(point: Point) -> list[Cause]:
             continue
         evidence = {str(k): float(v) for k, v in (f.get("evidence") or {}).items() if isinstance(v, (int, float))}
         out.append(Cause(cause, str(f.get("confidence", "")), str(f.get("detail", "")), evidence))
-    missed = prefix_reuse_missed(point.metrics)
-    if missed is not None:
-        out.append(missed)
     return out
-
-
-def prefix_reuse_missed(metrics: Mapping[str, float]) -> Cause | None:
-    """Prefix reuse missed: the slice's ideal prefix reuse is high and the server hit little of
-    it (or its prefix cache reports nothing)."""
-    ideal = metrics.get(M.TRACE_IDEAL_PREFIX_SHARE)
-    if ideal is None or ideal < PREFIX_IDEAL_MIN:
-        return None
-    hits = metrics.get(M.SERVER_PREFIX_CACHE_HIT_RATE)
-    if hits is not None and hits >= PREFIX_EFFICIENCY_LOW * ideal:
-        return None
-    seen = "no prefix-cache hits reported" if hits is None else f"server hits {hits:.0%}"
-    return Cause(PREFIX_REUSE_MISSED, "strong", f"ideal reuse {ideal:.0%} of prompt tokens, {seen}")
 
 
 @dataclass

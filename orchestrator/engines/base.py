@@ -181,6 +181,10 @@ class EngineAdapter(ABC, Generic[S]):
         None: no limit known here."""
         return None, ""
 
+    def prefix_cache_on(self, spec: TrialSpec) -> bool | None:
+        """Whether the trial's server reuses cached prefixes; None: not known here."""
+        return None
+
     def decode_ttft_holds_prefill(self, spec: TrialSpec) -> bool:
         """Whether, under P/D, the decode server's TTFT includes the prefill (its router sends each
         request to both sides at once), so the KV transfer cannot be told apart from it."""

@@ -142,6 +142,9 @@ class SGLangAdapter(EngineAdapter[SGLangEngineSpec]):
     def lora_rank_limit(self, spec: TrialSpec) -> tuple[int | None, str]:
         return self.narrow(spec).max_lora_rank, ""
 
+    def prefix_cache_on(self, spec: TrialSpec) -> bool | None:
+        return not self.narrow(spec).disable_radix_cache
+
     def decode_ttft_holds_prefill(self, spec: TrialSpec) -> bool:
         return True  # its P/D router sends each request to the prefill and the decode server at once
 

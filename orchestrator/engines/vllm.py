@@ -268,6 +268,10 @@ class VLLMAdapter(EngineAdapter[VLLMEngineSpec]):
     def batch_slots(self, spec: TrialSpec) -> int | None:
         return self.narrow(spec).max_num_seqs
 
+    def prefix_cache_on(self, spec: TrialSpec) -> bool | None:
+        on = self.narrow(spec).enable_prefix_caching
+        return True if on is None else on  # vLLM V1 caches prefixes unless told not to
+
     def lora_rank_limit(self, spec: TrialSpec) -> tuple[int | None, str]:
         rank = self.narrow(spec).max_lora_rank
         return (rank, "") if rank is not None else (DEFAULT_MAX_LORA_RANK, " (vLLM's default)")

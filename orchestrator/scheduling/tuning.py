@@ -28,7 +28,7 @@ from typing import Any
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.levers import Lever, Proposal, Space, load_levers, propose
+from orchestrator.decide.levers import MODEL_KNOB, Lever, Proposal, Space, load_levers, propose
 from orchestrator.decide.objective import point_at, value_of
 from orchestrator.decide.trials import TrialData
 from orchestrator.decide.tune import Step, causes_of, change_words, gain, judge_step, path_lines
@@ -109,7 +109,9 @@ class Tuner:
         return prepare_jobs([(lines, data)], whole_sweep=False)[0]
 
     def engine_knobs(self, job: TrialJob) -> dict[str, Any]:
-        return {f"engine.{k}": v for k, v in job.spec.engine.model_dump(mode="json").items()}
+        """The configuration's knobs as the levers read them: every engine knob, and the model's name."""
+        knobs: dict[str, Any] = {f"engine.{k}": v for k, v in job.spec.engine.model_dump(mode="json").items()}
+        return {**knobs, MODEL_KNOB: job.spec.model.name}  # what a lever's models read
 
     # -- the loop ---------------------------------------------------------------------
 

@@ -133,6 +133,7 @@ def point_diagnosis(
         rate=rate,
         capped=point.max_concurrency is not None,
         slots=adapter.batch_slots(spec),
+        prefix_cache=adapter.prefix_cache_on(spec),
         cores=machine_cores() if spec.platform.device == "cpu" else None,
         device=spec.platform.device,
         client_reasons=client_reasons,

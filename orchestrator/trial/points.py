@@ -18,7 +18,7 @@ from orchestrator.engines import EngineAdapter, EngineMetric
 from orchestrator.loadgen.traces import read_trace
 from orchestrator.metrics import prometheus, telemetry
 from orchestrator.metrics.diagnosis import Diagnosis, engine_batch
-from orchestrator.metrics.fidelity import PointVerdict, judge_point
+from orchestrator.metrics.fidelity import PointVerdict, expected_hit_rate, judge_point
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.probes import TelemetrySampler, start_telemetry
 from orchestrator.metrics.records import RequestRecord
@@ -79,9 +79,14 @@ def point_metrics(
     if raw.foreign is not None:
         metrics[M.FOREIGN_CPU_CORES] = float(raw.foreign["cores"])
         metrics[M.SWEEP_CPU_CORES] = float(raw.foreign["sweep_cores"])
-    ideal, hits = metrics.get(M.TRACE_IDEAL_PREFIX_SHARE), metrics.get(M.SERVER_PREFIX_CACHE_HIT_RATE)
-    if ideal and hits is not None:  # how much of the trace's reusable prefix the server reused
-        metrics[M.PREFIX_REUSE_EFFICIENCY] = hits / ideal
+    ideal = metrics.get(M.TRACE_IDEAL_PREFIX_SHARE)
+    if ideal is None and not isinstance(load, TraceReplay):  # what the synthetic prompts share
+        ideal = expected_hit_rate(w, int(metrics.get(M.REQUESTS, 0)))
+    hits = metrics.get(M.SERVER_PREFIX_CACHE_HIT_RATE)
+    if ideal is not None:
+        metrics[M.PREFIX_REUSE_IDEAL_SHARE] = ideal
+        if ideal and hits is not None:  # how much of the reusable prefix the server reused
+            metrics[M.PREFIX_REUSE_EFFICIENCY] = hits / ideal
     return metrics
 
 

@@ -154,6 +154,11 @@ def test_prefill_interference_strong_when_it_costs_time():
     d = diagnose(evidence(records=recs, rows=gauges(4, 0), slots=8))
     assert (d.limiter, d.confidence) == ("prefill_interference", "strong")
     assert d.findings[0].evidence["stalls_prefill"] == 3 and d.metrics["stalls_per_prefill"] == 1.0
+    # what the tuner sizes a chunk from: the decode step (the streams' 10 ms median gap) and the
+    # stall's cost per token of the 1024-token prefill ((300 - 10) ms / 1024)
+    said = d.findings[0].evidence
+    assert said["decode_step_ms"] == pytest.approx(10.0)
+    assert said["prefill_stall_ms_per_token"] == pytest.approx(290.0 / 1024, rel=0.01)
 
 
 def test_over_capacity_on_a_rate_point_whose_queue_grows():
@@ -320,6 +325,29 @@ def test_decode_bandwidth_near_the_memory_floor():
     assert at(1.2, compute_ms=9.0).limiter == "none"  # the compute floor is the higher one
     below = at(0.9)  # faster than the floor: the floor does not hold there (a model in the CPU's caches)
     assert below.limiter == "none" and "below the floor, so the floor does not hold here" in below.text()
+
+
+def test_prefix_reuse_missed_when_the_prompts_share_prefixes_the_server_did_not_reuse():
+    def at(ideal, hits=None, cache=None):
+        m = {"ttft_ms_mean": 50.0, "prefix_reuse_ideal_share": ideal}
+        if hits is not None:
+            m["server_prefix_cache_hit_rate"] = hits
+        return diagnose(evidence(metrics=m, rows=gauges(1, 0), slots=8, prefix_cache=cache))
+
+    missed = at(0.6, hits=0.1)
+    assert (missed.limiter, missed.confidence) == ("prefix_reuse_missed", "strong")
+    assert "share 60% of their tokens" in missed.headline and "served 10%" in missed.headline
+    assert missed.metrics["limited_by_prefix_reuse_missed"] == 1.0
+    assert at(0.6).confidence == "weak"  # no hits reported, the cache's setting unknown
+    off = at(0.6, cache=False)  # vLLM with its cache off counts no queries
+    assert off.confidence == "strong" and "the server's prefix cache is off" in off.headline
+    assert at(0.6, hits=0.5).limiter == "none"  # the cache served most of what it could
+    assert at(0.1).limiter == "none"  # little to reuse
+    # beside a strong limiter it is a finding, not the limiter
+    both = diagnose(
+        evidence(metrics={"ttft_ms_mean": 50.0, "prefix_reuse_ideal_share": 0.6}, rows=gauges(4, 6), slots=4)
+    )
+    assert both.limiter == "batch_slots" and [f.cause for f in both.findings] == ["batch_slots", "prefix_reuse_missed"]
 
 
 def test_ttft_parts_add_up_and_say_what_is_missing():

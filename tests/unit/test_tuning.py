@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.levers import CAUSES, Lever, Space, load_levers, propose
+from orchestrator.decide.levers import CAUSES, STALL_BUDGET_MIN, Lever, Space, load_levers, propose, stall_budget
 from orchestrator.decide.race import race_state
 from orchestrator.decide.trials import Point
 from orchestrator.decide.tune import causes_of, gain, judge_step
@@ -112,8 +112,8 @@ def test_a_range_bounds_a_move() -> None:
                 "requires": {"engine.enable_chunked_prefill": True},
             },
             {"engine.max_num_batched_tokens": 512},
-            None,
-            "needs engine.enable_chunked_prefill=true first",
+            {"engine.max_num_batched_tokens": [256, 512]},
+            "needs engine.enable_chunked_prefill=true, which the search space does not allow",
         ),
         (
             {"change": {"engine.max_num_seqs": {"times": 2}}},
@@ -128,11 +128,57 @@ def test_a_range_bounds_a_move() -> None:
             "changes nothing",
         ),
         ({"change": {"engine.disable_radix_cache": {"to": False}}}, {}, None, "vllm has no engine.disable_radix_cache"),
+        (
+            {"change": {"engine.speculative_config": {"to": {"method": "eagle"}}}, "models": ["big-model"]},
+            {"model.name": "tiny-llama"},
+            None,
+            "a lever for big-model (the model is tiny-llama)",
+        ),
     ],
 )
 def test_a_lever_that_cannot_apply_is_passed_over_with_its_reason(row, current, space, why) -> None:
     p = propose("c", Lever.model_validate({"name": "l", **row}), current, Space.of(space), "vllm", "cpu", THROUGHPUT)
     assert why in p.skip and not p.values
+
+
+def test_a_setting_a_move_needs_is_set_with_it_where_the_space_allows() -> None:
+    row = {
+        "name": "smaller chunks",
+        "change": {"engine.max_num_batched_tokens": {"times": 0.5}},
+        "requires": {"engine.enable_chunked_prefill": True},
+    }
+    off = {"engine.enable_chunked_prefill": False, "engine.max_num_batched_tokens": 2048}
+    space = Space.of(
+        None, {"engine.enable_chunked_prefill": [False, True], "engine.max_num_batched_tokens": [2048, 1024]}
+    )
+    p = propose("c", Lever.model_validate(row), off, space, "vllm", "cpu", THROUGHPUT)
+    assert p.values == {"engine.enable_chunked_prefill": True, "engine.max_num_batched_tokens": 1024}
+    assert p.words(off) == "enable_chunked_prefill false -> true, max_num_batched_tokens 2048 -> 1024"
+
+
+def test_a_stall_move_sizes_the_budget_from_the_stalls_cost_per_token() -> None:
+    # stalls of a decode step of 9 ms plus 0.5 ms per prefill token: a chunk stalling about 4 steps
+    # holds (4 - 1) x 9 / 0.5 = 54 tokens
+    seen = {"decode_step_ms": 9.0, "prefill_stall_ms_per_token": 0.5}
+    assert stall_budget(seen, 4) == pytest.approx(54.0)
+    row = Lever.model_validate({"name": "sized", "change": {"engine.max_num_batched_tokens": {"stall": 4}}})
+    now = {"engine.max_num_batched_tokens": 2048}
+
+    def moved(space, evidence=seen):
+        return propose("c", row, now, space, "vllm", "cpu", THROUGHPUT, evidence)
+
+    listed = Space.of(None, {"engine.max_num_batched_tokens": [2048, 1024, 512, 256]})
+    assert moved(listed).values == {"engine.max_num_batched_tokens": 256}  # the listed value nearest 54 by ratio
+    assert moved(Space.of(None)).values == {"engine.max_num_batched_tokens": STALL_BUDGET_MIN}
+    wide = {"decode_step_ms": 9.0, "prefill_stall_ms_per_token": 0.01}  # cheap prefill: 2700 tokens
+    assert "already keeps a chunk's stall within 4 decode steps" in moved(Space.of(None), wide).skip
+    assert "no stall cost" in moved(Space.of(None), {}).skip
+
+
+def test_a_draft_head_lever_applies_to_its_model() -> None:
+    row = {"name": "eagle", "change": {"engine.speculative_config": {"to": {"method": "eagle"}}}, "models": ["m"]}
+    p = propose("c", Lever.model_validate(row), {"model.name": "m"}, Space.of(None), "vllm", "gpu", THROUGHPUT)
+    assert p.values == {"engine.speculative_config": {"method": "eagle"}} and not p.skip
 
 
 def test_an_accuracy_lever_applies_under_an_accuracy_constraint() -> None:
@@ -170,13 +216,6 @@ def test_the_causes_start_with_the_limiter_and_leave_out_the_client_and_none() -
     causes = causes_of(p)
     assert [c.cause for c in causes] == ["batch_slots", "prefill_interference"]
     assert causes[0].words() == "batch slots (strong: up to 6 waited while 2 ran)"
-
-
-def test_prefix_reuse_missed_when_the_workload_reuses_and_the_server_does_not() -> None:
-    missed = causes_of(point({"limiter": "none", "findings": []}, {"trace_ideal_prefix_share": 0.6}))
-    assert [c.cause for c in missed] == ["prefix_reuse_missed"]
-    hit = {"trace_ideal_prefix_share": 0.6, "server_prefix_cache_hit_rate": 0.5}
-    assert causes_of(point({"limiter": "none", "findings": []}, hit)) == []
 
 
 def test_a_step_adopts_a_candidate_only_when_it_beats_the_incumbent_with_confidence() -> None:

@@ -73,6 +73,12 @@ VOCABULARY: dict[str, Cause] = {
             "TPOT tracks bytes per step: a smaller dtype (quantized weights, fp8 KV) lowers it in proportion",
         ),
         Cause(
+            "prefix_reuse_missed",
+            "prefix reuse missed: the prompts share prefixes the server computed again instead of reusing",
+            "prefix caching on (or cache-aware routing across replicas): server_prefix_cache_hit_rate rises "
+            "toward prefix_reuse_ideal_share and the prefill time per request falls",
+        ),
+        Cause(
             "none",
             "none: the server had headroom",
             "a heavier point (more concurrency or rate) still scales throughput",
@@ -103,6 +109,8 @@ class Thresholds:
     floor_below: float = 0.95  # TPOT under this share of its floor: the floor does not hold (not judged)
     floor_near: float = 1.5  # TPOT within this factor of its roofline floor (strong)
     floor_close: float = 2.5  # ... (weak)
+    prefix_ideal: float = 0.2  # share of prompt tokens the workload could reuse for prefix reuse to matter...
+    prefix_hit_share: float = 0.5  # ... and the server's hits under this share of it: reuse missed
     completion_share: float = 0.8  # an open loop's completions over those a server keeping up makes (strong)...
     completion_share_weak: float = 0.9  # ... (weak)
     queue_growth: float = 3.0  # ... with the requests in flight grown by this many over that time...
@@ -129,6 +137,8 @@ class Readings:
     server_kv_cache_usage_max: float | None = None
     server_queue_time_s_mean: float | None = None
     server_prefill_time_s_mean: float | None = None
+    server_prefix_cache_hit_rate: float | None = None
+    prefix_reuse_ideal_share: float | None = None
     server_ttft_s_mean: float | None = None
     server_decode_ttft_s_mean: float | None = None
     server_prompt_tokens: float | None = None
@@ -179,6 +189,7 @@ class PointEvidence:
     rate: float | None = None  # the point's arrival rate (open loop), None for a closed loop
     capped: bool = False  # a rate point with max_concurrency
     slots: int | None = None  # the engine's max_num_seqs, when known
+    prefix_cache: bool | None = None  # whether the server caches prefixes, when known
     cores: float | None = None  # CPU cores the servers could use (the machine's on the CPU platform)
     device: str = "cpu"
     client_reasons: Sequence[str] = ()

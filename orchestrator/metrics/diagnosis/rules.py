@@ -131,7 +131,14 @@ def _prefill(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
         "prefill_stall_time_share": share,
         M.STALLS_PER_PREFILL: sm.stalls_per_prefill or 0.0,
         M.STALL_PREFILL_PROMPT_TOKENS_MEAN: sm.stall_prefill_prompt_tokens_mean or 0.0,
+        "decode_step_ms": median,
     }
+    # what a stall costs per prefill token: its time over the decode step, over the tokens of the
+    # prefill's step (a chunked prefill stalls once per chunk: its prompt over its stalled steps)
+    steps = max(sm.stalls_per_prefill or 1.0, 1.0)
+    costs = [(st.gap_ms - st.median_ms) * steps / st.by_prompt_tokens for st in prefill if st.by_prompt_tokens]
+    if costs:
+        evidence["prefill_stall_ms_per_token"] = float(np.median(costs))
     strong = count >= th.prefill_stalls and share >= th.prefill_time_share
     detail = (
         f"{count} inter-token gaps >= {s.factor:g}x their stream's median (median {median:.1f} ms) fell during "
@@ -233,4 +240,28 @@ def _bandwidth(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None
     return None
 
 
-RULES = (_client, _shared, over_capacity, _kv, _slots, _prefill, _compute, _bandwidth)
+def _prefix(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
+    """Prompts that share prefixes (a trace's blocks, a shared-prefix or multi-turn workload) and a
+    server that reused little of them: each request's prefill recomputed what a cache would hold."""
+    r = x.read
+    ideal, hits = r.prefix_reuse_ideal_share, r.server_prefix_cache_hit_rate
+    if ideal is None or ideal < th.prefix_ideal:
+        return None
+    evidence = {M.PREFIX_REUSE_IDEAL_SHARE: ideal}
+    shared = f"the prompts share {ideal:.0%} of their tokens with an earlier prompt"
+    if hits is None:  # vLLM counts no prefix-cache queries with its cache off
+        if x.prefix_cache is False:
+            return Finding("prefix_reuse_missed", STRONG, f"{shared}, and the server's prefix cache is off", evidence)
+        return Finding("prefix_reuse_missed", WEAK, f"{shared}; the server reported no prefix-cache hits", evidence)
+    if hits >= th.prefix_hit_share * ideal:
+        return None
+    evidence[M.SERVER_PREFIX_CACHE_HIT_RATE] = hits
+    return Finding(
+        "prefix_reuse_missed",
+        STRONG,
+        f"{shared}, the server's prefix cache served {hits:.0%} (under {th.prefix_hit_share:.0%} of it)",
+        evidence,
+    )
+
+
+RULES = (_client, _shared, over_capacity, _kv, _slots, _prefill, _compute, _bandwidth, _prefix)
