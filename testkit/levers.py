@@ -31,7 +31,8 @@ BASELINES = {
 }
 MODELS = {"gpu": "meta-llama/Llama-3.1-8B-Instruct", "cpu": "tiny-llama"}  # each platform's default model
 GUARDED = ObjectiveSpec(maximize="tokens_per_second", subject_to={"accuracy": 0.5})  # accuracy rows apply
-DEMAND = {"running_max": 64.0, "waiting_max": 64.0}
+# what the findings a move reads saw: batch slots' demand, prefill interference's stall cost
+SEEN = {"running_max": 64.0, "waiting_max": 64.0, "decode_step_ms": 10.0, "prefill_stall_ms_per_token": 0.05}
 
 
 def lever_overrides(engine: str, platform: str) -> Iterator[tuple[str, list[str]]]:
@@ -39,7 +40,7 @@ def lever_overrides(engine: str, platform: str) -> Iterator[tuple[str, list[str]
     base = {**BASELINES[engine], MODEL_KNOB: MODELS[platform]}
     for cause, levers in load_levers().items():
         for lever in levers:
-            p = propose(cause, lever, base, Space.of(None), engine, platform, GUARDED, DEMAND)
+            p = propose(cause, lever, base, Space.of(None), engine, platform, GUARDED, SEEN)
             if p.skip:
                 continue
             knobs = {**base, **p.values}

@@ -70,10 +70,10 @@ LIMITERS: Final = (  # the diagnosis's vocabulary: ``limited_by_<cause>``
     "over_capacity",
     "kv_capacity",
     "batch_slots",
+    "prefix_reuse_missed",  # before what recomputing shared prefixes inflates: prefill stalls, compute
     "prefill_interference",
     "compute",
     "decode_bandwidth",
-    "prefix_reuse_missed",
     "none",
 )
 TTFT_PARTS: Final = ("client", "api", "queue", "prefill", "prefill_leg", "kv_transfer")  # ttft_parts_<part>_ms

@@ -369,6 +369,14 @@ def test_ttft_parts_add_up_and_say_what_is_missing():
     pd, _, _, _ = ttft_parts(
         evidence(metrics={"ttft_ms_mean": 300.0, "server_decode_ttft_s_mean": 0.05}, disaggregated=True)
     )
+    # the engine's TTFT above the client's: its means are no parts of the client's TTFT, no sum is said
+    fast = {"ttft_ms_mean": 6.0, "server_ttft_s_mean": 0.011, "server_queue_time_s_mean": 0.0}
+    out, _, words, missing = ttft_parts(evidence(metrics={**fast, "server_prefill_time_s_mean": 0.009}))
+    assert words == [] and "ttft_parts_client_ms" not in out and "ttft_parts_api_ms" not in out
+    assert out["ttft_parts_prefill_ms"] == pytest.approx(9.0) and "is above the client's 6.0 ms" in missing[0]
+    slow = {"ttft_ms_mean": 30.0, "server_ttft_s_mean": 0.02, "server_queue_time_s_mean": 0.01}
+    _, _, words, missing = ttft_parts(evidence(metrics={**slow, "server_prefill_time_s_mean": 0.02}))
+    assert words == [] and "queue + prefill means (30.0 ms) are above its mean TTFT (20.0 ms)" in missing[0]
     assert pd["ttft_parts_kv_transfer_ms"] == pytest.approx(50.0) and pd["ttft_parts_prefill_leg_ms"] == pytest.approx(
         250.0
     )

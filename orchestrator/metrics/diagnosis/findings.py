@@ -56,6 +56,12 @@ VOCABULARY: dict[str, Cause] = {
             "a larger engine.max_num_seqs lets the waiting requests in (running rises, queue time falls)",
         ),
         Cause(
+            "prefix_reuse_missed",
+            "prefix reuse missed: the prompts share prefixes the server computed again instead of reusing",
+            "prefix caching on (or cache-aware routing across replicas): server_prefix_cache_hit_rate rises "
+            "toward prefix_reuse_ideal_share and the prefill time per request falls",
+        ),
+        Cause(
             "prefill_interference",
             "prefill interference: other requests' prefills stalled running decodes",
             "chunked prefill with a smaller max_num_batched_tokens (or P/D) shrinks the stalls; the timeline "
@@ -71,12 +77,6 @@ VOCABULARY: dict[str, Cause] = {
             "decode_bandwidth",
             "decode memory bandwidth: each decode step ran near its roofline floor (weights + KV read per step)",
             "TPOT tracks bytes per step: a smaller dtype (quantized weights, fp8 KV) lowers it in proportion",
-        ),
-        Cause(
-            "prefix_reuse_missed",
-            "prefix reuse missed: the prompts share prefixes the server computed again instead of reusing",
-            "prefix caching on (or cache-aware routing across replicas): server_prefix_cache_hit_rate rises "
-            "toward prefix_reuse_ideal_share and the prefill time per request falls",
         ),
         Cause(
             "none",

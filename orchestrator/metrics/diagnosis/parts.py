@@ -79,6 +79,7 @@ def ttft_parts(x: PointEvidence) -> tuple[dict[str, float], dict[str, dict[str, 
     out[M.TTFT_PARTS_CLIENT_TOTAL_MS] = client
     server = r.server_decode_ttft_s_mean if x.disaggregated else r.server_ttft_s_mean
     parts: dict[str, float] = {}
+    off = ""
     if x.disaggregated and x.decode_ttft_holds_prefill:
         unmeasured.append(
             "KV transfer: SGLang's P/D router sends each request to both servers at once, so the decode "
@@ -106,6 +107,10 @@ def ttft_parts(x: PointEvidence) -> tuple[dict[str, float], dict[str, dict[str, 
             parts["prefill"] = prefill * 1e3
         if server is not None and queue is not None and prefill is not None:
             parts["api"] = max(server * 1e3 - queue * 1e3 - prefill * 1e3, 0.0)
+        off = _not_adding_up(client, server, queue, prefill)
+        if off:  # the engine's means are not parts of the client's: say so, and sum nothing
+            unmeasured.append(off)
+            parts = {k: v for k, v in parts.items() if k in ("queue", "prefill")}
     for k, v in parts.items():
         out[f"ttft_parts_{k}_ms"] = v
         out[f"ttft_parts_{k}_share"] = v / client if client > 0 else 0.0
@@ -114,7 +119,30 @@ def ttft_parts(x: PointEvidence) -> tuple[dict[str, float], dict[str, dict[str, 
     for cls, cm in x.class_metrics.items():
         if M.TTFT_MS_MEAN in cm and overhead is not None:
             classes[cls] = {M.TTFT_PARTS_SERVER_MS: max(cm[M.TTFT_MS_MEAN] - overhead, 0.0)}
-    return out, classes, _ttft_words(client, parts, len(x.class_metrics) > 1), unmeasured
+    words = [] if off else _ttft_words(client, parts, len(x.class_metrics) > 1)
+    return out, classes, words, unmeasured
+
+
+def _not_adding_up(client: float, server: float | None, queue: float | None, prefill: float | None) -> str:
+    """Why the engine's means are no decomposition of the client's mean TTFT, or "": the engine's
+    TTFT above the client's, or its queue and prefill above its TTFT (beyond 5% or 1 ms). Each is a
+    mean over the requests its histogram observed in the point's window, which need not be the
+    ones the client timed (requests cut off or failed, a histogram observed at a request's end)."""
+    if server is None:
+        return ""
+    server_ms = server * 1e3
+    if client - server_ms < -max(0.05 * server_ms, 1.0):
+        return (
+            f"TTFT parts: the engine's mean TTFT {server_ms:.1f} ms is above the client's {client:.1f} ms, so its "
+            "parts do not add up to the client's (its histograms observed other requests than the client timed)"
+        )
+    inside = (queue or 0.0) * 1e3 + (prefill or 0.0) * 1e3
+    if inside - server_ms > max(0.05 * server_ms, 1.0):
+        return (
+            f"TTFT parts: the engine's queue + prefill means ({inside:.1f} ms) are above its mean TTFT "
+            f"({server_ms:.1f} ms), so they are no parts of it (its histograms observed other requests)"
+        )
+    return ""
 
 
 def _ttft_words(client: float, parts: dict[str, float], pooled: bool) -> list[str]:
