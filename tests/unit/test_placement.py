@@ -16,9 +16,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def probe_trial(spec_json: str, workdir: str, overrides: list[str]) -> dict:
-    """Holds its GPUs for a moment and reports the servers' CUDA_VISIBLE_DEVICES, as the real
-    trial would compute them (same adapter launches, same server_env)."""
+    """Holds its GPUs until another probe runs beside it (a trial on fewer than the cluster's 4
+    GPUs, while some probe has yet to finish; at most 30 s) and reports the servers' CUDA_VISIBLE_DEVICES, as the real trial would
+    compute them (same adapter launches, same server_env). A fixed hold of 1.5 s once ran every
+    probe alone in CI: each Ray worker took longer than that to start on a loaded machine."""
     import itertools
+    from pathlib import Path
 
     import ray
 
@@ -37,7 +40,20 @@ def probe_trial(spec_json: str, workdir: str, overrides: list[str]) -> dict:
     for s, launch in zip(servers, launches):
         s["env_cuda"] = server_env(launch, gpu_ids).get("CUDA_VISIBLE_DEVICES")
     t0 = time.time()
-    time.sleep(1.5)
+    mark = Path(f"{workdir}.running")  # beside the other probes' (their workdirs share a parent)
+    expected = int((mark.parent / "probes.expected").read_text())
+    mark.touch()
+    try:
+        while len(gpu_ids) < 4 and time.time() - t0 < 30:
+            if any(m != mark for m in mark.parent.glob("*.running")):
+                break  # another probe holds its GPUs now: the two overlap
+            if len(list(mark.parent.glob("*.done"))) >= expected - 1:
+                break  # every other probe has finished: none is left to meet
+            time.sleep(0.05)
+        time.sleep(0.2)
+    finally:
+        mark.unlink()
+        Path(f"{workdir}.done").touch()
     return TrialResult(
         trial_hash="x" * 16,
         experiment=spec.experiment,
@@ -83,6 +99,7 @@ def test_tp_and_pd_trials_get_distinct_gpus(fake_gpu_ray, compose, tmp_path):
     for i, overrides in enumerate(cases):
         spec, settings = to_specs(compose(["platform=gpu", "platform.cpus_per_trial=1", *overrides]))
         jobs.append(TrialJob(i, overrides, spec, settings))
+    (tmp_path / "probes.expected").write_text(str(len(jobs)))
     results = {job.index: r for job, r in run_jobs(jobs, lambda j: str(tmp_path / str(j.index)), None, probe_trial)}
     assert sorted(results) == list(range(len(cases)))
     for job in jobs:
