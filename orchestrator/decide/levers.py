@@ -248,7 +248,7 @@ def _moved(knob: str, change: Change, value: Any, space: Space, evidence: Mappin
     if listed is not None and change.direction != 0:
         if value not in listed:
             return None, f"{knob} is {_show(value)}, not one of the space's values {list(listed)}"
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in listed)
+        numeric = all(_number(v) for v in listed)
         ordered = sorted(listed) if numeric else list(listed)  # up and down by value, whatever the list's order
         i = ordered.index(value) + change.direction
         if not 0 <= i < len(ordered):
@@ -258,7 +258,7 @@ def _moved(knob: str, change: Change, value: Any, space: Space, evidence: Mappin
         if listed is not None and change.to not in listed:
             return None, f"{knob}: {_show(change.to)} is not one of the space's values {list(listed)}"
         return change.to, ""
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _number(value):
         return None, f"{knob} is unset (the engine's default): set it in the baseline or list its values in the space"
     new = value * change.times if change.times is not None else value + (change.plus or 0.0)
     if isinstance(value, int):
@@ -280,7 +280,7 @@ def _demanded(knob: str, value: Any, space: Space, evidence: Mapping[str, float]
     need = int(math.ceil(evidence["running_max"] + evidence["waiting_max"]))
     listed = space.lists.get(knob)
     if listed is not None:
-        numbers = sorted(v for v in listed if isinstance(v, (int, float)) and not isinstance(v, bool))
+        numbers = sorted(v for v in listed if _number(v))
         new = next((v for v in numbers if v >= need), numbers[-1] if numbers else None)
     else:
         lo, hi = space.ranges.get(knob, (-math.inf, math.inf))
@@ -310,17 +310,22 @@ def _stall_sized(knob: str, value: Any, space: Space, evidence: Mapping[str, flo
         return None, "the finding measured no stall cost per prompt token"
     listed = space.lists.get(knob)
     if listed is not None:
-        numbers = [v for v in listed if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+        numbers = [v for v in listed if _number(v) and v > 0]
         new = min(numbers, key=lambda v: abs(math.log(v / max(target, 1.0)))) if numbers else None
     else:
         lo, hi = space.ranges.get(knob, (-math.inf, math.inf))
         new = int(min(max(2 ** round(math.log2(max(target, 1.0))), STALL_BUDGET_MIN, lo), hi))
-    if new is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and new >= value):
+    if new is None or (_number(value) and new >= value):
         return (
             None,
             f"{knob} {_show(value)} already keeps a chunk's stall within {steps:g} decode steps ({target:.0f} tokens)",
         )
     return new, ""
+
+
+def _number(value: Any) -> bool:
+    """A knob's number (a bool is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _short(knob: str) -> str:

@@ -131,13 +131,14 @@ def _not_adding_up(client: float, server: float | None, queue: float | None, pre
     if server is None:
         return ""
     server_ms = server * 1e3
-    if client - server_ms < -max(0.05 * server_ms, 1.0):
+    tolerance = max(0.05 * server_ms, 1.0)
+    if client - server_ms < -tolerance:
         return (
             f"TTFT parts: the engine's mean TTFT {server_ms:.1f} ms is above the client's {client:.1f} ms, so its "
             "parts do not add up to the client's (its histograms observed other requests than the client timed)"
         )
     inside = (queue or 0.0) * 1e3 + (prefill or 0.0) * 1e3
-    if inside - server_ms > max(0.05 * server_ms, 1.0):
+    if inside - server_ms > tolerance:
         return (
             f"TTFT parts: the engine's queue + prefill means ({inside:.1f} ms) are above its mean TTFT "
             f"({server_ms:.1f} ms), so they are no parts of it (its histograms observed other requests)"
