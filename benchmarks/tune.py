@@ -10,15 +10,21 @@ a different cause, and an objective. For each:
 * the grid runs every configuration of the space once, raced by the objective's race where the
   top ones are close (the product's own sweep); its verdict is the best configuration;
 * the tuner (``hydra/sweeper=tune``) starts from the baseline;
-* TPE (``hydra/sweeper=optuna``) gets as many trials as the tuner ran, per seed.
+* TPE (``hydra/sweeper=optuna``) gets as many measured runs as the tuner, per seed (a
+  configuration the engine refuses, SKIPPED before a server starts, or one asked twice, read
+  back, does not count).
 
 Trial runs count a race's repeats; configurations are the distinct ones a method measured. A
 method reaches the grid's best when its best configuration is the grid's, or is tied with it
-within the objective's margin by the grid's own numbers. Prints a table (docs/tuning.md keeps it with its date and machine)."""
+within the objective's margin by the grid's own numbers. Runs to reach it: the grid's all (it
+knows its best at its end); the tuner's through the step that adopted it (the baseline's first
+run when the baseline is it); TPE's through the trial after which its pick, its best single
+run so far, was it and stayed so. Prints a table (docs/tuning.md keeps it with its date and machine)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -67,7 +73,7 @@ SCENARIOS = {
         ],
         {
             "engine.enable_chunked_prefill": ["false", "true"],
-            "engine.max_num_batched_tokens": ["2048", "1024", "512", "256"],
+            "engine.max_num_batched_tokens": ["2048", "1024", "768", "512", "384", "256", "192", "128"],
         },
         "short/itl_worst_ms_p50",
         False,
@@ -106,10 +112,11 @@ def experiment_of(s: Scenario) -> str:
     return s.fixed[0].split("=", 1)[1]
 
 
-def measured(store: str, s: Scenario, first: bool = False) -> tuple[dict[str, float], int]:
-    """Each configuration's value of the objective (mean over its runs; knobs as a key) and the
-    trial runs measured, from the store (``first``: its first sweep, the one that measured them;
-    a rerun reads them back and logs only what it skips)."""
+def measured(store: str, s: Scenario, first: bool = False) -> tuple[dict[str, float], int, list[tuple[str, float]]]:
+    """Each configuration's value of the objective (mean over its runs; knobs as a key), the
+    trial runs measured, and each configuration's first run's value in the order they ran, from
+    the store (``first``: its first sweep, the one that measured them; a rerun reads them back
+    and logs only what it skips)."""
     from mlflow.tracking import MlflowClient
 
     from orchestrator.config.schema import ObjectiveSpec
@@ -128,13 +135,16 @@ def measured(store: str, s: Scenario, first: bool = False) -> tuple[dict[str, fl
     data = from_mlflow(store, experiment_of(s), sweep)
     goal = ObjectiveSpec.model_validate({("maximize" if s.maximize else "minimize"): s.key, "at": s.at})
     values: dict[str, float] = {}
+    order: list[tuple[str, float]] = []
     runs = 0
-    for t in data.finished:
+    for t in data.finished:  # in the order they started
         runs += 1 + len(t.runs)
         v = value_of(t, goal.key, goal.at)
         if v is not None:
             values[config_key(t.params, s)] = v.value
-    return values, runs
+            once = value_of(dataclasses.replace(t, runs=[]), goal.key, goal.at)  # what one run told
+            order.append((config_key(t.params, s), once.value if once is not None else v.value))
+    return values, runs, order
 
 
 def config_key(params: dict[str, Any], s: Scenario) -> str:
@@ -153,8 +163,54 @@ def reached(best: str | None, grid: dict[str, float], grid_best: str, s: Scenari
     return f"yes (a tie: {gap:+.0%} of the grid's best)" if gap <= margin else f"no ({best}: {gap:+.0%} off)"
 
 
-def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[tuple[str, int, int, float, str, str]]:
-    """(method, trial runs, configurations measured, wall s, its best, whether it reached the grid's best)."""
+def in_tier(key: str | None, grid: dict[str, float], grid_best: str, s: Scenario) -> bool:
+    return key is not None and reached(key, grid, grid_best, s).startswith("yes")
+
+
+def knobs_named(name: str, s: Scenario) -> dict[str, str]:
+    """A tuner's configuration name (``max_num_seqs=8,enable_prefix_caching=true``) as the space's knobs."""
+    if name == "baseline":
+        return {}
+    short = {k.removeprefix("engine."): k for k in s.space}
+    pairs = (part.split("=", 1) for part in name.split(",") if "=" in part)
+    return {short.get(k, k): v.lower() for k, v in pairs}
+
+
+def tuner_reach(path: dict[str, Any], grid: dict[str, float], grid_best: str, s: Scenario) -> int | None:
+    """The trial runs after which the tuner's incumbent was the grid's best or tied with it: the
+    baseline's first run, or the step that adopted it (its race's runs included)."""
+    base = {k: v[0] for k, v in s.space.items()}
+    if in_tier(config_key(base, s), grid, grid_best, s):
+        return 1
+    for step in path["steps"]:
+        if step.get("adopted") and in_tier(
+            config_key({**base, **knobs_named(step["adopted"], s)}, s), grid, grid_best, s
+        ):
+            return int(step.get("trials") or path["trials"])
+    return None
+
+
+def tpe_reach(order: list[tuple[str, float]], grid: dict[str, float], grid_best: str, s: Scenario) -> int | None:
+    """The trials after which TPE's pick (its best single run so far) was the grid's best or tied
+    with it, and stayed so to the end of its budget."""
+    picks = []
+    for i in range(1, len(order) + 1):
+        seen = order[:i]
+        picks.append((max if s.maximize else min)(seen, key=lambda kv: kv[1])[0])
+    reach = None
+    for i in range(len(picks), 0, -1):
+        if not in_tier(picks[i - 1], grid, grid_best, s):
+            break
+        reach = i
+    return reach
+
+
+Row = tuple[str, int, int | None, int, float, str, str]
+
+
+def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[Row]:
+    """(method, trial runs, the runs to reach the grid's best, configurations measured, wall s,
+    its best, whether it reached the grid's best)."""
     lists = [f"{k}={','.join(v)}" for k, v in s.space.items()]
     rows = []
     for old in Path(tmp).glob(f"{s.name}-*"):  # the tuner's and TPE's runs start afresh; the grid's are kept
@@ -167,9 +223,9 @@ def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[tuple[str
         wall = float(timed.read_text())
     else:
         timed.write_text(f"{wall:.1f}")
-    grid, runs = measured(store, s, first=True)
+    grid, runs, _ = measured(store, s, first=True)
     grid_best = (max if s.maximize else min)(grid, key=lambda k: grid[k])
-    rows.append(("grid", runs, len(grid), wall, grid_best, "-"))
+    rows.append(("grid", runs, runs, len(grid), wall, grid_best, "-"))  # the grid knows its best at its end
     store = f"sqlite:///{tmp}/{s.name}-tune.db"
     sweep = f"{tmp}/{s.name}-tune"
     wall, out = run([*s.fixed, *lists, "hydra/sweeper=tune", f"tracking.uri={store}", f"hydra.sweep.dir={sweep}", "-m"])
@@ -177,26 +233,37 @@ def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[tuple[str
     knobs = {**{k: v[0] for k, v in s.space.items()}, **{k: str(v).lower() for k, v in path["best"]["knobs"].items()}}
     tuned = config_key(knobs, s)
     configs = len(measured(store, s)[0])
-    rows.append(("tuner", path["trials"], configs, wall, tuned, reached(tuned, grid, grid_best, s)))
+    reach = tuner_reach(path, grid, grid_best, s)
+    rows.append(("tuner", path["trials"], reach, configs, wall, tuned, reached(tuned, grid, grid_best, s)))
     print("\n".join(line for line in out.splitlines() if line.startswith("tune: step") and "passed over" not in line))
+    budget = path["trials"]
     for seed in tpe_seeds:
         store = f"sqlite:///{tmp}/{s.name}-tpe{seed}.db"
-        wall, out = run(
-            [
-                *s.fixed,
-                *lists,
-                "hydra/sweeper=optuna",
-                f"hydra.sweeper.n_trials={path['trials']}",
-                f"hydra.sweeper.seed={seed}",
-                f"hydra.sweeper.storage=sqlite:///{tmp}/{s.name}-optuna{seed}.db",
-                f"tracking.uri={store}",
-                f"hydra.sweep.dir={tmp}/{s.name}-tpe{seed}",
-                "-m",
-            ]
-        )
-        found, runs = measured(store, s)
+        # as many measured runs as the tuner's: a configuration the engine refuses (SKIPPED before
+        # any server starts) or one asked again (read back) costs TPE nothing, so it asks on
+        asks, wall = budget, 0.0
+        while True:
+            took, out = run(
+                [
+                    *s.fixed,
+                    *lists,
+                    "hydra/sweeper=optuna",
+                    f"hydra.sweeper.n_trials={asks}",  # the study's total: a rerun resumes it
+                    f"hydra.sweeper.seed={seed}",
+                    f"hydra.sweeper.storage=sqlite:///{tmp}/{s.name}-optuna{seed}.db",
+                    f"tracking.uri={store}",
+                    f"hydra.sweep.dir={tmp}/{s.name}-tpe{seed}",
+                    "-m",
+                ]
+            )
+            wall += took
+            found, runs, order = measured(store, s)
+            if runs >= budget or asks >= 5 * budget:
+                break
+            asks += budget - runs
         best = (max if s.maximize else min)(found, key=lambda k: found[k]) if found else None
-        rows.append((f"TPE seed {seed}", runs, len(found), wall, best or "-", reached(best, grid, grid_best, s)))
+        reach = tpe_reach(order, grid, grid_best, s)
+        rows.append((f"TPE seed {seed}", runs, reach, len(found), wall, best or "-", reached(best, grid, grid_best, s)))
     return rows
 
 
@@ -220,11 +287,11 @@ def main() -> None:
                 f"{s.cause}); space of {size} configurations; {'maximize' if s.maximize else 'minimize'} {s.key}"
             )
             print(
-                "| method | trial runs | configurations | wall s | best configuration | reached the grid's best |\n"
-                "|---|---|---|---|---|---|"
+                "| method | trial runs | runs to reach the grid's best | configurations | wall s | best configuration "
+                "| reached the grid's best |\n|---|---|---|---|---|---|---|"
             )
-            for method, n, configs, wall, best, ok in rows:
-                print(f"| {method} | {n} | {configs} | {wall:.0f} | {best} | {ok} |", flush=True)
+            for method, n, reach, configs, wall, best, ok in rows:
+                print(f"| {method} | {n} | {reach or '-'} | {configs} | {wall:.0f} | {best} | {ok} |", flush=True)
 
 
 if __name__ == "__main__":

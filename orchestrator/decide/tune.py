@@ -131,6 +131,7 @@ class Step:
     log_scale: bool = True
     values: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (mean, 95% half-width)
     unjudged: list[str] = field(default_factory=list)  # what the incumbent's diagnosis could not measure
+    trials: int = 0  # trial runs of the tuning so far, this step's included (a race's repeats count)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -145,6 +146,7 @@ class Step:
             "gain": list(self.gain) if self.gain else None,
             "values": {k: list(v) for k, v in self.values.items()},
             "not_judged": self.unjudged,
+            "trials": self.trials,
         }
 
 

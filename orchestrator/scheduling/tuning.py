@@ -4,7 +4,9 @@ Each step diagnoses the incumbent at the objective's point, proposes the levers 
 (then of its other findings; :mod:`orchestrator.decide.levers`), checks each candidate as a sweep
 would (its config composes and validates, the engine and the hardware accept it) and races the
 candidates beside the incumbent in one launch: fresh requests for the step (its own ``seed``),
-the same for every trial of a round, the race's pairing and confidence as in any sweep. The
+the same for every trial of a round, the race's pairing and confidence as in any sweep. Step 1
+shares the baseline's requests: the run that diagnosed the baseline is its first run in that race
+(read back, not measured again); a later incumbent was chosen by its runs, so it runs afresh. The
 leader is adopted only when it beats the incumbent with that confidence
 (:func:`orchestrator.decide.tune.judge_step`); otherwise the next levers are tried. The tuning
 stops when no lever is left, at ``max_steps``, or when the next step would pass ``max_trials``
@@ -43,7 +45,7 @@ from orchestrator.scheduling.tuning_record import Raced, TuningRecord
 log = logging.getLogger(__name__)
 
 BASELINE = "baseline"
-SEED_STEP = 1000  # step k's requests: seed + k * SEED_STEP (fresh for the step, the same for its trials)
+SEED_STEP = 1000  # step k's requests: seed + (k - 1) * SEED_STEP (fresh for the step, the same for its trials)
 
 
 @dataclasses.dataclass
@@ -84,6 +86,7 @@ class Tuner:
         self.sweep_dir = Path(str(config.hydra.sweep.dir)).expanduser().absolute()
         self.steps: list[Step] = []
         self.trials_run = 0
+        self.counted: set[str] = set()  # the runs counted in trials_run, by hash (a run read back counts once)
         self.job_idx = 0
         self.started = time.monotonic()
         self.base_job = self.job_of({})  # the baseline validated before anything starts
@@ -99,7 +102,7 @@ class Tuner:
         return [
             *kept,
             *(f"++{k}={hydra_value(v)}" for k, v in knobs.items()),
-            f"seed={self.base_seed + step * SEED_STEP}",
+            f"seed={self.base_seed + max(step - 1, 0) * SEED_STEP}",  # step 0 (the baseline) and 1 share
         ]
 
     def job_of(self, knobs: Mapping[str, Any]) -> TrialJob:
@@ -139,6 +142,7 @@ class Tuner:
             for k in range(1, self.max_steps + 1):
                 step, candidates = self.next_step(k, incumbent, trial, tried, engine, platform)
                 self.steps.append(step)
+                step.trials = self.trials_run  # a step not run adds none
                 if not candidates:
                     step.decision = "no lever left to try"
                     self.say(f"tune: step {k}: {incumbent.name} {step.headline}; no lever left to try: stopping")
@@ -155,6 +159,7 @@ class Tuner:
                 )
                 self.passed_over(step)
                 named = self.launch([incumbent, *candidates], k, returns)
+                step.trials = self.trials_run
                 adopted = self.judge(step, incumbent, candidates, named)
                 tried |= {_identity(c.knobs) for c in candidates}
                 if adopted is not None:
@@ -236,7 +241,10 @@ class Tuner:
             if trial is None:
                 trial = TrialData(c.name, str(out.get("status", "NOT_RUN")), {}, {}, [], error=str(out.get("why", "")))
             named[c.name] = dataclasses.replace(trial, name=c.name)
-            self.trials_run += 1 + len(trial.runs)
+            for run in [trial, *trial.runs]:
+                if not run.trial_hash or run.trial_hash not in self.counted:
+                    self.trials_run += 1
+                    self.counted.add(run.trial_hash)
         return named
 
     def judge(
@@ -277,7 +285,7 @@ class Tuner:
                 self.say(f"tune: racing {best.name} against the baseline")
                 k = len(self.steps) + 1
                 named = self.launch([Candidate(BASELINE, {}), best], k, returns)
-                final = Step(k, BASELINE, "", [])
+                final = Step(k, BASELINE, "", [], trials=self.trials_run)
                 self.judge(final, Candidate(BASELINE, {}), [best], named)
                 against = f"{best.name} against the baseline: {self.objective.key} " + (
                     _gain_words(final) if final.adopted else final.decision

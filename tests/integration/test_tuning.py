@@ -61,7 +61,11 @@ def test_two_tuning_steps_from_a_diagnosis(tmp_path):
     parent = next(r for r in runs if r.data.tags.get("run_kind") == "sweep")
     assert parent.data.tags["tune_path"].startswith("step 1: baseline")
     trials = [r for r in runs if r.data.tags.get("run_kind") in ("trial", "repeat")]  # a race's repeats too
-    assert len(trials) == path["trials"]
+    assert len(trials) == path["trials"]  # the baseline's first run, read back in step 1, counted once
+    assert (
+        sum(r.data.tags.get("run_kind") == "trial" and r.data.params.get("engine.max_num_seqs") == "1" for r in trials)
+        == 1
+    )
     raced = [r.data.tags for r in trials if r.data.tags.get("tune_step") == "1"]
     assert {t["tune_role"] for t in raced} == {"incumbent", "candidate"}
     assert {t.get("tune_lever") for t in raced if t["tune_role"] == "candidate"} == {first["tried"][0]["lever"]}
