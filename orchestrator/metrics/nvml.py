@@ -8,7 +8,8 @@ trial read through the same module."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -54,3 +55,11 @@ def power_window_s(nv: Any, h: Any) -> float:
     except Exception:  # an NVML too old for the call, or a device that does not answer it
         return 1.0
     return 1.0 if (major, minor) >= (8, 6) else 0.0
+
+
+def visible_devices(gpu_ids: Sequence[int | str], env: Mapping[str, str] | None = None) -> list[str]:
+    """The trial's GPUs as NVML identifies them: the entries of the ``CUDA_VISIBLE_DEVICES`` it was
+    given (indices or ``GPU-``/``MIG-`` UUIDs), else Ray's GPU ids."""
+    given = [x.strip() for x in ((os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES") or "").split(",")]
+    given = [x for x in given if x]
+    return given or [str(g) for g in gpu_ids]

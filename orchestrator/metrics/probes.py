@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import psutil
 from orchestrator.config.schema import PlatformSpec
 from orchestrator.metrics import nvml
 from orchestrator.metrics.monitor import process_tree
+from orchestrator.metrics.nvml import visible_devices
 from orchestrator.metrics.telemetry import Background, Timeline, now
 
 log = logging.getLogger(__name__)
@@ -117,14 +117,6 @@ class RaplProbe:
 
     def close(self) -> None:
         pass
-
-
-def visible_devices(gpu_ids: Sequence[int | str], env: Mapping[str, str] | None = None) -> list[str]:
-    """The trial's GPUs as NVML identifies them: the entries of the ``CUDA_VISIBLE_DEVICES`` it was
-    given (indices or ``GPU-``/``MIG-`` UUIDs), else Ray's GPU ids."""
-    given = [x.strip() for x in ((os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES") or "").split(",")]
-    given = [x for x in given if x]
-    return given or [str(g) for g in gpu_ids]
 
 
 class NvmlProbe:

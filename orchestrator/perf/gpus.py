@@ -12,11 +12,14 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.config.schema import TrialSpec
 from orchestrator.metrics import nvml
-from orchestrator.metrics.probes import visible_devices
+from orchestrator.metrics.nvml import visible_devices
+
+if TYPE_CHECKING:  # detection needs NVML only (make gpu-check on a bare machine): no pydantic here
+    from orchestrator.config.schema import TrialSpec
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from orchestrator.evaluation import task_problem
 from orchestrator.feasibility import assess, describe
 from orchestrator.loadgen.datasets import load_sharegpt
 from orchestrator.loadgen.traces import read_trace, replay_slice
-from orchestrator.metrics.probes import visible_devices
+from orchestrator.metrics.nvml import visible_devices
 from orchestrator.metrics.result import TrialResult
 from orchestrator.models import check_hub_tokenizer, resolve_model
 from orchestrator.perf.gpus import gpu_mismatch

@@ -32,7 +32,7 @@ import psutil
 from orchestrator.config.errors import TrialError
 from orchestrator.config.logs import Progress
 from orchestrator.config.schema import SlateSpec, TrialSpec
-from orchestrator.metrics.probes import visible_devices
+from orchestrator.metrics.nvml import visible_devices
 from orchestrator.trial.machine import (
     GB,
     Leftover,

@@ -372,7 +372,9 @@ def test_the_right_tokenizer_makes_a_valid_point(compose, tmp_path, tiny_model_d
         result = run_trial(external(compose, srv.base_url, "model.name=tiny"), tmp_path, progress=lambda _: None)
     assert result.status == "FINISHED", result.error
     p = result.points[0]
-    assert p.metrics["invalid"] == 0.0 and p.invalid_reasons == [] and p.metrics["prompt_tokens_gap_p50"] == 0
+    assert p.metrics["invalid"] == 0.0 and p.invalid_reasons == [] and p.metrics["prompt_tokens_gap_p50"] == 0, (
+        p.invalid_reasons
+    )
 
 
 def test_a_server_that_ignores_max_tokens_makes_the_point_invalid(compose, tmp_path, tiny_model_dir):
