@@ -121,23 +121,22 @@ def measured(store: str, s: Scenario, first: bool = False) -> tuple[dict[str, fl
 
     from orchestrator.config.schema import ObjectiveSpec
     from orchestrator.decide.objective import value_of
+    from orchestrator.decide.trials import TrialData
     from orchestrator.tracking.runs import from_mlflow
 
-    sweep = None
-    if first:
-        client = MlflowClient(tracking_uri=store)
-        exp = client.get_experiment_by_name(experiment_of(s))
-        assert exp is not None, store
-        sweeps = client.search_runs(
-            [exp.experiment_id], "tags.run_kind = 'sweep'", order_by=["attributes.start_time ASC"]
-        )
-        sweep = sweeps[0].info.run_id
-    data = from_mlflow(store, experiment_of(s), sweep)
+    client = MlflowClient(tracking_uri=store)
+    exp = client.get_experiment_by_name(experiment_of(s))
+    assert exp is not None, store
+    sweeps = client.search_runs([exp.experiment_id], "tags.run_kind = 'sweep'", order_by=["attributes.start_time ASC"])
+    finished: dict[str, TrialData] = {}  # every sweep's (TPE's reruns are sweeps of their own), by trial hash
+    for sweep in sweeps[:1] if first else sweeps:
+        for t in from_mlflow(store, experiment_of(s), sweep.info.run_id).finished:
+            finished.setdefault(t.trial_hash, t)
     goal = ObjectiveSpec.model_validate({("maximize" if s.maximize else "minimize"): s.key, "at": s.at})
     values: dict[str, float] = {}
     order: list[tuple[str, float]] = []
     runs = 0
-    for t in data.finished:  # in the order they started
+    for t in finished.values():  # in the order they started
         runs += 1 + len(t.runs)
         v = value_of(t, goal.key, goal.at)
         if v is not None:
@@ -241,7 +240,7 @@ def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[Row]:
         store = f"sqlite:///{tmp}/{s.name}-tpe{seed}.db"
         # as many measured runs as the tuner's: a configuration the engine refuses (SKIPPED before
         # any server starts) or one asked again (read back) costs TPE nothing, so it asks on
-        asks, wall = budget, 0.0
+        asks, wall, rerun = budget, 0.0, 0
         while True:
             took, out = run(
                 [
@@ -249,7 +248,9 @@ def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[Row]:
                     *lists,
                     "hydra/sweeper=optuna",
                     f"hydra.sweeper.n_trials={asks}",  # the study's total: a rerun resumes it
-                    f"hydra.sweeper.seed={seed}",
+                    # a resumed study's sampler starts from its seed again: a rerun with the same seed
+                    # would draw the same configurations (refused ones included) again
+                    f"hydra.sweeper.seed={seed + 1000 * rerun}",
                     f"hydra.sweeper.storage=sqlite:///{tmp}/{s.name}-optuna{seed}.db",
                     f"tracking.uri={store}",
                     f"hydra.sweep.dir={tmp}/{s.name}-tpe{seed}",
@@ -261,6 +262,7 @@ def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[Row]:
             if runs >= budget or asks >= 5 * budget:
                 break
             asks += budget - runs
+            rerun += 1
         best = (max if s.maximize else min)(found, key=lambda k: found[k]) if found else None
         reach = tpe_reach(order, grid, grid_best, s)
         rows.append((f"TPE seed {seed}", runs, reach, len(found), wall, best or "-", reached(best, grid, grid_best, s)))

@@ -248,6 +248,60 @@ CHECKS: list[tuple[str, Callable[[], tuple[str, str]]]] = [
     ("gpu_smoke plan (dry run)", check_plan),
 ]
 
+# What each check imports (module -> its package): detection needs NVML alone. A machine's own
+# install gives torch and nvidia-ml-py; the project's pure-Python imports travel as wheels.
+MACHINE = {"torch": "torch", "pynvml": "nvidia-ml-py", "psutil": "psutil"}
+WHEELS = {
+    "pydantic": "pydantic",
+    "pydantic_core": "pydantic-core",
+    "annotated_types": "annotated-types",
+    "typing_inspection": "typing-inspection",
+    "typing_extensions": "typing-extensions",
+    "httptools": "httptools",
+    "orjson": "orjson",
+    "hydra": "hydra-core",
+    "omegaconf": "omegaconf",
+    "antlr4": "antlr4-python3-runtime",
+}
+_SCHEMA = ["pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions"]
+NEEDS: dict[Callable[[], tuple[str, str]], list[str]] = {
+    check_detection: ["pynvml"],
+    check_calibration: ["torch", "pynvml"],
+    check_energy: ["torch", "pynvml", "psutil", *_SCHEMA],
+    check_slate: ["torch", "pynvml", "psutil", *_SCHEMA],
+    check_plan: [*_SCHEMA, "httptools", "orjson", "hydra", "omegaconf", "antlr4"],
+}
+
+
+def missing_modules(needs: list[str]) -> list[str]:
+    """The modules of ``needs`` this interpreter cannot import (found without importing them)."""
+    import importlib.util
+
+    out = []
+    for name in needs:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def what_to_install(missing: list[str]) -> str:
+    """One line: what is missing and how to get it here."""
+    own = [MACHINE[m] for m in missing if m in MACHINE]
+    carried = [WHEELS[m] for m in missing if m in WHEELS]
+    parts = []
+    if own:
+        parts.append(f"{', '.join(own)} (pip install {' '.join(own)})")
+    if carried:
+        parts.append(
+            f"{', '.join(carried)} (the project's wheels: `make gpu-check-wheels` on a machine with the "
+            "network writes .whl/; carry .whl/ here and `make gpu-check` installs them)"
+        )
+    return f"gpu-check: not installed for {sys.executable}: " + "; ".join(parts)
+
 
 def table(rows: list[Row]) -> str:
     head = "| check | result | detail | s |\n| --- | --- | --- | --- |\n"
@@ -261,8 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: list[Row] = []
     t0 = time.perf_counter()
+    absent = missing_modules(list(dict.fromkeys(m for _, fn in CHECKS for m in NEEDS[fn])))
+    if absent:
+        print(what_to_install(absent), flush=True)
     for name, fn in CHECKS:
-        if fn is check_energy and args.raw:
+        lacking = [m for m in NEEDS[fn] if m in absent]
+        if lacking:
+            rows.append(Row(name, "SKIP", f"needs {', '.join(lacking)}, not installed here (see above)"))
+            print(f"[SKIP] {name}: needs {', '.join(lacking)}", flush=True)
+        elif fn is check_energy and args.raw:
             _run(name, lambda: check_energy(raw=Path(args.raw)), rows)
         else:
             _run(name, fn, rows)
@@ -271,8 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     failed = [r for r in rows if r.status == "FAIL"]
-    print("gpu-check: " + ("FAILED: " + ", ".join(r.check for r in failed) if failed else "passed"))
-    return 1 if failed else 0
+    if failed:
+        print("gpu-check: FAILED: " + ", ".join(r.check for r in failed))
+    elif absent:
+        print(f"gpu-check: incomplete: {', '.join(absent)} not installed (the first line says how to get them)")
+    else:
+        print("gpu-check: passed")
+    return 1 if failed or absent else 0
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ a lab is measured again even if the store already holds it). Its console output 
 and kept in ``multirun/labs/<time>/<NAME>.log``. The table (lab, trials FINISHED / SKIPPED /
 FAILED, the verdict, the wall time) is read from what the sweep left on disk (its
 ``result.json`` files and its console), printed, and written to ``multirun/labs/<time>/labs.md``
-with the first line of every FAILED trial's error. Exit code 1 when a sweep failed or a trial
-FAILED.
+with the first line of every FAILED trial's error. A lab whose verdict is undecided after its
+race's budget (the sweep's exit code 4) is reported as such, with the runs deciding would need and
+about how long they would take here; it is not a failure. Exit code 1 when a sweep failed or a
+trial FAILED.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ RESULTS_LINE = re.compile(r"^sweep '[^']+': \d+ trial\(s\); results in (.+)$")
 VERDICT_LINE = re.compile(r"^(Verdict: .*|Best configuration: .*)$")
 EXPECT_LINE = re.compile(r"^Expectations: (\d+) observed, (\d+) not observed, (\d+) not measurable here \(of \d+\)$")
 CLAIM_LINE = re.compile(r"^\[(observed|not observed|not measurable here)\] .*$")
+NEEDS_RUNS = re.compile(r"deciding it needs about (\d+) runs each")
+UNDECIDED_EXIT = 4  # the sweep's exit code when its verdict is undecided after the race's budget
 
 
 @dataclass
@@ -76,10 +80,33 @@ class LabRun:
     failures: list[tuple[str, str]] = field(default_factory=list)  # (trial, first line of its error)
     expected: tuple[int, int, int] | None = None  # the lab's claims: observed, not observed, not measurable here
     claims: list[str] = field(default_factory=list)  # "[status] claim (numbers)"
+    runs: Counter[str] = field(default_factory=Counter)  # a configuration's runs (its first, then a race's repeats)
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.counts.get("FAILED")
+        """Nothing failed: an undecided verdict is an outcome of its own, not a failure."""
+        return self.returncode in (0, UNDECIDED_EXIT) and not self.counts.get("FAILED")
+
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``undecided`` (with what deciding would cost here), or ``NOT OK``."""
+        if not self.ok:
+            return "NOT OK"
+        if self.returncode != UNDECIDED_EXIT:
+            return "ok"
+        m = NEEDS_RUNS.search(self.verdict)
+        runs = max(self.runs_each, 1)
+        if not m:
+            return f"undecided after {runs} run(s) each"
+        more = max(int(m.group(1)) - runs, 0) * self.wall_s / runs  # a run of every trial per round
+        return (
+            f"undecided after {runs} run(s) each; deciding needs about {m.group(1)} each (~{_minutes(more)} more here)"
+        )
+
+    @property
+    def runs_each(self) -> int:
+        """The runs of the most-run configuration: its first run and the race's repeats."""
+        return max(self.runs.values(), default=0)
 
 
 def experiments() -> list[str]:
@@ -154,6 +181,10 @@ def read_outcome(run: LabRun, lines: list[str]) -> None:
         return
     for result in sorted((PROJECT_ROOT / run.sweep_dir).glob("trials/*/result.json")):
         data = json.loads(result.read_text())
+        if data.get("repeat_of"):  # a race's later run: counted with its configuration
+            run.runs[data["repeat_of"]] += 1
+            continue
+        run.runs[data["trial_hash"]] += 1
         run.counts[data["status"]] += 1
         if data["status"] == "FAILED":
             error = (data.get("error") or "").splitlines()
@@ -171,7 +202,8 @@ def table(runs: list[LabRun]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        verdict = r.verdict.replace("|", "/") or (
+        decided = f"**{r.outcome}**: " if r.outcome.startswith("undecided") else ""
+        verdict = decided + r.verdict.replace("|", "/") or (
             f"(sweep exited with {r.returncode})"
             if r.returncode
             else "none: every trial that could run FAILED (below)"
@@ -238,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_lab(name, overrides, out_dir / f"{name}.log")
         runs.append(run)
         print(
-            f"=== [{i}/{len(chosen)}] {name}: {'ok' if run.ok else 'NOT OK'}, {dict(run.counts)} in "
-            f"{_minutes(run.wall_s)}",
+            f"=== [{i}/{len(chosen)}] {name}: {run.outcome}, {dict(run.counts)} in {_minutes(run.wall_s)}",
             flush=True,
         )
     lines = [

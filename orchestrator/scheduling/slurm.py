@@ -54,7 +54,11 @@ class SlurmParams(BaseModel):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    activate: str | None = Field(default=None, description="a shell line run first, e.g. 'source VENV/bin/activate'")
+    activate: str | None = Field(
+        default=None,
+        description="a shell line run first, e.g. 'source VENV/bin/activate'; default: the environment of the "
+        "interpreter that renders the script (its bin folder first on PATH); 'none': no activation",
+    )
     workdir: str = str(PROJECT_ROOT)
     log_dir: str = "slurm-logs"
     ray_port: int = Field(default=6379, ge=1024, le=65535)
@@ -157,12 +161,27 @@ def render_sbatch(params: SlurmParams, overrides: list[str], template: str | Non
         time=params.time,
         log_dir=params.log_dir,
         sbatch_extra="\n".join(extra),
-        activate=params.activate or "# (no environment activation)",
+        activate=activation(params.activate),
         workdir=shlex.quote(params.workdir),
         ray_port=params.ray_port,
         head_wait_s=params.head_wait_s,
         join_timeout_s=params.join_timeout_s,
         overrides=" ".join(shlex.quote(o) for o in overrides),
+    )
+
+
+def activation(line: str | None, executable: str = sys.executable) -> str:
+    """The script's first shell line: the user's (``--activate``), none (``none``), or by default
+    the environment this script is rendered from. On a compute node, ``python`` and ``ray`` are
+    otherwise whatever its login PATH finds, rarely the environment the sweep was built in."""
+    if line is not None and line.strip().lower() == "none":
+        return "# (no environment activation: --activate none)"
+    if line:
+        return line
+    bin_dir = Path(executable).absolute().parent  # a venv's bin: not resolved through its symlink
+    return (
+        f"# the environment this script was rendered from ({executable}); --activate overrides it\n"
+        f'export PATH={shlex.quote(str(bin_dir))}:"$PATH"'  # a substituted value is not read as a template
     )
 
 

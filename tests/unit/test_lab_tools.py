@@ -117,6 +117,40 @@ def test_the_labs_table_is_read_from_the_console_and_the_results_on_disk(tmp_pat
     assert "- quantization / c: EvalError: lm-eval exited with 1: boom" in lines
 
 
+def test_an_undecided_lab_is_its_own_outcome_with_what_deciding_would_cost(tmp_path):
+    """Issue 58: `make labs` called seven labs NOT OK whose race was only undecided."""
+    import json
+
+    from orchestrator.labs.labs import LabRun, read_outcome, table
+
+    trials = tmp_path / "sweep" / "trials"
+    for i, (h, repeat_of) in enumerate(
+        [("a" * 16, None), ("b" * 16, None), ("c" * 16, "a" * 16), ("d" * 16, "b" * 16)]
+    ):
+        (trials / f"00{i}-x").mkdir(parents=True)
+        (trials / f"00{i}-x" / "result.json").write_text(
+            json.dumps({"status": "FINISHED", "variant": None, "trial_hash": h, "repeat_of": repeat_of})
+        )
+    run = LabRun("speculative_decoding", 4, 600.0, tmp_path / "s.log")
+    read_outcome(
+        run,
+        [
+            f"sweep 'speculative_decoding': 2 trial(s); results in {tmp_path / 'sweep'}",
+            "Verdict: undecided after the budget: ngram or off (95% confidence ...); the leader ngram: tpot 9; at the "
+            "noise measured (30.0% between runs) deciding it needs about 40 runs each: run with objective.max_repeats=40",
+        ],
+    )
+    assert run.ok and dict(run.counts) == {"FINISHED": 2} and run.runs_each == 2
+    # 2 runs each took 600 s; 38 more rounds at 300 s each
+    assert run.outcome == "undecided after 2 run(s) each; deciding needs about 40 each (~190m00s more here)"
+    assert (
+        "| speculative_decoding | 2 | 0 | 0 | **undecided after 2 run(s) each; deciding needs about 40"
+        in table([run])[2]
+    )
+    assert LabRun("x", 4, 1.0, tmp_path / "x.log").outcome == "undecided after 1 run(s) each"
+    assert LabRun("x", 1, 1.0, tmp_path / "x.log").outcome == "NOT OK"
+
+
 def test_a_terminated_labs_runner_stops_the_sweep_it_runs(tmp_path):
     """``kill`` reaches the labs runner alone: it passes SIGTERM to the running sweep (which stops
     its trials and servers) and waits for it; the sweep went on without it."""

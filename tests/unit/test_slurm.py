@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.scheduling.slurm import main, params_from, render_sbatch
+from orchestrator.scheduling.slurm import activation, main, params_from, render_sbatch
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "slurm_golden.sbatch"
 PARAMS = {
@@ -132,3 +133,22 @@ def test_submit_validates_the_sweep_here_before_sbatch(tmp_path, capsys):
     rc = main(["--submit", "--log-dir", str(tmp_path), "--", "+experiment=first_serving", "workload.num_requestz=4"])
     err = capsys.readouterr().err
     assert rc == 2 and "nothing was submitted" in err and "num_requestz" in err
+
+
+def test_by_default_the_script_runs_in_the_environment_it_was_rendered_from(tmp_path):
+    """Issue 58: without --activate the compute nodes ran whatever python and ray their PATH found."""
+    venv_bin = tmp_path / "my env" / "bin"
+    line = activation(None, str(venv_bin / "python"))
+    assert f"export PATH='{venv_bin}':\"$PATH\"" in line
+    script = render_sbatch(params_from({k: v for k, v in PARAMS.items() if k != "activate"}), OVERRIDES)
+    assert "(no environment activation" not in script
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    assert "export PATH=" in script and here in script
+    path = tmp_path / "s.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    # the rendered line, run by bash, puts that folder first
+    probe = subprocess.run(["bash", "-c", f"{line}\necho $PATH"], capture_output=True, text=True, check=True)
+    assert probe.stdout.startswith(f"{venv_bin}:")
+    assert activation("source /x/bin/activate") == "source /x/bin/activate"  # --activate overrides
+    assert activation("none").startswith("# (no environment activation")
