@@ -315,11 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: list[Row] = []
     t0 = time.perf_counter()
-    absent = missing_modules(list(dict.fromkeys(m for _, fn in CHECKS for m in NEEDS[fn])))
+    absent = missing_modules(list(dict.fromkeys(m for _, fn in CHECKS for m in NEEDS.get(fn, []))))
     if absent:
         print(what_to_install(absent), flush=True)
     for name, fn in CHECKS:
-        lacking = [m for m in NEEDS[fn] if m in absent]
+        lacking = [m for m in NEEDS.get(fn, []) if m in absent]
         if lacking:
             rows.append(Row(name, "SKIP", f"needs {', '.join(lacking)}, not installed here (see above)"))
             print(f"[SKIP] {name}: needs {', '.join(lacking)}", flush=True)
