@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.scheduling import outcome
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -103,7 +105,7 @@ SCENARIOS = {
 def run(argv: list[str]) -> tuple[float, str]:
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "orchestrator", *argv], cwd=ROOT, capture_output=True, text=True)
-    if p.returncode not in (0, 4):  # 4: a race undecided after its budget
+    if p.returncode not in (outcome.OK, outcome.UNDECIDED):
         raise RuntimeError(p.stdout[-3000:] + p.stderr[-3000:])
     return time.monotonic() - t0, p.stdout
 
@@ -150,20 +152,31 @@ def config_key(params: dict[str, Any], s: Scenario) -> str:
     return ",".join(f"{k.removeprefix('engine.')}={str(params.get(k)).lower()}" for k in s.space)
 
 
-def reached(best: str | None, grid: dict[str, float], grid_best: str, s: Scenario, margin: float = 0.1) -> str:
+MARGIN = 0.1  # a tie with the grid's best: within this share of it, by the grid's own numbers
+
+
+def gap(key: str, grid: dict[str, float], grid_best: str, s: Scenario) -> float | None:
+    """How much worse than the grid's best ``key`` came out in the grid (None: not measured there)."""
+    v, b = grid.get(key), grid[grid_best]
+    if v is None:
+        return None
+    return (b - v) / b if s.maximize else (v - b) / b
+
+
+def reached(best: str | None, grid: dict[str, float], grid_best: str, s: Scenario) -> str:
     if best is None:
         return "no best"
     if best == grid_best:
         return "yes (the grid's best)"
-    v, b = grid.get(best), grid[grid_best]
-    if v is None:
+    off = gap(best, grid, grid_best, s)
+    if off is None:
         return f"no ({best}: not measured by the grid)"
-    gap = (b - v) / b if s.maximize else (v - b) / b
-    return f"yes (a tie: {gap:+.0%} of the grid's best)" if gap <= margin else f"no ({best}: {gap:+.0%} off)"
+    return f"yes (a tie: {off:+.0%} of the grid's best)" if off <= MARGIN else f"no ({best}: {off:+.0%} off)"
 
 
 def in_tier(key: str | None, grid: dict[str, float], grid_best: str, s: Scenario) -> bool:
-    return key is not None and reached(key, grid, grid_best, s).startswith("yes")
+    off = gap(key, grid, grid_best, s) if key is not None else None
+    return off is not None and off <= MARGIN
 
 
 def knobs_named(name: str, s: Scenario) -> dict[str, str]:
@@ -192,10 +205,12 @@ def tuner_reach(path: dict[str, Any], grid: dict[str, float], grid_best: str, s:
 def tpe_reach(order: list[tuple[str, float]], grid: dict[str, float], grid_best: str, s: Scenario) -> int | None:
     """The trials after which TPE's pick (its best single run so far) was the grid's best or tied
     with it, and stayed so to the end of its budget."""
-    picks = []
-    for i in range(1, len(order) + 1):
-        seen = order[:i]
-        picks.append((max if s.maximize else min)(seen, key=lambda kv: kv[1])[0])
+    picks: list[str] = []
+    best: tuple[str, float] | None = None
+    for key, value in order:  # the pick after each trial: the best single run so far
+        if best is None or (value > best[1] if s.maximize else value < best[1]):
+            best = (key, value)
+        picks.append(best[0])
     reach = None
     for i in range(len(picks), 0, -1):
         if not in_tier(picks[i - 1], grid, grid_best, s):

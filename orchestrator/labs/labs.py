@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config.paths import PROJECT_ROOT
+from orchestrator.scheduling import outcome
 
 # The course's order (../shared/seeds: weeks 1-16, then the workload card), multi-LoRA serving
 # (seeds 001/002), then the GPU smoke test.
@@ -63,7 +64,6 @@ VERDICT_LINE = re.compile(r"^(Verdict: .*|Best configuration: .*)$")
 EXPECT_LINE = re.compile(r"^Expectations: (\d+) observed, (\d+) not observed, (\d+) not measurable here \(of \d+\)$")
 CLAIM_LINE = re.compile(r"^\[(observed|not observed|not measurable here)\] .*$")
 NEEDS_RUNS = re.compile(r"deciding it needs about (\d+) runs each")
-UNDECIDED_EXIT = 4  # the sweep's exit code when its verdict is undecided after the race's budget
 
 
 @dataclass
@@ -85,14 +85,14 @@ class LabRun:
     @property
     def ok(self) -> bool:
         """Nothing failed: an undecided verdict is an outcome of its own, not a failure."""
-        return self.returncode in (0, UNDECIDED_EXIT) and not self.counts.get("FAILED")
+        return self.returncode in (outcome.OK, outcome.UNDECIDED) and not self.counts.get("FAILED")
 
     @property
     def outcome(self) -> str:
         """``ok``, ``undecided`` (with what deciding would cost here), or ``NOT OK``."""
         if not self.ok:
             return "NOT OK"
-        if self.returncode != UNDECIDED_EXIT:
+        if self.returncode != outcome.UNDECIDED:
             return "ok"
         m = NEEDS_RUNS.search(self.verdict)
         runs = max(self.runs_each, 1)
