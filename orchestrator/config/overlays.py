@@ -27,7 +27,7 @@ from orchestrator.config.errors import ConfigError
 
 # The top-level keys of a trial and of a sweep's settings: what an overlay may set.
 TRIAL_KEYS = ("experiment", "variant", "seed", "run", "engine", "model", "workload", "platform", "eval", "profile")
-SETTINGS_KEYS = ("tracking", "cluster", "dry_run", "resume", "reuse_servers", "objective", "expect")
+SETTINGS_KEYS = ("tracking", "cluster", "dry_run", "resume", "reuse_servers", "objective", "expect", "sizing")
 log = logging.getLogger(__name__)
 
 
@@ -99,6 +99,11 @@ def _at(data: Any, path: list[str]) -> tuple[bool, Any]:
         else:
             return False, None
     return True, data
+
+
+def value_at(data: Any, dotted: str) -> Any:
+    """The value at a dotted key (``workload.classes.long.input_tokens``), None where there is none."""
+    return _at(data, dotted.split("."))[1]
 
 
 def _put(data: dict[str, Any], path: list[str], value: Any, delete: bool = False) -> None:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
@@ -84,3 +84,35 @@ class SweepData:
         keys = sorted({k for t in trials for k in t.params})
         skip = {"overrides", "variant", "seed"}
         return [k for k in keys if k not in skip and len({t.params.get(k) for t in trials}) > 1]
+
+
+NAMED_BY = ("engine.", "model.", "workload.", "platform.", "eval.")  # the params that tell configurations apart
+
+
+def told_apart(trials: list[TrialData]) -> list[TrialData]:
+    """The trials with names that tell them apart: configurations that share a variant's name (a
+    sweep of knobs within one variant: ``variant=variable engine.max_num_seqs=1,32``) are named
+    with the knobs that differ among them (``variable (max_num_seqs=32)``); a unique name, and a
+    race's runs of one configuration (they differ in their seeds only), keep theirs."""
+    groups: dict[str, list[TrialData]] = {}
+    for t in trials:
+        groups.setdefault(t.name, []).append(t)
+    out = []
+    for t in trials:
+        group = groups[t.name]
+        keys = sorted({k for g in group for k in g.params if k.startswith(NAMED_BY) and "seed" not in k})
+        differ = [k for k in keys if len({g.params.get(k) for g in group}) > 1] if len(group) > 1 else []
+        if not differ:
+            out.append(t)
+            continue
+        knobs = ", ".join(f"{k.removeprefix('engine.')}={t.params.get(k)}" for k in differ)
+        name = f"{t.name} ({knobs})"
+        out.append(replace(t, name=name, runs=[replace(r, name=name) for r in t.runs]))
+    return out
+
+
+def named(trials: list[TrialData], name: str) -> list[TrialData]:
+    """The trials a claim's ``name`` means: the one so named, else those told apart from it
+    (:func:`told_apart`: ``variable`` -> ``variable (max_num_seqs=32)``, ...)."""
+    exact = [t for t in trials if t.name == name]
+    return exact or [t for t in trials if t.name.startswith(name + " (")]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ExpectationSpec
 from orchestrator.decide.objective import fixed_points, fmt, read_at, value_of
-from orchestrator.decide.trials import Point, TrialData
+from orchestrator.decide.trials import Point, TrialData, named
 
 OBSERVED, NOT_OBSERVED, UNMEASURABLE = "observed", "not observed", "not measurable here"
 
@@ -52,10 +52,12 @@ def _point_flagged(t: TrialData, p: Point) -> None:
 
 
 def _trial(trials: Sequence[TrialData], name: str, every: Sequence[TrialData]) -> TrialData:
-    found = next((t for t in trials if t.name == name), None)
-    if found is not None:
-        return found
-    other = next((t for t in every if t.name == name), None)
+    found = named(list(trials), name)
+    if len(found) > 1:
+        raise _Unmeasurable(f"{len(found)} trials are {name} ({', '.join(t.name for t in found)}): the claim names one")
+    if found:
+        return found[0]
+    other = next(iter(named(list(every), name)), None)
     if other is None:
         raise _Unmeasurable(f"{name} was not run in this sweep")
     why = f": {other.error.splitlines()[0][:200]}" if other.error else ""
@@ -92,6 +94,35 @@ def _value(t: TrialData, e: ExpectationSpec) -> float:
     return values[0]
 
 
+def _half(t: TrialData, e: ExpectationSpec) -> float | None:
+    """The half-width of the 95% interval of the claim's metric of ``t``: between a race's runs,
+    else within its one run (over the point's requests); None where neither is known (a ratio)."""
+    assert e.metric is not None
+    if " / " in e.metric:
+        return None
+    v = value_of(t, e.metric, _at(t, e.at))
+    if v is None:
+        return None
+    if v.ci95:
+        return v.ci95
+    return (v.within[1] - v.within[0]) / 2 if v.within is not None else None
+
+
+def _too_noisy(change: float, first: float, halves: Sequence[float | None], margin: float) -> str | None:
+    """Why a claimed change of more than ``margin`` cannot be judged: the measured ``change``
+    (signed in the claim's direction, relative to ``first``) has a 95% interval that holds both
+    more and less than ``margin``; None when the interval is not known or rules one side out."""
+    if any(h is None for h in halves):
+        return None
+    reach = math.sqrt(sum(h * h for h in halves if h is not None)) / max(abs(first), 1e-12)
+    if change - reach < margin < change + reach:
+        return (
+            f"the change, {change:+.0%}, has a 95% interval of ±{reach:.0%} here: these runs cannot tell whether "
+            f"it is more than the {margin:.0%} the claim needs (more runs, or a larger effect, would)"
+        )
+    return None
+
+
 def _chosen(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> list[TrialData]:
     if e.in_ is None:
         if not finished:
@@ -120,10 +151,24 @@ def _pair(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[Tri
     mine = {n: _value(_trial(finished, n, every), e) for n in named}
     theirs = {n: _value(_trial(finished, n, every), e) for n in e.than}
     sign = -1.0 if e.lower is not None else 1.0
-    ok = all(sign * (a - b) / max(abs(b), 1e-12) > e.margin for a in mine.values() for b in theirs.values())
+    changes = {(m, o): sign * (a - b) / max(abs(b), 1e-12) for m, a in mine.items() for o, b in theirs.items()}
+    ok = all(c > e.margin for c in changes.values())
     op = "<" if e.lower is not None else ">"
     text = f"{_label(e)}: " + ", ".join(f"{n} {fmt(v)}" for n, v in mine.items())
     text += f" {op} " + ", ".join(f"{n} {fmt(v)}" for n, v in theirs.items())
+    if not ok:
+        failing = [(m, o) for (m, o), c in changes.items() if c <= e.margin]
+        noisy = [
+            _too_noisy(
+                changes[(m, o)],
+                theirs[o],
+                [_half(_trial(finished, m, every), e), _half(_trial(finished, o, every), e)],
+                e.margin,
+            )
+            for m, o in failing
+        ]
+        if all(noisy):
+            raise _Unmeasurable(f"{text}; {noisy[0]}")
     return ok, text + (f" (by more than {e.margin:.0%})" if not ok else "")
 
 
@@ -136,6 +181,12 @@ def _along(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[Tr
     values = [_value(t, e) for _, t in keyed]
     ok = _monotone(values, e.trend, e.margin)
     text = f"{_label(e)} by {e.along}: " + ", ".join(f"{fmt(k)}: {fmt(v)}" for (k, _), v in zip(keyed, values))
+    if not ok:  # end to end within the noise: not judged either way
+        sign = 1.0 if e.trend == "increases" else -1.0
+        change = sign * (values[-1] - values[0]) / max(abs(values[0]), 1e-12)
+        noisy = _too_noisy(change, values[0], [_half(keyed[0][1], e), _half(keyed[-1][1], e)], e.margin)
+        if noisy is not None:
+            raise _Unmeasurable(f"{text}; {noisy}")
     return ok, text
 
 

@@ -8,9 +8,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.config.convert import config_to_dict
+from orchestrator.config.logs import print_progress
 from orchestrator.config.secrets import redact_override, scrub_file, secret_values
 from orchestrator.scheduling.compose import SweepComposer
 from orchestrator.scheduling.jobs import prepare_jobs
+from orchestrator.scheduling.sizing import size_sweep
 from orchestrator.scheduling.sweep import absolute_dir, run_sweep
 
 log = logging.getLogger(__name__)
@@ -108,8 +110,10 @@ def launch_multirun(
     sweeper = str(config.hydra.sweeper.get("_target_", "")).lower()
     searching, tuning = "optuna" in sweeper, "tune" in sweeper
     _refuse_shared_parts([cfg.hydra.runtime.choices for cfg in job_cfgs])
+    configs, sized = size_sweep(configs, sweep_dir, print_progress)  # the lab's workload sized to this machine
     jobs = prepare_jobs(configs, initial_job_idx, whole_sweep=not (searching or tuning))
-    sweep_params = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
+    sweep_params: dict[str, Any] = {"sweep_overrides": [redact_override(o) for o in config.hydra.overrides.task]}
+    sweep_params |= sized
     results = run_sweep(
         jobs, sweep_dir, sweep_dir.name, sweep_params, continuing=initial_job_idx > 0, race=not searching
     )
@@ -196,6 +200,8 @@ def run_single(cfg: Any) -> str:
             file=sys.stderr,
             flush=True,
         )
-    jobs = prepare_jobs([(overrides, data)])
-    results = run_sweep(jobs, out_dir, out_dir.name, {"sweep_overrides": [redact_override(o) for o in overrides]})
+    configs, sized = size_sweep([(overrides, data)], out_dir, print_progress)
+    jobs = prepare_jobs(configs)
+    params: dict[str, Any] = {"sweep_overrides": [redact_override(o) for o in overrides], **sized}
+    results = run_sweep(jobs, out_dir, out_dir.name, params)
     return results[0].status if results else "DRY_RUN"

@@ -75,7 +75,8 @@ def run_race(
             names = (state.to_repeat() if is_knob(objective.key) else []) or list(state.runs)
         elif schedule.looks_at(run):  # between looks the same trials run again
             names = state.to_repeat()
-        chosen = [j for j in jobs if _name(j) in names and j.trial_hash in by_hash]
+        called = names_of(record.results)
+        chosen = [j for j in jobs if called.get(j.trial_hash) in names and j.trial_hash in by_hash]
         if not chosen:
             return
         chosen = _rotated(chosen, run)
@@ -87,7 +88,7 @@ def run_race(
                 f"the budget has {max(left, 0):.0f}s left (objective.budget={objective.budget:g} first passes)"
             )
             return
-        who = ", ".join(_name(j) for j in chosen)
+        who = ", ".join(called[j.trial_hash] for j in chosen)
         progress(
             f"race: run {run + 1} of {who} ({_why_again(run, state, objective)}; fresh requests, the same for each)"
         )
@@ -118,7 +119,8 @@ def _plan(
     """``max_repeats: auto``'s plan, made after the pilot's runs (``PILOT_RUNS``) and again at each
     later interim look: the runs each from the spread between runs and what the budget affords
     (rounds of the trials still racing); said and tagged when it changes."""
-    racing = [j for j in jobs if _name(j) in state.to_repeat()] or jobs
+    called = names_of(record.results)
+    racing = [j for j in jobs if called.get(j.trial_hash) in state.to_repeat()] or jobs
     round_s = _round_s(record, racing, concurrent)
     made = max(state.runs.values(), default=PILOT_RUNS)
     affordable = made + (int(max(left_s, 0.0) // round_s) if round_s > 0 else AUTO_MAX_RUNS)
@@ -151,9 +153,10 @@ def repeat_job(job: TrialJob, run: int) -> TrialJob:
     return TrialJob(job.index, [*job.overrides, f"run={run}"], job.spec.model_copy(update={"run": run}), job.settings)
 
 
-def _name(job: TrialJob) -> str:
-    """The job's name as the report's data calls it (``TrialData.name``)."""
-    return job.spec.variant or f"trial-{job.trial_hash[:8]}"
+def names_of(results: list[TrialResult]) -> dict[str, str]:
+    """Each first run's trial hash -> its name as the race and the report call it
+    (``TrialData.name``: configurations of one variant told apart by their knobs)."""
+    return {t.trial_hash: t.name for t in from_results(results, "race").trials}
 
 
 def _duration(results: list[TrialResult], trial_hash: str) -> float:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
-from orchestrator.decide.trials import Point, SweepData, TrialData
+from orchestrator.decide.trials import Point, SweepData, TrialData, told_apart
 from orchestrator.metrics.result import TIMELINE_FILE, TrialResult
 from orchestrator.tracking.mlflow_tracker import result_id, trial_params
 
@@ -83,7 +83,8 @@ def from_results(
             )
         )
     repeats = {r.trial_hash: r.repeat_of for r in results if r.repeat_of}
-    return SweepData(experiment, fold_repeats(trials, repeats), "results", sweep_run_id, objective, list(expect or []))
+    folded = told_apart(fold_repeats(trials, repeats))
+    return SweepData(experiment, folded, "results", sweep_run_id, objective, list(expect or []))
 
 
 def fold_repeats(trials: list[TrialData], repeat_of: dict[str, str]) -> list[TrialData]:
@@ -170,7 +171,7 @@ def from_mlflow(uri: str, experiment: str, sweep_run_id: str | None = None) -> S
     repeat_of = {
         r.data.tags.get("trial_hash", ""): r.data.tags["repeat_of"] for r in repeats if "repeat_of" in r.data.tags
     }
-    trials = fold_repeats(trials, repeat_of)
+    trials = told_apart(fold_repeats(trials, repeat_of))
     return SweepData(experiment, trials, f"mlflow:{uri} run {sweep_run_id}", sweep_run_id, objective, expect)
 
 

@@ -153,6 +153,41 @@ def test_a_tie_within_the_margin_and_a_noisy_trend_are_not_observed():
     assert flat[0].status == "not observed"
 
 
+def test_a_change_within_its_interval_is_not_measurable_here_and_a_tight_one_is_judged():
+    """Issue 58: a claim the runs cannot decide says so, with the interval, instead of "not
+    observed"; where the interval rules the claimed change out, it is not observed."""
+
+    def sweep(half):
+        out = []
+        for name, budget, ttft in (
+            ("budget_256", 256, 424.1),
+            ("budget_512", 512, 423.0),
+            ("budget_2048", 2048, 448.9),
+        ):
+            m = {"long/ttft_ms_p50": ttft}
+            if half is not None:
+                m |= {"long/ttft_ms_p50_within95_low": ttft - half, "long/ttft_ms_p50_within95_high": ttft + half}
+            out.append(trial(name, budget, [("c4", m, diag("none"))]))
+        return out
+
+    claim = claims(
+        {
+            "claim": "smaller chunks, longer TTFT",
+            "metric": "long/ttft_ms_p50",
+            "along": "engine.max_num_batched_tokens",
+            "trend": "decreases",
+        },
+        {"claim": "256 slower than 2048", "metric": "long/ttft_ms_p50", "higher": "budget_256", "than": "budget_2048"},
+    )
+    noisy = expectations.check(claim, sweep(60.0))  # +-60 ms on ~430: the change (-6%) could be +-20%
+    assert [o.status for o in noisy] == ["not measurable here", "not measurable here"]
+    assert "the change, -6%, has a 95% interval of ±20% here" in noisy[0].numbers
+    assert noisy[0].numbers.startswith("long/ttft_ms_p50 by engine.max_num_batched_tokens: 256: 424.1,")
+    tight = expectations.check(claim, sweep(5.0))  # +-5 ms: the change is surely under the 5% margin
+    assert [o.status for o in tight] == ["not observed", "not observed"]
+    assert [o.status for o in expectations.check(claim, sweep(None))] == ["not observed", "not observed"]
+
+
 def test_not_measurable_here_says_why():
     trials = chunked_sweep() + [
         trial("sglang", 256, [], status="SKIPPED", error="InfeasibleConfigError: SGLang needs a GPU")
@@ -245,3 +280,29 @@ def test_a_section_set_in_one_trial_and_null_in_the_other_is_said_once():
     plain = TrialData("b", "FINISHED", {"workload.adapters": "null", "engine.max_loras": "4"}, {}, [])
     knobs = ["engine.max_loras", "workload.adapters", "workload.adapters.active", "workload.adapters.popularity"]
     assert knob_changes(plain, lora, knobs) == "engine.max_loras 4 -> 2, workload.adapters null -> {...}"
+
+
+def test_configurations_of_one_variant_are_told_apart_by_their_knobs():
+    """A sweep of knobs within one variant (the grid of benchmarks/tune.py: ``variant=variable``
+    with ``engine.max_num_seqs=1,32``) named every trial "variable": the verdict said "variable
+    wins", and the race ran every "variable" again when one needed it."""
+    from orchestrator.decide.trials import named, told_apart
+
+    def cfg(seqs, budget, run_seed="0"):
+        params = {"engine.max_num_seqs": seqs, "engine.max_num_batched_tokens": budget, "seed": run_seed}
+        return TrialData("variable", "FINISHED", params, {}, [Point(0, "c1", {}, {"tokens_per_second": 5.0})])
+
+    trials = [cfg("1", "2048"), cfg("32", "2048"), cfg("32", "64")]
+    trials[1].runs.append(cfg("32", "2048", run_seed="7"))
+    out = told_apart(trials)
+    assert [t.name for t in out] == [
+        "variable (max_num_batched_tokens=2048, max_num_seqs=1)",
+        "variable (max_num_batched_tokens=2048, max_num_seqs=32)",
+        "variable (max_num_batched_tokens=64, max_num_seqs=32)",
+    ]
+    assert out[1].runs[0].name == out[1].name  # a race's later run keeps its configuration's name
+    assert [t.name for t in told_apart(chunked_sweep())] == [t.name for t in chunked_sweep()]  # unique: kept
+    assert len(named(out, "variable")) == 3 and named(out, out[2].name) == [out[2]]
+    claim = claims({"claim": "x", "metric": "tokens_per_second", "above": 1, "in": ["variable"]})
+    got = expectations.check(claim, out)
+    assert got[0].status == "not measurable here" and "3 trials are variable" in got[0].numbers

@@ -32,6 +32,7 @@ from .model import (
     TinyTrainSpec,
 )
 from .platform import ClusterSpec, PlatformSpec, SlateSpec, TrackingSpec
+from .sizing import SizeRule, SizingSpec
 from .trial import EvalSpec, ExpectationSpec, NsysSpec, ObjectiveSpec, ProfileSpec, SweepSettings, TrialSpec
 from .validity import FidelitySpec, ValiditySpec
 from .workload import AdapterMixSpec, RequestClass, WorkloadSpec
@@ -72,6 +73,8 @@ __all__ = [
     "RequestClass",
     "RouterSpec",
     "SGLangEngineSpec",
+    "SizeRule",
+    "SizingSpec",
     "SLOSpec",
     "SleepEngineSpec",
     "StrictModel",

@@ -19,6 +19,7 @@ from .goals import ExpectationSpec, ObjectiveSpec
 from .launched import LaunchedEngineSpec
 from .model import ModelSpec
 from .platform import ClusterSpec, PlatformSpec, TrackingSpec
+from .sizing import SizingSpec
 from .workload import WorkloadSpec
 
 
@@ -213,6 +214,9 @@ class SweepSettings(StrictModel):
     objective: ObjectiveSpec | None = Field(default=None, description="the report's verdict (see ObjectiveSpec)")
     expect: list[ExpectationSpec] = Field(
         default_factory=list, description="what the lab expects to observe (see ExpectationSpec), checked in the report"
+    )
+    sizing: SizingSpec | None = Field(
+        default=None, description="the workload sized to this machine before the sweep (see SizingSpec)"
     )
 
     @field_validator("objective")

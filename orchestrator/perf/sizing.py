@@ -1,0 +1,114 @@
+"""A lab's workload sized from its engine's speed on this machine (the arithmetic; the
+calibration is :mod:`orchestrator.trial.calibrate`'s, the sweep's use of it
+:mod:`orchestrator.scheduling.sizing`'s).
+
+The speed is two numbers measured on the lab's baseline server: one stream's decode step, and
+the prefill time of a prompt as a line over its length (fixed part plus time per token, from the
+TTFTs of two lengths). Attention makes long prefills cost more than the line says, so a prompt
+sized from it prefills in at least the steps asked, not fewer."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from orchestrator.config.schema import SizeRule
+
+
+@dataclass(frozen=True)
+class EngineSpeed:
+    """The lab's baseline server on this machine, measured (:mod:`orchestrator.trial.calibrate`)."""
+
+    decode_step_ms: float  # one stream's median time between tokens
+    prefill_ms_per_token: float  # the slope of TTFT over prompt length
+    prefill_fixed_ms: float  # its intercept: a request's cost before its prompt's tokens
+    probe_tokens: tuple[int, int]  # the prompt lengths measured
+    machine: str
+    engine: str
+    model: str
+    measured_at: float
+
+    def prefill_ms(self, tokens: float) -> float:
+        return self.prefill_fixed_ms + self.prefill_ms_per_token * tokens
+
+    def describe(self) -> str:
+        return (
+            f"a decode step {self.decode_step_ms:.1f} ms, a prompt's prefill {self.prefill_fixed_ms:.0f} ms + "
+            f"{self.prefill_ms_per_token:.3f} ms/token ({self.engine} on {self.machine})"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EngineSpeed:
+        return cls(**{**d, "probe_tokens": tuple(d["probe_tokens"])})
+
+
+@dataclass(frozen=True)
+class Sized:
+    """One key's value as a rule chose it, and why (printed, logged with the sweep)."""
+
+    key: str
+    value: float | int
+    was: Any
+    why: str
+
+
+def _bounded(rule: SizeRule, value: float) -> float:
+    if rule.min is not None:
+        value = max(value, rule.min)
+    if rule.max is not None:
+        value = min(value, rule.max)
+    return value
+
+
+def _rounded(rule: SizeRule, value: float, up: bool) -> float | int:
+    step = rule.round_to
+    n = (math.ceil if up else math.floor)(value / step - 1e-9)
+    out = max(n, 1) * step
+    return int(out) if float(step).is_integer() else round(out, 6)
+
+
+def choose(rules: list[SizeRule], speed: EngineSpeed, current: Callable[[str], Any]) -> list[Sized]:
+    """Each rule's value, in order (a later rule reads an earlier one's choice through
+    ``current``'s fallback: the values chosen so far win)."""
+    chosen: dict[str, float | int] = {}
+
+    def now(key: str) -> Any:
+        return chosen[key] if key in chosen else current(key)
+
+    out = []
+    for rule in rules:
+        if rule.prefill_steps is not None:
+            want = rule.prefill_steps * speed.decode_step_ms
+            raw = (want - speed.prefill_fixed_ms) / max(speed.prefill_ms_per_token, 1e-9)
+            value = _rounded(rule, _bounded(rule, raw), up=True)
+            if rule.max is not None and value > rule.max:
+                value = _rounded(rule, rule.max, up=False)
+            got = speed.prefill_ms(value) / speed.decode_step_ms
+            why = f"a prefill of ~{got:.0f} decode steps here (asked {rule.prefill_steps:g})"
+            if rule.max is not None and raw > rule.max:
+                why += f"; {raw:.0f} tokens would be needed, capped at {rule.max:g}"
+        elif rule.busy_share is not None:
+            assert rule.tokens is not None  # the schema checks it
+            tokens = float(now(rule.tokens))
+            prefill_s = speed.prefill_ms(tokens) / 1000
+            raw = rule.busy_share / prefill_s
+            value = _rounded(rule, _bounded(rule, raw), up=False)
+            why = (
+                f"prompts of {tokens:.0f} tokens ({prefill_s * 1000:.0f} ms to prefill here) keep the server "
+                f"prefilling {float(value) * prefill_s:.0%} of the time (asked at most {rule.busy_share:.0%})"
+            )
+        else:
+            parts = [float(now(k)) for k in rule.fits or []]
+            raw = sum(parts) + rule.margin
+            value = _rounded(rule, _bounded(rule, raw), up=True)
+            why = f"holds {' + '.join(f'{p:.0f}' for p in parts)} + {rule.margin}"
+        if rule.why:
+            why = f"{rule.why}: {why}"
+        chosen[rule.set] = value
+        out.append(Sized(rule.set, value, current(rule.set), why))
+    return out

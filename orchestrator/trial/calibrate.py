@@ -1,0 +1,154 @@
+"""The lab's baseline server calibrated on this machine: its decode step and its prefill time
+per prompt token (:class:`~orchestrator.perf.sizing.EngineSpeed`), for sizing the lab's workload
+(:mod:`orchestrator.scheduling.sizing`).
+
+One server of the baseline trial starts (the same clean-slate check and the same stop on every
+way out as a trial's), takes a warm-up request, then one request at a time: prompts of the two
+probe lengths with one output token each (their TTFTs give the line of prefill time over
+length) and short prompts with 64 output tokens (their median time between tokens is the
+decode step). It takes ~30 s here, and is cached per machine, engine and version, model and the
+engine's settings that change its speed (``~/.cache/inference-lab/engine-speed.json``)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.config.logs import Progress
+from orchestrator.config.schema import TrialSpec
+from orchestrator.engines import adapter_for
+from orchestrator.loadgen.api import Endpoint, PlannedRequest, completions_delta, completions_payload
+from orchestrator.loadgen.prompts import prompt_factory
+from orchestrator.metrics import host
+from orchestrator.models import resolve_model, resolve_tokenizer
+from orchestrator.perf.sizing import EngineSpeed
+from orchestrator.trial.servers import start_servers
+from orchestrator.trial.slate import wait_for_clean_slate
+
+CACHE = Path(os.environ.get("INFERENCE_LAB_CACHE", "~/.cache/inference-lab")).expanduser() / "engine-speed.json"
+REPEATS = 3  # requests per probe length; the median is taken
+DECODE_TOKENS = 64
+
+
+def speed_key(spec: TrialSpec, probe_tokens: tuple[int, int]) -> tuple[str, dict[str, object]]:
+    """The cache's key for ``spec``'s server on this machine, and what it is made of."""
+    engine = spec.engine
+    parts: dict[str, object] = {
+        "machine": host.describe([])["summary"],
+        "engine": engine.name,
+        "version": adapter_for(engine.name).version(spec),
+        "model": spec.model.path,
+        "dtype": getattr(engine, "dtype", None),
+        "quantization": getattr(engine, "quantization", None),
+        "threads": getattr(engine, "cpu_omp_threads_bind", None),
+        "cpus": spec.platform.cpus_per_trial,
+        "probe_tokens": list(probe_tokens),
+    }
+    blob = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16], parts
+
+
+def cached_speed(key: str, path: Path = CACHE) -> EngineSpeed | None:
+    try:
+        return EngineSpeed.from_dict(json.loads(path.read_text())[key])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_speed(key: str, speed: EngineSpeed, path: Path = CACHE) -> None:
+    """Add ``speed`` to the cache (written whole to a temporary file, then moved into place)."""
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known[key] = speed.as_dict()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".engine-speed-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(known, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _stream(endpoint: Endpoint, prompt: str, tokens: int, input_tokens: int) -> list[float]:
+    """One streamed completion: the arrival time of each text chunk after the send (seconds)."""
+    req = PlannedRequest(0, "calibration", prompt, input_tokens, tokens)
+    body = json.dumps(completions_payload(endpoint, req, ignore_eos=True)).encode()
+    http = urllib.request.Request(endpoint.base_url + "/v1/completions", body, endpoint.headers(), method="POST")
+    times: list[float] = []
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(http, timeout=300) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            if completions_delta(json.loads(line[5:])):
+                times.append(time.perf_counter() - t0)
+    if not times:
+        raise RuntimeError(f"calibration: the server streamed no text for a {input_tokens}-token prompt")
+    return times
+
+
+def measure(endpoint: Endpoint, spec: TrialSpec, model_path: str, probe_tokens: tuple[int, int]) -> dict[str, float]:
+    """The probes against a running server, one request at a time: TTFT per probe length (median
+    of :data:`REPEATS`) and the decode step (median time between tokens)."""
+    factory = prompt_factory(resolve_tokenizer(spec.model, model_path))
+    rng = np.random.default_rng(spec.seed)  # fresh random prompts: no prefix of one is cached for another
+    _stream(endpoint, factory.prompt(probe_tokens[0], rng), 4, probe_tokens[0])  # warm-up
+    ttft: dict[int, list[float]] = {n: [] for n in probe_tokens}
+    gaps: list[float] = []
+    for _ in range(REPEATS):
+        for n in probe_tokens:
+            ttft[n].append(_stream(endpoint, factory.prompt(n, rng), 1, n)[0] * 1000)
+        times = _stream(endpoint, factory.prompt(16, rng), DECODE_TOKENS, 16)
+        gaps += [(b - a) * 1000 for a, b in zip(times, times[1:])]
+    short, long = (statistics.median(ttft[n]) for n in probe_tokens)
+    per_token = max((long - short) / (probe_tokens[1] - probe_tokens[0]), 1e-6)
+    return {
+        "decode_step_ms": statistics.median(gaps),
+        "prefill_ms_per_token": per_token,
+        "prefill_fixed_ms": max(short - per_token * probe_tokens[0], 0.0),
+    }
+
+
+def measure_speed(spec: TrialSpec, workdir: Path, probe_tokens: tuple[int, int], say: Progress) -> EngineSpeed:
+    """Start ``spec``'s server, measure it (:func:`measure`), stop it."""
+    adapter = adapter_for(spec.engine.name)
+    model_path = resolve_model(spec.model)
+    workdir.mkdir(parents=True, exist_ok=True)
+    wait_for_clean_slate(spec, [], say)
+    with contextlib.ExitStack() as stack:
+        group, _ = start_servers(
+            stack, adapter, spec, model_path, workdir, [], lambda name, _: workdir / f"server-{name}.log", say
+        )
+        endpoint = Endpoint(group.view().front_url, spec.model.name, api_key=adapter.api_key(spec))
+        numbers = measure(endpoint, spec, model_path, probe_tokens)
+    return EngineSpeed(
+        **numbers,
+        probe_tokens=probe_tokens,
+        machine=host.describe([])["summary"],
+        engine=f"{spec.engine.name} {adapter.version(spec)}",
+        model=spec.model.name,
+        measured_at=time.time(),
+    )
+
+
+def engine_speed(
+    spec: TrialSpec, workdir: Path, probe_tokens: tuple[int, int], say: Progress, again: bool = False
+) -> tuple[EngineSpeed, bool]:
+    """This machine's speed for ``spec``'s server: cached, else measured now and cached; and
+    whether it was measured now."""
+    key, _ = speed_key(spec, probe_tokens)
+    if not again and (known := cached_speed(key)) is not None:
+        return known, False
+    speed = measure_speed(spec, workdir, probe_tokens, say)
+    keep_speed(key, speed)
+    return speed, True
