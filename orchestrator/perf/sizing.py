@@ -67,7 +67,8 @@ def _bounded(rule: SizeRule, value: float) -> float:
 
 def _rounded(rule: SizeRule, value: float, up: bool) -> float | int:
     step = rule.round_to
-    n = (math.ceil if up else math.floor)(value / step - 1e-9)
+    x = value / step  # float noise (0.8 / 0.05 = 16.000000000000004) must not move it a step
+    n = math.ceil(x - 1e-9) if up else math.floor(x + 1e-9)
     out = max(n, 1) * step
     return int(out) if float(step).is_integer() else round(out, 6)
 

@@ -20,6 +20,7 @@ from orchestrator.config.convert import to_specs
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.logs import Progress
 from orchestrator.config.overlays import command_line_keys, plain_copy, value_at
+from orchestrator.config.schema import TrialSpec
 from orchestrator.engines import adapter_for
 from orchestrator.engines.process import interrupts_stop_servers
 from orchestrator.perf.sizing import EngineSpeed, Sized, choose
@@ -77,43 +78,11 @@ def size_sweep(configs: Configs, sweep_dir: Path, say: Progress) -> tuple[Config
             say(f"sizing: {r.set} is set on the command line: not sized")
     if not rules:
         return configs, {}
-    if trial.platform.name != "cpu":  # the driver is not always a GPU node: nothing to calibrate on
-        say(
-            f"sizing: calibrated on the CPU platform only (this sweep runs on {trial.platform.name}): the lab keeps its written sizes"
-        )
+    found = _speed(trial, settings.dry_run, sizing.probe_tokens, sweep_dir, say)
+    if found is None:
         return configs, {}
-    why_not = adapter_for(trial.engine.name).unsupported(trial)
-    if why_not is not None:
-        say(f"sizing: the baseline cannot run here ({why_not}): the lab keeps its written sizes")
-        return configs, {}
+    speed, fresh = found
     resolved = trial.model_dump(mode="json")
-    limit = getattr(trial.engine, "max_model_len", None)
-    low, high = sizing.probe_tokens
-    if limit is not None and high > limit - 8:
-        high = max(limit - 8, low + 1)
-    probes = (low, high)
-    speed: EngineSpeed | None
-    if settings.dry_run:
-        speed = cached_speed(speed_key(trial, probes)[0])
-        if speed is None:
-            say(
-                "sizing: this machine is not calibrated yet (a real run measures it first, ~30 s); shown at the written sizes"
-            )
-            return configs, {}
-        fresh = False
-    else:
-        say(
-            f"sizing: the baseline's speed on this machine ({trial.variant or 'baseline'}'s server; cached after its first measurement)"
-        )
-        try:
-            with interrupts_stop_servers():  # SIGTERM or Ctrl-C: the calibration's server goes down too
-                speed, fresh = engine_speed(trial, sweep_dir / "calibration", probes, say)
-        except (ConfigError, KeyboardInterrupt):
-            raise
-        except Exception as exc:  # the lab still runs, as written, and says so
-            say(f"sizing: the calibration failed ({type(exc).__name__}: {exc}); the lab keeps its written sizes")
-            log.debug("calibration failed", exc_info=True)
-            return configs, {}
     say(f"sizing: {'measured now' if fresh else 'cached'}: {speed.describe()}")
 
     chosen = choose(rules, speed, lambda key: value_at(resolved, key))
@@ -130,6 +99,44 @@ def size_sweep(configs: Configs, sweep_dir: Path, say: Progress) -> tuple[Config
     params = {f"sizing.{s.key}": str(s.value) for s in chosen}
     params["sizing.speed"] = speed.describe()
     return out, params
+
+
+def _speed(
+    trial: TrialSpec, dry_run: object, probe_tokens: tuple[int, int], sweep_dir: Path, say: Progress
+) -> tuple[EngineSpeed, bool] | None:
+    """The baseline server's speed here and whether it was measured now: cached, else calibrated
+    (never in a dry run); None, said, where it cannot be had and the lab keeps its written sizes."""
+    if trial.platform.name != "cpu":  # the driver is not always a GPU node: nothing to calibrate on
+        say(
+            f"sizing: calibrated on the CPU platform only (this sweep runs on {trial.platform.name}): the lab keeps its written sizes"
+        )
+        return None
+    why_not = adapter_for(trial.engine.name).unsupported(trial)
+    if why_not is not None:
+        say(f"sizing: the baseline cannot run here ({why_not}): the lab keeps its written sizes")
+        return None
+    limit = getattr(trial.engine, "max_model_len", None)
+    low, high = probe_tokens
+    if limit is not None and high > limit - 8:
+        high = max(limit - 8, low + 1)
+    probes = (low, high)
+    if dry_run:
+        speed = cached_speed(speed_key(trial, probes)[0])
+        if speed is None:
+            say(
+                "sizing: this machine is not calibrated yet (a real run measures it first, ~30 s); shown at the written sizes"
+            )
+            return None
+        return speed, False
+    try:
+        with interrupts_stop_servers():  # SIGTERM or Ctrl-C: the calibration's server goes down too
+            return engine_speed(trial, sweep_dir / "calibration", probes, say)
+    except (ConfigError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the lab still runs, as written, and says so
+        say(f"sizing: the calibration failed ({type(exc).__name__}: {exc}); the lab keeps its written sizes")
+        log.debug("calibration failed", exc_info=True)
+        return None
 
 
 def _record(sweep_dir: Path, speed: EngineSpeed, chosen: list[Sized]) -> None:

@@ -90,10 +90,10 @@ def _stream(endpoint: Endpoint, prompt: str, tokens: int, input_tokens: int) -> 
             line = raw.decode().strip()
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
-            if completions_delta(json.loads(line[5:])):
+            if completions_delta(json.loads(line[5:])) is not None:  # a token chunk (its text may be empty)
                 times.append(time.perf_counter() - t0)
     if not times:
-        raise RuntimeError(f"calibration: the server streamed no text for a {input_tokens}-token prompt")
+        raise RuntimeError(f"calibration: the server streamed no token for a {input_tokens}-token prompt")
     return times
 
 
@@ -149,6 +149,9 @@ def engine_speed(
     key, _ = speed_key(spec, probe_tokens)
     if not again and (known := cached_speed(key)) is not None:
         return known, False
+    say(
+        f"sizing: calibrating {spec.variant or 'the baseline'}'s server on this machine (~30 s, once: cached in {CACHE})"
+    )
     speed = measure_speed(spec, workdir, probe_tokens, say)
     keep_speed(key, speed)
     return speed, True

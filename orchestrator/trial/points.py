@@ -40,7 +40,7 @@ from orchestrator.trial.servers import GroupView, ServerGroup
 log = logging.getLogger(__name__)
 
 
-CLASS_WITHIN = ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p99", "itl_worst_ms_p50")
+CLASS_WITHIN = (M.TTFT_MS_P50, M.TTFT_MS_P99, M.ITL_MS_P99, M.ITL_WORST_MS_P50)
 
 
 def within_keys(w: WorkloadSpec) -> tuple[str, ...]:
