@@ -243,6 +243,10 @@ class M:
     # another's convention, the base model's included
     ADAPTERS_ACCURACY_MIN: Final = "adapters_accuracy_min"
     ADAPTERS_MISROUTED_MAX: Final = "adapters_misrouted_max"
+    # a tiny adapter's accuracy on the same problems alone (HF, greedy, when it was trained:
+    # adapter.<name>.trained_accuracy), and the worst share of it the server kept (served / alone)
+    TRAINED_ACCURACY: Final = "trained_accuracy"
+    ADAPTERS_KEPT_MIN: Final = "adapters_kept_min"
     SLO_CAPACITY_RPS: Final = "slo_capacity_rps"
     SLO_CAPACITY_CONCURRENCY: Final = "slo_capacity_concurrency"
 

@@ -12,11 +12,13 @@ from pathlib import Path
 
 from orchestrator.config.errors import TrialError
 from orchestrator.config.logs import Progress
+from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import TrialSpec, WorkloadSpec
 from orchestrator.evaluation import run_eval
-from orchestrator.evaluation.adapters import score_adapters
+from orchestrator.evaluation.adapters import problems, score_adapters
 from orchestrator.metrics.summary import adapter_key
 from orchestrator.models import resolve_adapters
+from orchestrator.models.lora import tiny_adapter_dir
 
 
 def with_adapter_names(spec: TrialSpec) -> WorkloadSpec:
@@ -57,7 +59,39 @@ def adapter_scores(
     if lora.tiny is not None:
         tiny = [(name, k) for k, name in enumerate(lora.tiny.names())]
         scores.update(score_adapters(url, spec.model.name, tiny, api_key, spec.eval.limit, progress=say))
+        scores.update(kept_accuracy(spec, scores, say))
     for adapter in lora.adapters if spec.eval.tasks else []:
         got = run_eval(spec.eval, url, adapter.name, tokenizer, workdir / f"eval-{adapter.name}", api_key, say)
         scores.update({adapter_key(adapter.name, k): v for k, v in got.items()})
     return scores
+
+
+def kept_accuracy(spec: TrialSpec, scores: dict[str, float], say: Progress) -> dict[str, float]:
+    """Each tiny adapter's accuracy alone on the problems just scored (HF, greedy, from its
+    ``training.json``: the held-out problems it got wrong) and the worst share of it the server
+    kept (``adapters_kept_min``: served / alone). How well an adapter learned varies with the
+    machine that trained it (docs/lora.md: 70-92%); whether serving keeps what it learned does not,
+    and is what the lab's verdict asks."""
+    model, lora = spec.model, spec.model.lora
+    assert lora is not None and lora.tiny is not None
+    if model.tiny is None:
+        return {}
+    scored = problems(spec.eval.limit)
+    out: dict[str, float] = {}
+    kept = []
+    for k, name in enumerate(lora.tiny.names()):
+        notes_path = tiny_adapter_dir(model.tiny, lora.tiny, k, model.cache_dir) / "training.json"
+        served = scores.get(adapter_key(name, M.ACCURACY))
+        try:
+            wrong = {tuple(p) for p in json.loads(notes_path.read_text())["heldout_wrong"]}
+        except (OSError, ValueError, KeyError):
+            say(f"adapter {name}: no record of its accuracy alone ({notes_path}): what serving kept is not known")
+            return {}
+        alone = 1 - sum(1 for p in scored if p in wrong) / len(scored)
+        out[adapter_key(name, M.TRAINED_ACCURACY)] = alone
+        if served is not None and alone > 0:
+            kept.append(served / alone)
+    if kept:
+        out[M.ADAPTERS_KEPT_MIN] = min(kept)
+        say(f"adapters: served against alone (HF): the worst kept {min(kept):.0%} of its own accuracy")
+    return out

@@ -49,7 +49,11 @@ def test_each_adapter_answers_its_own_requests_on_real_vllm(compose, tmp_path):
         wrong_alone = {tuple(p) for p in training["heldout_wrong"]}
         alone = sum(p not in wrong_alone for p in problems(20)) / 20
         assert m[f"adapter.{name}.accuracy"] >= alone - 0.1, (name, alone, m)  # 2 in 20 another kernel's rounding
+        assert m[f"adapter.{name}.trained_accuracy"] == pytest.approx(alone), m  # the product's own reading
     assert m["adapters_accuracy_min"] == min(m["adapter.lora-a.accuracy"], m["adapter.lora-b.accuracy"])
+    # the lab's verdict reads what serving kept of each adapter's own accuracy (issue 58)
+    kept = [m[f"adapter.{n}.accuracy"] / m[f"adapter.{n}.trained_accuracy"] for n in ("lora-a", "lora-b")]
+    assert m["adapters_kept_min"] == pytest.approx(min(kept)), m
     # ...but the base model's requests, sharing batches with the adapters', come back in an
     # adapter's convention: vLLM 0.32's CPU LoRA kernels (lora/ops/torch_ops/lora_ops.py,
     # bgmv_shrink/expand) index the stacked adapters with each token's slot, and a base-model
