@@ -46,7 +46,7 @@ def speed_key(spec: TrialSpec, probe_tokens: tuple[int, int]) -> tuple[str, dict
         "machine": host.describe([])["summary"],
         "engine": engine.name,
         "version": adapter_for(engine.name).version(spec),
-        "model": spec.model.path,
+        "model": spec.model.model_dump(mode="json"),  # a tiny model has no path: its spec tells it apart
         "dtype": getattr(engine, "dtype", None),
         "quantization": getattr(engine, "quantization", None),
         "threads": getattr(engine, "cpu_omp_threads_bind", None),
