@@ -106,6 +106,11 @@ def value_at(data: Any, dotted: str) -> Any:
     return _at(data, dotted.split("."))[1]
 
 
+def put_at(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set the value at a dotted key, making the mappings on the way as needed (:func:`_put`)."""
+    _put(data, dotted.split("."), value)
+
+
 def _put(data: dict[str, Any], path: list[str], value: Any, delete: bool = False) -> None:
     """Set (or delete) the value at ``path``, making the dicts on the way as needed."""
     node: Any = data

@@ -146,9 +146,9 @@ def _monotone(values: Sequence[float], trend: str, margin: float) -> bool:
 
 
 def _pair(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[TrialData]) -> tuple[bool, str]:
-    named = e.lower if e.lower is not None else e.higher
-    assert named is not None and e.than is not None
-    mine = {n: _value(_trial(finished, n, every), e) for n in named}
+    sides = e.lower if e.lower is not None else e.higher
+    assert sides is not None and e.than is not None
+    mine = {n: _value(_trial(finished, n, every), e) for n in sides}
     theirs = {n: _value(_trial(finished, n, every), e) for n in e.than}
     sign = -1.0 if e.lower is not None else 1.0
     changes = {(m, o): sign * (a - b) / max(abs(b), 1e-12) for m, a in mine.items() for o, b in theirs.items()}

@@ -19,7 +19,7 @@ from typing import Any
 from orchestrator.config.convert import to_specs
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.logs import Progress
-from orchestrator.config.overlays import command_line_keys, plain_copy, value_at
+from orchestrator.config.overlays import command_line_keys, plain_copy, put_at, value_at
 from orchestrator.config.schema import TrialSpec
 from orchestrator.engines import adapter_for
 from orchestrator.engines.process import interrupts_stop_servers
@@ -44,21 +44,6 @@ def _user_keys(configs: Configs) -> set[str]:
 
 def _set_by_user(key: str, user: set[str]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in user)
-
-
-def _with_value(data: dict[str, Any], platform: str, key: str, value: Any) -> None:
-    node = data.setdefault("per_platform", {}) or {}
-    data["per_platform"] = node
-    node = node.setdefault(platform, {}) or {}
-    data["per_platform"][platform] = node
-    *parents, last = key.split(".")
-    for part in parents:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[last] = value
 
 
 def size_sweep(configs: Configs, sweep_dir: Path, say: Progress) -> tuple[Configs, dict[str, str]]:
@@ -92,8 +77,10 @@ def size_sweep(configs: Configs, sweep_dir: Path, say: Progress) -> tuple[Config
     out: Configs = []
     for job_overrides, job_data in configs:
         job_data = plain_copy(job_data)
+        job_data["per_platform"] = job_data.get("per_platform") or {}  # null: no overlay yet
+        job_data["per_platform"][platform] = job_data["per_platform"].get(platform) or {}
         for s in chosen:
-            _with_value(job_data, platform, s.key, s.value)
+            put_at(job_data, f"per_platform.{platform}.{s.key}", s.value)
         out.append((job_overrides, job_data))
     _record(sweep_dir, speed, chosen)
     params = {f"sizing.{s.key}": str(s.value) for s in chosen}
