@@ -157,6 +157,7 @@ class M:
     SERVER_QUEUE_TIME_S_MEAN: Final = "server_queue_time_s_mean"
     SERVER_PREFILL_TIME_S_MEAN: Final = "server_prefill_time_s_mean"
     SERVER_TTFT_S_MEAN: Final = "server_ttft_s_mean"
+    SERVER_ITL_S_MEAN: Final = "server_itl_s_mean"
     SERVER_DECODE_TTFT_S_MEAN: Final = "server_decode_ttft_s_mean"
     SERVER_KV_CACHE_USAGE_MAX: Final = "server_kv_cache_usage_max"
     SERVER_REQUESTS_RUNNING_MAX: Final = "server_requests_running_max"

@@ -211,6 +211,9 @@ def workload_fidelity(
 # --------------------------------------------------------------------------- the server's clock
 
 
+SERVER_CLOCK = "server clock:"  # the clock-gap check's first words
+
+
 def clock_gap(
     metrics: Mapping[str, float], limits: FidelitySpec, via: str | None = None
 ) -> tuple[dict[str, float], list[str]]:
@@ -231,7 +234,7 @@ def clock_gap(
         out[f"{name}_gap_ms_p50"] = client - server
         if via is None and limits.max_gap_ms is not None and not math.isinf(high) and client - high > limits.max_gap_ms:
             reasons.append(
-                f"server clock: the client's {name.upper()} p50 {client:.1f} ms is {client - high:.1f} ms "
+                f"{SERVER_CLOCK} the client's {name.upper()} p50 {client:.1f} ms is {client - high:.1f} ms "
                 f"above the most the server's histogram allows ({high:.0f} ms; its p50 {server:.1f} ms) "
                 f"(> {limits.max_gap_ms:g}):"
                 " that time is the client or the network, not the engine"

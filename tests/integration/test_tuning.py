@@ -39,7 +39,7 @@ def test_two_tuning_steps_from_a_diagnosis(tmp_path):
     out = p.stdout
     assert p.returncode in (0, 4), out[-4000:] + p.stderr[-3000:]  # 4: a step's race undecided after its budget
     step1 = next(line for line in out.splitlines() if line.startswith("tune: step 1: baseline"))
-    assert "batch slots" in step1 and "max_num_seqs=8" in step1, step1
+    assert "batch slots" in step1 and "max_num_seqs=8" in step1, step1 + "\n" + (out + p.stderr)[-6000:]
     report = tmp_path / "multirun" / "report"
     path = json.loads((report / "tuning.json").read_text())
     first = path["steps"][0]

@@ -105,7 +105,8 @@ class Thresholds:
     power_at_limit: float = 0.95  # GPU power as a share of its limit (strong)
     power_high: float = 0.8  # ... (weak)
     throttled_share: float = 0.5  # share of GPU samples with a throttle reason
-    client_kept_up_lag_ms: float = 2.0  # event-loop lag p95 at most this: the client read on time
+    client_kept_up_lag_ms: float = 2.0  # event-loop lag p95 at most this: the client read on time...
+    client_kept_up_itl_share: float = 0.25  # ... or at most this share of the server's mean ITL
     floor_below: float = 0.95  # TPOT under this share of its floor: the floor does not hold (not judged)
     floor_near: float = 1.5  # TPOT within this factor of its roofline floor (strong)
     floor_close: float = 2.5  # ... (weak)
@@ -140,6 +141,7 @@ class Readings:
     server_prefix_cache_hit_rate: float | None = None
     prefix_reuse_ideal_share: float | None = None
     server_ttft_s_mean: float | None = None
+    server_itl_s_mean: float | None = None
     server_decode_ttft_s_mean: float | None = None
     server_prompt_tokens: float | None = None
     server_engine_steps: float | None = None

@@ -10,7 +10,7 @@ from orchestrator.config.metric_keys import M
 from orchestrator.metrics.diagnosis.findings import STRONG, WEAK, Finding, PointEvidence, RuleState, Thresholds
 from orchestrator.metrics.diagnosis.over_capacity import over_capacity
 from orchestrator.metrics.diagnosis.parts import gauge_values
-from orchestrator.metrics.fidelity import COALESCED
+from orchestrator.metrics.fidelity import COALESCED, SERVER_CLOCK
 
 
 def _client(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
@@ -18,15 +18,24 @@ def _client(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
         return None
     r = x.read
     lag, cpu = r.loop_lag_ms_p95, r.client_cpu_util or 0.0
-    if all(COALESCED in r for r in x.client_reasons) and lag is not None and lag <= th.client_kept_up_lag_ms:
-        # chunks read together by a client that woke on time: the server wrote them together
+    kept_up = max(th.client_kept_up_lag_ms, th.client_kept_up_itl_share * (r.server_itl_s_mean or 0.0) * 1e3)
+    if lag is not None and lag <= kept_up and all(_server_side(reason) for reason in x.client_reasons):
+        # chunks read together, or read late, by a client that woke on time: the server's front end
+        # (HTTP, detokenizing, streaming) wrote them together or late, outside the engine's clock
         s.notes.append(
-            f"ITL: {r.coalesced_chunk_share or 0.0:.0%} {COALESCED} while the client kept up (event-loop "
-            f"lag p95 {lag:.1f} ms, {cpu:.2f} of a core): the server sent them together, so the point is "
-            "INVALID for its ITL but the client did not limit it"
+            f"the client kept up (event-loop lag p95 {lag:.1f} ms <= {kept_up:.1f}, {cpu:.2f} of a core) while "
+            + "; ".join(x.client_reasons)
+            + ": the server's front end sent them so, so the point is INVALID for what its clock misses but "
+            "the client did not limit it"
         )
         return None
     return Finding("client", STRONG, "; ".join(x.client_reasons), {M.CLIENT_INVALID: 1.0})
+
+
+def _server_side(reason: str) -> bool:
+    """A client check that a client waking on time cannot fail by itself: reads together, or a
+    median beyond the server's clock."""
+    return COALESCED in reason or reason.startswith(SERVER_CLOCK)
 
 
 def _shared(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
