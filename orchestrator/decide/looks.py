@@ -84,15 +84,24 @@ def runs_needed(
         return 2
     tie = abs(advantage) < bound
     for n in range(2, cap + 1):
-        a = alpha * look_share(n, reference or n, final=True)
-        df = (trials - 1) * (n - 1)  # rounds as blocks (:func:`blocked_fit`), or every run pooled
-        df = df if df >= PAIRED_MIN_DF else trials * (n - 1)
-        # a tie must clear both bounds: at a true advantage of 0 each one-sided miss is half the power lost
-        miss = (1 - power) / 2 if tie and advantage == 0 else 1 - power
-        q = t_upper(a if tie else a / 2, df) + t_upper(miss, df)
-        if q * sd * math.sqrt(2 / n) <= room:
+        if reach(n, sd, alpha, trials, power, reference or n, tie=tie, even=advantage == 0) <= room:
             return n
     return None
+
+
+def reach(
+    n: int, sd: float, alpha: float, trials: int, power: float, reference: int, tie: bool, even: bool = False
+) -> float:
+    """How far from the bound (on the compared scale) a true advantage must lie for the race's
+    last look at ``n`` runs each to decide it with probability ``power``: over the bound by this
+    much to tell the leader better, under it by this much to tell a tie (``even``: a true
+    advantage of 0, each one-sided miss then costs half the power)."""
+    a = alpha * look_share(n, reference, final=True)
+    df = (trials - 1) * (n - 1)  # rounds as blocks (:func:`blocked_fit`), or every run pooled
+    df = df if df >= PAIRED_MIN_DF else trials * (n - 1)
+    miss = (1 - power) / 2 if tie and even else 1 - power
+    q = t_upper(a if tie else a / 2, df) + t_upper(miss, df)
+    return q * sd * math.sqrt(2 / n)
 
 
 @dataclass

@@ -56,7 +56,7 @@ from scipy import stats
 
 from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.looks import PAIRED_MIN_DF, look_share, runs_needed, t_upper
+from orchestrator.decide.looks import PAIRED_MIN_DF, look_share, reach, runs_needed, t_upper
 
 BETTER, TIE, UNDECIDED = "better", "tie", "undecided"
 # the race's answer: one winner, a tie among the best, undecided, or one run each (not raced)
@@ -111,6 +111,32 @@ class RaceState:
         if c is None or not self.sd:
             return None
         return runs_needed(self.sd, c.advantage, self.bound, self.alpha_total, len(self.runs))
+
+    def runs_to_decide_all(self) -> int | None:
+        """Runs each that would decide every undecided comparison (:meth:`runs_to_decide`); None:
+        one of them takes no practical number, or nothing is undecided."""
+        needs = [self.runs_to_decide(name) for name in self.undecided]
+        if not needs or any(n is None for n in needs):
+            return None
+        return max(n for n in needs if n is not None)
+
+    def tells_at(self, runs: int, power: float = 0.8) -> str:
+        """What a race ending at ``runs`` runs each tells (``power`` of the time) at the spread
+        measured: the difference over which the leader is told better, and under which a tie is
+        (none, where the noise is wider than the margin), in words."""
+        if not self.sd or not self.comparisons:
+            return ""
+        trials = max(2, len(self.runs))
+        better = self.bound + reach(runs, self.sd, self.alpha_total, trials, power, runs, tie=False)
+        tie = self.bound - reach(runs, self.sd, self.alpha_total, trials, power, runs, tie=True)
+
+        def show(x: float) -> str:
+            return f"{math.expm1(x):.0%}" if self.comparisons[0].log_scale else f"{x:.4g}"
+
+        ties = f"a tie only under {show(tie)}" if tie > 0 else "no tie (the noise is wider than the margin)"
+        return (
+            f"at {runs} runs each this machine tells a difference over {show(better)} ({power:.0%} of the time), {ties}"
+        )
 
     @property
     def undecided(self) -> list[str]:

@@ -99,9 +99,7 @@ class LabRun:
         if not m:
             return f"undecided after {runs} run(s) each"
         more = max(int(m.group(1)) - runs, 0) * self.wall_s / runs  # a run of every trial per round
-        return (
-            f"undecided after {runs} run(s) each; deciding needs about {m.group(1)} each (~{_minutes(more)} more here)"
-        )
+        return f"undecided after {runs} run(s) each; deciding needs about {m.group(1)} each (~{outcome.minutes(more)} more here)"
 
     @property
     def runs_each(self) -> int:
@@ -191,10 +189,6 @@ def read_outcome(run: LabRun, lines: list[str]) -> None:
             run.failures.append((data.get("variant") or data["trial_hash"][:8], error[0] if error else ""))
 
 
-def _minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-
-
 def table(runs: list[LabRun]) -> list[str]:
     """The markdown table of the labs, then every failure's first error line."""
     out = [
@@ -215,13 +209,13 @@ def table(runs: list[LabRun]) -> list[str]:
         expected = "/".join(map(str, r.expected)) if r.expected else "none declared"
         out.append(
             f"| {r.name} | {r.counts.get('FINISHED', 0)} | {r.counts.get('SKIPPED', 0)} | "
-            f"{r.counts.get('FAILED', 0)} | {verdict} | {expected} | {_minutes(r.wall_s)} |"
+            f"{r.counts.get('FAILED', 0)} | {verdict} | {expected} | {outcome.minutes(r.wall_s)} |"
         )
     total = sum(r.wall_s for r in runs)
     out.append(
         f"| **all {len(runs)}** | {sum(r.counts.get('FINISHED', 0) for r in runs)} | "
         f"{sum(r.counts.get('SKIPPED', 0) for r in runs)} | {sum(r.counts.get('FAILED', 0) for r in runs)} | "
-        f"| {'/'.join(str(sum(r.expected[i] for r in runs if r.expected)) for i in range(3))} | {_minutes(total)} |"
+        f"| {'/'.join(str(sum(r.expected[i] for r in runs if r.expected)) for i in range(3))} | {outcome.minutes(total)} |"
     )
     claimed = [r for r in runs if r.claims]
     if claimed:
@@ -270,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_lab(name, overrides, out_dir / f"{name}.log")
         runs.append(run)
         print(
-            f"=== [{i}/{len(chosen)}] {name}: {run.outcome}, {dict(run.counts)} in {_minutes(run.wall_s)}",
+            f"=== [{i}/{len(chosen)}] {name}: {run.outcome}, {dict(run.counts)} in {outcome.minutes(run.wall_s)}",
             flush=True,
         )
     lines = [

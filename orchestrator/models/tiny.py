@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.paths import cache_root
 from orchestrator.config.schema import TinyModelSpec, TinyTrainSpec
 from orchestrator.models.addition import (
     VALIDATION_PROBLEMS,
@@ -56,8 +57,7 @@ CHAT_TEMPLATE = (
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("INFERENCE_LAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "inference-lab")
-    return Path(root) / "models"
+    return cache_root() / "models"
 
 
 def model_key(spec: TinyModelSpec) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import socket
 import time
@@ -20,9 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.paths import cache_root
 from orchestrator.perf.gpus import detect_gpus
 
-CACHE_DIR = Path(os.environ.get("INFERENCE_LAB_CACHE", "~/.cache/inference-lab")).expanduser() / "roofs"
+CACHE_DIR = cache_root() / "roofs"
 
 
 @dataclass(frozen=True)

@@ -48,3 +48,8 @@ def exit_status() -> tuple[int, str]:
 def reset() -> None:
     _seen.clear()
     _reached[0] = False
+
+
+def minutes(seconds: float) -> str:
+    """A duration as the product's lines write it: ``3m05s``."""
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"

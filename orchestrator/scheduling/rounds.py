@@ -20,6 +20,8 @@ from orchestrator.decide.race import OPEN, RaceState, planned_runs, planning_sd,
 from orchestrator.decide.verdict import decide, knob_standing, race_over
 from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling.jobs import TrialJob
+from orchestrator.scheduling.outcome import minutes
+from orchestrator.scheduling.race_memory import remember
 from orchestrator.scheduling.recorder import Recorder
 from orchestrator.tracking.runs import from_results
 
@@ -45,10 +47,25 @@ def run_race(
     """Rounds of repeats after the first pass (``run_round`` runs and records a round's jobs).
     The race looks at the rounds of :func:`interim_looks` and at its last; between looks the
     same trials run again. With ``max_repeats: auto`` its last round is planned (tagged on the
-    sweep's run, ``race_planned_runs``); the verdict needs no plan to spend the error as it did."""
+    sweep's run, ``race_planned_runs``); the verdict needs no plan to spend the error as it did.
+    How it ended is kept for the next sweep of these trials on this machine (:mod:`.race_memory`)."""
     objective = jobs[0].settings.objective
     if objective is None or not races(objective):
         return
+    ended = _race(jobs, record, first_pass_s, run_round, objective)
+    if ended is not None:
+        concurrent = jobs[0].spec.platform.max_concurrent_trials or 1
+        remember(jobs, ended[0], ended[1], _round_s(record, jobs, concurrent), first_pass_s)
+
+
+def _race(
+    jobs: list[TrialJob],
+    record: Recorder,
+    first_pass_s: float,
+    run_round: Callable[[list[TrialJob]], None],
+    objective: ObjectiveSpec,
+) -> tuple[RaceState, int] | None:
+    """The race's rounds; where it stood when it ended, and the runs each it made."""
     progress = record.progress
     deadline = time.monotonic() + objective.budget * first_pass_s
     by_hash = {job.trial_hash: job for job in jobs}
@@ -60,7 +77,7 @@ def run_race(
     while True:
         state = standing(record.results, objective)
         if state is None:
-            return
+            return None
         if schedule.plans_at(run):
             _plan(state, schedule, jobs, record, deadline - time.monotonic(), concurrent)
         last = schedule.last(run)
@@ -68,9 +85,9 @@ def run_race(
             state = standing(record.results, objective, final=True) or state
         if run > 1 and (last or schedule.looks_at(run)) and state.answer != OPEN:
             progress(f"race: decided after {run} runs ({state.answer})")
-            return
+            return state, run
         if last:
-            return
+            return state, run
         if run == 1:  # run 2: noise is not known yet (a knob's: of the trials the verdict reads)
             names = (state.to_repeat() if is_knob(objective.key) else []) or list(state.runs)
         elif schedule.looks_at(run):  # between looks the same trials run again
@@ -78,7 +95,7 @@ def run_race(
         called = names_of(record.results)
         chosen = [j for j in jobs if called.get(j.trial_hash) in names and j.trial_hash in by_hash]
         if not chosen:
-            return
+            return state, run
         chosen = _rotated(chosen, run)
         round_s = _round_s(record, chosen, concurrent)
         left = deadline - time.monotonic()
@@ -86,8 +103,9 @@ def run_race(
             progress(
                 f"race: stopping before run {run + 1}: a round of {len(chosen)} trial(s) takes ~{round_s:.0f}s, "
                 f"the budget has {max(left, 0):.0f}s left (objective.budget={objective.budget:g} first passes)"
+                + _cost(state, run, round_s, objective.budget - max(left, 0) / max(first_pass_s, 1e-9), first_pass_s)
             )
-            return
+            return state, run
         who = ", ".join(called[j.trial_hash] for j in chosen)
         progress(
             f"race: run {run + 1} of {who} ({_why_again(run, state, objective)}; fresh requests, the same for each)"
@@ -113,6 +131,18 @@ def _why_again(run: int, state: RaceState, objective: ObjectiveSpec) -> str:
     return f"not yet told apart from {state.leader}"
 
 
+def _cost(state: RaceState, run: int, round_s: float, spent: float, first_pass_s: float) -> str:
+    """What deciding would cost here, said when the race stops short of it: the runs each at the
+    noise measured, the time and the budget they take (``spent``: first passes of it spent so far),
+    and what the runs made can tell."""
+    tells = state.tells_at(run)
+    if (need := state.runs_to_decide_all()) is None:
+        return f"; at the noise measured no practical number of runs decides it here; {tells}" if tells else ""
+    more = max(need - run, 0) * round_s
+    budget = f" objective.budget={spent + more / first_pass_s:.1f}" if first_pass_s > 0 else ""
+    return f"; deciding needs about {need} runs each (~{minutes(more)} more here: objective.max_repeats={need}{budget}); {tells}"
+
+
 def _plan(
     state: RaceState, schedule: Schedule, jobs: list[TrialJob], record: Recorder, left_s: float, concurrent: int
 ) -> None:
@@ -133,9 +163,15 @@ def _plan(
     elif state.comparisons and state.comparisons[0].log_scale:
         noise = f"{state.sd:.1%} between runs, planned for {planning_sd(state):.1%} (its 80% upper limit)"
     again = "" if before is None else f" (was {before}; planned again after {made} runs)"
+    short, plan = "", schedule.plan or made
+    if (wanted := planned_runs(state, AUTO_MAX_RUNS, AUTO_MAX_RUNS)) > plan:  # the budget cut it short
+        short = (
+            f"; the noise asks for {wanted} (~{minutes((wanted - made) * round_s)} more here), so the race may end "
+            f"undecided: {state.tells_at(plan)}"
+        )
     record.progress(
         f"race: planning {schedule.plan} runs each at most{again} (objective.max_repeats=auto: at {noise}, "
-        f"the budget affords {min(affordable, AUTO_MAX_RUNS)}, at most {AUTO_MAX_RUNS})"
+        f"the budget affords {min(affordable, AUTO_MAX_RUNS)}, at most {AUTO_MAX_RUNS}){short}"
     )
     tracker = record.tracker
     if tracker is not None:

@@ -28,6 +28,7 @@ from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling import outcome
 from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.preview import dry_run, share_key
+from orchestrator.scheduling.race_memory import forecast
 from orchestrator.scheduling.ray_exec import (
     RayContext,
     cluster_gpus,
@@ -213,8 +214,10 @@ def _run_recorded(
     status = "FAILED"
     try:
         with interrupts_stop_servers():
-            _run_trials(jobs, done, record)
             objective = jobs[0].settings.objective
+            if race and races(objective) and (line := forecast(jobs)) is not None:
+                progress(line)  # what the last race of these trials here cost, before this one starts
+            _run_trials(jobs, done, record)
             # resume: the trials FINISHED before join this sweep's results, for its verdict and race
             # (and, for its race, the repeats run before: one lookup in MLflow for both)
             stored = earlier_runs(jobs, done, record) if race and done and objective is not None else {}

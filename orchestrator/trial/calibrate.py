@@ -14,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import statistics
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.config.logs import Progress
+from orchestrator.config.paths import cache_root, cached_entry, keep_entry
 from orchestrator.config.schema import TrialSpec
 from orchestrator.engines import adapter_for
 from orchestrator.loadgen.api import Endpoint, PlannedRequest, completions_delta, completions_payload
@@ -34,7 +33,7 @@ from orchestrator.perf.sizing import EngineSpeed
 from orchestrator.trial.servers import start_servers
 from orchestrator.trial.slate import wait_for_clean_slate
 
-CACHE = Path(os.environ.get("INFERENCE_LAB_CACHE", "~/.cache/inference-lab")).expanduser() / "engine-speed.json"
+CACHE = cache_root() / "engine-speed.json"
 REPEATS = 3  # requests per probe length; the median is taken
 DECODE_TOKENS = 64
 
@@ -57,25 +56,17 @@ def speed_key(spec: TrialSpec, probe_tokens: tuple[int, int]) -> tuple[str, dict
     return hashlib.sha256(blob.encode()).hexdigest()[:16], parts
 
 
-def cached_speed(key: str, path: Path = CACHE) -> EngineSpeed | None:
+def cached_speed(key: str, path: Path | None = None) -> EngineSpeed | None:
+    entry = cached_entry(path or CACHE, key)
     try:
-        return EngineSpeed.from_dict(json.loads(path.read_text())[key])
-    except (OSError, ValueError, KeyError, TypeError):
+        return EngineSpeed.from_dict(entry) if entry is not None else None
+    except (KeyError, TypeError, ValueError):
         return None
 
 
-def keep_speed(key: str, speed: EngineSpeed, path: Path = CACHE) -> None:
-    """Add ``speed`` to the cache (written whole to a temporary file, then moved into place)."""
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    known[key] = speed.as_dict()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".engine-speed-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(known, f, indent=1)
-    os.replace(tmp, path)
+def keep_speed(key: str, speed: EngineSpeed, path: Path | None = None) -> None:
+    """Add ``speed`` to the cache."""
+    keep_entry(path or CACHE, key, speed.as_dict())
 
 
 def _stream(endpoint: Endpoint, prompt: str, tokens: int, input_tokens: int) -> list[float]:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 
 import pytest
 
 from orchestrator.config.schema.goals import AUTO_MAX_RUNS
-from orchestrator.decide.looks import Schedule, interim_looks, look_share, runs_needed
+from orchestrator.decide.looks import Schedule, interim_looks, look_share, reach, runs_needed
 from orchestrator.decide.race import BETTER, OPEN, TIE, TIED, WIN, planned_runs, race_state
 from testkit.fake_openai_server import FakeOpenAIServer, Script
 from testkit.races import simulate, two_names_sweep
@@ -124,6 +125,32 @@ def test_an_undecided_race_says_how_many_runs_would_decide_it():
     assert state.answer == OPEN and (state.runs_to_decide(state.comparisons[0].name) or 0) > 3
 
 
+def test_a_race_stopped_short_says_what_deciding_costs_and_what_its_runs_can_tell():
+    """Where the budget stops a race before it decides, the progress line says the runs each and the
+    time deciding takes here, and what the runs made can tell at the noise measured."""
+    from orchestrator.scheduling.rounds import _cost
+
+    bound, alpha = math.log1p(0.1), 0.05
+    for sd in (0.03, 0.08):  # the reach at n runs is the room runs_needed asks of n runs
+        n = runs_needed(sd, 0.3, bound, alpha)
+        assert n is not None
+        assert (
+            reach(n, sd, alpha, 2, 0.8, n, tie=False) <= 0.3 - bound < reach(n - 1, sd, alpha, 2, 0.8, n - 1, tie=False)
+        )
+    noisy = race_state({"a": [100.0, 125.0], "b": [70.0, 80.0]}, True, 0.95, 0.1, 2)
+    assert noisy.answer == OPEN
+    said = _cost(noisy, 2, 60.0, 0.9, 120.0)
+    need = noisy.runs_to_decide_all()
+    assert need is not None and need > 2
+    assert f"deciding needs about {need} runs each (~{(need - 2)}m00s more here" in said, said
+    assert f"objective.max_repeats={need} objective.budget={0.9 + (need - 2) * 60 / 120:.1f}" in said, said
+    assert "at 2 runs each this machine tells a difference over" in said and "no tie" in said, said
+    quiet = race_state(
+        {"a": [100.0, 101.0, 100.5, 99.5, 100.0], "b": [120.0, 121.0, 119.0, 120.5, 120.0]}, True, 0.95, 0.1, 5
+    )
+    assert "a tie only under" in quiet.tells_at(5), quiet.tells_at(5)
+
+
 def test_auto_plans_the_runs_from_the_noise_and_the_budget():
     """max_repeats: auto plans after the pilot's third run (and at later looks), from the spread between runs only:
     a few runs on a quiet machine, up to the cap on a noisy one, never past the budget; a race of
@@ -231,7 +258,8 @@ def test_a_resumed_sweep_reads_its_race_back_from_mlflow_and_races_on(tmp_path):
         # max_repeats, said in the exit status (4), and the second has a third round to run.
         objective = f"{{maximize:tokens_per_second,max_repeats:{max_repeats},budget:20,margin:0,confidence:0.999999}}"
         cmd = two_names_sweep(srv.base_url, store, f"{tmp_path}/multirun{max_repeats}", objective, 16)
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        env = {**os.environ, "INFERENCE_LAB_CACHE": str(tmp_path / "cache")}  # the race's memory of this machine
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
         assert p.returncode == 4, p.stdout[-3000:] + p.stderr[-3000:]
         assert "undecided after the budget" in p.stdout, p.stdout[-3000:]
         return p.stdout
@@ -240,6 +268,10 @@ def test_a_resumed_sweep_reads_its_race_back_from_mlflow_and_races_on(tmp_path):
         first = sweep(2)
         again = sweep(3)
     assert "2 FINISHED, 2 repeat FINISHED" in first, first[-3000:]
+    # before its first trial, the second sweep says how the first one's race ended here
+    assert "race: last time on this machine" not in first
+    said = next(line for line in again.splitlines() if "race: last time on this machine (" in line)
+    assert "it ended undecided after 2 runs each" in said, said
     assert again.count("already FINISHED") == 2 and "nothing to run" not in again, again[-3000:]
     # the two trials and their second runs read back; their third runs measured now
     assert again.count("read back from MLflow (resume)") == 4, again[-3000:]
@@ -359,3 +391,37 @@ def test_rounds_are_blocks_once_they_pay_and_then_the_comparison_is_the_paired_t
     # a trial whose runs share no round with the others (its first run lost, say): pooled too
     apart = race_state({"a": dict(enumerate(a)), "b": {10 + i: x for i, x in enumerate(b)}}, True)
     assert not apart.paired and apart.df == 8
+
+
+def test_a_race_is_remembered_per_machine_and_trials_and_forecast_before_the_next(tmp_path, monkeypatch):
+    """How a race ended is kept under the machine, the experiment, what it compares and its trials
+    (not its budget), and said before the next sweep of the same trials, with what this budget affords."""
+    from types import SimpleNamespace
+
+    from orchestrator.config.schema import ObjectiveSpec
+    from orchestrator.scheduling.race_memory import forecast, remember
+
+    monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
+
+    def jobs(budget: float, hashes=("h1", "h2")):
+        objective = ObjectiveSpec(maximize="tokens_per_second", budget=budget)
+        return [
+            SimpleNamespace(
+                trial_hash=h, spec=SimpleNamespace(experiment="lab"), settings=SimpleNamespace(objective=objective)
+            )
+            for h in hashes
+        ]
+
+    assert forecast(jobs(1.0)) is None  # nothing known yet
+    noisy = race_state({"a": [100.0, 125.0], "b": [70.0, 80.0]}, True, 0.95, 0.1, 2)
+    need = noisy.runs_to_decide_all()
+    remember(jobs(1.0), noisy, 2, 60.0, 120.0)
+    said = forecast(jobs(2.0))  # another budget: the same race
+    assert said is not None and said.startswith("race: last time on this machine ("), said
+    assert f"ended undecided after 2 runs each: deciding needs about {need} runs each" in said, said
+    # this budget: 2 first passes of 120 s, a first pass then rounds of 60 s: 1 + 4 runs
+    assert f"this budget affords about 5 (objective.budget=2; {(need - 1) * 60 / 120:.1f} would afford {need})" in said
+    assert forecast(jobs(1.0, ("h1", "h3"))) is None  # other trials: another race
+    quiet = race_state({"a": [100.0, 101.0, 100.5], "b": [150.0, 151.0, 149.0]}, True, 0.95, 0.1, 3)
+    remember(jobs(1.0), quiet, 3, 60.0, 120.0)
+    assert "it decided after 3 runs each (win)" in (forecast(jobs(1.0)) or "")
