@@ -9,12 +9,16 @@ sized from it prefills in at least the steps asked, not fewer."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from orchestrator.config.paths import cache_root
 from orchestrator.config.schema import SizeRule
+
+SPEED_CACHE = "engine-speed.json"  # under cache_root(): each server's speed, by speed key
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,18 @@ class EngineSpeed:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EngineSpeed:
         return cls(**{**d, "probe_tokens": tuple(d["probe_tokens"])})
+
+
+def latest_speed(machine: str | None = None, model: str | None = None) -> EngineSpeed | None:
+    """The latest speed calibrated on ``machine`` of ``model`` (any, where None), from the cache;
+    None: none yet."""
+    try:
+        known = json.loads((cache_root() / SPEED_CACHE).read_text())
+        speeds = [EngineSpeed.from_dict(d) for d in known.values()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    here = [s for s in speeds if machine in (None, s.machine) and model in (None, s.model)]
+    return max(here, key=lambda s: s.measured_at, default=None)
 
 
 @dataclass(frozen=True)

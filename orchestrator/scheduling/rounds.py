@@ -68,6 +68,7 @@ def _race(
     """The race's rounds; where it stood when it ended, and the runs each it made."""
     progress = record.progress
     deadline = time.monotonic() + objective.budget * first_pass_s
+    ceiling = deadline + objective.stretch * first_pass_s  # the most a stretch may reach
     by_hash = {job.trial_hash: job for job in jobs}
     concurrent = jobs[0].spec.platform.max_concurrent_trials or 1
     # a knob's race tests no means: whether trials meet the constraints is read every round
@@ -99,6 +100,9 @@ def _race(
         chosen = _rotated(chosen, run)
         round_s = _round_s(record, chosen, concurrent)
         left = deadline - time.monotonic()
+        if round_s > left and (stretched := _stretch(state, run, round_s, ceiling, objective, progress)):
+            deadline, ceiling = stretched, stretched  # once: the runs deciding needs, and no more
+            left = deadline - time.monotonic()
         if round_s > left:
             progress(
                 f"race: stopping before run {run + 1}: a round of {len(chosen)} trial(s) takes ~{round_s:.0f}s, "
@@ -129,6 +133,29 @@ def _why_again(run: int, state: RaceState, objective: ObjectiveSpec) -> str:
     if is_knob(objective.key):
         return f"the verdict on {state.leader}'s constraints is not yet sure"
     return f"not yet told apart from {state.leader}"
+
+
+def _stretch(
+    state: RaceState,
+    run: int,
+    round_s: float,
+    ceiling: float,
+    objective: ObjectiveSpec,
+    progress: Callable[[str], None],
+) -> float | None:
+    """Past the budget, once: the new deadline where the runs that would decide the race (at the
+    noise and the difference measured, :meth:`RaceState.runs_to_decide_all`) end before ``ceiling``
+    (``objective.stretch`` first passes past the budget); None: stop at the budget."""
+    need = state.runs_to_decide_all()
+    now = time.monotonic()
+    if need is None or need <= run or now + (need - run) * round_s > ceiling:
+        return None
+    more = (need - run) * round_s
+    progress(
+        f"race: past its budget (objective.budget={objective.budget:g} first passes): deciding needs about {need} "
+        f"runs each (~{minutes(more)} more here), within objective.stretch={objective.stretch:g}: running them"
+    )
+    return now + more * 1.1 + 1.0  # a round's time varies: a tenth to spare
 
 
 def _cost(state: RaceState, run: int, round_s: float, spent: float, first_pass_s: float) -> str:

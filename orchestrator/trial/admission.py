@@ -17,10 +17,13 @@ from orchestrator.evaluation import task_problem
 from orchestrator.feasibility import assess, describe
 from orchestrator.loadgen.datasets import load_sharegpt
 from orchestrator.loadgen.traces import read_trace, replay_slice
+from orchestrator.metrics import host
 from orchestrator.metrics.nvml import visible_devices
 from orchestrator.metrics.result import TrialResult
 from orchestrator.models import check_hub_tokenizer, resolve_model
 from orchestrator.perf.gpus import gpu_mismatch
+from orchestrator.perf.sizing import latest_speed
+from orchestrator.perf.trace_windows import slice_warning
 from orchestrator.trial.servers import planned_launches
 
 
@@ -138,4 +141,8 @@ def check_inputs(spec: TrialSpec) -> list[str]:
                 f"{where}: trace {trace.path} ({trace.format}, {len(trace.rows)} requests{chats} "
                 f"over {trace.rows[-1].timestamp_s:.0f} s{blocks}, sha256 {trace.sha256[:12]})"
             )
+            limit = spec.workload.validity.max_send_lag_ms_p95
+            speed = latest_speed(host.describe([])["summary"], spec.model.name)  # the last calibration here, if any
+            if warning := slice_warning(trace, replay, *spec.workload.stop_of(p), speed, limit):
+                notes.append(f"{where}: {warning}")
     return notes

@@ -29,11 +29,11 @@ from orchestrator.loadgen.api import Endpoint, PlannedRequest, completions_delta
 from orchestrator.loadgen.prompts import prompt_factory
 from orchestrator.metrics import host
 from orchestrator.models import resolve_model, resolve_tokenizer
-from orchestrator.perf.sizing import EngineSpeed
+from orchestrator.perf.sizing import SPEED_CACHE, EngineSpeed
 from orchestrator.trial.servers import start_servers
 from orchestrator.trial.slate import wait_for_clean_slate
 
-CACHE = cache_root() / "engine-speed.json"
+CACHE = cache_root() / SPEED_CACHE
 REPEATS = 3  # requests per probe length; the median is taken
 DECODE_TOKENS = 64
 

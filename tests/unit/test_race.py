@@ -151,6 +151,31 @@ def test_a_race_stopped_short_says_what_deciding_costs_and_what_its_runs_can_tel
     assert "a tie only under" in quiet.tells_at(5), quiet.tells_at(5)
 
 
+def test_past_its_budget_a_race_runs_on_once_where_deciding_fits_the_stretch():
+    import time
+
+    from orchestrator.config.schema import ObjectiveSpec
+    from orchestrator.scheduling.rounds import _stretch
+
+    objective = ObjectiveSpec(maximize="tokens_per_second")  # budget 1, stretch 2 (first passes)
+    noisy = race_state({"a": [100.0, 125.0], "b": [70.0, 80.0]}, True, 0.95, 0.1, 2)
+    need = noisy.runs_to_decide_all()
+    assert need == 7
+    said: list[str] = []
+    now = time.monotonic()
+    # 5 more rounds of 60 s fit in a ceiling 400 s away: the new deadline covers them, with a tenth to spare
+    deadline = _stretch(noisy, 2, 60.0, now + 400.0, objective, said.append)
+    assert deadline is not None and now + 300.0 < deadline <= time.monotonic() + 331.0
+    assert said == [
+        "race: past its budget (objective.budget=1 first passes): deciding needs about 7 runs each "
+        "(~5m00s more here), within objective.stretch=2: running them"
+    ]
+    assert _stretch(noisy, 2, 60.0, now + 200.0, objective, said.append) is None  # they do not fit
+    tie = race_state({"a": [100.0, 180.0], "b": [140.0, 90.0]}, True, 0.95, 0.1, 2)
+    assert tie.runs_to_decide_all() is None and _stretch(tie, 2, 1.0, now + 1e6, objective, said.append) is None
+    assert len(said) == 1
+
+
 def test_auto_plans_the_runs_from_the_noise_and_the_budget():
     """max_repeats: auto plans after the pilot's third run (and at later looks), from the spread between runs only:
     a few runs on a quiet machine, up to the cap on a noisy one, never past the budget; a race of

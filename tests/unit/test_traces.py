@@ -158,6 +158,32 @@ def test_a_replay_that_would_send_nothing_or_reads_no_file_names_workload_replay
     assert said in str(err.value)
 
 
+def test_a_replay_whose_burst_the_client_cannot_send_on_time_is_flagged_before_any_server(compose, tmp_path):
+    """The issue's case: a trace replayed from its start, an opening burst of many requests at one
+    instant: said before the point, with a window this machine can serve instead."""
+    import json
+
+    from orchestrator.trial import check_inputs
+
+    rows = [{"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [0, i]} for i in range(80)]
+    rows += [
+        {"timestamp": 1000 * t, "input_length": 600, "output_length": 20, "hash_ids": [0, 1]} for t in range(1, 200)
+    ]
+    trace = tmp_path / "burst.jsonl"
+    trace.write_text("\n".join(json.dumps(r) for r in rows))
+    base = ["workload=mooncake", f"workload.replay.trace={trace}", "workload.replay.trace_start_s=0"]
+    spec, _ = to_specs(compose([*base, "workload.replay.num_requests=100", "workload.replay.time_scale=1"]))
+    (said,) = [n for n in check_inputs(spec) if "INVALID point here" in n]
+    assert said.startswith("workload.replay: its slice would make an INVALID point here: a burst of 80 requests"), said
+    assert (
+        "a window this machine can serve: trace_start_s=" in said
+        and "python -m orchestrator.perf.trace_windows" in said
+    )
+    # the lab's own slice: nothing said
+    spec, _ = to_specs(compose(["workload=mooncake"]))
+    assert not [n for n in check_inputs(spec) if "INVALID point here" in n]
+
+
 BAILIAN = DATA / "bailian_sample.jsonl"
 
 

@@ -43,7 +43,8 @@ class ObjectiveSpec(StrictModel):
     frontier: dict[Literal["maximize", "minimize"], str] | None = None
     # The race (docs/statistics.md): after the first pass, the trials that cannot be told apart
     # from the leader run again (fresh requests) until it is separated, they are equivalent
-    # within ``margin``, a trial has run ``max_repeats`` times, or ``budget`` is spent.
+    # within ``margin``, a trial has run ``max_repeats`` times, or ``budget`` is spent (``stretch``
+    # past it, where that is what deciding takes).
     confidence: float = Field(
         default=0.95,
         gt=0.5,
@@ -66,6 +67,12 @@ class ObjectiveSpec(StrictModel):
         default=1.0,
         ge=0.0,
         description="time the race may add, in multiples of the first pass's wall time (1.0: about twice as long)",
+    )
+    stretch: float = Field(
+        default=2.0,
+        ge=0.0,
+        description="time the race may add past its budget, in first passes, once, when the runs that would "
+        "decide it (at the noise and the difference measured) fit in it: said, then run; 0: stop at the budget",
     )
 
     @property
