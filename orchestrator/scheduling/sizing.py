@@ -46,11 +46,22 @@ def _set_by_user(key: str, user: set[str]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in user)
 
 
+_SAID: dict[Progress, set[str]] = {}  # the lines each console was told: a tuner's or a search's launches size alike
+
+
 def size_sweep(configs: Configs, sweep_dir: Path, say: Progress) -> tuple[Configs, dict[str, str]]:
     """``configs`` with the baseline's sizing applied to every job, and the sweep parameters that
-    record it (empty when the experiment sizes nothing)."""
+    record it (empty when the experiment sizes nothing). A line said already to ``say`` (a
+    tuner's next step, a search's next batch) is not said again."""
     if not configs:
         return configs, {}
+    said = _SAID.setdefault(say, set())
+
+    def say_once(line: str) -> None:
+        if line not in said:
+            said.add(line)
+            say(line)
+
     overrides, data = configs[0]
     trial, settings = to_specs(data, overrides)
     sizing = settings.sizing
@@ -60,19 +71,19 @@ def size_sweep(configs: Configs, sweep_dir: Path, say: Progress) -> tuple[Config
     rules = [r for r in sizing.rules if not _set_by_user(r.set, user)]
     for r in sizing.rules:
         if r not in rules:
-            say(f"sizing: {r.set} is set on the command line: not sized")
+            say_once(f"sizing: {r.set} is set on the command line: not sized")
     if not rules:
         return configs, {}
-    found = _speed(trial, settings.dry_run, sizing.probe_tokens, sweep_dir, say)
+    found = _speed(trial, settings.dry_run, sizing.probe_tokens, sweep_dir, say_once)
     if found is None:
         return configs, {}
     speed, fresh = found
     resolved = trial.model_dump(mode="json")
-    say(f"sizing: {'measured now' if fresh else 'cached'}: {speed.describe()}")
+    say_once(f"sizing: {'measured now' if fresh else 'cached'}: {speed.describe()}")
 
     chosen = choose(rules, speed, lambda key: value_at(resolved, key))
     for s in chosen:
-        say(f"sizing: {s.key} {s.was} -> {s.value} ({s.why})")
+        say_once(f"sizing: {s.key} {s.was} -> {s.value} ({s.why})")
     platform = trial.platform.name
     out: Configs = []
     for job_overrides, job_data in configs:

@@ -113,6 +113,16 @@ def test_every_job_gets_the_sized_workload(compose, fast_prefill, tmp_path):
     assert params["sizing." + LONG] == "6144" and "decode step 10.0 ms" in params["sizing.speed"]
     assert any(line.startswith(f"sizing: {LONG} 1024 -> 6144 (long prompts: a prefill of ~") for line in lines)
     assert (tmp_path / "sizing.json").exists()
+    # a tuner's next step (another launch, the same console): the same sizes, not said again
+    again: list[str] = []
+
+    def say(line: str) -> None:
+        again.append(line)
+
+    for _ in range(2):
+        sized, _ = sizing.size_sweep(jobs_of(compose, []), tmp_path, say)
+        assert to_specs(sized[0][1], sized[0][0])[0].workload.classes["long"].input_tokens == 6144
+    assert again and len(again) == len(set(again)), again
 
 
 def test_a_key_the_command_line_sets_is_not_sized(compose, fast_prefill, tmp_path):
