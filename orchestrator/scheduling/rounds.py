@@ -16,7 +16,7 @@ from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.config.schema.goals import AUTO_MAX_RUNS
 from orchestrator.decide.looks import PILOT_RUNS, Schedule
-from orchestrator.decide.race import OPEN, RaceState, planned_runs, planning_sd, races
+from orchestrator.decide.race import ONE_RUN, OPEN, RaceState, planned_runs, planning_sd, races
 from orchestrator.decide.verdict import decide, knob_standing, race_over
 from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling.jobs import TrialJob
@@ -104,12 +104,7 @@ def _race(
             deadline, ceiling = stretched, stretched  # once: the runs deciding needs, and no more
             left = deadline - time.monotonic()
         if round_s > left:
-            progress(
-                f"race: stopping before run {run + 1}: a round of {len(chosen)} trial(s) takes ~{round_s:.0f}s, "
-                f"the budget has {max(left, 0):.0f}s left (objective.budget={objective.budget:g} first passes)"
-                + _cost(state, run, round_s, objective.budget - max(left, 0) / max(first_pass_s, 1e-9), first_pass_s)
-            )
-            return state, run
+            return _stopped(record, objective, state, run, (len(chosen), round_s, left), first_pass_s), run
         who = ", ".join(called[j.trial_hash] for j in chosen)
         progress(
             f"race: run {run + 1} of {who} ({_why_again(run, state, objective)}; fresh requests, the same for each)"
@@ -133,6 +128,34 @@ def _why_again(run: int, state: RaceState, objective: ObjectiveSpec) -> str:
     if is_knob(objective.key):
         return f"the verdict on {state.leader}'s constraints is not yet sure"
     return f"not yet told apart from {state.leader}"
+
+
+def _stopped(
+    record: Recorder,
+    objective: ObjectiveSpec,
+    state: RaceState,
+    run: int,
+    ahead: tuple[int, float, float],
+    first: float,
+) -> RaceState:
+    """The budget stops the race before its next round (``ahead``: its trials, its time, the time
+    left): this is its last look, which spends what the looks before left; said with what it
+    decided, or what deciding would cost."""
+    trials, round_s, left = ahead
+    state = standing(record.results, objective, final=True) or state
+    spent = objective.budget - max(left, 0) / max(first, 1e-9)
+    record.progress(
+        f"race: stopping before run {run + 1}: a round of {trials} trial(s) takes ~{round_s:.0f}s, "
+        f"the budget has {max(left, 0):.0f}s left (objective.budget={objective.budget:g} first passes)"
+        + (
+            _cost(state, run, round_s, spent, first)
+            if state.answer == OPEN
+            else ""
+            if state.answer == ONE_RUN  # the first pass only: nothing between runs to decide on
+            else f"; decided at this, its last look ({state.answer})"
+        )
+    )
+    return state
 
 
 def _stretch(

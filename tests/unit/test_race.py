@@ -270,6 +270,41 @@ def test_a_sweep_of_two_identical_configurations_ends_in_a_tie_never_a_winner(tm
     assert "repeat_of" in result
 
 
+def test_a_race_the_budget_stops_says_what_its_last_look_decided_or_what_deciding_costs(monkeypatch):
+    """The budget's stop is the race's last look (it spends what the looks before left): its line
+    says what that look decided, what deciding would cost, or (one run each) nothing more."""
+    from types import SimpleNamespace
+
+    from orchestrator.config.schema import ObjectiveSpec
+    from orchestrator.scheduling import rounds
+
+    objective = ObjectiveSpec(maximize="tokens_per_second")
+    said: list[str] = []
+    record = SimpleNamespace(results=[], progress=said.append)
+    looks: list[bool] = []
+
+    def stands(state):
+        def standing(results, objective, final=False):
+            looks.append(final)
+            return state
+
+        return standing
+
+    head = "race: stopping before run 3: a round of 2 trial(s) takes ~60s, the budget has 10s left (objective.budget=1 first passes)"
+    noisy = race_state({"a": [100.0, 125.0], "b": [70.0, 80.0]}, True, 0.95, 0.1, 2)
+    monkeypatch.setattr(rounds, "standing", stands(noisy))
+    assert rounds._stopped(record, objective, noisy, 2, (2, 60.0, 10.0), 120.0) is noisy
+    assert looks == [True] and said[-1].startswith(head + "; deciding needs about 7 runs each (~5m00s more here"), said
+    apart = race_state({"a": [100.0, 101.0], "b": [200.0, 202.0]}, True, 0.95, 0.1, 2)
+    monkeypatch.setattr(rounds, "standing", stands(apart))
+    rounds._stopped(record, objective, noisy, 2, (2, 60.0, 10.0), 120.0)
+    assert apart.answer == WIN and said[-1] == head + "; decided at this, its last look (win)", said[-1]
+    one = race_state({"a": [100.0], "b": [200.0]}, True, 0.95, 0.1, 1)
+    monkeypatch.setattr(rounds, "standing", stands(one))
+    rounds._stopped(record, objective, one, 1, (2, 60.0, 10.0), 120.0)
+    assert said[-1] == head.replace("run 3", "run 2"), said[-1]
+
+
 def test_a_resumed_sweep_reads_its_race_back_from_mlflow_and_races_on(tmp_path):
     """The same command again (resume) with a larger max_repeats: the trials and the repeats an
     earlier sweep FINISHED are read back from MLflow, not run again; only the new round runs, and
