@@ -18,21 +18,24 @@ def cache_root() -> Path:
     return Path(os.environ.get("INFERENCE_LAB_CACHE") or "~/.cache/inference-lab").expanduser()
 
 
+def cached_entries(path: Path) -> dict[str, Any]:
+    """Every entry of the JSON cache ``path``; empty where the file is missing or not a cache."""
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
 def cached_entry(path: Path, key: str) -> Any:
     """The entry ``key`` of the JSON cache ``path``; None where the file, or the key, is missing."""
-    try:
-        return json.loads(path.read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
+    return cached_entries(path).get(key)
 
 
 def keep_entry(path: Path, key: str, value: Any, most: int | None = None) -> None:
     """Add ``key`` to the JSON cache ``path`` (written whole to a temporary file, then moved into
     place: a reader never sees half a file), keeping the ``most`` latest entries."""
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
+    known = cached_entries(path)
     known.pop(key, None)
     known[key] = value
     if most is not None:

@@ -9,13 +9,12 @@ sized from it prefills in at least the steps asked, not fewer."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from orchestrator.config.paths import cache_root
+from orchestrator.config.paths import cache_root, cached_entries
 from orchestrator.config.schema import SizeRule
 
 SPEED_CACHE = "engine-speed.json"  # under cache_root(): each server's speed, by speed key
@@ -55,9 +54,8 @@ def latest_speed(machine: str | None = None, model: str | None = None) -> Engine
     """The latest speed calibrated on ``machine`` of ``model`` (any, where None), from the cache;
     None: none yet."""
     try:
-        known = json.loads((cache_root() / SPEED_CACHE).read_text())
-        speeds = [EngineSpeed.from_dict(d) for d in known.values()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        speeds = [EngineSpeed.from_dict(d) for d in cached_entries(cache_root() / SPEED_CACHE).values()]
+    except (KeyError, TypeError, ValueError):
         return None
     here = [s for s in speeds if machine in (None, s.machine) and model in (None, s.model)]
     return max(here, key=lambda s: s.measured_at, default=None)

@@ -65,7 +65,12 @@ def send_lags(instants: Sequence[float], within_s: float = BURST_S) -> list[floa
 
 def worst_burst(instants: Sequence[float], within_s: float = BURST_S) -> int:
     """The most requests of one burst (:func:`send_lags`' groups)."""
-    return round(max(send_lags(instants, within_s), default=-SEND_MS_PER_REQUEST) / SEND_MS_PER_REQUEST) + 1
+    return _burst_of(send_lags(instants, within_s))
+
+
+def _burst_of(lags: Sequence[float]) -> int:
+    """The most requests of one burst, from the send lags of :func:`send_lags`."""
+    return round(max(lags, default=-SEND_MS_PER_REQUEST) / SEND_MS_PER_REQUEST) + 1
 
 
 def judge(
@@ -78,9 +83,9 @@ def judge(
     max_send_lag_ms: float,
 ) -> Window:
     """One window: its burst, its prefill load, its reuse, and what stops a valid point."""
-    instants = [r.timestamp_s * time_scale for r in rows]
-    burst = worst_burst(instants)
-    late = float(np.percentile(send_lags(instants), 95)) if rows else 0.0
+    lags = send_lags([r.timestamp_s * time_scale for r in rows])
+    burst = _burst_of(lags)
+    late = float(np.percentile(lags, 95)) if rows else 0.0
     tokens = sum(r.input_tokens for r in rows)
     load = None
     if speed is not None and duration_s > 0:
@@ -117,12 +122,11 @@ def windows(
     out = []
     end = trace.rows[-1].timestamp_s if trace.rows else 0.0
     for scale in time_scales:
-        span = duration_s / scale  # the window on the trace's clock
-        step = step_s or span
+        step = step_s or duration_s / scale  # default: the window's length on the trace's clock
         start = trace.rows[0].timestamp_s if trace.rows else 0.0
         while (end - start) * scale >= duration_s / 2:  # a window cut short by the trace's end is not one
             cut = replay_slice(trace, start, length_scale, max_context, duration_s=duration_s, time_scale=scale)
-            span = min(duration_s, (end - start) * scale)
+            span = min(duration_s, (end - start) * scale)  # on the replay's clock
             out.append(judge(cut.rows, start, scale, span, cut.block_tokens, speed, max_send_lag_ms))
             start += step
     return out
