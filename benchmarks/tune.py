@@ -186,15 +186,6 @@ def in_tier(key: str | None, grid: dict[str, float], grid_best: str, s: Scenario
     return off is not None and off <= MARGIN
 
 
-def knobs_named(name: str, s: Scenario) -> dict[str, str]:
-    """A tuner's configuration name (``max_num_seqs=8,enable_prefix_caching=true``) as the space's knobs."""
-    if name == "baseline":
-        return {}
-    short = {k.removeprefix("engine."): k for k in s.space}
-    pairs = (part.split("=", 1) for part in name.split(",") if "=" in part)
-    return {short.get(k, k): v.lower() for k, v in pairs}
-
-
 def tuner_reach(path: dict[str, Any], grid: dict[str, float], grid_best: str, s: Scenario) -> int | None:
     """The trial runs after which the tuner's incumbent was the grid's best or tied with it: the
     baseline's first run, or the step that adopted it (its race's runs included)."""
@@ -202,9 +193,8 @@ def tuner_reach(path: dict[str, Any], grid: dict[str, float], grid_best: str, s:
     if in_tier(config_key(base, s), grid, grid_best, s):
         return 1
     for step in path["steps"]:
-        if step.get("adopted") and in_tier(
-            config_key({**base, **knobs_named(step["adopted"], s)}, s), grid, grid_best, s
-        ):
+        knobs = {k: str(v).lower() for k, v in (step.get("adopted_knobs") or {}).items()}
+        if knobs and in_tier(config_key({**base, **knobs}, s), grid, grid_best, s):
             return int(step.get("trials") or path["trials"])
     return None
 

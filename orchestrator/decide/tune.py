@@ -127,6 +127,7 @@ class Step:
     passed_over: list[dict[str, str]] = field(default_factory=list)  # {cause, lever, why}
     decision: str = ""
     adopted: str | None = None
+    adopted_knobs: dict[str, Any] | None = None  # the adopted configuration's knobs over the baseline's
     gain: tuple[float, float, float] | None = None  # of the adopted candidate, against the incumbent
     log_scale: bool = True
     values: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (mean, 95% half-width)
@@ -143,6 +144,7 @@ class Step:
             "passed_over": self.passed_over,
             "decision": self.decision,
             "adopted": self.adopted,
+            "adopted_knobs": self.adopted_knobs,
             "gain": list(self.gain) if self.gain else None,
             "values": {k: list(v) for k, v in self.values.items()},
             "not_judged": self.unjudged,

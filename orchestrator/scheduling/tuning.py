@@ -260,14 +260,15 @@ class Tuner:
         state = race_over(verdict.feasible, self.objective) if len(verdict.feasible) >= 2 else None
         outcome = judge_step(state, incumbent.name, self.objective.key)
         step.decision = outcome.words + (f" (out of the race: {'; '.join(out_of_race)})" if out_of_race else "")
-        if outcome.adopted is not None and outcome.comparison is not None:
-            step.adopted = outcome.adopted
+        adopted = next((c for c in candidates if c.name == outcome.adopted), None)
+        if adopted is not None and outcome.comparison is not None:
+            step.adopted, step.adopted_knobs = adopted.name, dict(adopted.knobs)
             step.gain = gain(outcome.comparison)
             step.log_scale = outcome.comparison.log_scale
         self.say(f"tune: step {step.index}: {step.decision}")
         raced = [Raced(c.name, c is incumbent, c.proposal, named.get(c.name)) for c in [incumbent, *candidates]]
         self.record.tag_step(step, raced)
-        return next((c for c in candidates if c.name == outcome.adopted), None)
+        return adopted
 
     def finish(self, best: Candidate, returns: list[Any]) -> None:
         """The best against the baseline (raced again when the path took several steps), the path

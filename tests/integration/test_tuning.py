@@ -47,12 +47,12 @@ def test_two_tuning_steps_from_a_diagnosis(tmp_path):
     assert "batch_slots" in first["causes"]
     assert set(first["values"]) == {"baseline", "max_num_seqs=8"}
     if first["adopted"]:  # adopted only on the race's word: better, with its interval above 0
-        assert first["adopted"] == "max_num_seqs=8"
+        assert first["adopted"] == "max_num_seqs=8" and first["adopted_knobs"] == {"engine.max_num_seqs": 8}
         mid, lo, hi = first["gain"]
         assert 0 < lo <= mid <= hi
         assert "adopted" in first["decision"]
     else:
-        assert "the incumbent stays" in first["decision"]
+        assert "the incumbent stays" in first["decision"] and first["adopted_knobs"] is None
     assert len(path["steps"]) == 2  # the second step: the new incumbent's levers, or none left
     assert (report / "tuning.png").stat().st_size > 10_000
     assert "## Tuning path" in (report / "summary.md").read_text()
