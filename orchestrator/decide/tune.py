@@ -152,6 +152,16 @@ class Step:
         }
 
 
+def undecided_hint(step: Step) -> str:
+    """Where a lever was passed over because its race was undecided, what would decide it."""
+    if not any("tried already" in p["why"] and "undecided" in p["why"] for p in step.passed_over):
+        return ""
+    return (
+        " (a lever tried before was undecided, not worse: objective.max_repeats=auto lets a step's race run "
+        "the repeats its noise asks for)"
+    )
+
+
 def path_lines(steps: list[Step], objective: ObjectiveSpec) -> list[str]:
     """The path, a line a step: ``step 1: baseline limited by batch slots (strong: ...) ->
     max_num_seqs 1 -> 2: tokens_per_second +61% [+48%, +74%]``."""

@@ -33,7 +33,7 @@ from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.decide.levers import MODEL_KNOB, Lever, Proposal, Space, load_levers, propose
 from orchestrator.decide.objective import point_at, value_of
 from orchestrator.decide.trials import TrialData
-from orchestrator.decide.tune import Step, causes_of, change_words, gain, judge_step, path_lines
+from orchestrator.decide.tune import Step, causes_of, change_words, gain, judge_step, path_lines, undecided_hint
 from orchestrator.decide.verdict import decide, race_over
 from orchestrator.feasibility import assess
 from orchestrator.scheduling.compose import SweepComposer
@@ -138,14 +138,14 @@ class Tuner:
             if trial is None or trial.status != "FINISHED":
                 why = trial.error if trial is not None else "it did not run"
                 raise ConfigError(f"tune: the baseline did not finish ({why}); nothing to tune from")
-            tried: set[str] = set()
+            tried: dict[str, str] = {}  # a configuration tried -> its step's decision
             for k in range(1, self.max_steps + 1):
                 step, candidates = self.next_step(k, incumbent, trial, tried, engine, platform)
                 self.steps.append(step)
                 step.trials = self.trials_run  # a step not run adds none
                 if not candidates:
-                    step.decision = "no lever left to try"
-                    self.say(f"tune: step {k}: {incumbent.name} {step.headline}; no lever left to try: stopping")
+                    step.decision = "no lever left to try" + undecided_hint(step)
+                    self.say(f"tune: step {k}: {incumbent.name} {step.headline}; {step.decision}: stopping")
                     self.passed_over(step)
                     break
                 stop = self.over_budget(len(candidates) + 1)
@@ -161,7 +161,7 @@ class Tuner:
                 named = self.launch([incumbent, *candidates], k, returns)
                 step.trials = self.trials_run
                 adopted = self.judge(step, incumbent, candidates, named)
-                tried |= {_identity(c.knobs) for c in candidates}
+                tried.update({_identity(c.knobs): f"step {k}: {step.decision}" for c in candidates})
                 if adopted is not None:
                     incumbent = adopted
                 if named.get(incumbent.name) is not None:
@@ -170,7 +170,7 @@ class Tuner:
         return returns
 
     def next_step(
-        self, k: int, incumbent: Candidate, trial: TrialData, tried: set[str], engine: str, platform: str
+        self, k: int, incumbent: Candidate, trial: TrialData, tried: Mapping[str, str], engine: str, platform: str
     ) -> tuple[Step, list[Candidate]]:
         """The step's diagnosis of the incumbent and the candidates its levers propose."""
         point = point_at(trial, self.objective.at)
@@ -191,7 +191,9 @@ class Tuner:
                 knobs = {**incumbent.knobs, **p.values}
                 identity = _identity(knobs)
                 if identity in tried or any(_identity(c.knobs) == identity for c in chosen):
-                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": "tried already"})
+                    # where it was tried and what that race said: an undecided one is not a "no"
+                    why = f"tried already ({tried[identity]})" if identity in tried else "proposed already in this step"
+                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": why})
                     continue
                 why = self.refused(knobs)
                 if why:

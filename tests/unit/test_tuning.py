@@ -267,3 +267,19 @@ def test_a_space_no_lever_touches_and_a_knob_objective_are_refused_before_anythi
     _check_space(Space.of({"engine.max_num_seqs": [1, 2]}), load_levers())  # a lever moves it
     with pytest.raises(ConfigError, match="is a knob; the tuner needs a measured metric"):
         _tunable(ObjectiveSpec(minimize="engine.max_num_batched_tokens"))
+
+
+def test_a_stop_after_an_undecided_lever_says_what_would_decide_it():
+    from orchestrator.decide.tune import Step, undecided_hint
+
+    step = Step(3, "enable_prefix_caching=true", "limited by batch slots (strong)", ["batch_slots"])
+    step.passed_over.append(
+        {
+            "cause": "batch_slots",
+            "lever": "more batch slots",
+            "why": "tried already (step 2: the incumbent stays: max_num_seqs=8 ttft_ms_p50 -71% [-97%, +151%], undecided)",
+        }
+    )
+    assert "objective.max_repeats=auto" in undecided_hint(step)
+    step.passed_over[0]["why"] = "tried already (step 1: max_num_seqs=8 adopted: ttft_ms_p50 -65% [-72%, -57%])"
+    assert undecided_hint(step) == ""
