@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.decide.levers import MODEL_KNOB, Space, load_levers, propose
-from orchestrator.scheduling.tuning import hydra_value
+from orchestrator.scheduling.tuning_knobs import hydra_value
 
 # a baseline in which every knob a lever steps from is set (a relative move needs a value)
 BASELINES = {

@@ -8,12 +8,13 @@ with the verdict's confidence, else try the next levers."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.race import BETTER, Comparison, RaceState
-from orchestrator.decide.trials import Point
+from orchestrator.decide.race import BETTER, UNDECIDED, Comparison, RaceState
+from orchestrator.decide.trials import Point, TrialData
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class StepOutcome:
     adopted: str | None  # the candidate adopted, None: the incumbent stays
     comparison: Comparison | None  # the adopted candidate (or the best one) against the incumbent
     words: str
+    led_undecided: str | None = None  # a candidate that led the race, undecided against the incumbent
 
 
 def judge_step(state: RaceState | None, incumbent: str, key: str = "") -> StepOutcome:
@@ -73,7 +75,8 @@ def judge_step(state: RaceState | None, incumbent: str, key: str = "") -> StepOu
     words = _against_incumbent(c, key)
     if c.outcome == BETTER:
         return StepOutcome(state.leader, c, f"{state.leader} adopted: {words}")
-    return StepOutcome(None, c, f"the incumbent stays: {state.leader} {words}, {_said(c)}")
+    led = state.leader if c.outcome == UNDECIDED else None
+    return StepOutcome(None, c, f"the incumbent stays: {state.leader} {words}, {_said(c)}", led)
 
 
 def _closest(state: RaceState) -> Comparison | None:
@@ -132,6 +135,7 @@ class Step:
     log_scale: bool = True
     values: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (mean, 95% half-width)
     unjudged: list[str] = field(default_factory=list)  # what the incumbent's diagnosis could not measure
+    passed_undecided: bool = False  # a lever was passed over whose race (a second look included) was undecided
     trials: int = 0  # trial runs of the tuning so far, this step's included (a race's repeats count)
 
     def as_json(self) -> dict[str, Any]:
@@ -154,12 +158,28 @@ class Step:
 
 def undecided_hint(step: Step) -> str:
     """Where a lever was passed over because its race was undecided, what would decide it."""
-    if not any("tried already" in p["why"] and "undecided" in p["why"] for p in step.passed_over):
+    if not step.passed_undecided:
         return ""
     return (
         " (a lever tried before was undecided, not worse: objective.max_repeats=auto lets a step's race run "
         "the repeats its noise asks for)"
     )
+
+
+BLOCK = 1000  # a step's rounds as a pooled race numbers them: step k's round r is k * BLOCK + r
+
+
+def pooled(parts: list[tuple[TrialData, int]], name: str) -> TrialData:
+    """One configuration's runs from several steps' races as one race's (a second look):
+    ``parts`` are (its trial data in a step's launch, that step). Every run keeps its round,
+    numbered apart by step, so the race pairs the runs within each step's rounds (the same
+    requests for every configuration of that round) and never across steps."""
+    runs = [
+        dataclasses.replace(r, name=name, runs=[], round=k * BLOCK + (r.round if r.round is not None else i))
+        for t, k in parts
+        for i, r in enumerate([t, *t.runs])
+    ]
+    return dataclasses.replace(runs[0], runs=runs[1:])
 
 
 def path_lines(steps: list[Step], objective: ObjectiveSpec) -> list[str]:

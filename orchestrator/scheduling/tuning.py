@@ -8,7 +8,12 @@ the same for every trial of a round, the race's pairing and confidence as in any
 shares the baseline's requests: the run that diagnosed the baseline is its first run in that race
 (read back, not measured again); a later incumbent was chosen by its runs, so it runs afresh. The
 leader is adopted only when it beats the incumbent with that confidence
-(:func:`orchestrator.decide.tune.judge_step`); otherwise the next levers are tried. The tuning
+(:func:`orchestrator.decide.tune.judge_step`); otherwise the next levers are tried. A lever
+whose configuration was raced before is passed over, except for a second look: its race was
+undecided with it in the lead, and a later diagnosis of the same incumbent names it again; it is
+raced once more beside the incumbent with the step's fresh requests, and judged on the runs of
+both races together (:func:`orchestrator.decide.tune.pooled`: each step's rounds paired within
+the step). The tuning
 stops when no lever is left, at ``max_steps``, or when the next step would pass ``max_trials``
 or ``max_wall_s``; a path of several steps ends with the best raced against the baseline.
 
@@ -19,7 +24,6 @@ in MLflow and read back, and the same decisions follow from the same numbers."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 import time
@@ -28,34 +32,44 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.config.metric_keys import is_knob
-from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.levers import MODEL_KNOB, Lever, Proposal, Space, load_levers, propose
+from orchestrator.decide.levers import MODEL_KNOB, Space, load_levers, propose
 from orchestrator.decide.objective import point_at, value_of
+from orchestrator.decide.race import UNDECIDED
 from orchestrator.decide.trials import TrialData
-from orchestrator.decide.tune import Step, causes_of, change_words, gain, judge_step, path_lines, undecided_hint
+from orchestrator.decide.tune import (
+    Step,
+    causes_of,
+    change_words,
+    gain,
+    judge_step,
+    path_lines,
+    pooled,
+    undecided_hint,
+)
 from orchestrator.decide.verdict import decide, race_over
 from orchestrator.feasibility import assess
 from orchestrator.scheduling.compose import SweepComposer
 from orchestrator.scheduling.jobs import TrialJob, prepare_jobs
 from orchestrator.scheduling.ray_exec import ray_kept_between_sweeps
 from orchestrator.scheduling.search import objective_of, search_space
+from orchestrator.scheduling.tuning_knobs import (
+    BASELINE,
+    Candidate,
+    Tried,
+    check_space,
+    hydra_value,
+    identity,
+    key_of,
+    knob_words,
+    name_of,
+    parsed,
+    tunable,
+)
 from orchestrator.scheduling.tuning_record import Raced, TuningRecord
 
 log = logging.getLogger(__name__)
 
-BASELINE = "baseline"
 SEED_STEP = 1000  # step k's requests: seed + (k - 1) * SEED_STEP (fresh for the step, the same for its trials)
-
-
-@dataclasses.dataclass
-class Candidate:
-    """A configuration the tuner runs: its name, its knobs that differ from the baseline's
-    overrides, and the lever that made it."""
-
-    name: str
-    knobs: dict[str, Any]  # knob -> value, set on top of the baseline
-    proposal: Proposal | None = None
 
 
 class Tuner:
@@ -66,16 +80,16 @@ class Tuner:
         self.config = config
         fixed, lists = search_space(hydra_context, {}, arguments, sweeper="tune")
         self.base_seed = int(config.get("seed") or 0)
-        self.fixed = [o for o in fixed if _key(o) != "seed"]
+        self.fixed = [o for o in fixed if key_of(o) != "seed"]
         for o in fixed:
-            if _key(o) == "seed":
+            if key_of(o) == "seed":
                 self.base_seed = int(o.split("=", 1)[1])
-        self.objective = _tunable(objective_of(config, sweeper="tune"))
+        self.objective = tunable(objective_of(config, sweeper="tune"))
         self.levers = load_levers(options.get("levers"))
         # a command line's list (engine.max_num_seqs=1,2,4,8) is the knob's space, its first value the baseline's
         self.fixed += [f"{k}={vs[0]}" for k, vs in lists.items()]
-        self.space = Space.of(options.get("space"), {k: [_parsed(v) for v in vs] for k, vs in lists.items()})
-        _check_space(self.space, self.levers)
+        self.space = Space.of(options.get("space"), {k: [parsed(v) for v in vs] for k, vs in lists.items()})
+        check_space(self.space, self.levers)
         self.max_steps = int(options.get("max_steps", 6))
         self.max_trials = int(options.get("max_trials", 40))
         self.max_wall_s = float(options.get("max_wall_s") or 0) or None
@@ -94,11 +108,13 @@ class Tuner:
         uri = settings.tracking.uri if settings.tracking.enabled and not self.dry else None
         self.record = TuningRecord(self.sweep_dir, uri, settings.tracking.experiment_name or str(config.experiment))
         self.seen: dict[str, str] = {}  # the knobs of every configuration run (json) -> its name
+        self.tried: dict[str, Tried] = {}  # the identity of every configuration raced -> its race
+        self.launched: dict[int, dict[str, TrialData]] = {}  # each step's launch, its trial data by name
 
     # -- configurations ---------------------------------------------------------------
 
     def overrides(self, knobs: Mapping[str, Any], step: int) -> list[str]:
-        kept = [o for o in self.fixed if _key(o) not in knobs]
+        kept = [o for o in self.fixed if key_of(o) not in knobs]
         return [
             *kept,
             *(f"++{k}={hydra_value(v)}" for k, v in knobs.items()),
@@ -138,9 +154,8 @@ class Tuner:
             if trial is None or trial.status != "FINISHED":
                 why = trial.error if trial is not None else "it did not run"
                 raise ConfigError(f"tune: the baseline did not finish ({why}); nothing to tune from")
-            tried: dict[str, str] = {}  # a configuration tried -> its step's decision
             for k in range(1, self.max_steps + 1):
-                step, candidates = self.next_step(k, incumbent, trial, tried, engine, platform)
+                step, candidates = self.next_step(k, incumbent, trial, engine, platform)
                 self.steps.append(step)
                 step.trials = self.trials_run  # a step not run adds none
                 if not candidates:
@@ -161,7 +176,6 @@ class Tuner:
                 named = self.launch([incumbent, *candidates], k, returns)
                 step.trials = self.trials_run
                 adopted = self.judge(step, incumbent, candidates, named)
-                tried.update({_identity(c.knobs): f"step {k}: {step.decision}" for c in candidates})
                 if adopted is not None:
                     incumbent = adopted
                 if named.get(incumbent.name) is not None:
@@ -170,7 +184,7 @@ class Tuner:
         return returns
 
     def next_step(
-        self, k: int, incumbent: Candidate, trial: TrialData, tried: Mapping[str, str], engine: str, platform: str
+        self, k: int, incumbent: Candidate, trial: TrialData, engine: str, platform: str
     ) -> tuple[Step, list[Candidate]]:
         """The step's diagnosis of the incumbent and the candidates its levers propose."""
         point = point_at(trial, self.objective.at)
@@ -189,20 +203,36 @@ class Tuner:
                     step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": p.skip})
                     continue
                 knobs = {**incumbent.knobs, **p.values}
-                identity = _identity(knobs)
-                if identity in tried or any(_identity(c.knobs) == identity for c in chosen):
-                    # where it was tried and what that race said: an undecided one is not a "no"
-                    why = f"tried already ({tried[identity]})" if identity in tried else "proposed already in this step"
-                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": why})
-                    continue
-                why = self.refused(knobs)
+                ident, earlier = identity(knobs), self.tried.get(identity(knobs))
+                why = self.passed(step, ident, earlier, chosen, incumbent) or self.refused(knobs)
                 if why:
                     step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": why})
                     continue
-                name = self.seen.setdefault(identity, _name(knobs))
-                chosen.append(Candidate(name, knobs, p))
-                step.tried.append({"cause": cause.cause, "lever": lever.name, "name": name, "change": p.words(current)})
+                name = self.seen.setdefault(ident, name_of(knobs))
+                chosen.append(Candidate(name, knobs, p, earlier))
+                tried: dict[str, Any] = {
+                    "cause": cause.cause,
+                    "lever": lever.name,
+                    "name": name,
+                    "change": p.words(current),
+                }
+                if earlier is not None:  # its runs pooled with that step's
+                    tried |= {"change": f"{tried['change']} (a second look: step {earlier.step}'s race was undecided)"}
+                    tried |= {"second_look_of": earlier.step}
+                step.tried.append(tried)
         return step, chosen
+
+    def passed(
+        self, step: Step, ident: str, earlier: Tried | None, chosen: list[Candidate], incumbent: Candidate
+    ) -> str:
+        """Why a configuration a lever proposes is not raced as tried already, or '': new, or a
+        second look (its race was undecided with it in the lead, beside the same incumbent)."""
+        if any(identity(c.knobs) == ident for c in chosen):
+            return "proposed already in this step"
+        if earlier is None or earlier.second_look(identity(incumbent.knobs)):
+            return ""
+        step.passed_undecided |= earlier.undecided  # an undecided race is not a "no": the stop says so
+        return f"tried already ({earlier.words()})"  # where it was tried and what that race said
 
     def passed_over(self, step: Step) -> None:
         """The levers the step passed over and why, and what its diagnosis could not judge."""
@@ -252,7 +282,10 @@ class Tuner:
     def judge(
         self, step: Step, incumbent: Candidate, candidates: list[Candidate], named: dict[str, TrialData]
     ) -> Candidate | None:
-        """The step's race: adopt a candidate that beats the incumbent, or keep it."""
+        """The step's race: adopt a candidate that beats the incumbent, or keep it. A second look
+        races the runs of its first race and this step's together (:func:`pooled`)."""
+        self.launched[step.index] = named
+        named = self.pool(step.index, incumbent, candidates, named)
         for name, t in named.items():
             v = value_of(t, self.objective.key, self.objective.at) if t.status == "FINISHED" else None
             if v is not None:
@@ -270,7 +303,32 @@ class Tuner:
         self.say(f"tune: step {step.index}: {step.decision}")
         raced = [Raced(c.name, c is incumbent, c.proposal, named.get(c.name)) for c in [incumbent, *candidates]]
         self.record.tag_step(step, raced)
+        undecided = outcome.comparison is not None and outcome.comparison.outcome == UNDECIDED
+        for c in candidates:
+            looks = c.earlier.looks + 1 if c.earlier is not None else 1
+            led = outcome.led_undecided == c.name
+            self.tried[identity(c.knobs)] = Tried(
+                step.index, step.decision, identity(incumbent.knobs), undecided, led, looks
+            )
         return adopted
+
+    def pool(
+        self, k: int, incumbent: Candidate, candidates: list[Candidate], named: dict[str, TrialData]
+    ) -> dict[str, TrialData]:
+        """Step ``k``'s trial data with each second look's first race pooled in: the candidate's
+        runs and the incumbent's of that step, beside this step's (rounds kept apart by step)."""
+        earlier = sorted({c.earlier.step for c in candidates if c.earlier is not None and c.name in named})
+        if not earlier or incumbent.name not in named:
+            return named
+        out = {n: pooled([(t, k)], n) for n, t in named.items()}  # this step's rounds, numbered as the step's
+        for c in candidates:
+            if c.earlier is not None and c.name in named:
+                out[c.name] = pooled(
+                    [(self.launched[c.earlier.step][c.name], c.earlier.step), (named[c.name], k)], c.name
+                )
+        parts = [(self.launched[e][incumbent.name], e) for e in earlier if incumbent.name in self.launched[e]]
+        out[incumbent.name] = pooled([*parts, (named[incumbent.name], k)], incumbent.name)
+        return out
 
     def finish(self, best: Candidate, returns: list[Any]) -> None:
         """The best against the baseline (raced again when the path took several steps), the path
@@ -293,7 +351,7 @@ class Tuner:
                 against = f"{best.name} against the baseline: {self.objective.key} " + (
                     _gain_words(final) if final.adopted else final.decision
                 )
-        best_words = f"Best: {best.name}" + (f" ({_knob_words(best.knobs)})" if best.name != _name(best.knobs) else "")
+        best_words = f"Best: {best.name}" + (f" ({knob_words(best.knobs)})" if best.name != name_of(best.knobs) else "")
         summary = [*lines, f"{best_words}; {against}. {self.trials_run} trials."]
         for line in summary:
             self.say(f"tune: {line}")
@@ -331,69 +389,5 @@ def run_tuning(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
     return Tuner(hydra_context, config, launcher, arguments, options).run()
 
 
-def _tunable(objective: ObjectiveSpec) -> ObjectiveSpec:
-    if is_knob(objective.key):
-        raise ConfigError(
-            f"hydra/sweeper=tune: the objective {objective.key} is a knob; the tuner needs a measured metric: "
-            "replace it, e.g. '~objective' '+objective={maximize: tokens_per_second}'"
-        )
-    return objective
-
-
-def _check_space(space: Space, levers: Mapping[str, list[Lever]]) -> None:
-    if not space.only:
-        return
-    named = {k for rows in levers.values() for lever in rows for k in lever.change}
-    if not named & ({*space.lists, *space.ranges}):
-        raise ConfigError(
-            "hydra.sweeper.space: no lever moves any of its knobs ("
-            + ", ".join([*space.lists, *space.ranges])
-            + "); the levers move: "
-            + ", ".join(sorted(named))
-        )
-
-
 def _gain_words(step: Step) -> str:
     return change_words(*step.gain, step.log_scale) if step.gain is not None else "no gain measured"
-
-
-def _identity(knobs: Mapping[str, Any]) -> str:
-    return json.dumps(dict(sorted(knobs.items())), sort_keys=True, default=str)
-
-
-def _name(knobs: Mapping[str, Any]) -> str:
-    return _knob_words(knobs).replace(" ", "") or BASELINE
-
-
-def _knob_words(knobs: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k.removeprefix('engine.')}={hydra_value(v)}" for k, v in knobs.items())
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def _parsed(value: str) -> Any:
-    """A command line's choice as a value (``8`` an int, ``true`` a bool)."""
-    import yaml
-
-    try:
-        return yaml.safe_load(value)
-    except yaml.YAMLError:
-        return value
-
-
-def hydra_value(value: Any) -> str:
-    """A value as Hydra's override grammar reads it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return f"{value:g}" if isinstance(value, float) else str(value)
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    text = str(value)
-    return text if text.replace("_", "").replace("-", "").replace(".", "").isalnum() else json.dumps(text)

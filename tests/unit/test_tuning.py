@@ -3,15 +3,17 @@ acts on, and when a step's race adopts a candidate (orchestrator.decide.levers /
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.decide.levers import CAUSES, STALL_BUDGET_MIN, Lever, Space, load_levers, propose, stall_budget
 from orchestrator.decide.race import race_state
-from orchestrator.decide.trials import Point
+from orchestrator.decide.trials import Point, TrialData
 from orchestrator.decide.tune import causes_of, gain, judge_step
-from orchestrator.scheduling.tuning import _name, hydra_value
+from orchestrator.scheduling.tuning_knobs import hydra_value, name_of
 
 THROUGHPUT = ObjectiveSpec(maximize="tokens_per_second")
 
@@ -241,7 +243,7 @@ def test_override_values_read_back_as_hydra_reads_them() -> None:
     assert hydra_value(True) == "true" and hydra_value(None) == "null" and hydra_value(0.5) == "0.5"
     assert hydra_value({"method": "ngram", "num_speculative_tokens": 3}) == "{method:ngram,num_speculative_tokens:3}"
     assert (
-        _name({"engine.max_num_seqs": 4, "engine.enable_chunked_prefill": True})
+        name_of({"engine.max_num_seqs": 4, "engine.enable_chunked_prefill": True})
         == "max_num_seqs=4,enable_chunked_prefill=true"
     )
 
@@ -260,26 +262,79 @@ def test_a_demand_move_takes_the_slots_the_finding_saw_as_the_space_allows() -> 
 
 
 def test_a_space_no_lever_touches_and_a_knob_objective_are_refused_before_anything_starts() -> None:
-    from orchestrator.scheduling.tuning import _check_space, _tunable
+    from orchestrator.scheduling.tuning_knobs import check_space, tunable
 
     with pytest.raises(ConfigError, match="no lever moves any of its knobs"):
-        _check_space(Space.of({"engine.block_size": [16, 32]}), load_levers())
-    _check_space(Space.of({"engine.max_num_seqs": [1, 2]}), load_levers())  # a lever moves it
+        check_space(Space.of({"engine.block_size": [16, 32]}), load_levers())
+    check_space(Space.of({"engine.max_num_seqs": [1, 2]}), load_levers())  # a lever moves it
     with pytest.raises(ConfigError, match="is a knob; the tuner needs a measured metric"):
-        _tunable(ObjectiveSpec(minimize="engine.max_num_batched_tokens"))
+        tunable(ObjectiveSpec(minimize="engine.max_num_batched_tokens"))
 
 
 def test_a_stop_after_an_undecided_lever_says_what_would_decide_it():
     from orchestrator.decide.tune import Step, undecided_hint
 
     step = Step(3, "enable_prefix_caching=true", "limited by batch slots (strong)", ["batch_slots"])
-    step.passed_over.append(
-        {
-            "cause": "batch_slots",
-            "lever": "more batch slots",
-            "why": "tried already (step 2: the incumbent stays: max_num_seqs=8 ttft_ms_p50 -71% [-97%, +151%], undecided)",
-        }
-    )
-    assert "objective.max_repeats=auto" in undecided_hint(step)
-    step.passed_over[0]["why"] = "tried already (step 1: max_num_seqs=8 adopted: ttft_ms_p50 -65% [-72%, -57%])"
     assert undecided_hint(step) == ""
+    step.passed_undecided = True  # set where a lever is passed over whose race was undecided
+    assert "objective.max_repeats=auto" in undecided_hint(step)
+
+
+def ttft(name: str, values: list[float]) -> TrialData:
+    """A configuration's runs in one step's launch: its first pass and the race's repeats, by round."""
+    runs = [TrialData(name, "FINISHED", {}, {"ttft_ms_p50": v}, [], round=r) for r, v in enumerate(values)]
+    return dataclasses.replace(runs[0], runs=runs[1:])
+
+
+def test_a_second_look_pools_both_steps_races_and_decides_what_one_could_not() -> None:
+    from orchestrator.decide.tune import BLOCK, pooled
+    from orchestrator.decide.verdict import race_over
+
+    objective = ObjectiveSpec(minimize="ttft_ms_p50", max_repeats=3)
+    # step 2: at the edge of capacity the incumbent's TTFT swings between rounds; two runs each
+    step2 = {"seqs4": ttft("seqs4", [2000.0, 6000.0]), "seqs8": ttft("seqs8", [640.0, 1700.0])}
+    first = judge_step(race_over(list(step2.values()), objective), "seqs4", "ttft_ms_p50")
+    assert first.adopted is None and first.led_undecided == "seqs8" and "undecided" in first.words
+    # step 3 names it again: two more runs each with fresh requests, judged with step 2's
+    step3 = {"seqs4": ttft("seqs4", [3000.0, 1500.0]), "seqs8": ttft("seqs8", [900.0, 470.0])}
+    both = {n: pooled([(step2[n], 2), (step3[n], 3)], n) for n in step2}
+    assert sorted(r.round for r in [both["seqs8"], *both["seqs8"].runs]) == [
+        2 * BLOCK,
+        2 * BLOCK + 1,
+        3 * BLOCK,
+        3 * BLOCK + 1,
+    ]
+    second = judge_step(race_over(list(both.values()), objective), "seqs4", "ttft_ms_p50")
+    assert second.adopted == "seqs8" and second.comparison is not None and second.comparison.outcome == "better"
+    assert all(r.name == "seqs8" and not r.runs for r in both["seqs8"].runs)
+
+
+def test_a_second_look_only_for_a_leader_undecided_beside_the_same_incumbent_and_only_once() -> None:
+    from orchestrator.scheduling.tuning_knobs import Tried
+
+    led = Tried(2, "the incumbent stays: x ..., undecided", "inc", undecided=True, led=True)
+    assert led.second_look("inc")
+    assert not led.second_look("another incumbent")
+    assert not Tried(2, "...", "inc", undecided=True, led=False).second_look("inc")  # it trailed
+    assert not Tried(2, "...", "inc", undecided=False, led=True).second_look("inc")  # a tie or worse: a "no"
+    assert not dataclasses.replace(led, looks=2).second_look("inc")  # its second look was undecided too
+
+
+def test_a_second_looks_pool_takes_the_incumbents_runs_of_each_earlier_step() -> None:
+    from orchestrator.decide.tune import BLOCK
+    from orchestrator.scheduling.tuning import Tuner
+    from orchestrator.scheduling.tuning_knobs import Candidate, Tried
+
+    tuner = object.__new__(Tuner)  # the pooling alone: no Hydra, no launcher
+    tuner.launched = {2: {"inc": ttft("inc", [10.0, 11.0]), "a": ttft("a", [5.0, 6.0])}}
+    again = Candidate("a", {"k": 1}, None, Tried(2, "...", "x", True, True))
+    fresh = Candidate("b", {"k": 2})
+    named = {"inc": ttft("inc", [9.0]), "a": ttft("a", [4.0]), "b": ttft("b", [3.0])}
+    out = tuner.pool(3, Candidate("inc", {}), [again, fresh], named)
+    rounds = {n: sorted(r.round for r in [t, *t.runs]) for n, t in out.items()}
+    assert rounds == {
+        "inc": [2 * BLOCK, 2 * BLOCK + 1, 3 * BLOCK],
+        "a": [2 * BLOCK, 2 * BLOCK + 1, 3 * BLOCK],
+        "b": [3 * BLOCK],  # paired with this step's rounds
+    }
+    assert tuner.pool(3, Candidate("inc", {}), [fresh], named) is named  # no second look: as launched

@@ -1,0 +1,111 @@
+"""The tuner's configurations in words and overrides: a :class:`Candidate` (the knobs it sets
+on top of the baseline), what its race said (:class:`Tried`), its identity and name, a value as
+Hydra's override grammar reads it; and the tuner's inputs checked before anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.config.errors import ConfigError
+from orchestrator.config.metric_keys import is_knob
+from orchestrator.config.schema import ObjectiveSpec
+from orchestrator.decide.levers import Lever, Proposal, Space
+
+BASELINE = "baseline"
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A configuration the tuner runs: its name, its knobs that differ from the baseline's
+    overrides, and the lever that made it."""
+
+    name: str
+    knobs: dict[str, Any]  # knob -> value, set on top of the baseline
+    proposal: Proposal | None = None
+    earlier: Tried | None = None  # a second look: its first race, whose runs this step's pool with
+
+
+@dataclasses.dataclass
+class Tried:
+    """A configuration the tuner raced: the step, what its race said, against which incumbent."""
+
+    step: int
+    decision: str
+    incumbent: str  # the incumbent's identity
+    undecided: bool = False  # its race against the incumbent was undecided (not a tie, not worse)
+    led: bool = False  # ... and it led that race: a later diagnosis naming it again gets a second look
+    looks: int = 1  # its races (a second look pools the runs of both)
+
+    def second_look(self, incumbent: str) -> bool:
+        """Whether it is raced again beside ``incumbent`` (its identity), its runs pooled with the first race's."""
+        return self.undecided and self.led and self.looks == 1 and self.incumbent == incumbent
+
+    def words(self) -> str:
+        return f"step {self.step}: {self.decision}"
+
+
+def identity(knobs: Mapping[str, Any]) -> str:
+    return json.dumps(dict(sorted(knobs.items())), sort_keys=True, default=str)
+
+
+def name_of(knobs: Mapping[str, Any]) -> str:
+    return knob_words(knobs).replace(" ", "") or BASELINE
+
+
+def knob_words(knobs: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k.removeprefix('engine.')}={hydra_value(v)}" for k, v in knobs.items())
+
+
+def key_of(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def parsed(value: str) -> Any:
+    """A command line's choice as a value (``8`` an int, ``true`` a bool)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
+def hydra_value(value: Any) -> str:
+    """A value as Hydra's override grammar reads it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    return text if text.replace("_", "").replace("-", "").replace(".", "").isalnum() else json.dumps(text)
+
+
+def tunable(objective: ObjectiveSpec) -> ObjectiveSpec:
+    if is_knob(objective.key):
+        raise ConfigError(
+            f"hydra/sweeper=tune: the objective {objective.key} is a knob; the tuner needs a measured metric: "
+            "replace it, e.g. '~objective' '+objective={maximize: tokens_per_second}'"
+        )
+    return objective
+
+
+def check_space(space: Space, levers: Mapping[str, list[Lever]]) -> None:
+    if not space.only:
+        return
+    named = {k for rows in levers.values() for lever in rows for k in lever.change}
+    if not named & ({*space.lists, *space.ranges}):
+        raise ConfigError(
+            "hydra.sweeper.space: no lever moves any of its knobs ("
+            + ", ".join([*space.lists, *space.ranges])
+            + "); the levers move: "
+            + ", ".join(sorted(named))
+        )
