@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -172,8 +175,37 @@ def init_ray(cluster: ClusterSpec) -> RayContext:
         # address="local": always a new local Ray. Without it, ray.init() joins the cluster named
         # in /tmp/ray/ray_current_cluster (or RAY_ADDRESS), even a dead one left by a killed
         # `ray start`, and retries connecting to it for minutes.
-        ray.init(address="local", num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus, **kwargs)
+        with _interrupts_after_start() as interrupted:
+            ray.init(address="local", num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus, **kwargs)
+        if interrupted:
+            ray.shutdown()
+            raise KeyboardInterrupt(f"signal {interrupted[0]} while Ray was starting")
     return RayContext(started_here=True)
+
+
+@contextmanager
+def _interrupts_after_start() -> Iterator[list[int]]:
+    """In the main thread: a Ctrl-C or SIGTERM while a local Ray starts waits for the start to end
+    (a few seconds), so that Ray can be stopped whole: interrupted inside ``ray.init``, the
+    processes it had started (its raylet's agents) are known to no one and outlive the driver. The
+    signals received are in the list yielded; a second one interrupts at once."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if received:
+            raise KeyboardInterrupt(f"signal {signum}")
+        received.append(signum)
+        print("interrupted while Ray starts: stopping it once started (again to stop now)", file=sys.stderr)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def cluster_gpus() -> int:

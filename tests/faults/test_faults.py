@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -217,6 +218,61 @@ def test_sigterm_to_the_driver_leaves_nothing_running_within_10s(tmp_path):
     trials = [r for r in search_runs(store, "default") if r.data.tags.get("run_kind") == "trial"]
     assert len(trials) == 1 and "c2/ttft_ms_p50" in trials[0].data.metrics
     print(f"engine processes gone {gone_after:.1f} s after SIGTERM")
+
+
+def _ray_processes_of(driver: int) -> list[psutil.Process]:
+    """The live processes of the Ray session a driver started: Ray names its session folder after
+    the driver (``session_<time>_<pid>``), and every process of it has that folder on its command
+    line or open (a Ray agent renames its command line, ``ray::DashboardAgent``, and is started
+    with an environment of Ray's own, but keeps its log files there open)."""
+    session = re.compile(rf"/session_[^/]*_{driver}(/|$)")
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            paths = [*p.cmdline(), *(f.path for f in p.open_files())]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(session.search(x) for x in paths):
+            out.append(p)
+    return out
+
+
+def test_ctrl_c_while_ray_starts_leaves_no_ray_process(tmp_path):
+    """Ctrl-C to the driver while its local Ray is starting (its raylet up, ``ray.init`` not yet
+    returned): the sweep ends interrupted, and every process of its Ray session is gone within 10 s. An
+    interrupt inside ``ray.init`` used to leave the raylet's agents running, their parent init."""
+    proc = _start(_sweep(tmp_path, *SMALL, "workload.num_requests=2"))
+    driver = psutil.Process(proc.pid)
+    try:
+        deadline = time.monotonic() + 120
+        while not _raylet_under(driver):
+            assert time.monotonic() < deadline and proc.poll() is None, "Ray never started"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)  # the driver alone, as a benchmark or a wrapper script sends it
+    finally:
+        text = _finish(proc, [], timeout=120)
+    assert proc.returncode == 130, text[-3000:]
+    deadline = time.monotonic() + 10
+    while (left := _ray_processes_of(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, [" ".join(p.cmdline()) for p in left]
+
+
+def _raylet_under(driver: psutil.Process) -> bool:
+    """Whether the driver's local Ray has its raylet running (Ray's start under way)."""
+    try:
+        children = driver.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return False
+    for c in children:
+        try:
+            if "raylet" in " ".join(c.cmdline()):
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return False
 
 
 def _mlflow_server(tmp_path: Path) -> tuple[subprocess.Popen, str]:
