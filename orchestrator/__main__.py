@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -33,8 +34,17 @@ def flags_last(argv: list[str]) -> list[str]:
     return [a for a in argv if a not in MULTIRUN_FLAGS] + multirun[:1]
 
 
+def honor_ctrl_c() -> None:
+    """Ctrl-C raises KeyboardInterrupt from the start, not only once a handler of the sweep is in
+    place: a driver started from a background job of a non-interactive shell (``nohup ... &``, a
+    wrapper script) inherits SIGINT *ignored*, and a SIGINT before its trials began was lost."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def cli() -> None:
     mark("imports done")
+    honor_ctrl_c()
     sys.argv[1:] = flags_last(sys.argv[1:])
     from orchestrator.scheduling import outcome  # the exit statuses, documented there
 

@@ -226,3 +226,26 @@ def test_a_groups_shared_part_is_no_choice(tmp_path):
         assert "workload=_common: a file whose name begins with '_'" in p.stderr, p.stderr
         assert "Choose one of: long_short, " in p.stderr and "_common," not in p.stderr
         assert "required key is missing" not in p.stderr
+
+
+def test_a_driver_started_with_sigint_ignored_honors_ctrl_c_from_the_start() -> None:
+    """A background job of a non-interactive shell starts the driver with SIGINT ignored: the CLI
+    restores Ctrl-C before anything else (a handler the caller set is left alone)."""
+    import signal
+
+    from orchestrator.__main__ import honor_ctrl_c
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        honor_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+        def mine(signum: int, frame: object) -> None:
+            pass
+
+        signal.signal(signal.SIGINT, mine)
+        honor_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, before)
