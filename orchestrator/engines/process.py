@@ -22,9 +22,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 from orchestrator.config.errors import ServerCrashedError, ServerStartError
 from orchestrator.config.logs import cause_line, explain
@@ -66,14 +66,22 @@ def interrupts_stop_servers() -> Iterator[None]:
     SIGINT gets the handler explicitly: a process started from a background job of a
     non-interactive shell inherits SIGINT *ignored*, and Python then never raises
     KeyboardInterrupt, so ``kill -INT`` would be lost (seen in CI-like runs here)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def handler(signum: int, frame: object) -> None:
         terminate_running()
         raise KeyboardInterrupt(f"signal {signum}")
 
+    with on_interrupt(handler):
+        yield
+
+
+@contextlib.contextmanager
+def on_interrupt(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """``handler`` for SIGTERM and SIGINT inside the block, the handlers before it restored after;
+    outside the main thread (where Python cannot set one) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield

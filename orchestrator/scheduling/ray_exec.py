@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +16,7 @@ from typing import Any
 from orchestrator.config.logs import mark
 from orchestrator.config.schema import ClusterSpec
 from orchestrator.config.secrets import hide, redact_mapping, redact_override
-from orchestrator.engines.process import interrupts_stop_servers
+from orchestrator.engines.process import interrupts_stop_servers, on_interrupt
 from orchestrator.metrics.census import DRIVER_ENV
 from orchestrator.metrics.result import TrialResult
 from orchestrator.scheduling.attempts import Attempts, note_attempt, retried
@@ -185,14 +183,11 @@ def init_ray(cluster: ClusterSpec) -> RayContext:
 
 @contextmanager
 def _interrupts_after_start() -> Iterator[list[int]]:
-    """In the main thread: a Ctrl-C or SIGTERM while a local Ray starts waits for the start to end
-    (a few seconds), so that Ray can be stopped whole: interrupted inside ``ray.init``, the
-    processes it had started (its raylet's agents) are known to no one and outlive the driver. The
-    signals received are in the list yielded; a second one interrupts at once."""
+    """A Ctrl-C or SIGTERM while a local Ray starts waits for the start to end (a few seconds), so
+    that Ray can be stopped whole: interrupted inside ``ray.init``, the processes it had started
+    (its raylet's agents) are known to no one and outlive the driver. The signals received are in
+    the list yielded; a second one interrupts at once."""
     received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
 
     def handler(signum: int, frame: object) -> None:
         if received:
@@ -200,12 +195,8 @@ def _interrupts_after_start() -> Iterator[list[int]]:
         received.append(signum)
         print("interrupted while Ray starts: stopping it once started (again to stop now)", file=sys.stderr)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_interrupt(handler):
         yield received
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def cluster_gpus() -> int:

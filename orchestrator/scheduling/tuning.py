@@ -203,7 +203,8 @@ class Tuner:
                     step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": p.skip})
                     continue
                 knobs = {**incumbent.knobs, **p.values}
-                ident, earlier = identity(knobs), self.tried.get(identity(knobs))
+                ident = identity(knobs)
+                earlier = self.tried.get(ident)
                 why = self.passed(step, ident, earlier, chosen, incumbent) or self.refused(knobs)
                 if why:
                     step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": why})
@@ -217,8 +218,8 @@ class Tuner:
                     "change": p.words(current),
                 }
                 if earlier is not None:  # its runs pooled with that step's
-                    tried |= {"change": f"{tried['change']} (a second look: step {earlier.step}'s race was undecided)"}
-                    tried |= {"second_look_of": earlier.step}
+                    again = f"{tried['change']} (a second look: step {earlier.step}'s race was undecided)"
+                    tried |= {"change": again, "second_look_of": earlier.step}
                 step.tried.append(tried)
         return step, chosen
 
@@ -284,8 +285,8 @@ class Tuner:
     ) -> Candidate | None:
         """The step's race: adopt a candidate that beats the incumbent, or keep it. A second look
         races the runs of its first race and this step's together (:func:`pooled`)."""
-        self.launched[step.index] = named
-        named = self.pool(step.index, incumbent, candidates, named)
+        self.launched[step.index] = launched = named
+        named = self.pool(step.index, incumbent, candidates, launched)
         for name, t in named.items():
             v = value_of(t, self.objective.key, self.objective.at) if t.status == "FINISHED" else None
             if v is not None:
@@ -301,7 +302,8 @@ class Tuner:
             step.gain = gain(outcome.comparison)
             step.log_scale = outcome.comparison.log_scale
         self.say(f"tune: step {step.index}: {step.decision}")
-        raced = [Raced(c.name, c is incumbent, c.proposal, named.get(c.name)) for c in [incumbent, *candidates]]
+        # tagged: this step's runs only (a second look's earlier runs keep their own step's tags)
+        raced = [Raced(c.name, c is incumbent, c.proposal, launched.get(c.name)) for c in [incumbent, *candidates]]
         self.record.tag_step(step, raced)
         undecided = outcome.comparison is not None and outcome.comparison.outcome == UNDECIDED
         for c in candidates:
