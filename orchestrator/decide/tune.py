@@ -8,13 +8,12 @@ with the verdict's confidence, else try the next levers."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.decide.race import BETTER, UNDECIDED, Comparison, RaceState
-from orchestrator.decide.trials import Point, TrialData
+from orchestrator.decide.trials import Point
 
 
 @dataclass(frozen=True)
@@ -164,22 +163,6 @@ def undecided_hint(step: Step) -> str:
         " (a lever tried before was undecided, not worse: objective.max_repeats=auto lets a step's race run "
         "the repeats its noise asks for)"
     )
-
-
-BLOCK = 1000  # a step's rounds as a pooled race numbers them: step k's round r is k * BLOCK + r
-
-
-def pooled(parts: list[tuple[TrialData, int]], name: str) -> TrialData:
-    """One configuration's runs from several steps' races as one race's (a second look):
-    ``parts`` are (its trial data in a step's launch, that step). Every run keeps its round,
-    numbered apart by step, so the race pairs the runs within each step's rounds (the same
-    requests for every configuration of that round) and never across steps."""
-    runs = [
-        dataclasses.replace(r, name=name, runs=[], round=k * BLOCK + (r.round if r.round is not None else i))
-        for t, k in parts
-        for i, r in enumerate([t, *t.runs])
-    ]
-    return dataclasses.replace(runs[0], runs=runs[1:])
 
 
 def path_lines(steps: list[Step], objective: ObjectiveSpec) -> list[str]:

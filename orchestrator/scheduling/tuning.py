@@ -10,10 +10,11 @@ shares the baseline's requests: the run that diagnosed the baseline is its first
 leader is adopted only when it beats the incumbent with that confidence
 (:func:`orchestrator.decide.tune.judge_step`); otherwise the next levers are tried. A lever
 whose configuration was raced before is passed over, except for a second look: its race was
-undecided with it in the lead, and a later diagnosis of the same incumbent names it again; it is
-raced once more beside the incumbent with the step's fresh requests, and judged on the runs of
-both races together (:func:`orchestrator.decide.tune.pooled`: each step's rounds paired within
-the step). The tuning
+undecided with it in the lead, and a later diagnosis of the same incumbent names it again; that
+race is then continued, alone in its step: the same two configurations with that step's requests
+(their trial hashes, so the runs made are read back, not measured again) and
+``objective.max_repeats`` raised to the runs its noise and lead asked for, so its looks go on
+spending the error as one race's. The tuning
 stops when no lever is left, at ``max_steps``, or when the next step would pass ``max_trials``
 or ``max_wall_s``; a path of several steps ends with the best raced against the baseline.
 
@@ -43,7 +44,6 @@ from orchestrator.decide.tune import (
     gain,
     judge_step,
     path_lines,
-    pooled,
     undecided_hint,
 )
 from orchestrator.decide.verdict import decide, race_over
@@ -57,12 +57,14 @@ from orchestrator.scheduling.tuning_knobs import (
     Candidate,
     Tried,
     check_space,
+    continued_race,
     hydra_value,
     identity,
     key_of,
     knob_words,
     name_of,
     parsed,
+    space_words,
     tunable,
 )
 from orchestrator.scheduling.tuning_record import Raced, TuningRecord
@@ -109,16 +111,17 @@ class Tuner:
         self.record = TuningRecord(self.sweep_dir, uri, settings.tracking.experiment_name or str(config.experiment))
         self.seen: dict[str, str] = {}  # the knobs of every configuration run (json) -> its name
         self.tried: dict[str, Tried] = {}  # the identity of every configuration raced -> its race
-        self.launched: dict[int, dict[str, TrialData]] = {}  # each step's launch, its trial data by name
+        self.fresh: set[str] = set()  # the trial hashes the latest launch measured (not read back)
 
     # -- configurations ---------------------------------------------------------------
 
-    def overrides(self, knobs: Mapping[str, Any], step: int) -> list[str]:
+    def overrides(self, knobs: Mapping[str, Any], step: int, extra: Sequence[str] = ()) -> list[str]:
         kept = [o for o in self.fixed if key_of(o) not in knobs]
         return [
             *kept,
             *(f"++{k}={hydra_value(v)}" for k, v in knobs.items()),
             f"seed={self.base_seed + max(step - 1, 0) * SEED_STEP}",  # step 0 (the baseline) and 1 share
+            *extra,
         ]
 
     def job_of(self, knobs: Mapping[str, Any]) -> TrialJob:
@@ -142,7 +145,7 @@ class Tuner:
             f"tune: baseline {' '.join(self.fixed) or '(the experiment as it is)'}; objective "
             f"{'maximize' if self.objective.maximize else 'minimize'} {self.objective.key}"
             + (f" at {self.objective.at}" if self.objective.at else "")
-            + f"; space: {self._space_words()}; at most {self.max_steps} steps, {self.max_trials} trials"
+            + f"; space: {space_words(self.space)}; at most {self.max_steps} steps, {self.max_trials} trials"
         )
         if self.dry:
             return self.plan(base_job, engine, platform)
@@ -163,7 +166,8 @@ class Tuner:
                     self.say(f"tune: step {k}: {incumbent.name} {step.headline}; {step.decision}: stopping")
                     self.passed_over(step)
                     break
-                stop = self.over_budget(len(candidates) + 1)
+                again = continued_race(candidates)  # a second look: its first race, continued
+                stop = self.over_budget(2 * again.more() if again else len(candidates) + 1)
                 if stop:
                     step.decision = f"not run: {stop}"
                     self.say(f"tune: step {k}: stopping before it ({stop})")
@@ -173,7 +177,7 @@ class Tuner:
                     + "; ".join(f"{c.proposal.lever.name} ({c.name})" for c in candidates if c.proposal)
                 )
                 self.passed_over(step)
-                named = self.launch([incumbent, *candidates], k, returns)
+                named = self.launch([incumbent, *candidates], k, returns, *(again.continued() if again else ()))
                 step.trials = self.trials_run
                 adopted = self.judge(step, incumbent, candidates, named)
                 if adopted is not None:
@@ -209,6 +213,10 @@ class Tuner:
                 if why:
                     step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": why})
                     continue
+                if earlier is not None and chosen:  # a second look continues its race alone
+                    why = f"its race (step {earlier.step}) is continued in a step of its own, after this one"
+                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": why})
+                    continue
                 name = self.seen.setdefault(ident, name_of(knobs))
                 chosen.append(Candidate(name, knobs, p, earlier))
                 tried: dict[str, Any] = {
@@ -217,9 +225,13 @@ class Tuner:
                     "name": name,
                     "change": p.words(current),
                 }
-                if earlier is not None:  # its runs pooled with that step's
-                    again = f"{tried['change']} (a second look: step {earlier.step}'s race was undecided)"
-                    tried |= {"change": again, "second_look_of": earlier.step}
+                if earlier is not None:  # that step's race, continued
+                    again = (
+                        f"{tried['change']} (a second look: step {earlier.step}'s race was undecided after "
+                        f"{earlier.runs} runs each; continued to {earlier.need}, the runs its noise asks for)"
+                    )
+                    step.tried.append(tried | {"change": again, "second_look_of": earlier.step})
+                    return step, chosen  # alone in its step
                 step.tried.append(tried)
         return step, chosen
 
@@ -230,7 +242,15 @@ class Tuner:
         second look (its race was undecided with it in the lead, beside the same incumbent)."""
         if any(identity(c.knobs) == ident for c in chosen):
             return "proposed already in this step"
-        if earlier is None or earlier.second_look(identity(incumbent.knobs)):
+        if earlier is None:
+            return ""
+        if earlier.second_look(identity(incumbent.knobs)):
+            if earlier.need is None:
+                return (
+                    f"tried already ({earlier.words()}); at the noise measured no practical number of runs decides it"
+                )
+            if stop := self.over_budget(2 * earlier.more()):
+                return f"tried already ({earlier.words()}); deciding needs {earlier.need} runs each: {stop}"
             return ""
         step.passed_undecided |= earlier.undecided  # an undecided race is not a "no": the stop says so
         return f"tried already ({earlier.words()})"  # where it was tried and what that race said
@@ -261,9 +281,18 @@ class Tuner:
             return f"max_wall_s {self.max_wall_s:g}: {spent:.0f} s spent"
         return ""
 
-    def launch(self, candidates: Sequence[Candidate], step: int, returns: list[Any]) -> dict[str, TrialData]:
-        """Run the step's configurations as one raced launch; each one's trial data by name."""
-        lines = [self.overrides(c.knobs, step) for c in candidates]
+    def launch(
+        self,
+        candidates: Sequence[Candidate],
+        step: int,
+        returns: list[Any],
+        requests_of: int | None = None,
+        extra: Sequence[str] = (),
+    ) -> dict[str, TrialData]:
+        """Run the step's configurations as one raced launch (``requests_of``: with that step's
+        requests, a second look; ``extra``: overrides for the race); each one's trial data by name."""
+        lines = [self.overrides(c.knobs, step if requests_of is None else requests_of, extra) for c in candidates]
+        self.fresh = set()
         results = self.launcher.launch(lines, initial_job_idx=self.job_idx)
         self.job_idx += len(lines)
         returns.append(results)
@@ -278,15 +307,14 @@ class Tuner:
                 if not run.trial_hash or run.trial_hash not in self.counted:
                     self.trials_run += 1
                     self.counted.add(run.trial_hash)
+                    self.fresh.add(run.trial_hash)
         return named
 
     def judge(
         self, step: Step, incumbent: Candidate, candidates: list[Candidate], named: dict[str, TrialData]
     ) -> Candidate | None:
-        """The step's race: adopt a candidate that beats the incumbent, or keep it. A second look
-        races the runs of its first race and this step's together (:func:`pooled`)."""
-        self.launched[step.index] = launched = named
-        named = self.pool(step.index, incumbent, candidates, launched)
+        """The step's race: adopt a candidate that beats the incumbent, or keep it (a second look:
+        on its first race's runs and the runs that continued it)."""
         for name, t in named.items():
             v = value_of(t, self.objective.key, self.objective.at) if t.status == "FINISHED" else None
             if v is not None:
@@ -302,35 +330,19 @@ class Tuner:
             step.gain = gain(outcome.comparison)
             step.log_scale = outcome.comparison.log_scale
         self.say(f"tune: step {step.index}: {step.decision}")
-        # tagged: this step's runs only (a second look's earlier runs keep their own step's tags)
-        raced = [Raced(c.name, c is incumbent, c.proposal, launched.get(c.name)) for c in [incumbent, *candidates]]
-        self.record.tag_step(step, raced)
+        # tagged: the runs this step measured (a second look's runs read back keep their own step's tags)
+        raced = [Raced(c.name, c is incumbent, c.proposal, named.get(c.name)) for c in [incumbent, *candidates]]
+        self.record.tag_step(step, raced, self.fresh)
         undecided = outcome.comparison is not None and outcome.comparison.outcome == UNDECIDED
         for c in candidates:
             looks = c.earlier.looks + 1 if c.earlier is not None else 1
             led = outcome.led_undecided == c.name
+            runs = state.runs.get(c.name, 0) if state is not None else 0
+            need = state.runs_to_decide(incumbent.name) if state is not None and led else None
             self.tried[identity(c.knobs)] = Tried(
-                step.index, step.decision, identity(incumbent.knobs), undecided, led, looks
+                step.index, step.decision, identity(incumbent.knobs), undecided, led, looks, runs, need
             )
         return adopted
-
-    def pool(
-        self, k: int, incumbent: Candidate, candidates: list[Candidate], named: dict[str, TrialData]
-    ) -> dict[str, TrialData]:
-        """Step ``k``'s trial data with each second look's first race pooled in: the candidate's
-        runs and the incumbent's of that step, beside this step's (rounds kept apart by step)."""
-        earlier = sorted({c.earlier.step for c in candidates if c.earlier is not None and c.name in named})
-        if not earlier or incumbent.name not in named:
-            return named
-        out = {n: pooled([(t, k)], n) for n, t in named.items()}  # this step's rounds, numbered as the step's
-        for c in candidates:
-            if c.earlier is not None and c.name in named:
-                out[c.name] = pooled(
-                    [(self.launched[c.earlier.step][c.name], c.earlier.step), (named[c.name], k)], c.name
-                )
-        parts = [(self.launched[e][incumbent.name], e) for e in earlier if incumbent.name in self.launched[e]]
-        out[incumbent.name] = pooled([*parts, (named[incumbent.name], k)], incumbent.name)
-        return out
 
     def finish(self, best: Candidate, returns: list[Any]) -> None:
         """The best against the baseline (raced again when the path took several steps), the path
@@ -377,13 +389,6 @@ class Tuner:
     def say(self, line: str) -> None:
         """A progress line: on stdout, or on stderr under ``dry_run=json`` (stdout is the plan's JSON)."""
         print(line, file=sys.stderr if self.json_plan else sys.stdout, flush=True)
-
-    def _space_words(self) -> str:
-        if not self.space.only:
-            return "every knob a lever names"
-        parts = [f"{k} in {list(v)}" for k, v in self.space.lists.items()]
-        parts += [f"{k} in [{lo:g}, {hi:g}]" for k, (lo, hi) in self.space.ranges.items()]
-        return ", ".join(parts)
 
 
 def run_tuning(hydra_context: Any, config: Any, launcher: Any, arguments: list[str], options: dict[str, Any]) -> Any:

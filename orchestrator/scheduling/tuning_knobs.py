@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.config.errors import ConfigError
@@ -25,7 +25,7 @@ class Candidate:
     name: str
     knobs: dict[str, Any]  # knob -> value, set on top of the baseline
     proposal: Proposal | None = None
-    earlier: Tried | None = None  # a second look: its first race, whose runs this step's pool with
+    earlier: Tried | None = None  # a second look: its first race, which this step continues
 
 
 @dataclasses.dataclass
@@ -37,14 +37,32 @@ class Tried:
     incumbent: str  # the incumbent's identity
     undecided: bool = False  # its race against the incumbent was undecided (not a tie, not worse)
     led: bool = False  # ... and it led that race: a later diagnosis naming it again gets a second look
-    looks: int = 1  # its races (a second look pools the runs of both)
+    looks: int = 1  # its races (a second look continues the first)
+    runs: int = 0  # the runs each its race made
+    need: int | None = None  # the runs each that would decide it, at the noise and lead measured (None: none do)
 
     def second_look(self, incumbent: str) -> bool:
-        """Whether it is raced again beside ``incumbent`` (its identity), its runs pooled with the first race's."""
+        """Whether its race is continued beside ``incumbent`` (its identity): it led, undecided."""
         return self.undecided and self.led and self.looks == 1 and self.incumbent == incumbent
 
     def words(self) -> str:
         return f"step {self.step}: {self.decision}"
+
+    def more(self) -> int:
+        """The runs each a second look adds to its race: to the runs that decide it."""
+        return max((self.need or 0) - self.runs, 1)
+
+    def continued(self) -> tuple[int, list[str]]:
+        """A second look's launch: the step whose requests it takes (the first race's: its trial
+        hashes, so the runs made are read back, not measured again) and the race's overrides: its
+        cap raised to the runs that decide it, the budget in first passes for the rounds added."""
+        more = self.more()
+        return self.step, [f"++objective.max_repeats={self.runs + more}", f"++objective.budget={more + 0.5:g}"]
+
+
+def continued_race(candidates: Sequence[Candidate]) -> Tried | None:
+    """The first race a step continues (a second look, alone in its step), or None."""
+    return next((c.earlier for c in candidates if c.earlier is not None and c.earlier.need), None)
 
 
 def identity(knobs: Mapping[str, Any]) -> str:
@@ -87,6 +105,14 @@ def hydra_value(value: Any) -> str:
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
     text = str(value)
     return text if text.replace("_", "").replace("-", "").replace(".", "").isalnum() else json.dumps(text)
+
+
+def space_words(space: Space) -> str:
+    if not space.only:
+        return "every knob a lever names"
+    parts = [f"{k} in {list(v)}" for k, v in space.lists.items()]
+    parts += [f"{k} in [{lo:g}, {hi:g}]" for k, (lo, hi) in space.ranges.items()]
+    return ", ".join(parts)
 
 
 def tunable(objective: ObjectiveSpec) -> ObjectiveSpec:

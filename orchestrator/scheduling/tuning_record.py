@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,9 @@ class TuningRecord:
             self._tracker = tracker
         return self._tracker
 
-    def tag_step(self, step: Step, raced: Sequence[Raced]) -> None:
-        """Each trial run of the step (first runs and the race's repeats), tagged."""
+    def tag_step(self, step: Step, raced: Sequence[Raced], measured: Set[str] | None = None) -> None:
+        """Each trial run of the step (first runs and the race's repeats), tagged; ``measured``:
+        only these trial hashes (a continued race's runs read back keep their own step's tags)."""
         tracker = self.tracker()
         if tracker is None:
             return
@@ -71,7 +72,8 @@ class TuningRecord:
             if r.proposal is not None and not r.incumbent:
                 tags |= {"tune_cause": r.proposal.cause, "tune_lever": r.proposal.lever.name}
             try:
-                for run_id in tracker.run_ids_of([r.trial.trial_hash, *(x.trial_hash for x in r.trial.runs)]):
+                hashes = [r.trial.trial_hash, *(x.trial_hash for x in r.trial.runs)]
+                for run_id in tracker.run_ids_of([h for h in hashes if measured is None or h in measured]):
                     for k, v in tags.items():
                         tracker.client.set_tag(run_id, k, v[:5000])
             except Exception as exc:  # the path is on disk: MLflow is a copy

@@ -62,13 +62,15 @@ def test_two_tuning_steps_from_a_diagnosis(tmp_path):
     assert parent.data.tags["tune_path"].startswith("step 1: baseline")
     trials = [r for r in runs if r.data.tags.get("run_kind") in ("trial", "repeat")]  # a race's repeats too
     assert len(trials) == path["trials"]  # the baseline's first run, read back in step 1, counted once
-    # the baseline's first run is step 1's (read back, not run twice); a later step racing the
-    # baseline again (a second look at an undecided step 1) runs it afresh with its own requests
-    baseline_steps = sum(s["incumbent"] == "baseline" and bool(s["tried"]) for s in path["steps"])
+    # the baseline's first run is step 1's (read back, not run twice); a second look at an undecided
+    # step 1 continues that race with its requests, so it reads the first runs back too
     assert (
         sum(r.data.tags.get("run_kind") == "trial" and r.data.params.get("engine.max_num_seqs") == "1" for r in trials)
-        == baseline_steps
+        == 1
     )
+    looks = [t for s in path["steps"] for t in s["tried"] if t.get("second_look_of")]
+    for t in looks:
+        assert t["second_look_of"] == 1 and "continued to" in t["change"], t
     raced = [r.data.tags for r in trials if r.data.tags.get("tune_step") == "1"]
     assert {t["tune_role"] for t in raced} == {"incumbent", "candidate"}
     assert {t.get("tune_lever") for t in raced if t["tune_role"] == "candidate"} == {first["tried"][0]["lever"]}

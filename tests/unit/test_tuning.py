@@ -286,27 +286,36 @@ def ttft(name: str, values: list[float]) -> TrialData:
     return dataclasses.replace(runs[0], runs=runs[1:])
 
 
-def test_a_second_look_pools_both_steps_races_and_decides_what_one_could_not() -> None:
-    from orchestrator.decide.tune import BLOCK, pooled
+def test_a_second_look_continues_the_first_race_to_the_runs_its_noise_asks_for() -> None:
     from orchestrator.decide.verdict import race_over
+    from orchestrator.scheduling.tuning_knobs import Candidate, Tried, continued_race
 
+    # the benchmark's step 2 (docs/tuning.md): 8 slots against 4 at the edge of capacity, 3 runs each
     objective = ObjectiveSpec(minimize="ttft_ms_p50", max_repeats=3)
-    # step 2: at the edge of capacity the incumbent's TTFT swings between rounds; two runs each
-    step2 = {"seqs4": ttft("seqs4", [2000.0, 6000.0]), "seqs8": ttft("seqs8", [640.0, 1700.0])}
-    first = judge_step(race_over(list(step2.values()), objective), "seqs4", "ttft_ms_p50")
+    step2 = {"seqs4": ttft("seqs4", [3518.0, 5320.0, 5407.0]), "seqs8": ttft("seqs8", [2036.0, 1835.0, 3683.0])}
+    state = race_over(list(step2.values()), objective)
+    first = judge_step(state, "seqs4", "ttft_ms_p50")
     assert first.adopted is None and first.led_undecided == "seqs8" and "undecided" in first.words
-    # step 3 names it again: two more runs each with fresh requests, judged with step 2's
-    step3 = {"seqs4": ttft("seqs4", [3000.0, 1500.0]), "seqs8": ttft("seqs8", [900.0, 470.0])}
-    both = {n: pooled([(step2[n], 2), (step3[n], 3)], n) for n in step2}
-    assert sorted(r.round for r in [both["seqs8"], *both["seqs8"].runs]) == [
-        2 * BLOCK,
-        2 * BLOCK + 1,
-        3 * BLOCK,
-        3 * BLOCK + 1,
-    ]
-    second = judge_step(race_over(list(both.values()), objective), "seqs4", "ttft_ms_p50")
-    assert second.adopted == "seqs8" and second.comparison is not None and second.comparison.outcome == "better"
-    assert all(r.name == "seqs8" and not r.runs for r in both["seqs8"].runs)
+    need = state.runs_to_decide("seqs4")
+    assert need is not None and need > 3  # the noise measured asks for more runs than the cap allowed
+    tried = Tried(2, first.words, "inc", undecided=True, led=True, runs=3, need=need)
+    # continued with step 2's requests (its trial hashes: the 3 runs each read back) up to `need`
+    assert tried.continued() == (2, [f"++objective.max_repeats={need}", f"++objective.budget={need - 3 + 0.5:g}"])
+    again = Candidate("seqs8", {"engine.max_num_seqs": 8}, None, tried)
+    assert continued_race([Candidate("x", {}), again]) is tried
+    assert continued_race([Candidate("x", {})]) is None
+    assert continued_race([Candidate("y", {}, None, dataclasses.replace(tried, need=None))]) is None
+    # the same race two rounds on (values made up: 8 slots ahead in both): its 5 runs each decide it
+    longer = {
+        "seqs4": ttft("seqs4", [3518.0, 5320.0, 5407.0, 4915.0, 3473.0]),
+        "seqs8": ttft("seqs8", [2036.0, 1835.0, 3683.0, 2047.0, 1571.0]),
+    }
+    decided = judge_step(
+        race_over(list(longer.values()), ObjectiveSpec(minimize="ttft_ms_p50", max_repeats=need)),
+        "seqs4",
+        "ttft_ms_p50",
+    )
+    assert decided.adopted == "seqs8" and decided.comparison is not None and decided.comparison.outcome == "better"
 
 
 def test_a_second_look_only_for_a_leader_undecided_beside_the_same_incumbent_and_only_once() -> None:
@@ -320,21 +329,19 @@ def test_a_second_look_only_for_a_leader_undecided_beside_the_same_incumbent_and
     assert not dataclasses.replace(led, looks=2).second_look("inc")  # its second look was undecided too
 
 
-def test_a_second_looks_pool_takes_the_incumbents_runs_of_each_earlier_step() -> None:
-    from orchestrator.decide.tune import BLOCK
+def test_a_second_look_is_passed_over_where_no_number_of_runs_or_the_budget_decides_it() -> None:
+    from orchestrator.decide.tune import Step
     from orchestrator.scheduling.tuning import Tuner
     from orchestrator.scheduling.tuning_knobs import Candidate, Tried
 
-    tuner = object.__new__(Tuner)  # the pooling alone: no Hydra, no launcher
-    tuner.launched = {2: {"inc": ttft("inc", [10.0, 11.0]), "a": ttft("a", [5.0, 6.0])}}
-    again = Candidate("a", {"k": 1}, None, Tried(2, "...", "x", True, True))
-    fresh = Candidate("b", {"k": 2})
-    named = {"inc": ttft("inc", [9.0]), "a": ttft("a", [4.0]), "b": ttft("b", [3.0])}
-    out = tuner.pool(3, Candidate("inc", {}), [again, fresh], named)
-    rounds = {n: sorted(r.round for r in [t, *t.runs]) for n, t in out.items()}
-    assert rounds == {
-        "inc": [2 * BLOCK, 2 * BLOCK + 1, 3 * BLOCK],
-        "a": [2 * BLOCK, 2 * BLOCK + 1, 3 * BLOCK],
-        "b": [3 * BLOCK],  # paired with this step's rounds
-    }
-    assert tuner.pool(3, Candidate("inc", {}), [fresh], named) is named  # no second look: as launched
+    tuner = object.__new__(Tuner)  # passed() alone: no Hydra, no launcher
+    tuner.trials_run, tuner.max_trials, tuner.max_wall_s = 10, 20, None
+    tuner.started = 0.0
+    step, inc = Step(3, "inc", "", []), Candidate("inc", {})
+    led = Tried(2, "the incumbent stays: ..., undecided", identity := "{}", undecided=True, led=True, runs=3, need=6)
+    assert tuner.passed(step, "x", led, [], inc) == ""  # 6 more runs fit in the 10 left
+    assert "no practical number of runs" in tuner.passed(step, "x", dataclasses.replace(led, need=None), [], inc)
+    said = tuner.passed(step, "x", dataclasses.replace(led, need=12), [], inc)
+    assert "deciding needs 12 runs each" in said and "max_trials 20" in said
+    assert tuner.passed(step, "x", dataclasses.replace(led, looks=2), [], inc).startswith("tried already")
+    assert step.passed_undecided and identity == "{}"
