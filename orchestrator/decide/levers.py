@@ -188,6 +188,16 @@ class Proposal:
         return ", ".join(f"{_short(k)} {_show(current.get(k))} -> {_show(v)}" for k, v in self.values.items())
 
 
+def combined(a: Proposal | None, b: Proposal | None) -> Proposal | None:
+    """Two moves for different causes on different knobs, made together: where both causes hold,
+    neither move alone shows what both do (the tuner's third candidate of a step); None otherwise."""
+    if a is None or b is None or a.skip or b.skip or a.cause == b.cause or set(a.values) & set(b.values):
+        return None
+    change = {**a.lever.change, **b.lever.change}
+    lever = a.lever.model_copy(update={"name": f"{a.lever.name} with {b.lever.name}", "change": change})
+    return Proposal(f"{a.cause}+{b.cause}", lever, {**a.values, **b.values})
+
+
 def propose(
     cause: str,
     lever: Lever,

@@ -1,26 +1,18 @@
 """The tuner (``hydra/sweeper=tune``): from a baseline configuration, act on its own diagnosis.
 
 Each step diagnoses the incumbent at the objective's point, proposes the levers of its limiter
-(then of its other findings; :mod:`orchestrator.decide.levers`), checks each candidate as a sweep
-would (its config composes and validates, the engine and the hardware accept it) and races the
-candidates beside the incumbent in one launch: fresh requests for the step (its own ``seed``),
-the same for every trial of a round, the race's pairing and confidence as in any sweep. Step 1
-shares the baseline's requests: the run that diagnosed the baseline is its first run in that race
-(read back, not measured again); a later incumbent was chosen by its runs, so it runs afresh. The
-leader is adopted only when it beats the incumbent with that confidence
-(:func:`orchestrator.decide.tune.judge_step`); otherwise the next levers are tried. A lever
-whose configuration was raced before is passed over, except for a second look: its race was
-undecided with it in the lead, and a later diagnosis of the same incumbent names it again; that
-race is then continued, alone in its step: the same two configurations with that step's requests
-(their trial hashes, so the runs made are read back, not measured again) and
-``objective.max_repeats`` raised to the runs its noise and lead asked for, so its looks go on
-spending the error as one race's. The tuning
-stops when no lever is left, at ``max_steps``, or when the next step would pass ``max_trials``
-or ``max_wall_s``; a path of several steps ends with the best raced against the baseline.
-
-Every trial is an ordinary trial of the launch (Ray, server reuse, results on disk before
-MLflow), so the same command run again measures nothing twice: its steps' trials are FINISHED
-in MLflow and read back, and the same decisions follow from the same numbers."""
+then of its other findings (:mod:`orchestrator.decide.levers`; two causes' moves on different
+knobs also together), checks each candidate as a sweep would, and races them beside the
+incumbent in one launch with the step's own requests (``seed``; step 1 shares the baseline's, so
+the run that diagnosed it is read back as its first). The leader is adopted only when it beats
+the incumbent with the race's confidence (:func:`orchestrator.decide.tune.judge_step`). A
+configuration raced before is passed over, except for a second look: its race was undecided with
+it in the lead and a later diagnosis of the same incumbent names it again; that race is then
+continued alone, with its own requests (its runs read back) and ``objective.max_repeats`` raised
+to the runs its noise asks for. The tuning stops when no lever is left, at ``max_steps``, or
+before passing ``max_trials`` or ``max_wall_s``; several adoptions end with the best raced
+against the baseline. Every trial is an ordinary trial (Ray, results on disk before MLflow), so
+the same command run again measures nothing twice and takes the same decisions (docs/tuning.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import ConfigError
-from orchestrator.decide.levers import MODEL_KNOB, Space, load_levers, propose
+from orchestrator.decide.levers import MODEL_KNOB, Proposal, Space, combined, load_levers, propose
 from orchestrator.decide.objective import point_at, value_of
 from orchestrator.decide.race import UNDECIDED
 from orchestrator.decide.trials import TrialData
@@ -96,6 +88,7 @@ class Tuner:
         self.max_trials = int(options.get("max_trials", 40))
         self.max_wall_s = float(options.get("max_wall_s") or 0) or None
         self.per_step = max(1, int(options.get("candidates", 2)))
+        self.combine = bool(options.get("combine", True))  # two causes' moves also raced together
         self.composer = SweepComposer(hydra_context.config_loader, config)
         self.dry = bool(config.get("dry_run"))
         self.json_plan = str(config.get("dry_run")) == "json"
@@ -203,37 +196,43 @@ class Tuner:
                 if len(chosen) >= self.per_step:
                     break
                 p = propose(cause.cause, lever, current, self.space, engine, platform, self.objective, cause.evidence)
-                if p.skip:
-                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": p.skip})
-                    continue
-                knobs = {**incumbent.knobs, **p.values}
-                ident = identity(knobs)
-                earlier = self.tried.get(ident)
-                why = self.passed(step, ident, earlier, chosen, incumbent) or self.refused(knobs)
-                if why:
-                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": why})
-                    continue
-                if earlier is not None and chosen:  # a second look continues its race alone
-                    why = f"its race (step {earlier.step}) is continued in a step of its own, after this one"
-                    step.passed_over.append({"cause": cause.cause, "lever": lever.name, "why": why})
-                    continue
-                name = self.seen.setdefault(ident, name_of(knobs))
-                chosen.append(Candidate(name, knobs, p, earlier))
-                tried: dict[str, Any] = {
-                    "cause": cause.cause,
-                    "lever": lever.name,
-                    "name": name,
-                    "change": p.words(current),
-                }
-                if earlier is not None:  # that step's race, continued
-                    again = (
-                        f"{tried['change']} (a second look: step {earlier.step}'s race was undecided after "
-                        f"{earlier.runs} runs each; continued to {earlier.need}, the runs its noise asks for)"
-                    )
-                    step.tried.append(tried | {"change": again, "second_look_of": earlier.step})
-                    return step, chosen  # alone in its step
-                step.tried.append(tried)
+                taken = self.consider(step, incumbent, p, chosen, current)
+                if taken is not None and taken.earlier is not None:
+                    return step, chosen  # a second look: its race continued, alone in its step
+        both = combined(*(c.proposal for c in chosen)) if self.combine and len(chosen) == 2 else None
+        if both is not None:  # two causes' moves on different knobs: also both together
+            self.consider(step, incumbent, both, chosen, current)
         return step, chosen
+
+    def consider(
+        self, step: Step, incumbent: Candidate, p: Proposal, chosen: list[Candidate], current: Mapping[str, Any]
+    ) -> Candidate | None:
+        """The proposal as one of the step's candidates, or passed over with its reason."""
+        knobs = {**incumbent.knobs, **p.values}
+        ident = identity(knobs)
+        earlier = self.tried.get(ident)
+        why = p.skip or self.passed(step, ident, earlier, chosen, incumbent) or self.refused(knobs)
+        if not why and earlier is not None and chosen:  # a second look continues its race alone
+            why = f"its race (step {earlier.step}) is continued in a step of its own, after this one"
+        if why:
+            step.passed_over.append({"cause": p.cause, "lever": p.lever.name, "why": why})
+            return None
+        taken = Candidate(self.seen.setdefault(ident, name_of(knobs)), knobs, p, earlier)
+        chosen.append(taken)
+        tried: dict[str, Any] = {
+            "cause": p.cause,
+            "lever": p.lever.name,
+            "name": taken.name,
+            "change": p.words(current),
+        }
+        if earlier is not None:  # that step's race, continued
+            tried["change"] += (
+                f" (a second look: step {earlier.step}'s race was undecided after {earlier.runs} runs each; "
+                f"continued to {earlier.need}, the runs its noise asks for)"
+            )
+            tried["second_look_of"] = earlier.step
+        step.tried.append(tried)
+        return taken
 
     def passed(
         self, step: Step, ident: str, earlier: Tried | None, chosen: list[Candidate], incumbent: Candidate

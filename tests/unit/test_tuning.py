@@ -345,3 +345,26 @@ def test_a_second_look_is_passed_over_where_no_number_of_runs_or_the_budget_deci
     assert "deciding needs 12 runs each" in said and "max_trials 20" in said
     assert tuner.passed(step, "x", dataclasses.replace(led, looks=2), [], inc).startswith("tried already")
     assert step.passed_undecided and identity == "{}"
+
+
+def test_two_causes_moves_on_different_knobs_are_also_tried_together() -> None:
+    from orchestrator.decide.levers import Proposal, combined
+
+    slots = Proposal("over_capacity", lever(**{"engine.max_num_seqs": {"times": 2}}), {"engine.max_num_seqs": 8})
+    cache = Proposal(
+        "prefix_reuse_missed",
+        lever(**{"engine.enable_prefix_caching": {"to": True}}),
+        {"engine.enable_prefix_caching": True},
+    )
+    both = combined(slots, cache)
+    assert both is not None and both.values == {"engine.max_num_seqs": 8, "engine.enable_prefix_caching": True}
+    assert both.cause == "over_capacity+prefix_reuse_missed" and set(both.lever.change) == set(both.values)
+    assert both.words({"engine.max_num_seqs": 4, "engine.enable_prefix_caching": False}) == (
+        "max_num_seqs 4 -> 8, enable_prefix_caching false -> true"
+    )
+    same_cause = Proposal("over_capacity", cache.lever, cache.values)
+    assert combined(slots, same_cause) is None  # one cause: its moves are alternatives
+    same_knob = Proposal("batch_slots", slots.lever, {"engine.max_num_seqs": 16})
+    assert combined(slots, same_knob) is None  # one knob cannot take two values
+    assert combined(slots, Proposal("kv_capacity", cache.lever, {}, "passed over")) is None
+    assert combined(slots, None) is None
