@@ -104,7 +104,6 @@ class Tuner:
         self.record = TuningRecord(self.sweep_dir, uri, settings.tracking.experiment_name or str(config.experiment))
         self.seen: dict[str, str] = {}  # the knobs of every configuration run (json) -> its name
         self.tried: dict[str, Tried] = {}  # the identity of every configuration raced -> its race
-        self.fresh: set[str] = set()  # the trial hashes the latest launch measured (not read back)
 
     # -- configurations ---------------------------------------------------------------
 
@@ -291,7 +290,6 @@ class Tuner:
         """Run the step's configurations as one raced launch (``requests_of``: with that step's
         requests, a second look; ``extra``: overrides for the race); each one's trial data by name."""
         lines = [self.overrides(c.knobs, step if requests_of is None else requests_of, extra) for c in candidates]
-        self.fresh = set()
         results = self.launcher.launch(lines, initial_job_idx=self.job_idx)
         self.job_idx += len(lines)
         returns.append(results)
@@ -306,7 +304,6 @@ class Tuner:
                 if not run.trial_hash or run.trial_hash not in self.counted:
                     self.trials_run += 1
                     self.counted.add(run.trial_hash)
-                    self.fresh.add(run.trial_hash)
         return named
 
     def judge(
@@ -329,9 +326,8 @@ class Tuner:
             step.gain = gain(outcome.comparison)
             step.log_scale = outcome.comparison.log_scale
         self.say(f"tune: step {step.index}: {step.decision}")
-        # tagged: the runs this step measured (a second look's runs read back keep their own step's tags)
         raced = [Raced(c.name, c is incumbent, c.proposal, named.get(c.name)) for c in [incumbent, *candidates]]
-        self.record.tag_step(step, raced, self.fresh)
+        self.record.tag_step(step, raced)
         undecided = outcome.comparison is not None and outcome.comparison.outcome == UNDECIDED
         for c in candidates:
             looks = c.earlier.looks + 1 if c.earlier is not None else 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence, Set
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ class TuningRecord:
         self.sweep_dir = sweep_dir
         self.uri, self.experiment = uri, experiment
         self._tracker: Any = None
+        self._tagged: set[str] = set()  # the trial hashes a step has tagged
 
     def tracker(self) -> Any:
         """The sweep's MLflow tracker, attached to the tuning's parent run (None: tracking off)."""
@@ -53,9 +54,9 @@ class TuningRecord:
             self._tracker = tracker
         return self._tracker
 
-    def tag_step(self, step: Step, raced: Sequence[Raced], measured: Set[str] | None = None) -> None:
-        """Each trial run of the step (first runs and the race's repeats), tagged; ``measured``:
-        only these trial hashes (a continued race's runs read back keep their own step's tags)."""
+    def tag_step(self, step: Step, raced: Sequence[Raced]) -> None:
+        """Each trial run of the step (first runs and the race's repeats), tagged; a run raced by
+        an earlier step keeps that step's tags (a second look reads its first race's runs back)."""
         tracker = self.tracker()
         if tracker is None:
             return
@@ -72,8 +73,11 @@ class TuningRecord:
             if r.proposal is not None and not r.incumbent:
                 tags |= {"tune_cause": r.proposal.cause, "tune_lever": r.proposal.lever.name}
             try:
-                hashes = [r.trial.trial_hash, *(x.trial_hash for x in r.trial.runs)]
-                for run_id in tracker.run_ids_of([h for h in hashes if measured is None or h in measured]):
+                hashes = [
+                    h for h in [r.trial.trial_hash, *(x.trial_hash for x in r.trial.runs)] if h not in self._tagged
+                ]
+                self._tagged.update(hashes)
+                for run_id in tracker.run_ids_of(hashes):
                     for k, v in tags.items():
                         tracker.client.set_tag(run_id, k, v[:5000])
             except Exception as exc:  # the path is on disk: MLflow is a copy
