@@ -125,7 +125,7 @@ def check_constraint(
         hi = float(bound)  # type: ignore[arg-type]
     v = value_of(t, key, objective.at)
     if v is None:
-        return False, f"{key} not measured"
+        return False, f"{key} {'not set' if is_knob(key) else 'not measured'}"
     runs = run_values(t, key, objective.at)
     met = [x for x in runs if (lo is None or x >= lo) and (hi is None or x <= hi)]
     if t.runs and 0 < len(met) < len(runs):  # met sometimes: not "meeting"

@@ -64,6 +64,7 @@ VERDICT_LINE = re.compile(r"^(Verdict: .*|Best configuration: .*)$")
 EXPECT_LINE = re.compile(r"^Expectations: (\d+) observed, (\d+) not observed, (\d+) not measurable here \(of \d+\)$")
 CLAIM_LINE = re.compile(r"^\[(observed|not observed|not measurable here)\] .*$")
 NEEDS_RUNS = re.compile(r"deciding it needs about (\d+) runs each")
+NO_PRACTICAL = "not told by any practical number of runs"
 
 
 @dataclass
@@ -97,6 +98,8 @@ class LabRun:
         m = NEEDS_RUNS.search(self.verdict)
         runs = max(self.runs_each, 1)
         if not m:
+            if NO_PRACTICAL in self.verdict:  # a difference within the noise: no number of runs decides it here
+                return f"undecided after {runs} run(s) each; no practical number of runs decides it here"
             return f"undecided after {runs} run(s) each"
         more = max(int(m.group(1)) - runs, 0) * self.wall_s / runs  # a run of every trial per round
         return f"undecided after {runs} run(s) each; deciding needs about {m.group(1)} each (~{outcome.minutes(more)} more here)"

@@ -216,8 +216,8 @@ def _plan(
     short, plan = "", schedule.plan or made
     if (wanted := planned_runs(state, AUTO_MAX_RUNS, AUTO_MAX_RUNS)) > plan:  # the budget cut it short
         short = (
-            f"; the noise asks for {wanted} (~{minutes((wanted - made) * round_s)} more here), so the race may end "
-            f"undecided: {state.tells_at(plan)}"
+            f"; to tell two equal trials tied the noise asks for {wanted} (~{minutes((wanted - made) * round_s)} "
+            f"more here; a wider difference decides sooner), so the race may end undecided: {state.tells_at(plan)}"
         )
     record.progress(
         f"race: planning {schedule.plan} runs each at most{again} (objective.max_repeats=auto: at {noise}, "

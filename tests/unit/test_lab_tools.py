@@ -148,6 +148,15 @@ def test_an_undecided_lab_is_its_own_outcome_with_what_deciding_would_cost(tmp_p
         in table([run])[2]
     )
     assert LabRun("x", 4, 1.0, tmp_path / "x.log").outcome == "undecided after 1 run(s) each"
+    close = LabRun("x", 4, 1.0, tmp_path / "x.log")
+    read_outcome(
+        close,
+        [
+            "Verdict: undecided after the budget: a or b (...); at the noise measured (9.0% between runs) "
+            "a difference this close to the margin is not told by any practical number of runs; widen ..."
+        ],
+    )
+    assert close.outcome == "undecided after 1 run(s) each; no practical number of runs decides it here"
     assert LabRun("x", 1, 1.0, tmp_path / "x.log").outcome == "NOT OK"
 
 

@@ -38,3 +38,27 @@ def test_served_accuracy_is_set_against_each_adapters_own(compose, tmp_path):
     # without a record of an adapter's own accuracy, nothing is claimed
     (folder / "training.json").unlink()
     assert kept_accuracy(spec, served, lines.append) == {} and "no record of its accuracy alone" in lines[-1]
+
+
+def test_the_verdict_chooses_among_the_configurations_serving_every_adapter(compose):
+    """The lab's question is a deployment's: with all 8 adapters in use, which configuration serves
+    them fastest. A trial with fewer adapters, or none (another workload), answers an expectation,
+    not the verdict (issue 58: it had raced base_only against prefix_1_adapter)."""
+    from orchestrator.decide.trials import Point, TrialData
+    from orchestrator.decide.verdict import decide
+
+    _, settings = to_specs(config_to_dict(compose(["+experiment=multi_lora", "variant=active_8"])))
+    objective = settings.objective
+    assert objective is not None
+
+    def trial(name: str, active: int | None, tps: float) -> TrialData:
+        params = {"workload.adapters.active": str(active) if active else "null", "workload.adapters": "null"}
+        metrics = {"tokens_per_second": tps, "adapters_kept_min": 1.0}
+        return TrialData(name, "FINISHED", params, {}, [Point(0, "c8", {"concurrency": 8}, metrics)])
+
+    trials = [trial("base_only", None, 450.0), trial("active_2", 2, 280.0), trial("active_8", 8, 175.0)]
+    verdict = decide([*trials, trial("slots_8", 8, 255.0)], objective)
+    assert verdict.best is not None and verdict.best.name == "slots_8"
+    why = {t.name: reason for t, reason in verdict.excluded}
+    assert why["base_only"] == "workload.adapters.active not set"
+    assert why["active_2"] == "workload.adapters.active 2, needs >= 8"

@@ -155,3 +155,33 @@ def test_two_builders_of_one_model_build_it_once_and_the_second_waits_for_the_fi
     assert not other.exists()
     build_into(other, "config.json", build)  # the lock was released with the failure
     assert (other / "config.json").exists()
+
+
+def test_an_adapter_is_validated_on_the_problems_its_base_answers_right():
+    """The base's weights are frozen under an adapter: a problem the base gets wrong is no measure
+    of what the adapter learned, so the adapter's bar is set on those the base answers right
+    (every problem where it answers none)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from orchestrator.models.lora import _base_solved
+
+    base = ([[1, 2], [1, 3], [1, 4]], [[-100, 5], [-100, 6], [-100, 7]])  # the sum alone
+    adapter = ([[9, 2], [9, 3], [9, 4]], [[-100, 15], [-100, 16], [-100, 17]])  # with the tag
+
+    class Base(torch.nn.Module):
+        def __init__(self, answers: list[int]):
+            super().__init__()
+            self.answers = answers
+
+        def forward(self, input_ids):
+            logits = torch.zeros(*input_ids.shape, 10)
+            for row, token in enumerate(self.answers):
+                logits[row, 1, token] = 1.0
+            return SimpleNamespace(logits=logits)
+
+    rows, share = _base_solved(Base([5, 0, 7]), (adapter, base))  # the second problem answered wrong
+    assert rows == ([[9, 2], [9, 4]], [[-100, 15], [-100, 17]]) and share == pytest.approx(2 / 3)
+    rows, share = _base_solved(Base([0, 0, 0]), (adapter, base))
+    assert rows == adapter and share == 0.0

@@ -97,8 +97,9 @@ class TinyLoraSpec(StrictModel):
     lr: PositiveFloat = 2e-3
     min_accuracy: PositiveShare = Field(
         default=0.9,
-        description="on 200 validation problems (teacher-forced, sum and tag): below it after `steps`, it trains "
-        "on, steps // 2 at lr / 2 a round, at most `extra_rounds` rounds; still below, it says so",
+        description="of the 200 validation problems, those the base answers right: the share the adapter must "
+        "answer right with its tag (teacher-forced); below it after `steps`, it trains on, steps // 2 at lr / 2 a "
+        "round, at most `extra_rounds` rounds; still below, it says so",
     )
     extra_rounds: NonNegativeInt = 3
     seed: int = 0
