@@ -52,7 +52,7 @@ def between_runs(values: list[float]) -> tuple[float, float]:
     a single run)."""
     n = len(values)
     mean = sum(values) / n
-    if n < 2:
+    if n < 2 or max(values) - min(values) <= 1e-12 * max(abs(mean), 1.0):  # equal runs: no spread, not 1e-17
         return mean, 0.0
     from scipy import stats
 

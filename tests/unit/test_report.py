@@ -544,3 +544,13 @@ def test_an_energy_verdict_says_which_energies_were_estimated_from_power():
     v = decide([_trial("a", None, [counted]), _trial("b", None, [estimated])], objective)
     assert v.best.name == "b"
     assert any(line.startswith("Caution: the energy of b was ESTIMATED from power samples") for line in v.lines)
+
+
+def test_runs_that_agree_have_no_spread_not_a_rounding_error():
+    """Ten runs of a share that came out 0.9999999999999999 and 1.0 (the multi_lora lab's
+    adapters_kept_min): the verdict quotes 1, not "1 ± 8.372e-17"."""
+    from orchestrator.decide.objective import between_runs
+
+    assert between_runs([0.9999999999999999, 1.0] * 5)[1] == 0.0
+    mean, half = between_runs([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(2.4841, abs=1e-3)
