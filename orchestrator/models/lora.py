@@ -114,15 +114,11 @@ def train_tiny_adapter(
     """Train adapter ``index`` of ``lora`` on ``base_dir`` (the adder, frozen): "a+b=" -> sum +
     tag, the loss on the answers only (the tag after the sum: the base still computes the sum,
     the adapter learns where its answer ends; before the sum, 150 steps left it at 18% right).
-    200 training problems are kept aside; the adapter is validated on those the base answers right
-    (the base's weights are frozen: what it gets wrong, the adapter rarely mends, and the base's
-    own share, 92-97% of them, varies with the machine that trained it). While fewer than
-    ``lora.min_accuracy`` of them come out right, with the tag, after ``lora.steps``, it trains on,
-    ``steps // 2`` at ``lr / 2`` a round, at most ``lora.extra_rounds`` rounds (how fast an adapter
-    learns varies with the machine's floating-point rounding: docs/lora.md); still below, the log
-    and ``training.json`` say so (``below_target``). Saved in PEFT's layout with ``training.json``:
-    its loss, steps, the validation shares (the adapter's and the base's) and the greedy accuracy
-    on the held-out problems."""
+    Validated on the 200 problems kept aside that the frozen base answers right (docs/lora.md):
+    while under ``lora.min_accuracy`` of them come out right with the tag, it trains on,
+    ``steps // 2`` at ``lr / 2`` a round, at most ``lora.extra_rounds`` rounds; still below, the
+    log and ``training.json`` say so (``below_target``). Saved in PEFT's layout with
+    ``training.json``: loss, steps, validation shares, held-out greedy accuracy."""
     import time
 
     import torch
