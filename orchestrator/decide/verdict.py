@@ -251,6 +251,10 @@ def _race_headline(verdict: Verdict, bv: Value) -> str:
     return f"**Verdict:** {best.name} wins:{against} {sure}; {value}. {goal}"
 
 
+# what an undecided verdict says where no practical number of runs would decide it (make labs reads it)
+NOT_TOLD = "not told by any practical number of runs"
+
+
 def _runs_to_decide(race: RaceState) -> str:
     """What an undecided race would need: the runs each that would decide its hardest comparison
     (80% of the time) at the spread measured between runs, were the observed difference the true one."""
@@ -258,8 +262,8 @@ def _runs_to_decide(race: RaceState) -> str:
     spread = f"{race.sd:.1%} between runs" if race.comparisons and race.comparisons[0].log_scale else "between runs"
     if any(n is None for n in needs):
         return (
-            f"at the noise measured ({spread}) a difference this close to the margin is not told by any "
-            "practical number of runs; widen objective.margin or reduce the noise"
+            f"at the noise measured ({spread}) a difference this close to the margin is {NOT_TOLD}; widen "
+            "objective.margin or reduce the noise"
         )
     most = max(n for n in needs if n is not None) if needs else None
     if most is None:

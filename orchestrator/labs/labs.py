@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config.paths import PROJECT_ROOT
+from orchestrator.decide.verdict import NOT_TOLD
 from orchestrator.scheduling import outcome
 
 # The course's order (../shared/seeds: weeks 1-16, then the workload card), multi-LoRA serving
@@ -64,7 +65,6 @@ VERDICT_LINE = re.compile(r"^(Verdict: .*|Best configuration: .*)$")
 EXPECT_LINE = re.compile(r"^Expectations: (\d+) observed, (\d+) not observed, (\d+) not measurable here \(of \d+\)$")
 CLAIM_LINE = re.compile(r"^\[(observed|not observed|not measurable here)\] .*$")
 NEEDS_RUNS = re.compile(r"deciding it needs about (\d+) runs each")
-NO_PRACTICAL = "not told by any practical number of runs"
 
 
 @dataclass
@@ -98,7 +98,7 @@ class LabRun:
         m = NEEDS_RUNS.search(self.verdict)
         runs = max(self.runs_each, 1)
         if not m:
-            if NO_PRACTICAL in self.verdict:  # a difference within the noise: no number of runs decides it here
+            if NOT_TOLD in self.verdict:  # a difference within the noise: no number of runs decides it here
                 return f"undecided after {runs} run(s) each; no practical number of runs decides it here"
             return f"undecided after {runs} run(s) each"
         more = max(int(m.group(1)) - runs, 0) * self.wall_s / runs  # a run of every trial per round
