@@ -123,6 +123,27 @@ def test_each_form_of_claim_observed_or_not_with_its_numbers():
     assert expectations.tally(out) == "Expectations: 6 observed, 0 not observed, 0 not measurable here (of 6)"
 
 
+def test_a_limiter_claim_reads_every_run_of_a_raced_trial():
+    """A race's first run can be the odd one out (disaggregated_pd, 2026-12-06: over capacity, then
+    prefill interference twice): the claim holds where the cause limited most of the trial's runs."""
+
+    def standard(*limiters):
+        runs = [trial("standard", None, [("r1", {"itl_ms_p99": 900.0}, diag(c))]) for c in limiters]
+        runs[0].runs = runs[1:]
+        return [runs[0]]
+
+    claim = claims({"claim": "stalls", "limiter": "prefill_interference", "in": "standard"})
+    most = expectations.check(claim, standard("over_capacity", "prefill_interference", "prefill_interference"))
+    assert most[0].status == "observed", most[0].numbers
+    assert most[0].numbers == (
+        "limited by prefill interference? standard at r1: prefill interference in 2 of 3 runs, over capacity in 1 of 3 runs"
+    )
+    half = expectations.check(claim, standard("prefill_interference", "over_capacity"))
+    assert half[0].status == "not observed"  # one run of two is not most
+    one = expectations.check(claim, standard("prefill_interference"))
+    assert one[0].status == "observed" and one[0].numbers.endswith("standard at r1: prefill interference (strong)")
+
+
 def test_a_tie_within_the_margin_and_a_noisy_trend_are_not_observed():
     trials = chunked_sweep()
     out = expectations.check(
