@@ -253,15 +253,12 @@ def _limiter(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[
         hits = sum(p.limiter in e.limiter for p in points)
         ok &= hits * 2 > len(points)
         first = points[0]
-        said = (
-            f"{t.name} at {first.label}: {first.limiter.replace('_', ' ')} ({first.diagnosis.get('confidence', '?')})"
-        )
-        if len(points) > 1:
+        if len(points) == 1:
+            said = f"{first.limiter.replace('_', ' ')} ({first.diagnosis.get('confidence', '?')})"
+        else:
             seen = Counter(p.limiter.replace("_", " ") for p in points)
-            said = f"{t.name} at {first.label}: " + ", ".join(
-                f"{c} in {n} of {len(points)} runs" for c, n in seen.most_common()
-            )
-        parts.append(said)
+            said = ", ".join(f"{c} in {n} of {len(points)} runs" for c, n in seen.most_common())
+        parts.append(f"{t.name} at {first.label}: {said}")
     want = " or ".join(c.replace("_", " ") for c in e.limiter)
     return ok, f"limited by {want}? " + "; ".join(parts)
 
