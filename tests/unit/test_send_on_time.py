@@ -152,3 +152,29 @@ def test_the_monitor_samples_once_before_it_returns_then_in_its_thread():
         assert mon.samples == 1 and mon.peak_memory_bytes > 0  # the point's start, in the caller's thread
     finally:
         mon.stop()
+
+
+@pytest.mark.parametrize("factory", [sender_mod.loop_factory(), asyncio.new_event_loop], ids=["uvloop", "asyncio"])
+def test_no_wait_for_an_instant_ends_before_it(factory):
+    """uvloop rounds a timer to whole milliseconds and counts it from a time read at the start of
+    its loop's iteration, so a plain sleep woke up to 0.3 ms early in a third of these waits (a
+    replayed trace's follower was sent before its instant: negative send lag). The sender's
+    waits end at or after their instant, on either loop; a stop set first ends one at once."""
+    assert factory is not None, "uvloop is installed with the product"
+
+    async def main() -> tuple[list[float], bool, float]:
+        early = []
+        for i in range(200):
+            until = now() + 0.0011 + (i % 7) * 0.00037
+            assert await sender_mod.sleep_until(until)
+            early.append(until - now())
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.01, stop.set)
+        t = now()
+        stopped = not await sender_mod.sleep_until(now() + 5, stop)
+        return early, stopped, now() - t
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        early, stopped, waited = runner.run(main())
+    assert max(early) <= 0, f"woke {max(early) * 1e3:.3f} ms early"
+    assert stopped and waited < 1
