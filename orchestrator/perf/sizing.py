@@ -32,6 +32,9 @@ class EngineSpeed:
     engine: str
     model: str
     measured_at: float
+    # other work on the machine while it was measured (cores; steal included): a busy machine's
+    # numbers size the sweep that measured them but are not cached (calibrate.BUSY_CORES)
+    other_cores: float = 0.0
 
     def prefill_ms(self, tokens: float) -> float:
         return self.prefill_fixed_ms + self.prefill_ms_per_token * tokens

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,8 @@ def size_sweep(configs: Configs, sweep_dir: Path, say: Progress) -> tuple[Config
         return configs, {}
     speed, fresh = found
     resolved = trial.model_dump(mode="json")
-    say_once(f"sizing: {'measured now' if fresh else 'cached'}: {speed.describe()}")
+    age = "measured now" if fresh else f"cached {(time.time() - speed.measured_at) / 3600:.1f} h ago"
+    say_once(f"sizing: {age}: {speed.describe()}")
 
     chosen = choose(rules, speed, lambda key: value_at(resolved, key))
     for s in chosen:

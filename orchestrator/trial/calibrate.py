@@ -7,19 +7,27 @@ way out as a trial's), takes a warm-up request, then one request at a time: prom
 probe lengths with one output token each (their TTFTs give the line of prefill time over
 length) and short prompts with 64 output tokens (their median time between tokens is the
 decode step). It takes ~30 s here, and is cached per machine, engine and version, model and the
-engine's settings that change its speed (``~/.cache/inference-lab/engine-speed.json``)."""
+engine's settings that change its speed (``~/.cache/inference-lab/engine-speed.json``).
+
+A calibration counts the CPU the machine spent on anything but its server and this process
+while it measured (:class:`OtherWork`): where that was over :data:`BUSY_CORES` (a test run, a
+build, a neighbour's steal beside it), the numbers size the sweep that measured them, and the
+line says so, but they are not cached, so a slow reading does not size every later lab."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import os
 import statistics
 import time
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from orchestrator.config.logs import Progress
 from orchestrator.config.paths import cache_root, cached_entry, keep_entry
@@ -28,6 +36,7 @@ from orchestrator.engines import adapter_for
 from orchestrator.loadgen.api import Endpoint, PlannedRequest, completions_delta, completions_payload
 from orchestrator.loadgen.prompts import prompt_factory
 from orchestrator.metrics import host
+from orchestrator.metrics.monitor import process_tree
 from orchestrator.models import resolve_model, resolve_tokenizer
 from orchestrator.perf.sizing import SPEED_CACHE, EngineSpeed
 from orchestrator.trial.servers import start_servers
@@ -36,6 +45,47 @@ from orchestrator.trial.slate import wait_for_clean_slate
 CACHE = cache_root() / SPEED_CACHE
 REPEATS = 3  # requests per probe length; the median is taken
 DECODE_TOKENS = 64
+# Other work's CPU during a calibration (cores) above which its numbers are not cached. An idle
+# machine here reads ~0.0x (Ray's daemons, the kernel).
+BUSY_CORES = 0.25
+# How long a calibration is used for. The same VM here read 0.491 ms per prompt token and a 9.6 ms
+# decode step (2026-12-06, early), 0.820 and 13.2 ms (09:02 that day) and 0.93-1.07 and 13-14 ms
+# (2026-12-07 03:20, nothing beside it): its host's speed drifts within a day, and a lab sized on an
+# old reading asks the wrong sizes. A real run recalibrates past this age (~30 s); a dry run uses
+# any age, and says it.
+MAX_AGE_S = 6 * 3600.0
+
+
+def _busy_s() -> float:
+    """CPU seconds the machine has spent busy (every core; time stolen by the hypervisor
+    included: a neighbour's work slows the calibration as much as ours)."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def _tree_s(pids: Iterable[int]) -> float:
+    """CPU seconds spent so far by these processes' trees (this one's threads included)."""
+    total = 0.0
+    for pid in pids:
+        for p in process_tree(pid):
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+class OtherWork:
+    """The CPU the machine spends on anything but ``pids``' trees and this process, from its
+    creation to :meth:`cores` (in cores: seconds of CPU per second)."""
+
+    def __init__(self, pids: Iterable[int]) -> None:
+        self.pids = [*pids, os.getpid()]
+        self.t0, self.busy0, self.ours0 = time.monotonic(), _busy_s(), _tree_s(self.pids)
+
+    def cores(self) -> float:
+        wall = max(time.monotonic() - self.t0, 1e-9)
+        others = (_busy_s() - self.busy0) - (_tree_s(self.pids) - self.ours0)
+        return max(others, 0.0) / wall
 
 
 def speed_key(spec: TrialSpec, probe_tokens: tuple[int, int]) -> tuple[str, dict[str, object]]:
@@ -57,9 +107,13 @@ def speed_key(spec: TrialSpec, probe_tokens: tuple[int, int]) -> tuple[str, dict
 
 
 def cached_speed(key: str, path: Path | None = None) -> EngineSpeed | None:
+    """The cached speed of ``key``; None where there is none, or where it was kept before a
+    calibration read the machine's other work (it may have been measured beside some)."""
     entry = cached_entry(path or CACHE, key)
+    if entry is None or "other_cores" not in entry:
+        return None
     try:
-        return EngineSpeed.from_dict(entry) if entry is not None else None
+        return EngineSpeed.from_dict(entry)
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -120,8 +174,11 @@ def measure_speed(spec: TrialSpec, workdir: Path, probe_tokens: tuple[int, int],
         group, _ = start_servers(
             stack, adapter, spec, model_path, workdir, [], lambda name, _: workdir / f"server-{name}.log", say
         )
-        endpoint = Endpoint(group.view().front_url, spec.model.name, api_key=adapter.api_key(spec))
+        view = group.view()
+        endpoint = Endpoint(view.front_url, spec.model.name, api_key=adapter.api_key(spec))
+        others = OtherWork(view.pids)
         numbers = measure(endpoint, spec, model_path, probe_tokens)
+        other_cores = others.cores()
     return EngineSpeed(
         **numbers,
         probe_tokens=probe_tokens,
@@ -129,20 +186,30 @@ def measure_speed(spec: TrialSpec, workdir: Path, probe_tokens: tuple[int, int],
         engine=f"{spec.engine.name} {adapter.version(spec)}",
         model=spec.model.name,
         measured_at=time.time(),
+        other_cores=round(other_cores, 3),
     )
 
 
 def engine_speed(
     spec: TrialSpec, workdir: Path, probe_tokens: tuple[int, int], say: Progress, again: bool = False
 ) -> tuple[EngineSpeed, bool]:
-    """This machine's speed for ``spec``'s server: cached, else measured now and cached; and
-    whether it was measured now."""
+    """This machine's speed for ``spec``'s server: cached within :data:`MAX_AGE_S`, else measured
+    now and cached; and whether it was measured now."""
     key, _ = speed_key(spec, probe_tokens)
-    if not again and (known := cached_speed(key)) is not None:
+    known = None if again else cached_speed(key)
+    if known is not None and (age := time.time() - known.measured_at) < MAX_AGE_S:
         return known, False
+    why = f"the cached one is {age / 3600:.0f} h old" if known is not None else "once"
     say(
-        f"sizing: calibrating {spec.variant or 'the baseline'}'s server on this machine (~30 s, once: cached in {CACHE})"
+        f"sizing: calibrating {spec.variant or 'the baseline'}'s server on this machine "
+        f"(~30 s, {why}: kept for {MAX_AGE_S / 3600:.0f} h in {CACHE})"
     )
     speed = measure_speed(spec, workdir, probe_tokens, say)
-    keep_speed(key, speed)
+    if speed.other_cores > BUSY_CORES:
+        say(
+            f"sizing: other work used {speed.other_cores:.2f} cores of this machine while it was calibrated "
+            f"(more than {BUSY_CORES}): its numbers size this sweep only and are not cached"
+        )
+    else:
+        keep_speed(key, speed)
     return speed, True

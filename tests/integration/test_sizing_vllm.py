@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.config import to_specs
 from orchestrator.perf.sizing import choose
-from orchestrator.trial.calibrate import cached_speed, keep_speed, measure_speed, speed_key
+from orchestrator.trial.calibrate import BUSY_CORES, cached_speed, keep_speed, measure_speed, speed_key
 from tests.conftest import engine_processes
 
 pytestmark = pytest.mark.integration
@@ -27,6 +27,8 @@ def test_the_baseline_server_is_calibrated_and_sizes_the_lab(compose, tmp_path, 
     assert 0.0 < speed.prefill_ms_per_token < 5, speed
     assert speed.prefill_ms(1024) > 3 * speed.decode_step_ms, speed
     assert speed.engine.startswith("vllm") and "cpu:" in speed.machine
+    # nothing else runs beside this test: the machine's other work reads below the bar, so kept
+    assert 0.0 <= speed.other_cores < BUSY_CORES, speed
     key, parts = speed_key(spec, (128, 1024))
     cache = tmp_path / "engine-speed.json"
     keep_speed(key, speed, cache)

@@ -3,6 +3,13 @@ sweep step that applies them to every job (a key the command line sets is the us
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 
 from orchestrator.config.convert import config_to_dict, to_specs
@@ -10,6 +17,7 @@ from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import SizeRule, SizingSpec
 from orchestrator.perf.sizing import EngineSpeed, choose
 from orchestrator.scheduling import sizing
+from orchestrator.trial import calibrate
 
 LONG = "workload.classes.long.input_tokens"
 
@@ -151,3 +159,50 @@ def test_sizing_off_and_labs_without_it(compose, fast_prefill, tmp_path):
     plain = [([], config_to_dict(compose(["+experiment=continuous_batching"])))]
     assert sizing.size_sweep(plain, tmp_path, print) == (plain, {})
     assert SizingSpec.model_fields["probe_tokens"].default == (128, 1024)
+
+
+def test_a_calibration_counts_the_cpu_of_other_work_not_its_servers():
+    """A child spinning half a second of CPU is other work to a calibration that does not own
+    it, and none to one whose server it is (a real process, read by psutil)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time\nwhile time.process_time() < 0.6: pass\ntime.sleep(60)"]
+    )
+    try:
+        anyone, its_server = calibrate.OtherWork([]), calibrate.OtherWork([child.pid])
+        proc, deadline = psutil.Process(child.pid), time.monotonic() + 30
+        while sum(proc.cpu_times()[:2]) < 0.6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        wall = time.monotonic() - anyone.t0
+        others, others_but_it = anyone.cores(), its_server.cores()
+    finally:
+        child.kill()
+        child.wait()
+    assert others_but_it >= 0.0
+    assert (others - others_but_it) * wall > 0.4, (others, others_but_it, wall)  # its 0.6 s less its start-up
+
+
+def test_a_calibration_beside_other_work_sizes_its_sweep_but_is_not_cached(compose, monkeypatch, tmp_path):
+    monkeypatch.setattr(calibrate, "CACHE", tmp_path / "engine-speed.json")
+    busy = dataclasses.replace(speed(), other_cores=calibrate.BUSY_CORES + 0.5)
+    monkeypatch.setattr(calibrate, "measure_speed", lambda *a: busy)
+    spec, _ = to_specs(compose(["+experiment=chunked_prefill"]))
+    lines: list[str] = []
+    assert calibrate.engine_speed(spec, tmp_path, (128, 1024), lines.append) == (busy, True)
+    assert "other work used 0.75 cores" in lines[-1] and "not cached" in lines[-1]
+    assert calibrate.cached_speed(calibrate.speed_key(spec, (128, 1024))[0]) is None
+    quiet = dataclasses.replace(busy, other_cores=0.02, measured_at=time.time())
+    monkeypatch.setattr(calibrate, "measure_speed", lambda *a: quiet)
+    assert calibrate.engine_speed(spec, tmp_path, (128, 1024), lines.append) == (quiet, True)
+    assert calibrate.engine_speed(spec, tmp_path, (128, 1024), lines.append) == (quiet, False)  # kept
+    # past its age, a calibration is measured again, and the line says why
+    monkeypatch.setattr(calibrate, "MAX_AGE_S", 3600.0)
+    calibrate.keep_speed(
+        calibrate.speed_key(spec, (128, 1024))[0], dataclasses.replace(quiet, measured_at=time.time() - 7300)
+    )
+    assert calibrate.engine_speed(spec, tmp_path, (128, 1024), lines.append) == (quiet, True)
+    assert "the cached one is 2 h old" in lines[-1] and "kept for 1 h" in lines[-1]
+    # an entry kept before calibrations read the machine's other work is measured again
+    key = calibrate.speed_key(spec, (128, 1024))[0]
+    old = {k: v for k, v in quiet.as_dict().items() if k != "other_cores"}
+    (tmp_path / "engine-speed.json").write_text(json.dumps({key: old}))
+    assert calibrate.cached_speed(key) is None
