@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import statistics
 import time
 import urllib.request
@@ -63,14 +62,15 @@ def _busy_s() -> float:
     return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
-def _tree_s(pids: Iterable[int]) -> float:
-    """CPU seconds spent so far by these processes' trees (this one's threads included)."""
+def _ours_s(pids: Iterable[int]) -> float:
+    """CPU seconds spent so far by these processes' trees and by this process (its threads; not
+    its other children)."""
+    procs = [p for pid in pids for p in process_tree(pid)] + [psutil.Process()]
     total = 0.0
-    for pid in pids:
-        for p in process_tree(pid):
-            with contextlib.suppress(psutil.Error):
-                t = p.cpu_times()
-                total += t.user + t.system
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
     return total
 
 
@@ -79,12 +79,12 @@ class OtherWork:
     creation to :meth:`cores` (in cores: seconds of CPU per second)."""
 
     def __init__(self, pids: Iterable[int]) -> None:
-        self.pids = [*pids, os.getpid()]
-        self.t0, self.busy0, self.ours0 = time.monotonic(), _busy_s(), _tree_s(self.pids)
+        self.pids = list(pids)
+        self.t0, self.busy0, self.ours0 = time.monotonic(), _busy_s(), _ours_s(self.pids)
 
     def cores(self) -> float:
         wall = max(time.monotonic() - self.t0, 1e-9)
-        others = (_busy_s() - self.busy0) - (_tree_s(self.pids) - self.ours0)
+        others = (_busy_s() - self.busy0) - (_ours_s(self.pids) - self.ours0)
         return max(others, 0.0) / wall
 
 
