@@ -9,8 +9,8 @@ length) and short prompts with 64 output tokens (their median time between token
 decode step). It takes ~30 s here, and is cached per machine, engine and version, model and the
 engine's settings that change its speed (``~/.cache/inference-lab/engine-speed.json``).
 
-A calibration counts the CPU the machine spent on anything but its server and this process
-while it measured (:class:`OtherWork`): where that was over :data:`BUSY_CORES` (a test run, a
+A calibration counts the CPU the machine spent on anything but its server, this process and
+the sweep's own machinery while it measured (:class:`OtherWork`): where that was over :data:`BUSY_CORES` (a test run, a
 build, a neighbour's steal beside it), the numbers size the sweep that measured them, and the
 line says so, but they are not cached, so a slow reading does not size every later lab."""
 
@@ -34,8 +34,7 @@ from orchestrator.config.schema import TrialSpec
 from orchestrator.engines import adapter_for
 from orchestrator.loadgen.api import Endpoint, PlannedRequest, completions_delta, completions_payload
 from orchestrator.loadgen.prompts import prompt_factory
-from orchestrator.metrics import host
-from orchestrator.metrics.monitor import process_tree
+from orchestrator.metrics import census, host
 from orchestrator.models import resolve_model, resolve_tokenizer
 from orchestrator.perf.sizing import SPEED_CACHE, EngineSpeed
 from orchestrator.trial.servers import start_servers
@@ -55,37 +54,25 @@ BUSY_CORES = 0.25
 MAX_AGE_S = 6 * 3600.0
 
 
-def _busy_s() -> float:
-    """CPU seconds the machine has spent busy (every core; time stolen by the hypervisor
-    included: a neighbour's work slows the calibration as much as ours)."""
-    t = psutil.cpu_times()
-    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
-
-
-def _ours_s(pids: Iterable[int]) -> float:
-    """CPU seconds spent so far by these processes' trees and by this process (its threads; not
-    its other children)."""
-    procs = [p for pid in pids for p in process_tree(pid)] + [psutil.Process()]
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
+def _steal_s() -> float:
+    """CPU seconds the hypervisor has taken from this machine's cores (0 where not reported)."""
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
 
 
 class OtherWork:
-    """The CPU the machine spends on anything but ``pids``' trees and this process, from its
-    creation to :meth:`cores` (in cores: seconds of CPU per second)."""
+    """The CPU the machine spends on anything but ``pids``' trees, this process and the sweep's
+    own machinery, from its creation to :meth:`cores` (in cores: seconds of CPU per second): a
+    load point's foreign CPU (:func:`census.foreign_cpu`) with the hypervisor's steal added (a
+    neighbour's work slows the calibration as much as ours)."""
 
     def __init__(self, pids: Iterable[int]) -> None:
         self.pids = list(pids)
-        self.t0, self.busy0, self.ours0 = time.monotonic(), _busy_s(), _ours_s(self.pids)
+        self.t0, self.before, self.steal0 = time.monotonic(), census.snapshot(), _steal_s()
 
     def cores(self) -> float:
         wall = max(time.monotonic() - self.t0, 1e-9)
-        others = (_busy_s() - self.busy0) - (_ours_s(self.pids) - self.ours0)
-        return max(others, 0.0) / wall
+        foreign = census.foreign_cpu(self.before, census.snapshot(), wall, census.tree(self.pids))
+        return float(foreign["cores"]) + max(_steal_s() - self.steal0, 0.0) / wall  # type: ignore[arg-type]
 
 
 def speed_key(spec: TrialSpec, probe_tokens: tuple[int, int]) -> tuple[str, dict[str, object]]:
