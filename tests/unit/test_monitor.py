@@ -28,6 +28,9 @@ class SlowGauges(ResourceMonitor):
         return True
 
 
+FLOOR = 1 + ResourceMonitor.POINT_SCRAPES  # a point's start scrape and those at the interval after it
+
+
 def scrapes_of(mon: SlowGauges, n: int) -> list[tuple[float, float]]:
     """Run the monitor until it has scraped ``n`` times (or 30 s), stop it; the scrapes' times."""
     mon.start()
@@ -47,13 +50,13 @@ def test_costly_samples_wait_for_their_budget():
         interval_s=0.01,
         budget=budget,
     )  # a 20 ms scrape may run every >= 200 ms, however slow the machine makes it
-    calls = scrapes_of(mon, 5)
-    assert len(calls) >= 5
-    # the rule itself, from the scrapes' own times: after the second (one scrape alone is no
-    # measure), each waits the fastest scrape's cost so far / budget (not the 10 ms interval); a
-    # slower machine only makes both longer
-    fastest = calls[0][1] - calls[0][0]
-    for (start, end), (nxt, _) in zip(calls[1:], calls[2:]):
+    calls = scrapes_of(mon, FLOOR + 4)
+    assert len(calls) >= FLOOR + 4
+    # the rule itself, from the scrapes' own times: after the point's first scrapes, each waits
+    # the fastest scrape's cost so far / budget (not the 10 ms interval); a slower machine only
+    # makes both longer
+    fastest = min(end - start for start, end in calls[: FLOOR - 1])
+    for (start, end), (nxt, _) in zip(calls[FLOOR - 1 :], calls[FLOOR:]):
         fastest = min(fastest, end - start)
         assert nxt - start >= fastest / budget - 0.001
     # memory is cheap: it keeps its short interval between the scrapes
@@ -78,10 +81,10 @@ def test_a_busy_server_is_still_scraped_at_the_pace_of_its_fastest_answer():
     mon = LoadedServer(
         [os.getpid()], "http://127.0.0.1:9/metrics", {"kv": EngineMetric("x:kv", "gauge")}, interval_s=0.01, budget=0.01
     )
-    calls = scrapes_of(mon, 4)
-    assert len(calls) >= 4
+    calls = scrapes_of(mon, FLOOR + 3)
+    assert len(calls) >= FLOOR + 3
     fastest = calls[0][1] - calls[0][0]
-    for (start, _), (nxt, _) in zip(calls[1:], calls[2:]):
+    for (start, _), (nxt, _) in zip(calls[FLOOR - 1 :], calls[FLOOR:]):
         assert nxt - start >= fastest / 0.01 - 0.001  # still within the budget of a scrape's cost
         assert nxt - start < 0.3 / 0.01  # not the late answers' pace
 
@@ -110,14 +113,37 @@ def test_the_fastest_scrape_is_kept_over_the_trials_points():
     mon = SlowFromTheSecondPoint(
         [os.getpid()], "http://127.0.0.1:9/metrics", {"kv": EngineMetric("x:kv", "gauge")}, interval_s=0.01, budget=0.1
     )
-    first = scrapes_of(mon, 3)
+    first = scrapes_of(mon, FLOOR)
     fastest = min(end - start for start, end in first)
     mon.reset()
-    calls = scrapes_of(mon, len(first) + 3)[len(first) :]
-    assert len(calls) >= 3
-    for (start, _), (nxt, _) in zip(calls, calls[1:]):
+    calls = scrapes_of(mon, len(first) + FLOOR + 3)[len(first) :]
+    assert len(calls) >= FLOOR + 3
+    for (start, _), (nxt, _) in zip(calls[FLOOR - 1 :], calls[FLOOR:]):
         assert nxt - start < 0.3 / 0.1  # 3 s: the pace one late answer would have set
         assert nxt - start >= fastest / 0.1 - 0.001
+
+
+def test_a_point_gets_its_first_scrapes_at_the_interval_whatever_they_cost():
+    """At 1%, a 20 ms scrape may run every 2 s, so a 2 s point had at most one gauge sample inside
+    it, and the diagnosis judges the engine's batch from 3: each point's first scrapes after its
+    start come at the interval, then the budget rules, and the next point starts over."""
+    interval = 0.05
+    mon = SlowGauges(
+        [os.getpid()],
+        "http://127.0.0.1:9/metrics",
+        {"kv": EngineMetric("x:kv", "gauge")},
+        interval_s=interval,
+        budget=0.01,
+    )
+    for _ in range(2):  # two points
+        mon.reset()
+        mon.start()
+        time.sleep(FLOOR * (interval + 0.02) + 0.5)
+        mon.stop_thread()
+        calls, mon.gauge_calls = mon.gauge_calls, []
+        assert len(calls) == FLOOR, calls  # the start's scrape, 3 at the interval, then >= 2 s
+        gaps = [nxt - start for (start, _), (nxt, _) in zip(calls, calls[1:])]
+        assert all(interval - 0.001 <= gap < 0.5 for gap in gaps), gaps
 
 
 class FailsFiveTimes(SlowGauges):

@@ -59,7 +59,8 @@ class PlatformSpec(StrictModel):
             "sample that cost c seconds waits max(its interval, c / monitor_budget) before the next; "
             "the cost of a gauge scrape is the fastest wall time a scrape has taken (the server answers "
             "it; a later, slower answer waited behind the server's load), that of a local "
-            "sample (memory, telemetry) the CPU time it used"
+            "sample (memory, telemetry) the CPU time it used; a load point's first 3 gauge scrapes "
+            "after its start keep the interval whatever they cost (the diagnosis needs 3)"
         ),
     )
     server_nice: int = Field(
