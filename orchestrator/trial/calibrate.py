@@ -151,6 +151,18 @@ def measure(endpoint: Endpoint, spec: TrialSpec, model_path: str, probe_tokens: 
     }
 
 
+def one_server(spec: TrialSpec) -> TrialSpec:
+    """``spec`` with its engine as one server: a P/D pair's or a router's replicas' engine alone.
+    A lab's sizes are set against one server's speed (the P/D lab's rate keeps *the standard
+    server* prefilling a share of the time), and the cache's key does not tell a pair from a
+    server, so a pair measured through its proxy would size every later lab of that engine."""
+    engine = spec.engine
+    parts = {name: None for name in ("disaggregation", "router") if getattr(engine, name, None) is not None}
+    if not parts:
+        return spec
+    return spec.model_copy(update={"engine": engine.model_copy(update=parts)})
+
+
 def measure_speed(spec: TrialSpec, workdir: Path, probe_tokens: tuple[int, int], say: Progress) -> EngineSpeed:
     """Start ``spec``'s server, measure it (:func:`measure`), stop it."""
     adapter = adapter_for(spec.engine.name)
@@ -181,17 +193,17 @@ def engine_speed(
     spec: TrialSpec, workdir: Path, probe_tokens: tuple[int, int], say: Progress, again: bool = False
 ) -> tuple[EngineSpeed, bool]:
     """This machine's speed for ``spec``'s server: cached within :data:`MAX_AGE_S`, else measured
-    now and cached; and whether it was measured now."""
-    key, _ = speed_key(spec, probe_tokens)
+    now and cached; and whether it was measured now. A P/D pair or replicas behind a router are
+    measured as one server of their engine (:func:`one_server`)."""
+    alone = one_server(spec)
+    key, _ = speed_key(alone, probe_tokens)
     known = None if again else cached_speed(key)
     if known is not None and (age := time.time() - known.measured_at) < MAX_AGE_S:
         return known, False
     why = f"the cached one is {age / 3600:.0f} h old" if known is not None else "once"
-    say(
-        f"sizing: calibrating {spec.variant or 'the baseline'}'s server on this machine "
-        f"(~30 s, {why}: kept for {MAX_AGE_S / 3600:.0f} h in {CACHE})"
-    )
-    speed = measure_speed(spec, workdir, probe_tokens, say)
+    whose = f"{spec.variant or 'the baseline'}'s " + ("server" if alone is spec else "engine as one server")
+    say(f"sizing: calibrating {whose} on this machine (~30 s, {why}: kept for {MAX_AGE_S / 3600:.0f} h in {CACHE})")
+    speed = measure_speed(alone, workdir, probe_tokens, say)
     if speed.other_cores > BUSY_CORES:
         say(
             f"sizing: other work used {speed.other_cores:.2f} cores of this machine while it was calibrated "

@@ -123,6 +123,7 @@ def test_pd_on_cpu(tmp_path):
         "disaggregated_pd",
         "pd_cpu_in1000,pd_vllm_in128",
         "per_platform.cpu.workload.num_requests=8",
+        "per_platform.cpu.workload.load_points=[{rate:1}]",  # the wiring, not the lab's sizing: no calibration
         folder=tmp_path / "multirun",
     )
     pd, nixl = runs["pd_cpu_in1000"], runs["pd_vllm_in128"]
@@ -153,6 +154,7 @@ def test_one_server_of_the_pd_lab_loads_no_kv_from_elsewhere(tmp_path):
         "disaggregated_pd",
         "standard_in1000",
         "per_platform.cpu.workload.num_requests=8",
+        "per_platform.cpu.workload.load_points=[{rate:1}]",
         folder=tmp_path / "m",
     )
     one = runs["standard_in1000"]

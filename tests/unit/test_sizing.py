@@ -207,3 +207,24 @@ def test_a_calibration_beside_other_work_sizes_its_sweep_but_is_not_cached(compo
     old = {k: v for k, v in quiet.as_dict().items() if k != "other_cores"}
     (tmp_path / "engine-speed.json").write_text(json.dumps({key: old}))
     assert calibrate.cached_speed(key) is None
+
+
+def test_a_pd_pair_is_calibrated_as_one_server_of_its_engine(compose, monkeypatch, tmp_path):
+    """The P/D lab's rate is sized against one server's prefill: a pair (or replicas behind a
+    router) as the sweep's first trial is measured as one server of its engine, under the key a
+    plain server of that engine has, never through its proxy."""
+    monkeypatch.setattr(calibrate, "CACHE", tmp_path / "engine-speed.json")
+    asked, now = [], dataclasses.replace(speed(), measured_at=time.time())
+    monkeypatch.setattr(calibrate, "measure_speed", lambda spec, *a: asked.append(spec) or now)
+    pair, _ = to_specs(compose(["+experiment=disaggregated_pd", "variant=pd_cpu_in1000"]))
+    plain, _ = to_specs(compose(["+experiment=disaggregated_pd", "variant=standard_in1000"]))
+    assert pair.engine.disaggregation is not None and calibrate.one_server(plain) is plain
+    lines: list[str] = []
+    calibrate.engine_speed(pair, tmp_path, (128, 1024), lines.append)
+    (alone,) = asked
+    assert alone.engine.disaggregation is None and alone.engine.max_model_len == pair.engine.max_model_len
+    assert "calibrating pd_cpu_in1000's engine as one server" in lines[-1]
+    # the plain server finds that measurement: one speed per engine on this machine
+    assert calibrate.engine_speed(plain, tmp_path, (128, 1024), lines.append) == (now, False)
+    routed, _ = to_specs(compose(["+experiment=scheduling_policies", "variant=dp2_round_robin"]))
+    assert routed.engine.router is not None and calibrate.one_server(routed).engine.router is None
