@@ -25,7 +25,7 @@ from orchestrator.config.schema import TrialSpec
 from orchestrator.engines import adapter_for
 from orchestrator.engines.process import interrupts_stop_servers
 from orchestrator.perf.sizing import EngineSpeed, Sized, choose
-from orchestrator.trial.calibrate import cached_speed, engine_speed, speed_key
+from orchestrator.trial.calibrate import cached_speed, engine_speed, one_server, speed_key
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ def _speed(
             f"sizing: calibrated on the CPU platform only (this sweep runs on {trial.platform.name}): the lab keeps its written sizes"
         )
         return None
-    why_not = adapter_for(trial.engine.name).unsupported(trial)
+    alone = one_server(trial)  # what is calibrated: a P/D pair's or a router's engine as one server
+    why_not = adapter_for(trial.engine.name).unsupported(alone)
     if why_not is not None:
         say(f"sizing: the baseline cannot run here ({why_not}): the lab keeps its written sizes")
         return None
@@ -121,7 +122,7 @@ def _speed(
         high = max(limit - 8, low + 1)
     probes = (low, high)
     if dry_run:
-        speed = cached_speed(speed_key(trial, probes)[0])
+        speed = cached_speed(speed_key(alone, probes)[0])
         if speed is None:
             say(
                 "sizing: this machine is not calibrated yet (a real run measures it first, ~30 s); shown at the written sizes"

@@ -228,3 +228,13 @@ def test_a_pd_pair_is_calibrated_as_one_server_of_its_engine(compose, monkeypatc
     assert calibrate.engine_speed(plain, tmp_path, (128, 1024), lines.append) == (now, False)
     routed, _ = to_specs(compose(["+experiment=scheduling_policies", "variant=dp2_round_robin"]))
     assert routed.engine.router is not None and calibrate.one_server(routed).engine.router is None
+
+    # and whether it can run here is asked of that one server, not of the pair (a 1-core host
+    # refuses a pair, "a core each", but runs one server: the lab is still sized)
+    class Refuses:
+        def unsupported(self, spec):
+            return "2 CPU ranks need one core each" if spec.engine.disaggregation is not None else None
+
+    monkeypatch.setattr(sizing, "adapter_for", lambda name: Refuses())
+    monkeypatch.setattr(sizing, "engine_speed", lambda spec, *a: (now, True))
+    assert sizing._speed(pair, False, (128, 1024), tmp_path, lines.append) == (now, True)
