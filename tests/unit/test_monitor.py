@@ -21,6 +21,17 @@ class SlowGauges(ResourceMonitor):
         super().__init__(*args, **kw)
         self.gauge_calls: list[tuple[float, float]] = []
 
+    @classmethod
+    def scraping(cls, interval_s: float, budget: float):
+        """One such monitor of this process, with one gauge at an address no test server holds."""
+        return cls(
+            [os.getpid()],
+            "http://127.0.0.1:9/metrics",
+            {"kv": EngineMetric("x:kv", "gauge")},
+            interval_s,
+            budget=budget,
+        )
+
     def sample_gauges(self) -> bool:
         t0 = time.monotonic()
         time.sleep(0.02)
@@ -43,13 +54,7 @@ def scrapes_of(mon: SlowGauges, n: int) -> list[tuple[float, float]]:
 
 def test_costly_samples_wait_for_their_budget():
     budget = 0.1
-    mon = SlowGauges(
-        [os.getpid()],
-        "http://127.0.0.1:9/metrics",
-        {"kv": EngineMetric("x:kv", "gauge")},
-        interval_s=0.01,
-        budget=budget,
-    )  # a 20 ms scrape may run every >= 200 ms, however slow the machine makes it
+    mon = SlowGauges.scraping(0.01, budget)  # a 20 ms scrape may run every >= 200 ms, however slow the machine makes it
     calls = scrapes_of(mon, FLOOR + 4)
     assert len(calls) >= FLOOR + 4
     # the rule itself, from the scrapes' own times: after the point's first scrapes, each waits
@@ -78,9 +83,7 @@ class LoadedServer(SlowGauges):
 def test_a_busy_server_is_still_scraped_at_the_pace_of_its_fastest_answer():
     """A late answer is the server's load, not the scrape's cost: scrapes do not thin out to one
     per 30 s (0.3 s / 1%) exactly when the engine's gauges matter."""
-    mon = LoadedServer(
-        [os.getpid()], "http://127.0.0.1:9/metrics", {"kv": EngineMetric("x:kv", "gauge")}, interval_s=0.01, budget=0.01
-    )
+    mon = LoadedServer.scraping(0.01, 0.01)
     calls = scrapes_of(mon, FLOOR + 3)
     assert len(calls) >= FLOOR + 3
     fastest = calls[0][1] - calls[0][0]
@@ -110,9 +113,7 @@ def test_the_fastest_scrape_is_kept_over_the_trials_points():
     """A point whose first scrape waited behind a busy server still gets its gauge samples: the
     pace comes from the fastest answer of the trial, not from that one scrape (a CI run had no gauge
     sample over a 9 s point held at max_num_seqs)."""
-    mon = SlowFromTheSecondPoint(
-        [os.getpid()], "http://127.0.0.1:9/metrics", {"kv": EngineMetric("x:kv", "gauge")}, interval_s=0.01, budget=0.1
-    )
+    mon = SlowFromTheSecondPoint.scraping(0.01, 0.1)
     first = scrapes_of(mon, FLOOR)
     fastest = min(end - start for start, end in first)
     mon.reset()
@@ -128,13 +129,7 @@ def test_a_point_gets_its_first_scrapes_at_the_interval_whatever_they_cost():
     it, and the diagnosis judges the engine's batch from 3: each point's first scrapes after its
     start come at the interval, then the budget rules, and the next point starts over."""
     interval = 0.05
-    mon = SlowGauges(
-        [os.getpid()],
-        "http://127.0.0.1:9/metrics",
-        {"kv": EngineMetric("x:kv", "gauge")},
-        interval_s=interval,
-        budget=0.01,
-    )
+    mon = SlowGauges.scraping(interval, 0.01)
     for _ in range(2):  # two points
         mon.reset()
         mon.start()
@@ -163,13 +158,7 @@ def test_a_failed_scrape_is_not_a_cost_and_failures_in_a_row_back_off():
     interval, not after its 20 ms / 1% = 2 s, and each further failure in a row doubles the wait
     (a server whose /metrics stopped answering is not asked every interval for the whole point)."""
     interval = 0.02
-    mon = FailsFiveTimes(
-        [os.getpid()],
-        "http://127.0.0.1:9/metrics",
-        {"kv": EngineMetric("x:kv", "gauge")},
-        interval_s=interval,
-        budget=0.01,
-    )
+    mon = FailsFiveTimes.scraping(interval, 0.01)
     calls = scrapes_of(mon, 7)
     assert len(calls) >= 7
     gaps = [nxt - start for (start, _), (nxt, _) in zip(calls, calls[1:])]
