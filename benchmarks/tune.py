@@ -3,6 +3,7 @@
     python -m benchmarks.tune                              # every scenario, TPE with seed 0
     python -m benchmarks.tune --scenarios batch_slots --tpe-seeds 0 1 2
     python -m benchmarks.tune --workdir /tmp/tune-bench    # keeps the grids: a rerun reads them back
+    python -m benchmarks.tune --methods tuner              # the tuner's path alone (no grid to compare with)
 
 Each scenario is a baseline known to be badly configured, a small space whose first limiter is
 a different cause, and an objective. For each:
@@ -217,16 +218,35 @@ def tpe_reach(order: list[tuple[str, float]], grid: dict[str, float], grid_best:
 
 
 Row = tuple[str, int, int | None, int, float, str, str]
+METHODS = ["grid", "tuner", "tpe"]
 
 
-def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[Row]:
+def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int], methods: list[str] = METHODS) -> list[Row]:
     """(method, trial runs, the runs to reach the grid's best, configurations measured, wall s,
-    its best, whether it reached the grid's best)."""
+    its best, whether it reached the grid's best); ``methods``: which of the grid, the tuner and
+    TPE run (without the grid, nothing is compared with its best)."""
     lists = [f"{k}={','.join(v)}" for k, v in s.space.items()]
-    rows = []
+    rows: list[Row] = []
     for old in Path(tmp).glob(f"{s.name}-*"):  # the tuner's and TPE's runs start afresh; the grid's are kept
         if "-grid" not in old.name:
             shutil.rmtree(old) if old.is_dir() else old.unlink()
+    if "grid" not in methods:
+        if "tuner" in methods:
+            rows.append(tuner_row(s, tmp, lists, None))
+        return rows
+    grid, grid_best, grid_row = grid_measured(s, tmp, lists)
+    rows.append(grid_row)
+    tuner = tuner_row(s, tmp, lists, (grid, grid_best)) if "tuner" in methods else None
+    if tuner is not None:
+        rows.append(tuner)
+    budget = tuner[1] if tuner is not None else len(grid)
+    if "tpe" in methods:
+        rows += [tpe_row(s, tmp, lists, seed, budget, grid, grid_best) for seed in tpe_seeds]
+    return rows
+
+
+def grid_measured(s: Scenario, tmp: str, lists: list[str]) -> tuple[dict[str, float], str, Row]:
+    """The grid's values (its first run: a rerun reads them back), its best and its row."""
     store = f"sqlite:///{tmp}/{s.name}-grid.db"
     timed = Path(tmp) / f"{s.name}-grid-wall_s.txt"  # the grid's first run: a rerun only reads it back
     wall, _ = run([*s.fixed, *lists, f"tracking.uri={store}", f"hydra.sweep.dir={tmp}/{s.name}-grid", "-m"])
@@ -236,7 +256,12 @@ def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[Row]:
         timed.write_text(f"{wall:.1f}")
     grid, runs, _ = measured(store, s, first=True)
     grid_best = (max if s.maximize else min)(grid, key=lambda k: grid[k])
-    rows.append(("grid", runs, runs, len(grid), wall, grid_best, "-"))  # the grid knows its best at its end
+    return grid, grid_best, ("grid", runs, runs, len(grid), wall, grid_best, "-")  # it knows its best at its end
+
+
+def tuner_row(s: Scenario, tmp: str, lists: list[str], against: tuple[dict[str, float], str] | None) -> Row:
+    """The tuner from the baseline; its path printed as it said it (``against``: the grid's values
+    and best, for the runs to reach it)."""
     store = f"sqlite:///{tmp}/{s.name}-tune.db"
     sweep = f"{tmp}/{s.name}-tune"
     wall, out = run([*s.fixed, *lists, "hydra/sweeper=tune", f"tracking.uri={store}", f"hydra.sweep.dir={sweep}", "-m"])
@@ -244,47 +269,54 @@ def scenario_rows(s: Scenario, tmp: str, tpe_seeds: list[int]) -> list[Row]:
     knobs = {**{k: v[0] for k, v in s.space.items()}, **{k: str(v).lower() for k, v in path["best"]["knobs"].items()}}
     tuned = config_key(knobs, s)
     configs = len(measured(store, s)[0])
-    reach = tuner_reach(path, grid, grid_best, s)
-    rows.append(("tuner", path["trials"], reach, configs, wall, tuned, reached(tuned, grid, grid_best, s)))
     print("\n".join(line for line in out.splitlines() if line.startswith("tune: step") and "passed over" not in line))
-    budget = path["trials"]
-    for seed in tpe_seeds:
-        store = f"sqlite:///{tmp}/{s.name}-tpe{seed}.db"
-        # as many measured runs as the tuner's: a configuration the engine refuses (SKIPPED before
-        # any server starts) or one asked again (read back) costs TPE nothing, so it asks on
-        asks, wall, rerun = budget, 0.0, 0
-        while True:
-            took, out = run(
-                [
-                    *s.fixed,
-                    *lists,
-                    "hydra/sweeper=optuna",
-                    f"hydra.sweeper.n_trials={asks}",  # the study's total: a rerun resumes it
-                    # a resumed study's sampler starts from its seed again: a rerun with the same seed
-                    # would draw the same configurations (refused ones included) again
-                    f"hydra.sweeper.seed={seed + 1000 * rerun}",
-                    f"hydra.sweeper.storage=sqlite:///{tmp}/{s.name}-optuna{seed}.db",
-                    f"tracking.uri={store}",
-                    f"hydra.sweep.dir={tmp}/{s.name}-tpe{seed}",
-                    "-m",
-                ]
-            )
-            wall += took
-            found, runs, order = measured(store, s)
-            if runs >= budget or asks >= 5 * budget:
-                break
-            asks += budget - runs
-            rerun += 1
-        best = (max if s.maximize else min)(found, key=lambda k: found[k]) if found else None
-        reach = tpe_reach(order, grid, grid_best, s)
-        rows.append((f"TPE seed {seed}", runs, reach, len(found), wall, best or "-", reached(best, grid, grid_best, s)))
-    return rows
+    if against is None:
+        return ("tuner", path["trials"], None, configs, wall, tuned, "-")
+    grid, grid_best = against
+    reach = tuner_reach(path, grid, grid_best, s)
+    return ("tuner", path["trials"], reach, configs, wall, tuned, reached(tuned, grid, grid_best, s))
+
+
+def tpe_row(
+    s: Scenario, tmp: str, lists: list[str], seed: int, budget: int, grid: dict[str, float], grid_best: str
+) -> Row:
+    """TPE with ``seed``, given ``budget`` measured runs (the tuner's)."""
+    store = f"sqlite:///{tmp}/{s.name}-tpe{seed}.db"
+    # as many measured runs as the tuner's: a configuration the engine refuses (SKIPPED before
+    # any server starts) or one asked again (read back) costs TPE nothing, so it asks on
+    asks, wall, rerun = budget, 0.0, 0
+    while True:
+        took, out = run(
+            [
+                *s.fixed,
+                *lists,
+                "hydra/sweeper=optuna",
+                f"hydra.sweeper.n_trials={asks}",  # the study's total: a rerun resumes it
+                # a resumed study's sampler starts from its seed again: a rerun with the same seed
+                # would draw the same configurations (refused ones included) again
+                f"hydra.sweeper.seed={seed + 1000 * rerun}",
+                f"hydra.sweeper.storage=sqlite:///{tmp}/{s.name}-optuna{seed}.db",
+                f"tracking.uri={store}",
+                f"hydra.sweep.dir={tmp}/{s.name}-tpe{seed}",
+                "-m",
+            ]
+        )
+        wall += took
+        found, runs, order = measured(store, s)
+        if runs >= budget or asks >= 5 * budget:
+            break
+        asks += budget - runs
+        rerun += 1
+    best = (max if s.maximize else min)(found, key=lambda k: found[k]) if found else None
+    reach = tpe_reach(order, grid, grid_best, s)
+    return (f"TPE seed {seed}", runs, reach, len(found), wall, best or "-", reached(best, grid, grid_best, s))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--tpe-seeds", nargs="*", type=int, default=[0])
+    ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
     ap.add_argument("--workdir", help="keep the stores here: a grid already measured is read back, not run again")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
@@ -292,7 +324,7 @@ def main() -> None:
         Path(tmp).mkdir(parents=True, exist_ok=True)
         for name in a.scenarios:
             s = SCENARIOS[name]
-            rows = scenario_rows(s, tmp, a.tpe_seeds)
+            rows = scenario_rows(s, tmp, a.tpe_seeds, a.methods)
             size = 1
             for v in s.space.values():
                 size *= len(v)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.levers import MODEL_KNOB, Space, load_levers, propose
-from orchestrator.scheduling.tuning_knobs import hydra_value
+from orchestrator.metrics.diagnosis import Evidence
+from orchestrator.tuning.candidates import hydra_value
+from orchestrator.tuning.levers import load_levers
+from orchestrator.tuning.moves import MODEL_KNOB, Start, propose
+from orchestrator.tuning.space import Space
 
 # a baseline in which every knob a lever steps from is set (a relative move needs a value)
 BASELINES = {
@@ -30,9 +32,8 @@ BASELINES = {
     },
 }
 MODELS = {"gpu": "meta-llama/Llama-3.1-8B-Instruct", "cpu": "tiny-llama"}  # each platform's default model
-GUARDED = ObjectiveSpec(maximize="tokens_per_second", subject_to={"accuracy": 0.5})  # accuracy rows apply
 # what the findings a move reads saw: batch slots' demand, prefill interference's stall cost
-SEEN = {"running_max": 64.0, "waiting_max": 64.0, "decode_step_ms": 10.0, "prefill_stall_ms_per_token": 0.05}
+SEEN = Evidence(running_max=64.0, waiting_max=64.0, decode_step_ms=10.0, prefill_stall_ms_per_token=0.05)
 
 
 def lever_overrides(engine: str, platform: str) -> Iterator[tuple[str, list[str]]]:
@@ -40,7 +41,8 @@ def lever_overrides(engine: str, platform: str) -> Iterator[tuple[str, list[str]
     base = {**BASELINES[engine], MODEL_KNOB: MODELS[platform]}
     for cause, levers in load_levers().items():
         for lever in levers:
-            p = propose(cause, lever, base, Space.of(None), engine, platform, GUARDED, SEEN)
+            # the objective constrains accuracy: the rows that change the model's numbers apply
+            p = propose(cause, lever, Start(base, Space.of(None), engine, platform, guards_accuracy=True), SEEN)
             if p.skip:
                 continue
             knobs = {**base, **p.values}

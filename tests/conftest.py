@@ -1,7 +1,8 @@
 """Shared fixtures: config composition, the tiny model, process-table checks; and the suite's two
-rules of running: with ``CI`` set, a test that would skip fails instead (CI runs every test or says
-what it lacks), and a test beside another (pytest-xdist's workers) must not measure a load point
-(mark it ``measures``: it then runs alone)."""
+rules of running: with ``CI`` set, a test that would skip fails instead, as does a module skipped
+while collected and a test marked ``xfail`` (CI runs every test or says what it lacks), and a test
+beside another (pytest-xdist's workers) must not measure a load point (mark it ``measures``: it
+then runs alone)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ RUN_MARK_VAR = "INFERENCE_LAB_TEST_RUN"
 RUN_MARK = os.environ.setdefault(RUN_MARK_VAR, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 register()
+pytest_plugins = ["pytester"]  # tests/unit/test_ci_rules.py runs pytest inside a test
 
 
 def in_ci() -> bool:
@@ -33,17 +35,52 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+def _reason(report) -> str:
+    return report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI a skip is a failure naming what was missing: a test whose prerequisite CI lacks (not
     root, no slurm binaries, no chromium, a module `make install` should have installed) must not
-    pass by not running. Outside CI the skip stays, with its reason (``-ra`` lists them)."""
+    pass by not running; nor does a test marked to fail (``xfail``: fix it or remove it; an
+    unexpected pass fails everywhere, ``xfail_strict`` in pyproject.toml). Outside CI the skip and
+    the expected failure stay, with their reasons (``-ra`` lists them)."""
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if report.skipped and in_ci():
+        if hasattr(report, "wasxfail"):
+            report.outcome = "failed"
+            report.longrepr = f"marked xfail, and CI runs no test that is expected to fail: {report.wasxfail}"
+        else:
+            report.outcome = "failed"
+            report.longrepr = f"skipped in CI, which must run it: {_reason(report)}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """In CI a module skipped while it is collected (``pytest.importorskip``, ``pytest.skip(...,
+    allow_module_level=True)``) is a collection error naming what was missing: its tests would
+    otherwise vanish from the run without a line."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci():
         report.outcome = "failed"
-        report.longrepr = f"skipped in CI, which must run it: {reason}"
+        report.longrepr = f"{collector.nodeid}: skipped in CI while collected, which must run it: {_reason(report)}"
+
+
+@pytest.fixture(autouse=True)
+def _no_driver_left_named(monkeypatch):
+    """A test that starts Ray in this process names it the sweep's driver in its environment
+    (``scheduling.ray_exec.init_ray``): restored after it, so that a later test in the same
+    process does not take its own children for a sweep's."""
+    from orchestrator.metrics.census import DRIVER_ENV
+
+    if DRIVER_ENV in os.environ:
+        monkeypatch.setenv(DRIVER_ENV, os.environ[DRIVER_ENV])
+    else:
+        monkeypatch.delenv(DRIVER_ENV, raising=False)
+    yield
 
 
 def _beside_another() -> bool:

@@ -10,10 +10,12 @@ from hydra.plugins.sweeper import Sweeper
 
 
 class OrchestratorSweeper(Sweeper):
-    """Subclasses name their body: ``BODY = "module:function"``, called as
-    ``function(hydra_context, config, launcher, arguments, options)``."""
+    """Subclasses name their body, ``BODY = "module:function"``, and their options' class,
+    ``OPTIONS`` (the dataclass their config extends); the body is called as
+    ``function(hydra_context, config, launcher, arguments, options)``, ``options`` an ``OPTIONS``."""
 
     BODY = ""
+    OPTIONS: Any = None
 
     def __init__(self, **kwargs: Any) -> None:
         self.options = kwargs
@@ -44,7 +46,8 @@ class OrchestratorSweeper(Sweeper):
         register()
         module, name = self.BODY.split(":")
         body = getattr(importlib.import_module(module), name)
-        options = {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in self.options.items()}
+        given = {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in self.options.items()}
+        options = self.OPTIONS(**given)
         try:
             return body(self.hydra_context, self.config, self.launcher, arguments, options)
         except ConfigError as exc:

@@ -301,6 +301,20 @@ def is_known(name: str) -> bool:
     return tail in NAMES or EVAL_FAMILY.fullmatch(tail) is not None or ADAPTER_FAMILY.fullmatch(tail) is not None
 
 
+# What the model answers, not how fast: lm-eval's scores, and the LoRA adapters' (a lever that
+# changes the model's numbers needs one of these among the objective's constraints).
+ACCURACY: Final = (M.ACCURACY, M.ADAPTERS_ACCURACY_MIN, M.ADAPTERS_KEPT_MIN)
+
+
+def is_accuracy(name: str) -> bool:
+    """Whether ``name`` scores the model's answers: an accuracy of :data:`ACCURACY`, any lm-eval
+    task's metric (``eval_<task>_<metric>``) or an adapter's accuracy."""
+    tail = name.split("/", 1)[1] if "/" in name else name
+    if tail in ACCURACY or EVAL_FAMILY.fullmatch(tail) is not None:
+        return True
+    return ADAPTER_FAMILY.fullmatch(tail) is not None and tail.endswith((M.ACCURACY, M.TRAINED_ACCURACY))
+
+
 def closest(name: str, n: int = 3) -> list[str]:
     """The known names closest to ``name`` (difflib), best first."""
     return difflib.get_close_matches(name, sorted(NAMES), n=n, cutoff=0.6)

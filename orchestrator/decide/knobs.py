@@ -12,14 +12,15 @@ from orchestrator.decide.trials import TrialData
 
 
 def knob_doubts(
-    trials: list[TrialData], objective: ObjectiveSpec, best: TrialData | None, excluded: list[tuple[TrialData, str]]
+    trials: list[TrialData], objective: ObjectiveSpec, best: TrialData | None, uncertain: list[TrialData]
 ) -> list[TrialData]:
     """A knob objective is exact; what is uncertain is whether a trial meets the constraints.
-    The trials with a better knob than the best's whose constraints held in some runs only: the
-    verdict is not decided while any is left (with no best yet, every uncertain one)."""
+    The trials with a better knob than the best's whose constraints held in some runs only
+    (``uncertain``: the verdict's): the verdict is not decided while any is left (with no best
+    yet, every uncertain one)."""
     sign = 1.0 if objective.maximize else -1.0
     bv = value_of(best, objective.key, objective.at) if best is not None else None
-    names = {t.name for t, why in excluded if ": uncertain" in why}
+    names = {t.name for t in uncertain}
     out = []
     for t in trials:
         v = value_of(t, objective.key, objective.at)

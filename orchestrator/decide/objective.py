@@ -108,16 +108,24 @@ def show(v: Value) -> str:
     return fmt(v.value) + (f" ± {fmt(v.ci95)}" if v.ci95 else "") + (f" ({v.runs} runs)" if v.runs > 1 else "")
 
 
-def check_constraint(
-    t: TrialData, key: str, bound: object, objective: ObjectiveSpec, trials: list[TrialData]
-) -> tuple[bool, str]:
-    """Does ``t`` meet one constraint? Returns (ok, "<key> <value>[, needs <= limit]")."""
+@dataclass(frozen=True)
+class Check:
+    """One constraint of one trial: met or not, in words (``"<key> <value>[, needs <= limit]"``),
+    and ``uncertain`` where it was met in some runs of the trial only."""
+
+    met: bool
+    words: str
+    uncertain: bool = False
+
+
+def check_constraint(t: TrialData, key: str, bound: object, objective: ObjectiveSpec, trials: list[TrialData]) -> Check:
+    """Does ``t`` meet one constraint?"""
     lo: float | None = None
     hi: float | None = None
     if isinstance(bound, str):  # base-D: at least the first measured trial's value minus D
         base = next((v for b in trials if (v := value_of(b, key, objective.at)) is not None), None)
         if base is None:
-            return False, f"{key} not measured in any trial"
+            return Check(False, f"{key} not measured in any trial")
         lo = base.value - float(bound.split("-", 1)[1])
     elif isinstance(bound, dict):
         lo, hi = bound.get("min"), bound.get("max")
@@ -125,17 +133,17 @@ def check_constraint(
         hi = float(bound)  # type: ignore[arg-type]
     v = value_of(t, key, objective.at)
     if v is None:
-        return False, f"{key} {'not set' if is_knob(key) else 'not measured'}"
+        return Check(False, f"{key} {'not set' if is_knob(key) else 'not measured'}")
     runs = run_values(t, key, objective.at)
     met = [x for x in runs if (lo is None or x >= lo) and (hi is None or x <= hi)]
     if t.runs and 0 < len(met) < len(runs):  # met sometimes: not "meeting"
         limit = " and ".join(s for s in (lo is not None and f">= {fmt(lo)}", hi is not None and f"<= {fmt(hi)}") if s)
-        return False, f"{key} {show(v)}: uncertain, {limit} in {len(met)} of {len(runs)} runs"
+        return Check(False, f"{key} {show(v)}: uncertain, {limit} in {len(met)} of {len(runs)} runs", uncertain=True)
     if lo is not None and v.value < lo:
-        return False, f"{key} {show(v)}, needs >= {fmt(lo)}"
+        return Check(False, f"{key} {show(v)}, needs >= {fmt(lo)}")
     if hi is not None and v.value > hi:
-        return False, f"{key} {show(v)}, needs <= {fmt(hi)}"
-    return True, f"{key} {show(v)}"
+        return Check(False, f"{key} {show(v)}, needs <= {fmt(hi)}")
+    return Check(True, f"{key} {show(v)}")
 
 
 @dataclass(frozen=True)
@@ -207,9 +215,10 @@ def constraint_limits(
 
 
 def constraints_hold(t: TrialData, objective: ObjectiveSpec, trials: list[TrialData]) -> tuple[bool, str]:
-    """Whether ``t`` meets every constraint of ``objective`` (``base-D`` against ``trials``)."""
+    """Whether ``t`` meets every constraint of ``objective`` (``base-D`` against ``trials``), and
+    the constraints it misses in words."""
     checks = [check_constraint(t, k, b, objective, trials) for k, b in objective.subject_to.items()]
-    failed = [why for ok, why in checks if not ok]
+    failed = [c.words for c in checks if not c.met]
     return not failed, "; ".join(failed)
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from scipy import stats
 
@@ -58,9 +59,27 @@ from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.decide.looks import PAIRED_MIN_DF, look_share, reach, runs_needed, t_upper
 
-BETTER, TIE, UNDECIDED = "better", "tie", "undecided"
-# the race's answer: one winner, a tie among the best, undecided, or one run each (not raced)
-WIN, TIED, OPEN, ONE_RUN = "win", "tie", "undecided", "one run"
+
+class Outcome(StrEnum):
+    """What one comparison says of the leader against a contender."""
+
+    BETTER = "better"  # the leader is better, by more than the margin
+    TIE = "tie"  # the two are equivalent within the margin
+    UNDECIDED = "undecided"  # neither yet: more runs would tell
+
+
+class Answer(StrEnum):
+    """What the race says: one winner, a tie among the best, undecided, or one run each (not raced)."""
+
+    WIN = "win"
+    TIED = "tie"
+    OPEN = "undecided"
+    ONE_RUN = "one run"
+    NONE = "none"  # a verdict's only: no trial met the objective
+
+
+BETTER, TIE, UNDECIDED = Outcome.BETTER, Outcome.TIE, Outcome.UNDECIDED
+WIN, TIED, OPEN, ONE_RUN = Answer.WIN, Answer.TIED, Answer.OPEN, Answer.ONE_RUN
 
 
 @dataclass
@@ -68,7 +87,7 @@ class Comparison:
     """The leader against one contender."""
 
     name: str
-    outcome: str  # BETTER (the leader is), TIE, UNDECIDED
+    outcome: Outcome
     ratio: float  # the leader's value / the contender's (geometric means), or the difference on a linear scale
     low: float  # the interval of ``ratio`` at the race's per-comparison level
     high: float
@@ -97,7 +116,7 @@ class RaceState:
     runs: dict[str, int] = field(default_factory=dict)  # trial -> runs measured
     df: int = 0
     level: float = 0.0  # each interval's confidence (this round's share, divided over the contenders)
-    answer: str = ONE_RUN
+    answer: Answer = ONE_RUN
     sd: float = 0.0  # the pooled spread between runs, on the compared scale
     bound: float = 0.0  # the margin on the compared scale
     alpha_total: float = 0.0  # the error a comparison may spend over the whole race

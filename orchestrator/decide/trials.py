@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
+from orchestrator.metrics.diagnosis.findings import LoggedDiagnosis
 
 
 @dataclass
@@ -21,11 +22,11 @@ class Point:
     setting: dict[str, Any]
     metrics: dict[str, float]
     invalid_reasons: str = ""  # why the point is INVALID ("; "-joined), empty when valid
-    diagnosis: dict[str, Any] = field(default_factory=dict)  # what limited it (metrics.diagnosis), as logged
+    diagnosis: LoggedDiagnosis = LoggedDiagnosis()  # what limited it (metrics.diagnosis), as logged
 
     @property
     def limiter(self) -> str:
-        return str(self.diagnosis.get("limiter", ""))
+        return self.diagnosis.limiter
 
     def x(self) -> float | None:
         """The point's offered load: its rate (req/s, may be inf) or concurrency."""

@@ -26,7 +26,7 @@ from orchestrator.decide.objective import (
     show,
     value_of,
 )
-from orchestrator.decide.race import ONE_RUN, OPEN, TIED, UNDECIDED, WIN, Comparison, RaceState, race_state
+from orchestrator.decide.race import ONE_RUN, OPEN, TIED, UNDECIDED, WIN, Answer, Comparison, RaceState, race_state
 from orchestrator.decide.trials import TrialData
 
 
@@ -37,6 +37,7 @@ class Verdict:
     ties: list[TrialData] = field(default_factory=list)
     feasible: list[TrialData] = field(default_factory=list)
     excluded: list[tuple[TrialData, str]] = field(default_factory=list)
+    uncertain: list[TrialData] = field(default_factory=list)  # of the excluded: met a constraint in some runs only
     lines: list[str] = field(default_factory=list)
     race: RaceState | None = None  # the between-run comparison, when the trials have several runs
     undecided: list[TrialData] = field(default_factory=list)
@@ -51,10 +52,10 @@ class Verdict:
         return [*self.feasible, *(t for t, _ in self.excluded)]
 
     @property
-    def decision(self) -> str:
+    def decision(self) -> Answer:
         """``win``, ``tie``, ``undecided`` (between runs), ``one run`` (noise not measured), ``none``."""
         if self.best is None:
-            return "none"
+            return Answer.NONE
         return self.race.answer if self.race is not None else ONE_RUN
 
 
@@ -79,7 +80,7 @@ def decide(trials: list[TrialData], objective: ObjectiveSpec) -> Verdict:
         verdict.undecided = [by_name[n][0] for n in race.undecided]
         verdict.lines = [_race_headline(verdict, bv)]
     elif bv.where == "knob" and any(t.runs for t in trials):  # a knob: sure only of the constraints
-        verdict.undecided = knob_doubts(trials, objective, verdict.best, verdict.excluded)
+        verdict.undecided = knob_doubts(trials, objective, verdict.best, verdict.uncertain)
         verdict.race = RaceState(best.name, answer=OPEN if verdict.undecided else WIN)
         verdict.lines = [_knob_headline(verdict, bv)]
     else:
@@ -158,7 +159,9 @@ def _score(trials: list[TrialData], objective: ObjectiveSpec, verdict: Verdict) 
     scored: list[tuple[TrialData, Value]] = []
     for t in trials:
         checks = [check_constraint(t, k, b, objective, trials) for k, b in objective.subject_to.items()]
-        failed = [why for ok, why in checks if not ok]
+        failed = [c.words for c in checks if not c.met]
+        if any(c.uncertain for c in checks):
+            verdict.uncertain.append(t)
         v = value_of(t, key, objective.at)
         if v is None:
             failed.append(f"{key} {'not set' if '.' in key and '/' not in key else 'not measured'}")
@@ -316,7 +319,7 @@ def knob_standing(verdict: Verdict, objective: ObjectiveSpec, final: bool) -> Ra
     if len(measured) < 2:
         return None
     best = verdict.best
-    doubts = [t.name for t in knob_doubts(trials, objective, verdict.best, verdict.excluded)]
+    doubts = [t.name for t in knob_doubts(trials, objective, verdict.best, verdict.uncertain)]
     state = RaceState(best.name if best is not None else None, runs={t.name: 1 + len(t.runs) for t in measured})
     if doubts or best is None:
         state.answer = OPEN if doubts else WIN

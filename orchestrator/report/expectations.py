@@ -254,7 +254,7 @@ def _limiter(e: ExpectationSpec, finished: Sequence[TrialData], every: Sequence[
         ok &= hits * 2 > len(points)
         first = points[0]
         if len(points) == 1:
-            said = f"{first.limiter.replace('_', ' ')} ({first.diagnosis.get('confidence', '?')})"
+            said = f"{first.limiter.replace('_', ' ')} ({first.diagnosis.confidence or '?'})"
         else:
             seen = Counter(p.limiter.replace("_", " ") for p in points)
             said = ", ".join(f"{c} in {n} of {len(points)} runs" for c, n in seen.most_common())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from orchestrator.config.metric_keys import M
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.decide.objective import fixed_points, point_at, short
-from orchestrator.decide.race import OPEN, TIED, WIN
+from orchestrator.decide.race import OPEN, TIED, WIN, Answer
 from orchestrator.decide.trials import Point, TrialData
 
 
@@ -25,7 +25,7 @@ def _cause(key: str) -> str:
 
 def limits_section(trials: list[TrialData]) -> list[str]:
     """``## What limited each trial``: every diagnosed point's limiter, confidence and evidence."""
-    rows = [(t, p) for t in trials for p in fixed_points(t) if p.diagnosis.get("limiter") is not None]
+    rows = [(t, p) for t in trials for p in fixed_points(t) if p.diagnosis.limiter or p.diagnosis.headline]
     if not rows:
         return []
     out = [
@@ -39,14 +39,11 @@ def limits_section(trials: list[TrialData]) -> list[str]:
     ]
     for t, p in rows:
         d = p.diagnosis
-        findings = d.get("findings", [])
-        main: dict[str, object] = next((f for f in findings if f.get("cause") == d.get("limiter")), {})
-        also = "; ".join(
-            f"{_cause(f['cause'])} ({f['confidence']})" for f in findings if f.get("cause") != d.get("limiter")
-        )
+        main = d.finding(d.limiter)
+        also = "; ".join(f"{_cause(f.cause)} ({f.confidence})" for f in d.findings if f.cause != d.limiter)
+        detail = main.detail if main is not None else d.headline
         out.append(
-            f"| {t.name} | {p.label} | {_cause(d.get('limiter', ''))} | {d.get('confidence', '')} | "
-            f"{str(main.get('detail', d.get('headline', ''))).replace('|', '/')} | {also} |"
+            f"| {t.name} | {p.label} | {_cause(d.limiter)} | {d.confidence} | {detail.replace('|', '/')} | {also} |"
         )
     return out + [""]
 
@@ -168,15 +165,13 @@ def compare(winner: TrialData, other: TrialData, knobs: list[str], label: str | 
     knob_words = knob_changes(other, winner, knobs)
     lw, lo = pw.diagnosis, po.diagnosis
     lines = [f"Against {other.name} ({knob_words}), at {pw.label}:"]
-    if lw.get("limiter") and lo.get("limiter"):
-        if lw["limiter"] == lo["limiter"]:
-            lines.append(
-                f"both were limited by {_cause(lw['limiter'])} ({lo.get('confidence')} -> {lw.get('confidence')});"
-            )
+    if lw.limiter and lo.limiter:
+        if lw.limiter == lo.limiter:
+            lines.append(f"both were limited by {_cause(lw.limiter)} ({lo.confidence} -> {lw.confidence});")
         else:
             lines.append(
-                f"{other.name} was limited by {_cause(lo['limiter'])} ({lo.get('confidence')}), "
-                f"{winner.name} by {_cause(lw['limiter'])} ({lw.get('confidence')});"
+                f"{other.name} was limited by {_cause(lo.limiter)} ({lo.confidence}), "
+                f"{winner.name} by {_cause(lw.limiter)} ({lw.confidence});"
             )
     changes = _changes(po, pw)
     moved = sorted((c for c in changes if abs(c[3]) >= MIN_CHANGE), key=lambda c: -abs(c[3]))
@@ -202,7 +197,7 @@ def why_winner(
     trials: list[TrialData],
     varied: list[str],
     objective: ObjectiveSpec,
-    decision: str = WIN,
+    decision: Answer = WIN,
 ) -> list[str]:
     """``Why <winner> wins``: one paragraph per trial it is compared with (see the module). With a
     ``decision`` other than a win (a tie, an undecided race) the heading says the trial only leads."""

@@ -12,6 +12,7 @@ from orchestrator.config.logs import print_progress
 from orchestrator.config.secrets import redact_override, scrub_file, secret_values
 from orchestrator.scheduling.compose import SweepComposer
 from orchestrator.scheduling.jobs import prepare_jobs
+from orchestrator.scheduling.launched import OutcomeStatus, TrialOutcome
 from orchestrator.scheduling.sizing import size_sweep
 from orchestrator.scheduling.sweep import absolute_dir, run_sweep
 
@@ -133,11 +134,11 @@ def launch_multirun(
     return returns
 
 
-def trial_outcomes(jobs: list[Any], results: list[Any]) -> list[dict[str, Any]]:
-    """Per job: ``status`` (FINISHED, SKIPPED, FAILED; DRY_RUN; NOT_RUN), and when the sweep
-    declares an objective, ``values`` ({metric: value} of the objective and its frontier's
-    metrics) and ``feasible`` (its constraints hold; ``why`` not). A trial FINISHED in an
-    earlier sweep (resume) is read back from MLflow: a search is told its numbers again."""
+def trial_outcomes(jobs: list[Any], results: list[Any]) -> list[TrialOutcome]:
+    """Per job, its :class:`TrialOutcome`: the status (FINISHED, SKIPPED, FAILED; DRY_RUN; NOT_RUN),
+    and when the sweep declares an objective, the values of its metric and its frontier's, and
+    whether its constraints hold. A trial FINISHED in an earlier sweep (resume) is read back from
+    MLflow: a search is told its numbers again."""
     from orchestrator.decide.objective import constraints_hold, value_of
     from orchestrator.tracking.runs import finished_trial_data, from_results
 
@@ -157,20 +158,19 @@ def trial_outcomes(jobs: list[Any], results: list[Any]) -> list[dict[str, Any]]:
     out = []
     for job in jobs:
         t = data.get(job.trial_hash)
-        status = (
+        status: OutcomeStatus = (
             by_hash[job.trial_hash].status
             if job.trial_hash in by_hash
             else ("FINISHED" if t is not None else "DRY_RUN" if job.settings.dry_run else "NOT_RUN")
         )
-        outcome: dict[str, Any] = {"status": status, "trial_hash": job.trial_hash}
         goal = job.settings.objective
-        if goal is not None and t is not None and status == "FINISHED":
-            keys = dict.fromkeys([goal.key, *(goal.frontier.values() if goal.frontier else [])])
-            outcome["values"] = {k: (v.value if (v := value_of(t, k, goal.at)) else None) for k in keys}
-            outcome["feasible"], outcome["why"] = constraints_hold(t, goal, list(data.values()))
-        if t is not None:
-            outcome["trial"] = t  # the trial as the decisions read it, a race's runs folded in (a tuner's step)
-        out.append(outcome)
+        if goal is None or t is None or status != "FINISHED":
+            out.append(TrialOutcome(status, job.trial_hash, t))
+            continue
+        keys = dict.fromkeys([goal.key, *(goal.frontier.values() if goal.frontier else [])])
+        values = {k: (v.value if (v := value_of(t, k, goal.at)) else None) for k in keys}
+        feasible, why = constraints_hold(t, goal, list(data.values()))
+        out.append(TrialOutcome(status, job.trial_hash, t, values, feasible, why))
     return out
 
 

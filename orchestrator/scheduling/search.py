@@ -22,13 +22,19 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import ObjectiveSpec
 from orchestrator.config.secrets import redact_text
+from orchestrator.scheduling.launched import Launcher, TrialOutcome, launch_batch
 from orchestrator.scheduling.ray_exec import ray_kept_between_sweeps
+from orchestrator.scheduling.search_options import SearchOptions
 from orchestrator.tracking import sqlite_file
+
+if TYPE_CHECKING:
+    from hydra.types import HydraContext
+    from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +94,17 @@ def targets(goal: ObjectiveSpec, multi: bool) -> list[tuple[str, Literal["maximi
     return [(goal.frontier["maximize"], "maximize"), (goal.frontier["minimize"], "minimize")]
 
 
-def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[str], options: dict[str, Any]) -> Any:
+def run_search(
+    hydra_context: HydraContext, config: DictConfig, launcher: Launcher, arguments: list[str], options: SearchOptions
+) -> Any:
     """Ask the study for trials in batches, launch each batch, tell it what they measured."""
-    fixed, space = search_space(hydra_context, dict(options.get("params") or {}), arguments)
-    multi = bool(options.get("multi_objective", False))
+    fixed, space = search_space(hydra_context, dict(options.params), arguments)
+    multi = options.multi_objective
     goals = targets(objective_of(config), multi)
     dry = bool(config.get("dry_run"))
     study, done, where, stale = _open_study(config, options, fixed, space, goals, dry)
-    n_trials = int(options.get("n_trials", 10))
-    batch_size = max(1, int(options.get("batch_size", 1)))
+    n_trials = options.n_trials
+    batch_size = max(1, options.batch_size)
     print(
         f"optuna: {where}: {len(done)} of {n_trials} trial(s) done"
         + (f", {stale} interrupted one(s) asked again" if stale else "")
@@ -112,13 +120,12 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
         while len(done) < n_trials:
             asked = [study.ask() for _ in range(min(batch_size, n_trials - len(done)))]
             overrides = [fixed + [f"{k}={t.suggest_categorical(k, v)}" for k, v in space.items()] for t in asked]
-            results = launcher.launch(overrides, initial_job_idx=job_idx)
+            batch = launch_batch(launcher, overrides, job_idx)
             job_idx += len(overrides)
-            for trial, ret in zip(asked, results):
-                outcome = ret.return_value if isinstance(ret.return_value, dict) else {"status": str(ret.return_value)}
+            for trial, outcome in zip(asked, batch.outcomes):
                 _tell(study, trial, outcome, goals)
                 done.append(study.trials[trial.number])
-            returns.append(results)
+            returns.append(batch.returns)
     if dry:
         print(f"optuna: dry run: nothing measured; {where}", flush=True)
     else:
@@ -128,7 +135,7 @@ def run_search(hydra_context: Any, config: Any, launcher: Any, arguments: list[s
 
 def _open_study(
     config: Any,
-    options: dict[str, Any],
+    options: SearchOptions,
     fixed: list[str],
     space: dict[str, list[str]],
     goals: list[tuple[str, Literal["maximize", "minimize"]]],
@@ -139,18 +146,18 @@ def _open_study(
     import optuna
     from optuna.trial import TrialState
 
-    sampler_name = str(options.get("sampler", "tpe"))
+    sampler_name = options.sampler
     if sampler_name not in SAMPLERS:
         raise ConfigError(f"hydra.sweeper.sampler: expected one of {', '.join(SAMPLERS)}, got {sampler_name!r}")
-    seed = int(options.get("seed", 0))
+    seed = options.seed
     sampler = {
         "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
         "random": lambda: optuna.samplers.RandomSampler(seed=seed),
         "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
     }[sampler_name]()
     identity = json.dumps({"fixed": sorted(fixed), "space": space, "goals": goals}, sort_keys=True)
-    name = options.get("study_name") or f"{config.experiment}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
-    storage = options.get("storage") or "sqlite:///optuna.db"
+    name = options.study_name or f"{config.experiment}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}"
+    storage = options.storage or "sqlite:///optuna.db"
     db = sqlite_file(storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if dry:
@@ -186,30 +193,29 @@ def _open_study(
     return study, done, where, len(stale)
 
 
-def _tell(study: Any, trial: Any, outcome: dict[str, Any], goals: Sequence[tuple[str, str]]) -> None:
+def _tell(study: Any, trial: Any, outcome: TrialOutcome, goals: Sequence[tuple[str, str]]) -> None:
     """Tell the study a launched trial's values, or that it failed and why (SKIPPED, failed,
     the objective's constraints missed, a goal not measured)."""
     from optuna.trial import TrialState
 
-    if outcome.get("status") == "DRY_RUN":  # planned, not measured: told to the in-memory copy only
+    if outcome.status == "DRY_RUN":  # planned, not measured: told to the in-memory copy only
         study.tell(trial, state=TrialState.FAIL)
         print(f"optuna: trial {trial.number} {trial.params}: planned (dry run)", flush=True)
         return
-    values = outcome.get("values") or {}
-    trial.set_user_attr("status", outcome.get("status"))
-    trial.set_user_attr("trial_hash", outcome.get("trial_hash"))
-    missing = [m for m, _ in goals if values.get(m) is None]
-    if outcome.get("status") == "FINISHED" and outcome.get("feasible", False) and not missing:
-        study.tell(trial, [values[m] for m, _ in goals])
+    values = outcome.values
+    trial.set_user_attr("status", outcome.status)
+    trial.set_user_attr("trial_hash", outcome.trial_hash)
+    told = {m: v for m, _ in goals if (v := values.get(m)) is not None}
+    missing = [m for m, _ in goals if m not in told]
+    if outcome.status == "FINISHED" and outcome.feasible and not missing:
+        study.tell(trial, [told[m] for m, _ in goals])
         print(
-            f"optuna: trial {trial.number} {trial.params}: " + ", ".join(f"{m} {values[m]:.4g}" for m, _ in goals),
+            f"optuna: trial {trial.number} {trial.params}: " + ", ".join(f"{m} {told[m]:.4g}" for m, _ in goals),
             flush=True,
         )
         return
-    why = outcome.get("why") or (
-        f"{', '.join(missing)}: not measured or not set"
-        if missing and outcome.get("status") == "FINISHED"
-        else outcome.get("status")
+    why = outcome.why or (
+        f"{', '.join(missing)}: not measured or not set" if missing and outcome.status == "FINISHED" else outcome.status
     )
     trial.set_user_attr("reason", str(why))
     study.tell(trial, state=TrialState.FAIL)

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config.errors import DiskFullError, OrchestratorError
 from orchestrator.config.logs import Progress, mark, print_progress
-from orchestrator.config.paths import PROJECT_ROOT
 from orchestrator.config.schema import SweepSettings
 from orchestrator.config.secrets import redact_text
 from orchestrator.decide.race import races
@@ -30,28 +27,18 @@ from orchestrator.scheduling.jobs import TrialJob
 from orchestrator.scheduling.preview import dry_run, share_key
 from orchestrator.scheduling.race_memory import forecast
 from orchestrator.scheduling.ray_exec import (
-    RayContext,
     cluster_gpus,
-    init_ray,
     largest_node_cpus,
-    prepare_workers,
     run_jobs,
 )
 from orchestrator.scheduling.recorder import Recorder, log_partial_results, trial_dir
-from orchestrator.scheduling.resume import already_finished, earlier_runs, read_back
+from orchestrator.scheduling.resume import earlier_runs, read_back
 from orchestrator.scheduling.rounds import run_race
 from orchestrator.scheduling.sweep_report import report_sweep, status_table
-from orchestrator.tracking import MlflowTracker, ui_command
+from orchestrator.scheduling.sweep_start import Started, SweepStart
+from orchestrator.tracking import ui_command
 
 log = logging.getLogger(__name__)
-
-
-def git_commit(root: Path = PROJECT_ROOT) -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
 def absolute_dir(path: str | os.PathLike[str]) -> Path:
@@ -76,7 +63,7 @@ def run_sweep(
     trials join the batch before's MLflow parent run instead of starting a new one. ``race``:
     after the first pass, the objective's race (``scheduling.rounds``; off for a search's batches).
 
-    The steps: :class:`_SweepStart` (MLflow in its own thread while Ray starts or connects; on
+    The steps: :class:`.sweep_start.SweepStart` (MLflow in its own thread while Ray starts or connects; on
     resume, the trials FINISHED already left out), :func:`_run_recorded` (the trials, each
     recorded as it finishes; Ctrl-C and a full disk), :func:`_conclude` (report and summary)."""
     if not jobs:
@@ -87,129 +74,22 @@ def run_sweep(
         dry_run(jobs, progress)
         return []
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    start = _SweepStart(jobs, sweep_dir, sweep_name, sweep_params or {}, continuing, progress)
+    start = SweepStart(jobs, sweep_dir, sweep_name, sweep_params or {}, continuing, progress)
     mark("jobs validated")
     started = start.begin()
     if started is None:  # resume: every trial FINISHED already
         return []
-    ray_ctx, done, record = started
-    _run_recorded(jobs, done, record, ray_ctx, race)
+    record = started.record
+    _run_recorded(jobs, started, race)
     _conclude(start.experiment, settings, record)
     return record.results
 
 
-class _SweepStart:
-    """The sweep's start, in steps: MLflow's store opens in its own thread while Ray starts or
-    connects; the sweep's parent run is made in that thread as soon as the store is open (on
-    resume, once MLflow said which trials are FINISHED already); no trial waits for it."""
-
-    mlflow: ThreadPoolExecutor  # one thread does MLflow's work in order
-    opening: Future[MlflowTracker | None]  # the store opening
-    commit: str
-
-    def __init__(
-        self,
-        jobs: list[TrialJob],
-        sweep_dir: Path,
-        sweep_name: str,
-        sweep_params: dict[str, Any],
-        continuing: bool,
-        progress: Progress,
-    ) -> None:
-        self.jobs, self.sweep_dir, self.sweep_name = jobs, sweep_dir, sweep_name
-        self.sweep_params, self.continuing, self.progress = sweep_params, continuing, progress
-        self.settings = jobs[0].settings
-        self.experiment = self.settings.tracking.experiment_name or jobs[0].spec.experiment
-
-    def begin(self) -> tuple[RayContext, dict[str, str], Recorder] | None:
-        """Ray ready, the trials FINISHED already (resume: by hash, with their run ids) and the
-        recorder of the others; None when there is nothing to run (Ray stopped again)."""
-        self._open_tracking()
-        ray_ctx = self._start_ray()
-        # nothing to ask MLflow before the trials start: the parent run is made as soon as it opens
-        starting = None if self.settings.resume else self.mlflow.submit(self._sweep_run)
-        try:
-            done: dict[str, str] = {}
-            if starting is None:  # resume: MLflow answers first, which trials are FINISHED already
-                done = self._finished_already()
-                # every trial FINISHED: nothing to run, unless their race may go on (more runs or budget)
-                if len(done) == len(self.jobs) and not races(self.settings.objective):
-                    self.progress(
-                        f"sweep '{self.experiment}': all {len(self.jobs)} trial(s) already FINISHED; nothing to run "
-                        "(resume=false runs them again)"
-                    )
-                    ray_ctx.shutdown()
-                    return None
-                starting = self.mlflow.submit(self._sweep_run)
-            # Without resume the first trial is submitted at once, to the worker Ray starts as the
-            # driver connects: a preparation task would take that one and make Ray start a second,
-            # both on the cores MLflow is opening on (benchmarks/quick_start).
-            record = Recorder(self.sweep_dir, starting, self.commit, len(self.jobs) - len(done), self.progress)
-            self.progress(f"sweep '{self.experiment}': {len(self.jobs)} trial(s); results in {self.sweep_dir}")
-        except BaseException:
-            ray_ctx.shutdown()
-            raise
-        finally:
-            self.mlflow.shutdown(wait=False)  # its thread ends when its work is done
-        return ray_ctx, done, record
-
-    def _open_tracking(self) -> None:
-        """MLflow's store starts opening in the MLflow thread."""
-        # MLflow's import and store (~2 s here) open while Ray starts or connects (~4 s cold, ~0.05 s
-        # to a running cluster): the first request goes out that much sooner (benchmarks/quick_start).
-        # Ray is imported first: two imports in two threads share one GIL and both take twice as
-        # long, and the sooner the driver connects, the sooner Ray starts the job's first worker.
-        import ray  # noqa: F401
-
-        # One thread does MLflow's work in order: open the store, then (once it is known that the
-        # sweep runs) make the sweep's parent run; the trials do not wait for the parent run.
-        self.mlflow = ThreadPoolExecutor(1, thread_name_prefix="mlflow")
-        tracking = self.settings.tracking
-        self.opening = self.mlflow.submit(_open_tracker, tracking.uri, self.experiment, tracking.enabled, self.progress)
-        self.commit = git_commit()
-
-    def _start_ray(self) -> RayContext:
-        """Ray started here or connected to (``cluster.address``); the MLflow thread let go if it fails."""
-        try:
-            ray_ctx = init_ray(self.settings.cluster)
-        except BaseException:
-            self.mlflow.shutdown(wait=False)
-            raise
-        mark("Ray ready")
-        return ray_ctx
-
-    def _sweep_run(self) -> MlflowTracker | None:
-        """In the MLflow thread, after the store opened: the sweep's parent run."""
-        mark("MLflow store open")
-        tracker = _start_sweep_run(
-            self.opening.result(),
-            self.jobs,
-            self.sweep_dir,
-            self.sweep_name,
-            self.sweep_params,
-            self.continuing,
-            self.commit,
-            self.progress,
-        )
-        mark("sweep run logged")
-        return tracker
-
-    def _finished_already(self) -> dict[str, str]:
-        """Resume: the trials with a FINISHED run, by hash; a worker gets ready for the first
-        trial while MLflow answers."""
-        try:
-            prepare_workers(self.jobs)
-        except Exception as exc:  # best effort: the trial prepares itself
-            log.debug("could not prepare a worker: %s", exc)
-        return already_finished(self.jobs, self.opening.result(), self.progress)
-
-
-def _run_recorded(
-    jobs: list[TrialJob], done: dict[str, str], record: Recorder, ray_ctx: RayContext, race: bool = True
-) -> None:
-    """The trials not ``done`` run, each recorded as it finishes. Ctrl-C stops the running ones
-    (and their servers) and keeps what they measured; a full disk stops the sweep. Either way Ray
-    stops and the sweep's run ends with the sweep's status."""
+def _run_recorded(jobs: list[TrialJob], started: Started, race: bool = True) -> None:
+    """The trials not done already run, each recorded as it finishes. Ctrl-C stops the running
+    ones (and their servers) and keeps what they measured; a full disk stops the sweep. Either way
+    Ray stops and the sweep's run ends with the sweep's status."""
+    done, record, ray_ctx = started.done, started.record, started.ray
     progress = record.progress
     status = "FAILED"
     try:
@@ -220,7 +100,7 @@ def _run_recorded(
             _run_trials(jobs, done, record)
             # resume: the trials FINISHED before join this sweep's results, for its verdict and race
             # (and, for its race, the repeats run before: one lookup in MLflow for both)
-            stored = earlier_runs(jobs, done, record) if race and done and objective is not None else {}
+            stored = earlier_runs(jobs, done, record, started.within) if race and done and objective is not None else {}
             earlier = read_back(jobs, done, stored, record) if race and done and objective is not None else []
             if race and races(objective) and earlier is not None:
                 # the budget counts the first pass whole: the earlier trials' time as well
@@ -278,42 +158,6 @@ def _conclude(experiment: str, settings: SweepSettings, record: Recorder) -> Non
             progress(f"MLflow UI: start it ({ui_command(shown)}), then open http://127.0.0.1:5000/{tracker.ui_path()}")
 
 
-def _start_sweep_run(
-    tracker: MlflowTracker | None,
-    jobs: list[TrialJob],
-    sweep_dir: Path,
-    sweep_name: str,
-    sweep_params: dict[str, Any],
-    continuing: bool,
-    commit: str,
-    progress: Progress,
-) -> MlflowTracker | None:
-    """The sweep's MLflow parent run (a search's next batch continues its own); None when
-    tracking is off or the run cannot be created (results stay on disk)."""
-    if tracker is None:
-        return None
-    settings = jobs[0].settings
-    experiment = settings.tracking.experiment_name or jobs[0].spec.experiment
-    try:
-        if continuing and tracker.attach_sweep(str(sweep_dir.resolve())):
-            progress(f"sweep '{experiment}': continuing its MLflow run {tracker.parent_run_id} (a search's next batch)")
-            return tracker
-    except Exception as exc:  # keep measuring; results stay on disk
-        progress(f"warning: could not find the search's MLflow run ({exc}); results are kept on disk only")
-        return None
-    objective = {"objective": settings.objective.model_dump_json(exclude_none=True)} if settings.objective else {}
-    try:
-        tracker.start_sweep(
-            sweep_name,
-            {"experiment": experiment, "num_trials": len(jobs), **objective, **sweep_params},
-            {"git_commit": commit, "sweep_dir": str(sweep_dir.resolve())},
-        )
-    except Exception as exc:  # keep measuring; results stay on disk
-        progress(f"warning: could not create the MLflow sweep run ({exc}); results are kept on disk only")
-        return None
-    return tracker
-
-
 def _run_round(jobs: list[TrialJob], record: Recorder, earlier: dict[str, tuple[str, TrialResult]]) -> None:
     """A round of the race; the runs an earlier sweep FINISHED (``earlier``: resume, read back by
     :func:`.resume.earlier_runs`) join it rather than run again (the same requests: a round's seed
@@ -364,13 +208,3 @@ def _run_trials(jobs: list[TrialJob], done: dict[str, str], record: Recorder) ->
         submitted=record_skipped,
     ):
         record.finish(job, result)
-
-
-def _open_tracker(uri: str, experiment: str, enabled: bool, progress: Progress) -> MlflowTracker | None:
-    if not enabled:
-        return None
-    try:
-        return MlflowTracker(uri, experiment)
-    except Exception as exc:  # unreachable store: keep measuring, results stay on disk
-        progress(redact_text(f"warning: MLflow at {uri} unavailable ({exc}); results are kept on disk only"))
-        return None

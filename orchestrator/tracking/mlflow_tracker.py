@@ -85,19 +85,21 @@ class MlflowTracker:
             if not token:
                 return
 
-    def _finished_runs(self, hashes: Iterable[str]) -> dict[str, Any]:
-        """trial hash -> the latest FINISHED trial run of it in this experiment."""
+    def _finished_runs(self, hashes: Iterable[str], sweep_run_id: str | None = None) -> dict[str, Any]:
+        """trial hash -> the latest FINISHED trial run of it in this experiment (in the sweep run
+        ``sweep_run_id`` only, when given)."""
         wanted = set(hashes)
         found: dict[str, Any] = {}
         for run in self._runs("tags.trial_status = 'FINISHED'", newest_first=True):
             h = run.data.tags.get("trial_hash")
-            if h in wanted and run.data.tags.get("run_kind", "trial") == "trial":
+            if h in wanted and run.data.tags.get("run_kind", "trial") == "trial" and _in_sweep(run, sweep_run_id):
                 found.setdefault(h, run)
         return found
 
-    def finished_run_ids(self, hashes: Iterable[str]) -> dict[str, str]:
-        """trial hash -> run id of a FINISHED trial run already in this experiment (for resume)."""
-        return {h: run.info.run_id for h, run in self._finished_runs(hashes).items()}
+    def finished_run_ids(self, hashes: Iterable[str], sweep_run_id: str | None = None) -> dict[str, str]:
+        """trial hash -> run id of a FINISHED trial run already in this experiment (for resume), or
+        in the sweep run ``sweep_run_id`` (a later batch of the same sweep)."""
+        return {h: run.info.run_id for h, run in self._finished_runs(hashes, sweep_run_id).items()}
 
     def run_ids_of(self, hashes: Iterable[str]) -> list[str]:
         """The run ids of every trial or repeat run of these trial hashes in this experiment."""
@@ -106,15 +108,18 @@ class MlflowTracker:
             r.info.run_id for r in self._runs("tags.run_kind != 'sweep'") if r.data.tags.get("trial_hash") in wanted
         ]
 
-    def finished_results(self, hashes: Iterable[str]) -> dict[str, tuple[str, TrialResult]]:
+    def finished_results(
+        self, hashes: Iterable[str], sweep_run_id: str | None = None
+    ) -> dict[str, tuple[str, TrialResult]]:
         """trial hash -> (run id, the result it logged) of the latest FINISHED run of each, a trial's
         or a race's repeat, read back from its ``result.json`` artifact (the measurements without
-        the records): what a resumed sweep's race and verdict go on from."""
+        the records): what a resumed sweep's race and verdict go on from (``sweep_run_id``: the
+        runs of that sweep run only)."""
         wanted = set(hashes)
         found: dict[str, tuple[str, TrialResult]] = {}
         for run in self._runs("tags.trial_status = 'FINISHED'", newest_first=True):
             h = run.data.tags.get("trial_hash")
-            if h not in wanted or h in found:
+            if h not in wanted or h in found or not _in_sweep(run, sweep_run_id):
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 path = self.client.download_artifacts(run.info.run_id, RESULT_FILE, tmp)
@@ -282,6 +287,14 @@ class MlflowTracker:
                 (t / "error.txt").write_text(result.error)
             for f in sorted(t.iterdir()):
                 self.client.log_artifact(run_id, str(f))
+
+
+def _in_sweep(run: Any, sweep_run_id: str | None) -> bool:
+    """Whether ``run`` (a trial's, or a race's repeat) was logged under the sweep run
+    ``sweep_run_id`` (None: any sweep's). A trial's run is its child; a repeat is its first run's
+    child and names its sweep in ``sweep_run_id``."""
+    tags = run.data.tags
+    return sweep_run_id is None or sweep_run_id in (tags.get("mlflow.parentRunId"), tags.get("sweep_run_id"))
 
 
 def result_id(result: TrialResult) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
 from orchestrator.decide.trials import Point, SweepData, TrialData, told_apart
+from orchestrator.metrics.diagnosis.findings import LoggedDiagnosis
 from orchestrator.metrics.result import TIMELINE_FILE, TrialResult
 from orchestrator.tracking.mlflow_tracker import result_id, trial_params
 
@@ -54,7 +55,12 @@ def from_results(
         for p in r.points:
             points.append(
                 Point(
-                    p.index, p.label, dict(p.setting), p.flat_metrics(), "; ".join(p.invalid_reasons), dict(p.diagnosis)
+                    p.index,
+                    p.label,
+                    dict(p.setting),
+                    p.flat_metrics(),
+                    "; ".join(p.invalid_reasons),
+                    LoggedDiagnosis.of(p.diagnosis),
                 )
             )
         params = trial_params(r)  # the very params MLflow gets: a report reads the same either way
@@ -118,7 +124,7 @@ def parse_points_csv(text: str) -> list[Point]:
                 json.loads(values["setting"] or "{}"),
                 metrics,
                 values.get("invalid_reasons", ""),
-                json.loads(values.get("diagnosis") or "{}"),
+                LoggedDiagnosis.of(json.loads(values.get("diagnosis") or "{}")),
             )
         )
     return out

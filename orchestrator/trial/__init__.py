@@ -25,10 +25,10 @@ every exit path by their context managers.
 from orchestrator.metrics.result import RawPoint
 from orchestrator.trial.admission import check_feasible, check_inputs, plan_trial, skipped_result
 from orchestrator.trial.group import run_trial_group
+from orchestrator.trial.measured_point import point_metrics
 from orchestrator.trial.points import (
     PointMeasurer,
     PointStages,
-    point_metrics,
     point_stages,
     trial_metrics,
 )

@@ -1,6 +1,7 @@
-"""One load point, measured: what is gathered around it (:class:`RawPoint`), the metrics made
-from that (:func:`point_metrics`, pure), the verdict on them (:func:`judge_point`, pure), and
-:class:`PointMeasurer`, which scrapes and samples a running server group around each point."""
+"""One load point, measured: what is gathered around it (:class:`RawPoint`), its stages made from
+that alone (:func:`point_stages`: the first, :mod:`orchestrator.trial.measured_point`; the
+hardware, the verdict, the floor, the diagnosis), and :class:`PointMeasurer`, which scrapes and
+samples a running server group around each point."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from typing import Any
 from orchestrator.config.errors import ServerCrashedError
 from orchestrator.config.logs import Progress
 from orchestrator.config.metric_keys import M
-from orchestrator.config.schema import ClosedLoop, LoadPointSpec, TraceReplay, TrialSpec, WorkloadSpec
+from orchestrator.config.schema import ClosedLoop, LoadPointSpec, TraceReplay, TrialSpec
 from orchestrator.engines import EngineAdapter, EngineMetric
 from orchestrator.loadgen.traces import read_trace
 from orchestrator.metrics import prometheus, telemetry
 from orchestrator.metrics.diagnosis import Diagnosis, engine_batch
-from orchestrator.metrics.fidelity import PointVerdict, expected_hit_rate, judge_point
+from orchestrator.metrics.fidelity import PointVerdict, judge_point
 from orchestrator.metrics.monitor import ResourceMonitor
 from orchestrator.metrics.probes import TelemetrySampler, start_telemetry
 from orchestrator.metrics.records import RequestRecord
@@ -27,79 +28,15 @@ from orchestrator.metrics.summary import (
     server_failure,
     summarize_by_adapter,
     summarize_by_class,
-    summarize_point,
-    summarize_repeats,
 )
 from orchestrator.metrics.telemetry import Timeline
-from orchestrator.metrics.within_run import HEADLINE, within_run
 from orchestrator.perf.floors import floor_metrics
 from orchestrator.trial.diagnose import STALLS_KEPT, Census, foreign_bound, point_diagnosis
+from orchestrator.trial.measured_point import MeasuredStage, measured_stage
 from orchestrator.trial.profile import ProfileWindow
 from orchestrator.trial.servers import GroupView, ServerGroup
 
 log = logging.getLogger(__name__)
-
-
-CLASS_WITHIN = (M.TTFT_MS_P50, M.TTFT_MS_P99, M.ITL_MS_P99, M.ITL_WORST_MS_P50)
-
-
-def within_keys(w: WorkloadSpec) -> tuple[str, ...]:
-    """The latency statistics a point gives a 95% interval within its run: the headline ones, and
-    per request class :data:`CLASS_WITHIN` where the workload has several."""
-    per_class = [f"{c}/{k}" for c in w.classes for k in CLASS_WITHIN] if len(w.classes) > 1 else []
-    return (*HEADLINE, *per_class)
-
-
-def point_metrics(
-    spec: TrialSpec,
-    point: LoadPointSpec,
-    raw: RawPoint,
-    engine_metrics: dict[str, EngineMetric],
-    disaggregated: bool = False,
-) -> dict[str, float]:
-    """The point's metrics from its raw inputs: the client's summary (per repeat and their
-    intervals when repeated; else the headline latencies' 95% intervals within the run), the engine's gauges, the client's own stats, the engines'
-    counter deltas and their latency histograms' percentiles. Under P/D the sampled decode
-    server's TTFT and end-to-end start after the prefill: named ``decode_*``, not ours."""
-    w = spec.workload
-    load = point.load
-    arriving = ["trace"] if isinstance(load, TraceReplay) else [n for n, c in w.classes.items() if c.rate is None]
-    scheduled = not isinstance(load, ClosedLoop)  # open loop: a rate or a trace's instants
-    if w.repeats > 1:
-        per_repeat = [
-            summarize_point([x for x in raw.records if x.repeat == r], w.slo, point.rate, arriving, scheduled)
-            for r in range(w.repeats)
-        ]
-        metrics = summarize_repeats(per_repeat, w.max_ci_rel_width)
-    else:
-        metrics = summarize_point(raw.records, w.slo, point.rate, arriving, scheduled)
-        # how precisely this one run measured them: the headline latencies, and with several request
-        # classes each class's own (the labs' claims and verdicts read them: long/ttft_ms_p50)
-        metrics.update(within_run(raw.records, within_keys(w), seed=spec.seed))
-    for key, value in raw.resources.items():  # engine gauges are server-side numbers
-        metrics[key if key == M.MEMORY_PEAK_GB else f"server_{key}"] = value
-    metrics.update(raw.client)
-    for key, value in prometheus.deltas(raw.before, raw.after, engine_metrics).items():
-        if disaggregated and key in ("ttft_s_mean", "e2e_s_mean"):
-            key = f"decode_{key}"
-        metrics[f"server_{key}"] = value
-    latency = prometheus.latency_buckets(raw.before, raw.after, engine_metrics)
-    if disaggregated:
-        latency = {(f"decode_{k}" if k in ("ttft", "e2e") else k): v for k, v in latency.items()}
-    metrics.update(prometheus.server_latency(latency))
-    metrics.update(raw.profiled)
-    if raw.foreign is not None:
-        metrics[M.FOREIGN_CPU_CORES] = float(raw.foreign["cores"])
-        metrics[M.SWEEP_CPU_CORES] = float(raw.foreign["sweep_cores"])
-    ideal = metrics.get(M.TRACE_IDEAL_PREFIX_SHARE)
-    if ideal is None and not isinstance(load, TraceReplay):  # what the synthetic prompts share
-        ideal = expected_hit_rate(w, int(metrics.get(M.REQUESTS, 0)))
-    hits = metrics.get(M.SERVER_PREFIX_CACHE_HIT_RATE)
-    if ideal is not None:
-        metrics[M.PREFIX_REUSE_IDEAL_SHARE] = ideal
-        if ideal and hits is not None:  # how much of the reusable prefix the server reused
-            metrics[M.PREFIX_REUSE_EFFICIENCY] = hits / ideal
-    return metrics
 
 
 def point_setting(point: LoadPointSpec) -> dict[str, object]:
@@ -115,11 +52,11 @@ def point_setting(point: LoadPointSpec) -> dict[str, object]:
 class PointStages:
     """One point's result by stage, in the order they are made, each from the stages before it
     (read through a read-only view: no stage writes into another's numbers): the client's
-    summary and the servers' deltas (:func:`point_metrics`), the hardware over the window, the
+    summary and the servers' deltas (:func:`.measured_point.measured_stage`), the hardware over the window, the
     validity verdict, the roofline floor at the batch the engine ran, and the diagnosis.
     Flattened to the named metric keys only in :meth:`metrics` (a later stage's key wins)."""
 
-    measured: Mapping[str, float]
+    measured: MeasuredStage
     hardware: Mapping[str, float]
     verdict: PointVerdict
     floor: Mapping[str, float]
@@ -129,11 +66,17 @@ class PointStages:
 
     def before_diagnosis(self) -> Mapping[str, float]:
         """What the verdict's console lines and the floor read: the stages up to the verdict."""
-        return _view(self.measured, self.hardware, self.verdict.metrics)
+        return _view(self.measured.metrics(), self.hardware, self.verdict.metrics)
 
     def metrics(self) -> dict[str, float]:
         """The point's metrics under their named keys."""
-        return {**self.measured, **self.hardware, **self.verdict.metrics, **self.floor, **self.diagnosis.metrics}
+        return {
+            **self.measured.metrics(),
+            **self.hardware,
+            **self.verdict.metrics,
+            **self.floor,
+            **self.diagnosis.metrics,
+        }
 
     def result(self, index: int, label: str, setting: dict[str, object], window: tuple[float, float]) -> PointResult:
         return PointResult(
@@ -169,7 +112,8 @@ def point_stages(
     """The point's stages from what was gathered around it (``crash``: the servers were not
     serving; its numbers are then neither valid nor the client's fault)."""
     records, window, rows = raw.records, raw.window, raw.rows
-    measured = MappingProxyType(point_metrics(spec, point, raw, engine_metrics, view.disaggregated))
+    first = measured_stage(spec, point, raw, engine_metrics, view.disaggregated)
+    measured = MappingProxyType(first.metrics())
     devices = float(spec.engine.num_gpus or 1) if spec.platform.device == "cuda" else 1.0
     hardware = MappingProxyType(
         telemetry.hardware_metrics(rows, window, measured, spec.platform.price_per_hour, devices)
@@ -190,7 +134,7 @@ def point_stages(
     )
     for cls, extra in diagnosis.class_metrics.items():
         classes[cls] = {**classes.get(cls, {}), **extra}
-    return PointStages(measured, hardware, verdict, floor, diagnosis, classes, summarize_by_adapter(records))
+    return PointStages(first, hardware, verdict, floor, diagnosis, classes, summarize_by_adapter(records))
 
 
 class PointMeasurer:

@@ -19,9 +19,9 @@ def test_only_resume_makes_the_first_trial_wait_for_mlflow(compose, tmp_path, mo
     sweep's run and the trial's still land in MLflow. resume=true: MLflow says which trials are
     FINISHED before any starts."""
     from orchestrator.config.convert import config_to_dict
-    from orchestrator.scheduling import prepare_jobs, run_sweep, sweep
+    from orchestrator.scheduling import prepare_jobs, run_sweep, sweep_start
 
-    opened = sweep._open_tracker
+    opened = sweep_start._open_tracker
     seen: dict[str, bool] = {}
     store = f"sqlite:///{tmp_path}/mlflow.db"
     with FakeOpenAIServer(Script(ttft_s=0.01, itl_s=0.002)) as srv:
@@ -33,7 +33,7 @@ def test_only_resume_makes_the_first_trial_wait_for_mlflow(compose, tmp_path, mo
             seen["request_before_mlflow"] = bool(srv.truth.arrivals)
             return opened(*args)
 
-        monkeypatch.setattr(sweep, "_open_tracker", slow_open)
+        monkeypatch.setattr(sweep_start, "_open_tracker", slow_open)
         cfg = compose(
             [
                 "engine=external",

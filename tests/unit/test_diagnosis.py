@@ -153,12 +153,12 @@ def test_prefill_interference_strong_when_it_costs_time():
     recs.append(stream(9, 0.14, 0.45, [0.01], cls="long", prompt=1024))
     d = diagnose(evidence(records=recs, rows=gauges(4, 0), slots=8))
     assert (d.limiter, d.confidence) == ("prefill_interference", "strong")
-    assert d.findings[0].evidence["stalls_prefill"] == 3 and d.metrics["stalls_per_prefill"] == 1.0
+    assert d.findings[0].evidence.stalls_prefill == 3 and d.metrics["stalls_per_prefill"] == 1.0
     # what the tuner sizes a chunk from: the decode step (the streams' 10 ms median gap) and the
     # stall's cost per token of the 1024-token prefill ((300 - 10) ms / 1024)
     said = d.findings[0].evidence
-    assert said["decode_step_ms"] == pytest.approx(10.0)
-    assert said["prefill_stall_ms_per_token"] == pytest.approx(290.0 / 1024, rel=0.01)
+    assert said.decode_step_ms == pytest.approx(10.0)
+    assert said.prefill_stall_ms_per_token == pytest.approx(290.0 / 1024, rel=0.01)
 
 
 def test_over_capacity_on_a_rate_point_whose_queue_grows():
@@ -166,7 +166,7 @@ def test_over_capacity_on_a_rate_point_whose_queue_grows():
     recs = [stream(i, i * 0.1, i * 0.1 + 0.05 + 0.08 * i, [0.02] * 20) for i in range(30)]
     d = diagnose(evidence(records=recs, rate=10.0, rows=gauges(2, 5)))
     assert (d.limiter, d.confidence) == ("over_capacity", "strong")
-    assert d.findings[0].evidence["ttft_growth"] > 2 and d.findings[0].evidence["completion_share"] < 0.8
+    assert d.findings[0].evidence.ttft_growth > 2 and d.findings[0].evidence.completion_share < 0.8
     steady = [stream(i, i * 0.1, i * 0.1 + 0.05, [0.02] * 3) for i in range(30)]
     assert diagnose(evidence(records=steady, rate=10.0, rows=gauges(2, 0))).limiter == "none"
     # a closed loop cannot be over capacity
@@ -227,7 +227,7 @@ def test_over_capacity_when_the_output_rate_stops_growing_with_the_batch_even_be
     d = diagnose(evidence(records=recs, rate=8.0, rows=gauges(2, 0)))
     assert (d.limiter, d.confidence) == ("over_capacity", "strong"), d.text()
     assert "the output rate stopped growing with the batch" in d.headline and "of the 800 tok/s" in d.headline
-    assert d.findings[0].evidence["output_rate_share"] == pytest.approx(500 / 800, abs=0.05)
+    assert d.findings[0].evidence.output_rate_share == pytest.approx(500 / 800, abs=0.05)
     # 200 tokens each on a server with room (each stream at 40 tok/s, 2000 in all): in flight climbs
     # for 5 s, longer than the arrivals, and the output rate climbs with it: too short to tell, said
     ok = shared_server(8.0, 25, 200, capacity=2000.0, per_stream=40.0)

@@ -162,7 +162,7 @@ def test_report_rebuilt_from_mlflow_alone(chunked_results, tmp_path):
     assert f"- budget_256: [timelines/{timeline.name}](timelines/{timeline.name})" in summary
     # what limited each point travels through points.csv (without the stalls) and the run's tags
     p = by["budget_256"].points[1]
-    assert p.limiter == "prefill_interference" and "stalls" not in p.diagnosis
+    assert p.limiter == "prefill_interference" and not p.diagnosis.stalls
     assert "| budget_256 | p1 | prefill interference | strong | worst 210 ms |  |" in summary
     from mlflow.tracking import MlflowClient
 

@@ -8,6 +8,7 @@ import pytest
 from orchestrator.config import ConfigError, to_specs
 from orchestrator.config.schema import ExpectationSpec, ObjectiveSpec
 from orchestrator.decide.trials import Point, TrialData
+from orchestrator.metrics.diagnosis import LoggedDiagnosis
 from orchestrator.report import expectations
 from orchestrator.report.explain import limits_section, why_winner
 
@@ -27,7 +28,9 @@ def trial(name, budget, points, status="FINISHED", chunked="True", platform="cpu
         "engine.enable_chunked_prefill": chunked,
         "platform.name": platform,
     }
-    pts = [Point(i, label, {"concurrency": i + 2}, m, "", d) for i, (label, m, d) in enumerate(points)]
+    pts = [
+        Point(i, label, {"concurrency": i + 2}, m, "", LoggedDiagnosis.of(d)) for i, (label, m, d) in enumerate(points)
+    ]
     return TrialData(name, status, params, {}, pts, error=error)
 
 

@@ -15,6 +15,7 @@ import pytest
 from orchestrator.config.convert import config_to_dict, to_specs
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.schema import SizeRule, SizingSpec
+from orchestrator.metrics import census
 from orchestrator.perf.sizing import EngineSpeed, choose
 from orchestrator.scheduling import sizing
 from orchestrator.trial import calibrate
@@ -161,9 +162,13 @@ def test_sizing_off_and_labs_without_it(compose, fast_prefill, tmp_path):
     assert SizingSpec.model_fields["probe_tokens"].default == (128, 1024)
 
 
-def test_a_calibration_counts_the_cpu_of_other_work_not_its_servers():
+def test_a_calibration_counts_the_cpu_of_other_work_not_its_servers(monkeypatch):
     """A child spinning 0.8 s of CPU is other work to a calibration that does not own it (though
-    it is a child of this process), and none to one whose server it is (psutil's readings)."""
+    it is a child of this process), and none to one whose server it is (psutil's readings). What
+    else runs beside it (lint, another test) counts in both and cancels in their difference. No
+    sweep's driver is named in this process (an earlier test in the same worker may have started
+    Ray in it, which names it): the child would carry the mark and count as the sweep's."""
+    monkeypatch.delenv(census.DRIVER_ENV, raising=False)
     child = subprocess.Popen(
         [sys.executable, "-c", "import time\nwhile time.process_time() < 0.8: pass\ntime.sleep(60)"]
     )

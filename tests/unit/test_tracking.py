@@ -253,3 +253,26 @@ def test_an_unreadable_points_csv_is_said_not_taken_for_no_points(tmp_path, capl
     assert "trial run r1 (budget_256): its points.csv cannot be read (ValueError" in caplog.text
     caplog.clear()
     assert _trial_of_run(Store(None), run, str(tmp_path)).points == [] and caplog.text == ""
+
+
+def test_a_later_batch_reads_back_only_its_own_sweeps_runs(tmp_path, store):
+    """Finished runs by trial hash, of any sweep (resume) or of one sweep run (a later batch of the
+    same sweep: a tuning's next step reads back what its earlier steps measured, not what an
+    earlier command did); a race's repeat counts as its sweep's through its ``sweep_run_id``."""
+    tracker = MlflowTracker(store, "exp")
+    earlier = tracker.start_sweep("earlier command", {}, {})
+    d = save_result(result(), tmp_path / "t0")
+    old_run = tracker.log_trial(load_result(d), d)
+    this = tracker.start_sweep("this command", {}, {})
+    assert tracker.finished_run_ids(["abc123"]) == {"abc123": old_run}
+    assert tracker.finished_run_ids(["abc123"], this) == {}  # measured by another command only
+    assert set(tracker.finished_results(["abc123"])) == {"abc123"}
+    assert tracker.finished_results(["abc123"], this) == {}
+    again = tracker.log_trial(load_result(d), d)  # this sweep measures it too
+    assert tracker.finished_run_ids(["abc123"], this) == {"abc123": again}
+    assert tracker.finished_run_ids(["abc123"], earlier) == {"abc123": old_run}
+    rep = result().model_copy(update={"trial_hash": "rep1", "repeat_of": "abc123"})
+    rd = save_result(rep, tmp_path / "t1")
+    tracker.log_trial(load_result(rd), rd, {"run_kind": "repeat", "sweep_run_id": this, "mlflow.parentRunId": again})
+    assert set(tracker.finished_results(["rep1"], this)) == {"rep1"}
+    assert tracker.finished_results(["rep1"], earlier) == {}

@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.config.metric_keys import check_cause, check_name
+from orchestrator.config.metric_keys import check_cause, check_name, is_accuracy
 
 from .base import StrictModel
 
@@ -98,6 +98,11 @@ class ObjectiveSpec(StrictModel):
     @property
     def key(self) -> str:
         return self.maximize or self.minimize  # type: ignore[return-value]
+
+    @property
+    def guards_accuracy(self) -> bool:
+        """Whether a constraint scores the model's answers (:func:`is_accuracy`)."""
+        return any(is_accuracy(k) for k in self.subject_to)
 
     def named(self) -> list[tuple[str, str]]:
         """Every metric or knob the objective names, with where (``subject_to.ttft_ms_p99``)."""

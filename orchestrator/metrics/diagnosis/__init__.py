@@ -16,7 +16,8 @@ sampled over its window, and says:
   so (:attr:`Diagnosis.unmeasured`) instead of guessing.
 
 Every rule, its thresholds (:class:`Thresholds`), the metrics it reads and what would confirm it
-are in docs/diagnosis.md. The package: ``findings`` (the vocabulary and the types), ``parts``
+are in docs/diagnosis.md. The package: ``vocabulary`` (the causes), ``evidence`` (what the rules
+read), ``findings`` (what they say: findings, the diagnosis, the diagnosis as logged), ``parts``
 (the engine's gauges, the TTFT's parts, decode efficiency), ``rules`` and ``over_capacity`` (one
 rule per cause); :func:`diagnose` here runs them. Every public name is importable from here.
 """
@@ -24,19 +25,8 @@ rule per cause); :func:`diagnose` here runs them. Every public name is importabl
 from __future__ import annotations
 
 from orchestrator.config.metric_keys import M
-from orchestrator.metrics.diagnosis.findings import (
-    PRIORITY,
-    STRONG,
-    VOCABULARY,
-    WEAK,
-    Cause,
-    Diagnosis,
-    Finding,
-    PointEvidence,
-    Readings,
-    RuleState,
-    Thresholds,
-)
+from orchestrator.metrics.diagnosis.evidence import PointEvidence, Readings, RuleState, Thresholds
+from orchestrator.metrics.diagnosis.findings import Diagnosis, Evidence, Finding, LoggedDiagnosis
 from orchestrator.metrics.diagnosis.parts import (
     decode_efficiency,
     engine_batch,
@@ -45,6 +35,7 @@ from orchestrator.metrics.diagnosis.parts import (
     ttft_parts,
 )
 from orchestrator.metrics.diagnosis.rules import RULES
+from orchestrator.metrics.diagnosis.vocabulary import PRIORITY, SERVER_CAUSES, STRONG, VOCABULARY, WEAK, Cause
 from orchestrator.metrics.stalls import find_stalls, stall_metrics
 
 __all__ = [
@@ -55,10 +46,13 @@ __all__ = [
     "WEAK",
     "Cause",
     "Diagnosis",
+    "Evidence",
     "Finding",
+    "LoggedDiagnosis",
     "PointEvidence",
     "Readings",
     "RuleState",
+    "SERVER_CAUSES",
     "Thresholds",
     "decode_efficiency",
     "diagnose",

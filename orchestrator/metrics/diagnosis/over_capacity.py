@@ -5,11 +5,13 @@ and where that cannot tell, the output rate's plateau against the batch decides.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from orchestrator.config.metric_keys import M
-from orchestrator.metrics.diagnosis.findings import STRONG, WEAK, Finding, PointEvidence, RuleState, Thresholds
+from orchestrator.metrics.diagnosis.evidence import PointEvidence, RuleState, Thresholds
+from orchestrator.metrics.diagnosis.findings import Evidence, Finding
+from orchestrator.metrics.diagnosis.vocabulary import STRONG, WEAK
 from orchestrator.metrics.records import RequestRecord
 
 
@@ -36,7 +38,7 @@ def _mean_in_flight(records: Sequence[RequestRecord], t1: float, t2: float, samp
 
 def _throughput_plateau(
     records: Sequence[RequestRecord], sent: Sequence[RequestRecord], rate: float, th: Thresholds
-) -> tuple[str, str, dict[str, float]]:
+) -> tuple[str, str, Evidence]:
     """One repeat of an open loop, by the server's output rate: in the last two quarters of the
     arrivals, did the batch grow while the tokens streamed per second did not, below what the
     arrivals ask for (rate x mean output tokens)? A server whose output rate no longer grows with
@@ -49,13 +51,9 @@ def _throughput_plateau(
     n3, n4 = _mean_in_flight(records, m, q3), _mean_in_flight(records, q3, b)
     demand = rate * sum(r.output_tokens_target for r in records) / len(sent)  # later turns' too
     share = rate4 / demand if demand > 0 else 1.0
-    evidence = {
-        "output_rate_share": share,
-        "output_tok_s": rate4,
-        "demand_tok_s": demand,
-        "in_flight_q3": n3,
-        "in_flight_q4": n4,
-    }
+    evidence = Evidence(
+        output_rate_share=share, output_tok_s=rate4, demand_tok_s=demand, in_flight_q3=n3, in_flight_q4=n4
+    )
     if share > th.completion_share_weak:
         return KEEPS_UP, "", evidence
     batch_growth = n4 / n3 if n3 > 0 else 1.0
@@ -70,16 +68,14 @@ def _throughput_plateau(
     return (STRONG if share <= th.completion_share else WEAK), words, evidence
 
 
-def _falling_behind(
-    records: Sequence[RequestRecord], th: Thresholds, rate: float
-) -> tuple[str, str, dict[str, float]] | None:
+def _falling_behind(records: Sequence[RequestRecord], th: Thresholds, rate: float) -> tuple[str, str, Evidence] | None:
     """One repeat of an open loop: did completions fall behind arrivals? A request arriving at
     ``t`` completes at ``t + L`` on a server that keeps up, ``L`` the lifetime of the first third
     of arrivals (before any queue): past ``a + L`` the completions are set against the arrivals
     ``L`` earlier, so a healthy server's warm-up (in flight climbing from 1 to rate x L) is not
     taken for a queue. The output rate's plateau (``_throughput_plateau``) decides where this
     cannot: when the first arrivals live longer than half the arrivals' span, and beside a weak
-    count. (confidence, words, evidence), (TOO_SHORT, why, {}) or None."""
+    count. (confidence, words, evidence), (TOO_SHORT, why, no evidence) or None."""
     sent = sorted((r for r in records if r.turn == 0), key=lambda r: r.sent_s)
     done = sorted(r.done_s for r in records if r.ok and r.done_s is not None)
     if len(sent) < 6 or not done:
@@ -100,7 +96,7 @@ def _falling_behind(
             f"the first arrivals lived {lifetime:.1f} s, more than half the {b - a:.1f} s the arrivals spanned: "
             "requests in flight climb for a lifetime on any server, so a queue cannot be told from the warm-up "
             f"(at least {int(np.ceil(2 * lifetime / (b - a) * len(sent)))} requests would tell)",
-            {},
+            Evidence(),
         )
     start = a + lifetime
     expected = sum(1 for r in sent if r.sent_s <= b - lifetime)
@@ -117,7 +113,7 @@ def _falling_behind(
     strong = ratio <= th.completion_share and (grew >= th.queue_growth or growth >= th.ttft_growth)
     if not strong and flat is not None and flat[0] == STRONG:
         return flat
-    evidence = {"completion_share": ratio, "in_flight_gained": float(grew), "ttft_growth": growth}
+    evidence = Evidence(completion_share=ratio, in_flight_gained=float(grew), ttft_growth=growth)
     words = (
         f"{completions} requests completed where {expected} would have on a server keeping up ({ratio:.0%}), the "
         f"requests in flight grew by {grew} and TTFT rose {growth:.1f}x from the first third of arrivals to the last"
@@ -135,7 +131,7 @@ def over_capacity(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | N
                 "over_capacity",
                 STRONG,
                 f"max_concurrency held sends back: {achieved:.2f} req/s sent of {sched:.2f} scheduled",
-                {M.ACHIEVED_RATE: achieved, M.SCHEDULE_RATE: sched},
+                Evidence(achieved_rate=achieved, schedule_rate=sched),
             )
         return None
     repeats = sorted({r.repeat for r in x.records})  # each repeat is its own run of the arrivals
@@ -151,4 +147,4 @@ def over_capacity(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | N
     words = f"at {x.rate:g} req/s " + hits[0][1]
     if len(found) > 1:
         words += f" (in {len(hits)} of {len(found)} repeats)"
-    return Finding("over_capacity", confidence, words, {**hits[0][2], "rate": float(x.rate)})
+    return Finding("over_capacity", confidence, words, replace(hits[0][2], rate=float(x.rate)))

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from orchestrator.config.metric_keys import TTFT_PARTS, M
-from orchestrator.metrics.diagnosis.findings import PointEvidence, Readings
+from orchestrator.metrics.diagnosis.evidence import PointEvidence, Readings
 from orchestrator.metrics.telemetry import Row
 
 

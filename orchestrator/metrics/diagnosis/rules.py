@@ -4,12 +4,15 @@ what it could not measure."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from orchestrator.config.metric_keys import M
-from orchestrator.metrics.diagnosis.findings import STRONG, WEAK, Finding, PointEvidence, RuleState, Thresholds
+from orchestrator.metrics.diagnosis.evidence import PointEvidence, RuleState, Thresholds
+from orchestrator.metrics.diagnosis.findings import Evidence, Finding
 from orchestrator.metrics.diagnosis.over_capacity import over_capacity
 from orchestrator.metrics.diagnosis.parts import gauge_values
+from orchestrator.metrics.diagnosis.vocabulary import STRONG, WEAK
 from orchestrator.metrics.fidelity import COALESCED, SERVER_CLOCK
 
 
@@ -29,7 +32,7 @@ def _client(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
             "the client did not limit it"
         )
         return None
-    return Finding("client", STRONG, "; ".join(x.client_reasons), {M.CLIENT_INVALID: 1.0})
+    return Finding("client", STRONG, "; ".join(x.client_reasons), Evidence(client_invalid=1.0))
 
 
 def _server_side(reason: str) -> bool:
@@ -49,7 +52,7 @@ def _shared(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
         "shared_machine",
         STRONG,
         f"{cores:.2f} cores busy outside the trial (bound {x.foreign_limit:g}); top: {top or 'unknown'}",
-        {M.FOREIGN_CPU_CORES: cores},
+        Evidence(foreign_cpu_cores=cores),
     )
 
 
@@ -61,7 +64,7 @@ def _kv(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
         s.unmeasured.append("KV-cache capacity: the engine exports neither KV usage nor preemptions")
         return None
     kv_max = max((v for _, v in kv), default=r.server_kv_cache_usage_max or 0.0)
-    evidence = {"kv_cache_usage_max": kv_max, "preemptions": preempted or 0.0}
+    evidence = Evidence(kv_cache_usage_max=kv_max, preemptions=preempted or 0.0)
     if preempted:
         return Finding(
             "kv_capacity", STRONG, f"{preempted:.0f} preemption(s), KV-cache usage up to {kv_max:.0%}", evidence
@@ -69,12 +72,11 @@ def _kv(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
     waiting = dict(samples.get("requests_waiting", []))
     full_and_waiting = [t for t, v in kv if v >= th.kv_full and waiting.get(t, 0.0) > 0]
     if full_and_waiting:
-        evidence["samples_full_and_waiting"] = float(len(full_and_waiting))
         return Finding(
             "kv_capacity",
             STRONG,
             f"KV cache {kv_max:.0%} full while requests waited ({len(full_and_waiting)} of {len(kv)} samples)",
-            evidence,
+            replace(evidence, samples_full_and_waiting=float(len(full_and_waiting))),
         )
     if kv_max >= th.kv_full:
         return Finding("kv_capacity", WEAK, f"KV cache up to {kv_max:.0%} full, though nothing waited", evidence)
@@ -100,19 +102,18 @@ def _slots(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
     queued = [t for t in times if waiting[t] > 0 and kv.get(t, 0.0) < th.kv_full]
     if not queued or len(queued) < th.waiting_share * len(times):
         return None
-    top = max(running.values())
-    evidence = {"waiting_max": max(waiting.values()), "running_max": top, "samples_waiting": float(len(queued))}
+    top, most = max(running.values()), max(waiting.values())
+    evidence = Evidence(waiting_max=most, running_max=top, samples_waiting=float(len(queued)))
     if x.slots is not None:
         full = [t for t in queued if running[t] >= x.slots]
         if len(full) < th.waiting_share * len(times):
             return None
-        evidence["max_num_seqs"] = float(x.slots)
         return Finding(
             "batch_slots",
             STRONG,
-            f"{x.slots} of max_num_seqs {x.slots} running while up to {evidence['waiting_max']:.0f} waited "
+            f"{x.slots} of max_num_seqs {x.slots} running while up to {most:.0f} waited "
             f"({len(full)} of {len(times)} samples)",
-            evidence,
+            replace(evidence, max_num_seqs=float(x.slots)),
         )
     at_top = [t for t in queued if running[t] >= top]
     if len(at_top) < th.waiting_share * len(times):
@@ -120,7 +121,7 @@ def _slots(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
     return Finding(
         "batch_slots",
         WEAK,
-        f"running held at {top:.0f} while up to {evidence['waiting_max']:.0f} waited with KV to spare "
+        f"running held at {top:.0f} while up to {most:.0f} waited with KV to spare "
         "(the engine's max_num_seqs is not known here)",
         evidence,
     )
@@ -134,20 +135,19 @@ def _prefill(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
     prefill = [st for st in stalls if st.cause == "prefill"]
     share = sum(st.gap_ms - st.median_ms for st in prefill) / max(s.gap_total_ms, 1e-9)
     median = float(np.median([st.median_ms for st in prefill]))
-    evidence = {
-        M.STALLS_PREFILL: float(count),
-        M.STALL_WORST_MS_PREFILL: sm.stall_worst_ms_prefill or 0.0,
-        "prefill_stall_time_share": share,
-        M.STALLS_PER_PREFILL: sm.stalls_per_prefill or 0.0,
-        M.STALL_PREFILL_PROMPT_TOKENS_MEAN: sm.stall_prefill_prompt_tokens_mean or 0.0,
-        "decode_step_ms": median,
-    }
     # what a stall costs per prefill token: its time over the decode step, over the tokens of the
     # prefill's step (a chunked prefill stalls once per chunk: its prompt over its stalled steps)
     steps = max(sm.stalls_per_prefill or 1.0, 1.0)
     costs = [(st.gap_ms - st.median_ms) * steps / st.by_prompt_tokens for st in prefill if st.by_prompt_tokens]
-    if costs:
-        evidence["prefill_stall_ms_per_token"] = float(np.median(costs))
+    evidence = Evidence(
+        stalls_prefill=float(count),
+        stall_worst_ms_prefill=sm.stall_worst_ms_prefill or 0.0,
+        prefill_stall_time_share=share,
+        stalls_per_prefill=sm.stalls_per_prefill or 0.0,
+        stall_prefill_prompt_tokens_mean=sm.stall_prefill_prompt_tokens_mean or 0.0,
+        decode_step_ms=median,
+        prefill_stall_ms_per_token=float(np.median(costs)) if costs else None,
+    )
     strong = count >= th.prefill_stalls and share >= th.prefill_time_share
     detail = (
         f"{count} inter-token gaps >= {s.factor:g}x their stream's median (median {median:.1f} ms) fell during "
@@ -180,12 +180,11 @@ def _compute(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
             return None
         power, limit = r.telemetry_gpu_power_w_mean, r.telemetry_gpu_power_limit_w_mean
         throttled = r.telemetry_gpu_throttled_share or 0.0
-        evidence = {"sm_util_pct": sm_util, "throttled_share": throttled}
-        if power is not None and limit:
-            evidence["power_share"] = power / limit
+        power_share = power / limit if power is not None and limit else None
+        evidence = Evidence(sm_util_pct=sm_util, throttled_share=throttled, power_share=power_share)
         if sm_util < th.sm_busy_pct:
             return None
-        share = evidence.get("power_share", 0.0)
+        share = power_share or 0.0
         detail = (
             f"SM utilisation {sm_util:.0f}%, power {share:.0%} of its limit, throttled in {throttled:.0%} of samples"
         )
@@ -220,7 +219,7 @@ def _compute(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
         WEAK if unsure else STRONG,
         f"the servers' cores were saturated ({used:.2f} of {available:.2f}) while work waited: {why}"
         + ("; whether slots or KV made the wait could not be checked" if unsure else ""),
-        {"server_cpu_cores": used, "cores_available": available},
+        Evidence(server_cpu_cores=used, cores_available=available),
     )
 
 
@@ -233,7 +232,7 @@ def _bandwidth(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None
     if (r.decode_floor_compute_ms or 0.0) > (r.decode_floor_memory_ms or 0.0):
         return None  # the floor at this batch is the compute one (the compute rule's business)
     floor = r.decode_floor_ms or 0.0
-    evidence = {M.DECODE_FLOOR_RATIO: ratio, M.DECODE_FLOOR_MS: floor}
+    evidence = Evidence(decode_floor_ratio=ratio, decode_floor_ms=floor)
     detail = f"TPOT p50 {r.tpot_ms_p50 or 0.0:.1f} ms is {ratio:.1f}x the memory floor {floor:.2f} ms of a step"
     if ratio < th.floor_below:  # faster than the floor allows: the floor's bandwidth is not what limits here
         s.notes.append(
@@ -256,7 +255,7 @@ def _prefix(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
     ideal, hits = r.prefix_reuse_ideal_share, r.server_prefix_cache_hit_rate
     if ideal is None or ideal < th.prefix_ideal:
         return None
-    evidence = {M.PREFIX_REUSE_IDEAL_SHARE: ideal}
+    evidence = Evidence(prefix_reuse_ideal_share=ideal)
     shared = f"the prompts share {ideal:.0%} of their tokens with an earlier prompt"
     if hits is None:  # vLLM counts no prefix-cache queries with its cache off
         if x.prefix_cache is False:
@@ -264,12 +263,11 @@ def _prefix(x: PointEvidence, th: Thresholds, s: RuleState) -> Finding | None:
         return Finding("prefix_reuse_missed", WEAK, f"{shared}; the server reported no prefix-cache hits", evidence)
     if hits >= th.prefix_hit_share * ideal:
         return None
-    evidence[M.SERVER_PREFIX_CACHE_HIT_RATE] = hits
     return Finding(
         "prefix_reuse_missed",
         STRONG,
         f"{shared}, the server's prefix cache served {hits:.0%} (under {th.prefix_hit_share:.0%} of it)",
-        evidence,
+        replace(evidence, server_prefix_cache_hit_rate=hits),
     )
 
 

@@ -1,6 +1,7 @@
-"""The tuner's configurations in words and overrides: a :class:`Candidate` (the knobs it sets
-on top of the baseline), what its race said (:class:`Tried`), its identity and name, a value as
-Hydra's override grammar reads it; and the tuner's inputs checked before anything starts."""
+"""The tuner's configurations: a :class:`Candidate` (the knobs it sets on top of the baseline,
+the proposal that made it), what its race said (:class:`RacedBefore`), its identity and name, a
+value as Hydra's override grammar reads it; and the objective checked before anything starts
+(:func:`tunable`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from orchestrator.config.errors import ConfigError
 from orchestrator.config.metric_keys import is_knob
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.levers import Lever, Proposal, Space
+from orchestrator.tuning.moves import Proposal
 
 BASELINE = "baseline"
 
@@ -25,11 +26,11 @@ class Candidate:
     name: str
     knobs: dict[str, Any]  # knob -> value, set on top of the baseline
     proposal: Proposal | None = None
-    earlier: Tried | None = None  # a second look: its first race, which this step continues
+    earlier: RacedBefore | None = None  # a second look: its first race, which this step continues
 
 
-@dataclasses.dataclass
-class Tried:
+@dataclasses.dataclass(frozen=True)
+class RacedBefore:
     """A configuration the tuner raced: the step, what its race said, against which incumbent."""
 
     step: int
@@ -60,7 +61,7 @@ class Tried:
         return self.step, [f"++objective.max_repeats={self.runs + more}", f"++objective.budget={more + 0.5:g}"]
 
 
-def continued_race(candidates: Sequence[Candidate]) -> Tried | None:
+def continued_race(candidates: Sequence[Candidate]) -> RacedBefore | None:
     """The first race a step continues (a second look, alone in its step), or None."""
     return next((c.earlier for c in candidates if c.earlier is not None and c.earlier.need), None)
 
@@ -107,14 +108,6 @@ def hydra_value(value: Any) -> str:
     return text if text.replace("_", "").replace("-", "").replace(".", "").isalnum() else json.dumps(text)
 
 
-def space_words(space: Space) -> str:
-    if not space.only:
-        return "every knob a lever names"
-    parts = [f"{k} in {list(v)}" for k, v in space.lists.items()]
-    parts += [f"{k} in [{lo:g}, {hi:g}]" for k, (lo, hi) in space.ranges.items()]
-    return ", ".join(parts)
-
-
 def tunable(objective: ObjectiveSpec) -> ObjectiveSpec:
     if is_knob(objective.key):
         raise ConfigError(
@@ -122,16 +115,3 @@ def tunable(objective: ObjectiveSpec) -> ObjectiveSpec:
             "replace it, e.g. '~objective' '+objective={maximize: tokens_per_second}'"
         )
     return objective
-
-
-def check_space(space: Space, levers: Mapping[str, list[Lever]]) -> None:
-    if not space.only:
-        return
-    named = {k for rows in levers.values() for lever in rows for k in lever.change}
-    if not named & ({*space.lists, *space.ranges}):
-        raise ConfigError(
-            "hydra.sweeper.space: no lever moves any of its knobs ("
-            + ", ".join([*space.lists, *space.ranges])
-            + "); the levers move: "
-            + ", ".join(sorted(named))
-        )

@@ -1,4 +1,4 @@
-"""What a tuning leaves (:mod:`orchestrator.scheduling.tuning`): ``tuning.json``, ``tuning.md``
+"""What a tuning leaves (:mod:`orchestrator.tuning.loop`): ``tuning.json``, ``tuning.md``
 and ``tuning.png`` in ``<sweep dir>/report`` (the path appended to its ``summary.md``), the
 same files and ``tune_*`` tags on the sweep's MLflow run, and each step's trial runs tagged with
 the step, their role, the cause and lever that made them and the step's decision. The files are
@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.schema import ObjectiveSpec
-from orchestrator.decide.levers import Proposal
 from orchestrator.decide.trials import TrialData
-from orchestrator.decide.tune import Step
+from orchestrator.tuning.candidates import Candidate
+from orchestrator.tuning.moves import Proposal
+from orchestrator.tuning.path import Step
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class TuningRecord:
                 log.warning("tune: could not tag step %d's runs in MLflow (%s)", step.index, exc)
 
     def write(
-        self, objective: ObjectiveSpec, steps: list[Step], best: dict[str, Any], trials: int, summary: list[str]
+        self, objective: ObjectiveSpec, steps: list[Step], best: Candidate, trials: int, summary: list[str]
     ) -> None:
         """The files, then the same on the sweep's MLflow run."""
         out = self.sweep_dir / "report"
@@ -92,7 +93,7 @@ class TuningRecord:
         data = {
             "objective": objective.model_dump(mode="json"),
             "steps": [s.as_json() for s in steps],
-            "best": best,
+            "best": {"name": best.name, "knobs": best.knobs},
             "trials": trials,
             "path": summary,
         }
@@ -111,7 +112,7 @@ class TuningRecord:
             return
         try:
             tracker.set_sweep_tags(
-                {"tune_path": "\n".join(summary), "tune_best": str(best["name"]), "tune_steps": str(len(steps))}
+                {"tune_path": "\n".join(summary), "tune_best": best.name, "tune_steps": str(len(steps))}
             )
             tracker.log_sweep_files(files, "report")
         except Exception as exc:  # the files are on disk: MLflow is a copy
