@@ -115,7 +115,7 @@ def measured_stage(
             M.FOREIGN_CPU_CORES: float(raw.foreign["cores"]),
             M.SWEEP_CPU_CORES: float(raw.foreign["sweep_cores"]),
         }
-    ideal = summary.get(M.TRACE_IDEAL_PREFIX_SHARE)  # a replayed trace's blocks
+    ideal = raw.client.get(M.TRACE_IDEAL_PREFIX_SHARE)  # a replayed slice's blocks (as the plan cut it)
     if ideal is None and not isinstance(point.load, TraceReplay):  # what the synthetic prompts share
         ideal = expected_hit_rate(spec.workload, int(summary.get(M.REQUESTS, 0)))
     prefix = PrefixReuse.of(ideal, counters.get(SERVER_HIT_RATE))

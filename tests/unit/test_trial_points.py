@@ -12,6 +12,8 @@ from orchestrator.metrics import prometheus
 from orchestrator.metrics.fidelity import judge_point
 from orchestrator.metrics.records import RequestRecord
 from orchestrator.trial import RawPoint, point_metrics
+from orchestrator.trial.measured_point import measured_stage
+from testkit.compose import compose_config
 from testkit.fake_openai_server import FakeOpenAIServer, Script
 from tests.unit.test_fidelity import VLLM_PAGE
 
@@ -69,6 +71,26 @@ def test_point_metrics_are_made_from_the_raw_inputs_alone(spec):
     # under P/D the decode server's TTFT is its own, not set against ours
     pd = point_metrics(spec, point, raw([rec(i) for i in range(10)]), METRICS, disaggregated=True)
     assert "server_ttft_ms_p50" not in pd and pd["server_decode_ttft_ms_p50"] == pytest.approx(175.0)
+
+
+def test_prefix_reuse_is_the_servers_hits_over_what_the_prompts_could_reuse(spec):
+    """A replayed slice's ideal share is the plan's (it rides with the client's stats); a synthetic
+    workload's is what its prompts share; the efficiency is the server's hit rate over it."""
+    point = spec.workload.load_points[0]
+    cache = 'vllm:prefix_cache_queries_total{{engine="0"}} {q}\nvllm:prefix_cache_hits_total{{engine="0"}} {h}\n'
+    sliced = raw([rec(i) for i in range(10)])
+    sliced.before.update(prometheus.parse(cache.format(q=1000, h=100)))
+    sliced.after.update(prometheus.parse(cache.format(q=2000, h=400)))  # 300 of the point's 1000 tokens hit
+    sliced.client["trace_ideal_prefix_share"] = 0.4
+    stage = measured_stage(spec, point, sliced, METRICS)
+    assert stage.prefix.ideal == 0.4 and stage.prefix.efficiency == pytest.approx(0.3 / 0.4)
+    m = stage.metrics()
+    assert m["prefix_reuse_ideal_share"] == 0.4 and m["prefix_reuse_efficiency"] == pytest.approx(0.75)
+    assert m["server_prefix_cache_hit_rate"] == pytest.approx(0.3)  # the counters' own rate, the server's
+    shared, _ = to_specs(compose_config(["workload=shared_prefix", "workload.load_points=[{concurrency:2}]"]))
+    ideal = measured_stage(shared, shared.workload.load_points[0], raw([rec(i) for i in range(10)]), METRICS).prefix
+    # 8 groups of 1024 shared tokens in 1088: 2 of the 10 requests come after their group's first
+    assert ideal.ideal == pytest.approx(2 / 10 * 1024 / 1088) and ideal.efficiency is None  # no hits counted
 
 
 def test_judge_point_a_valid_point_and_two_kinds_of_invalid(spec):
