@@ -25,7 +25,7 @@ every exit path by their context managers.
 from orchestrator.metrics.result import RawPoint
 from orchestrator.trial.admission import check_feasible, check_inputs, plan_trial, skipped_result
 from orchestrator.trial.group import run_trial_group
-from orchestrator.trial.measured_point import point_metrics
+from orchestrator.trial.measured_point import MeasuredStage, measured_stage
 from orchestrator.trial.points import (
     PointMeasurer,
     PointStages,
@@ -44,6 +44,7 @@ from orchestrator.trial.servers import (
 )
 
 __all__ = [
+    "MeasuredStage",
     "PointMeasurer",
     "PointStages",
     "RawPoint",
@@ -52,8 +53,8 @@ __all__ = [
     "check_feasible",
     "check_inputs",
     "describe_servers",
+    "measured_stage",
     "plan_trial",
-    "point_metrics",
     "point_stages",
     "reset_caches",
     "run_trial",

@@ -145,14 +145,3 @@ def client_summary(spec: TrialSpec, point: LoadPointSpec, records: list[RequestR
     # classes each class's own (the labs' claims and verdicts read them: long/ttft_ms_p50)
     metrics.update(within_run(records, within_keys(w), seed=spec.seed))
     return metrics
-
-
-def point_metrics(
-    spec: TrialSpec,
-    point: LoadPointSpec,
-    raw: RawPoint,
-    engine_metrics: dict[str, EngineMetric],
-    disaggregated: bool = False,
-) -> dict[str, float]:
-    """The point's first stage (:func:`measured_stage`) under its metric keys."""
-    return measured_stage(spec, point, raw, engine_metrics, disaggregated).metrics()

@@ -19,7 +19,7 @@ from orchestrator.metrics.result import PointResult
 from orchestrator.metrics.summary import summarize_by_class, summarize_point, summarize_repeats
 from orchestrator.metrics.telemetry import hardware_metrics
 from orchestrator.perf.floors import floor_metrics
-from orchestrator.trial import RawPoint, point_metrics
+from orchestrator.trial import RawPoint, measured_stage
 from orchestrator.trial.points import trial_metrics
 
 
@@ -123,7 +123,7 @@ def test_a_points_metrics_are_all_known(spec, table, disaggregated):
     client = {M.CLIENT_CPU_S: 0.2, M.CLIENT_PROCESSES: 1.0}
     resources = {M.MEMORY_PEAK_GB: 1.5, **{f"{k}_max": 0.5 for k, v in table.items() if v.kind == "gauge"}}
     raw = RawPoint(recs, client, resources, sample(table, 1.0), sample(table, 2.0))
-    metrics = point_metrics(spec, point, raw, table, disaggregated=disaggregated)
+    metrics = measured_stage(spec, point, raw, table, disaggregated=disaggregated).metrics()
     assert M.SERVER_PROMPT_TOKENS in metrics and M.TTFT_MS_P99 in metrics  # the inputs reached every writer
     metrics.update(judge_point(spec.workload, recs, metrics).metrics)
     metrics.update(hardware_metrics(gpu_rows(), (1.0, 9.0), metrics, spec.platform.price_per_hour, 1.0))

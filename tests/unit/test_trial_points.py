@@ -11,8 +11,7 @@ from orchestrator.loadgen import Endpoint, PromptFactory
 from orchestrator.metrics import prometheus
 from orchestrator.metrics.fidelity import judge_point
 from orchestrator.metrics.records import RequestRecord
-from orchestrator.trial import RawPoint, point_metrics
-from orchestrator.trial.measured_point import measured_stage
+from orchestrator.trial import RawPoint, measured_stage
 from testkit.compose import compose_config
 from testkit.fake_openai_server import FakeOpenAIServer, Script
 from tests.unit.test_fidelity import VLLM_PAGE
@@ -61,15 +60,15 @@ def raw(records, ttft_a=4, ttft_b=14):
     )
 
 
-def test_point_metrics_are_made_from_the_raw_inputs_alone(spec):
+def test_a_points_first_stage_is_made_from_the_raw_inputs_alone(spec):
     point = spec.workload.load_points[0]
-    m = point_metrics(spec, point, raw([rec(i) for i in range(10)]), METRICS)
+    m = measured_stage(spec, point, raw([rec(i) for i in range(10)]), METRICS).metrics()
     assert m["completed"] == 10 and m["ttft_ms_p50"] == pytest.approx(200.0)
     assert m["memory_peak_gb"] == 1.5 and m["server_kv_cache_usage_max"] == 0.3  # gauges are the server's
     assert m["client_cpu_cores"] == 0.2
     assert m["server_ttft_ms_p50"] == pytest.approx(175.0) and m["server_ttft_ms_p50_high"] == 250.0
     # under P/D the decode server's TTFT is its own, not set against ours
-    pd = point_metrics(spec, point, raw([rec(i) for i in range(10)]), METRICS, disaggregated=True)
+    pd = measured_stage(spec, point, raw([rec(i) for i in range(10)]), METRICS, disaggregated=True).metrics()
     assert "server_ttft_ms_p50" not in pd and pd["server_decode_ttft_ms_p50"] == pytest.approx(175.0)
 
 
@@ -96,16 +95,16 @@ def test_prefix_reuse_is_the_servers_hits_over_what_the_prompts_could_reuse(spec
 def test_judge_point_a_valid_point_and_two_kinds_of_invalid(spec):
     point = spec.workload.load_points[0]
     good = [rec(i) for i in range(10)]
-    m = point_metrics(spec, point, raw(good), METRICS)
+    m = measured_stage(spec, point, raw(good), METRICS).metrics()
     v = judge_point(spec.workload, good, m)
     assert v.reasons == [] and v.metrics["invalid"] == 0.0
     # another tokenizer: the server counted twice the planned prompt
     twice = [rec(i, served_in=256) for i in range(10)]
-    v = judge_point(spec.workload, twice, point_metrics(spec, point, raw(twice), METRICS))
+    v = judge_point(spec.workload, twice, measured_stage(spec, point, raw(twice), METRICS).metrics())
     assert v.metrics["workload_invalid"] == 1.0 and v.client == [] and "model.tokenizer" in v.workload[0]
     # our TTFT far above the server's histogram: the client or the network...
     slow = [rec(i, ttft=0.6) for i in range(10)]
-    m = point_metrics(spec, point, raw(slow), METRICS)
+    m = measured_stage(spec, point, raw(slow), METRICS).metrics()
     v = judge_point(spec.workload, slow, m)
     assert v.metrics["client_invalid"] == 1.0 and "server clock" in v.client[0]
     # ...unless a router sits between them: its hop is part of what is measured
