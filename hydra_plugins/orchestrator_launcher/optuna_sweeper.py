@@ -16,9 +16,7 @@ from orchestrator.scheduling.search_options import SearchOptions
 
 
 @dataclass
-class OptunaTrialSweeperConf(
-    SearchOptions
-):  # the options and their defaults: orchestrator/scheduling/search_options.py
+class OptunaTrialSweeperConf(SearchOptions):  # the options, their defaults: scheduling/search_options.py
     _target_: str = "hydra_plugins.orchestrator_launcher.optuna_sweeper.OptunaTrialSweeper"
 
 

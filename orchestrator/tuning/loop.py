@@ -43,7 +43,7 @@ from orchestrator.tuning.candidates import (
 from orchestrator.tuning.configs import ComposedConfigs
 from orchestrator.tuning.judging import change_words, gain, judge_race
 from orchestrator.tuning.levers import load_levers
-from orchestrator.tuning.moves import Start, propose
+from orchestrator.tuning.moves import propose
 from orchestrator.tuning.options import TuneOptions
 from orchestrator.tuning.path import Step, path_lines, undecided_hint
 from orchestrator.tuning.planner import Planner, Policy
@@ -263,7 +263,7 @@ class Tuner:
         in the table's order, since nothing is diagnosed yet)."""
         returns = [launch_batch(self.launcher, [self.configs.overrides({}, 0)], 0).returns]
         p = self.planner.policy
-        start = Start(self.configs.knobs({}), p.space, p.engine, p.platform, p.guards_accuracy)
+        start = p.start(self.configs.knobs({}))
         self.say("tune: dry run: nothing measured. The levers it would consider, by what the diagnosis names:")
         for cause, levers in p.levers.items():
             for lever in levers:

@@ -63,6 +63,10 @@ class Policy:
     per_step: int = 2
     combine: bool = True
 
+    def start(self, knobs: Mapping[str, Any]) -> Start:
+        """Where a move starts from a configuration with these knobs (as the levers read them)."""
+        return Start(knobs, self.space, self.engine, self.platform, self.guards_accuracy)
+
 
 @dataclass
 class Planner:
@@ -82,7 +86,7 @@ class Planner:
         headline = diagnosis.headline or ("not diagnosed" if point is not None else "measured no point")
         step = Step(k, incumbent.name, headline, [c.cause for c in causes], unjudged=list(diagnosis.unmeasured))
         p = self.policy
-        start = Start(self.configs.knobs(incumbent.knobs), p.space, p.engine, p.platform, p.guards_accuracy)
+        start = p.start(self.configs.knobs(incumbent.knobs))
         chosen: list[Candidate] = []
         for finding in causes:
             for lever in p.levers.get(finding.cause, []):
